@@ -1,0 +1,1 @@
+"""Collective communication: nccl-tests conventions, torchrun benchmark, NCCL log and nccl-tests output parsing."""

@@ -1,0 +1,1 @@
+"""Shared core: device layer, timing harness, report writer, user-error handling, CLI helpers."""

@@ -1,0 +1,172 @@
+"""Device layer: which accelerator we run on (CPU, CUDA, ROCm), its name, and its published peaks."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from .errors import UsageError
+
+
+@dataclass(frozen=True)
+class Peak:
+    """Dense (no sparsity) datasheet peaks; REFERENCE §8. fp16 equals bf16 on every listed part."""
+
+    bf16_tflops: float
+    fp8_tflops: float
+    fp32_tflops: float
+    hbm_tbs: float
+
+    def tflops(self, dtype: str) -> float | None:
+        return {"bf16": self.bf16_tflops, "fp16": self.bf16_tflops, "fp8": self.fp8_tflops,
+                "fp32": self.fp32_tflops}.get(dtype)
+
+
+# Matched in order against the lower-cased device name; the first hit wins (so "h100 pcie" before "h100").
+# fp32 is the non-tensor-core vector peak (H100/H200 SXM 67 TFLOPS; MI300X/MI325X 163.4 TFLOPS).
+PEAKS: list[tuple[str, Peak]] = [
+    (r"mi325", Peak(1307.4, 2614.9, 163.4, 6.0)),
+    (r"mi300x|mi300", Peak(1307.4, 2614.9, 163.4, 5.3)),
+    (r"h200", Peak(989.0, 1979.0, 67.0, 4.8)),
+    (r"h100", Peak(989.0, 1979.0, 67.0, 3.35)),
+]
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    kind: str  # "cpu" | "cuda" | "rocm"
+    name: str
+    device: torch.device
+    peak: Peak | None
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.kind in ("cuda", "rocm")
+
+    def peak_tflops(self, dtype: str) -> float | None:
+        return self.peak.tflops(dtype) if self.peak else None
+
+    def peak_bandwidth_gbs(self) -> float | None:
+        return self.peak.hbm_tbs * 1000 if self.peak else None
+
+
+def gpu_backend() -> str | None:
+    """'rocm' when torch was built for HIP (ROCm reuses the torch.cuda API), 'cuda' for CUDA, else None."""
+    if not torch.cuda.is_available():
+        return None
+    return "rocm" if getattr(torch.version, "hip", None) else "cuda"
+
+
+def resolve_device(spec: str | None = None) -> torch.device:
+    """'auto'/None picks the GPU when there is one; 'cpu', 'cuda', 'cuda:1' are taken as given, and checked."""
+    if spec in (None, "", "auto"):
+        if torch.cuda.is_available():
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            return torch.device("cuda", local % torch.cuda.device_count())
+        return torch.device("cpu")
+    try:
+        dev = torch.device(spec)
+    except RuntimeError as exc:
+        raise UsageError(f"unknown device '{spec}' ({exc})", field="--device") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError("a GPU was asked for but torch sees none (CPU-only build or no driver)", field="--device")
+    if dev.type not in ("cpu", "cuda"):
+        raise UsageError(f"device type '{dev.type}' is not supported (use cpu or cuda)", field="--device")
+    return dev
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def lookup_peak(name: str) -> Peak | None:
+    low = name.lower()
+    for pattern, peak in PEAKS:
+        if re.search(pattern, low):
+            return peak
+    return None
+
+
+@lru_cache(maxsize=None)
+def device_info(device: torch.device | str | None = None) -> DeviceInfo:
+    dev = device if isinstance(device, torch.device) else resolve_device(device)
+    if dev.type == "cuda":
+        props = torch.cuda.get_device_properties(dev)
+        # On ROCm, gcnArchName (e.g. gfx942) is more telling than the marketing name, which can be empty.
+        name = props.name or getattr(props, "gcnArchName", "") or "gpu"
+        return DeviceInfo(gpu_backend() or "cuda", name, dev, lookup_peak(name))
+    return DeviceInfo("cpu", cpu_name(), dev, None)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def last_level_cache_bytes(device: torch.device) -> int:
+    """Size of the cache a cold measurement must evict: GPU L2 (or MI300's Infinity Cache), CPU L3."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        l2 = int(getattr(props, "L2_cache_size", 0) or 0)
+        # MI300X/MI325X have a 256 MiB Infinity Cache behind the L2 that props do not report.
+        if gpu_backend() == "rocm" and lookup_peak(props.name or "") is not None:
+            l2 = max(l2, 256 << 20)
+        return l2 or (64 << 20)
+    best = 0
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for entry in os.listdir(base):
+            try:
+                with open(os.path.join(base, entry, "size")) as fh:
+                    text = fh.read().strip()
+            except OSError:
+                continue
+            m = re.fullmatch(r"(\d+)([KMG]?)", text)
+            if m:
+                best = max(best, int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2)])
+    except OSError:
+        pass
+    return best or (32 << 20)
+
+
+def default_dtype_name(device: torch.device) -> str:
+    """bf16 on GPUs, fp32 on the CPU (no native bf16 here; emulated bf16 GEMM runs at ~1 GFLOPS)."""
+    return "bf16" if device.type == "cuda" else "fp32"
+
+
+DTYPES: dict[str, torch.dtype] = {
+    "fp32": torch.float32,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+    "fp64": torch.float64,
+}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """Map a CLI dtype name to torch; fp8 resolves to the platform's e4m3 flavour (fnuz on MI300)."""
+    if name == "fp8":
+        if gpu_backend() == "rocm" and hasattr(torch, "float8_e4m3fnuz"):
+            props = torch.cuda.get_device_properties(0)
+            if "gfx94" in getattr(props, "gcnArchName", ""):
+                return torch.float8_e4m3fnuz
+        return torch.float8_e4m3fn
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise UsageError(f"unknown dtype '{name}' (choose from {', '.join([*DTYPES, 'fp8'])})", field="--dtype") from None
+
+
+def element_size(dtype_name: str) -> int:
+    return 1 if dtype_name == "fp8" else torch.tensor([], dtype=DTYPES[dtype_name]).element_size()

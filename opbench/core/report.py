@@ -1,0 +1,138 @@
+"""The one report writer: CSV rows appended (and flushed) as they finish, plus a JSON sidecar of the environment.
+
+A crash or Ctrl-C keeps every row already written. The sidecar sits beside the CSV as ``<stem>.meta.json``.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import socket
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import torch
+
+import opbench
+
+from .errors import UsageError
+
+
+def environment(device: torch.device | None = None, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What a reader of the CSV needs to trust it: versions, device, host, command line, UTC time."""
+    from .device import device_info
+
+    meta: dict[str, Any] = {
+        "opbench": opbench.__version__,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "hip": getattr(torch.version, "hip", None),
+        "python": platform.python_version(),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "command": " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]]),
+        "utc_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "cpu_threads": torch.get_num_threads(),
+    }
+    if device is not None:
+        info = device_info(device)
+        meta.update(device=str(device), device_kind=info.kind, device_name=info.name)
+        if info.is_gpu:
+            meta["device_count"] = torch.cuda.device_count()
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "NCCL_DEBUG"):
+        if key in os.environ:
+            meta[key.lower()] = os.environ[key]
+    if extra:
+        meta.update(extra)
+    return meta
+
+
+def format_value(value: Any) -> Any:
+    """Floats to 6 significant digits, None to an empty cell (never a fake zero), bools as True/False."""
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return ""
+        return f"{value:.6g}"
+    return value
+
+
+def sidecar_path(csv_path: Path) -> Path:
+    return csv_path.with_suffix(".meta.json")
+
+
+class CsvReport:
+    """Append-only CSV with a fixed column contract; extra keys in a row are an error (catches typos)."""
+
+    def __init__(self, path: str | os.PathLike, columns: Sequence[str], meta: Mapping[str, Any] | None = None,
+                 append: bool = False):
+        self.path = Path(path)
+        self.columns = list(columns)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fresh = not (append and self.path.exists() and self.path.stat().st_size > 0)
+            self._fh = open(self.path, "w" if fresh else "a", newline="", encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"cannot write report: {exc.strerror}", source=str(path)) from None
+        self._writer = csv.DictWriter(self._fh, fieldnames=self.columns, extrasaction="raise")
+        if fresh:
+            self._writer.writeheader()
+            self._fh.flush()
+        self.rows: list[dict[str, Any]] = []
+        if meta is not None:
+            self.write_meta(meta)
+
+    def write_meta(self, meta: Mapping[str, Any]) -> None:
+        with open(sidecar_path(self.path), "w", encoding="utf-8") as fh:
+            json.dump(dict(meta), fh, indent=2, default=str)
+            fh.write("\n")
+
+    def append(self, row: Mapping[str, Any]) -> None:
+        unknown = set(row) - set(self.columns)
+        if unknown:
+            raise KeyError(f"row has columns outside the contract: {sorted(unknown)}")
+        self._writer.writerow({c: format_value(row.get(c)) for c in self.columns})
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        self.rows.append(dict(row))
+
+    def extend(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        for row in rows:
+            self.append(row)
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.close()
+
+    def __enter__(self) -> "CsvReport":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def summary_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], floatfmt: str = ".4g",
+                  max_rows: int | None = None) -> str:
+    """Console table (tabulate); empty cells stay empty."""
+    from tabulate import tabulate
+
+    shown = rows if max_rows is None else rows[:max_rows]
+    body = [[("" if r.get(c) is None else r.get(c)) for c in columns] for r in shown]
+    text = tabulate(body, headers=list(columns), floatfmt=floatfmt, disable_numparse=False)
+    if max_rows is not None and len(rows) > max_rows:
+        text += f"\n… {len(rows) - max_rows} more rows in the CSV"
+    return text
+
+
+def progress(iterable: Iterable[Any], total: int | None = None, desc: str = "", enabled: bool = True):
+    """tqdm on stderr; off when stderr is not a terminal unless OPBENCH_PROGRESS=1."""
+    from tqdm import tqdm
+
+    show = enabled and (sys.stderr.isatty() or os.environ.get("OPBENCH_PROGRESS") == "1")
+    return tqdm(iterable, total=total, desc=desc, disable=not show, leave=False, dynamic_ncols=True)

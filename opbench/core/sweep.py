@@ -1,0 +1,71 @@
+"""The sweep loop shared by every benchmark: run each item, write its row as soon as it exists, and turn a
+failure (OOM, unsupported dtype/backend, kernel error) into a row with ``status`` and ``error`` instead of
+stopping the sweep or writing a silent zero."""
+
+from __future__ import annotations
+
+import gc
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
+
+import torch
+
+from .report import CsvReport, progress
+
+T = TypeVar("T")
+
+STATUS_OK = "ok"
+STATUS_UNSUPPORTED = "unsupported"
+STATUS_OOM = "oom"
+STATUS_ERROR = "error"
+STATUS_PLANNED = "planned"
+
+
+class Unsupported(Exception):
+    """A backend cannot run this item on this device/dtype; the message says why."""
+
+
+def classify_failure(exc: BaseException) -> tuple[str, str]:
+    """(status, one-line message) for an exception raised while measuring one item."""
+    if isinstance(exc, Unsupported):
+        status = STATUS_UNSUPPORTED
+    elif isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
+        status = STATUS_OOM
+    else:
+        status = STATUS_ERROR
+    msg = " ".join(str(exc).split()) or type(exc).__name__
+    if status == STATUS_ERROR:
+        msg = f"{type(exc).__name__}: {msg}"
+    return status, msg[:500]
+
+
+def release_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def run_sweep(
+    items: Sequence[T] | Iterable[T],
+    measure_one: Callable[[T], Mapping[str, Any]],
+    failed_row: Callable[[T, str, str], Mapping[str, Any]],
+    report: CsvReport,
+    desc: str = "",
+    total: int | None = None,
+) -> list[dict[str, Any]]:
+    """Measure each item and append its row; returns the rows in order. KeyboardInterrupt propagates after
+    every finished row is on disk."""
+    rows: list[dict[str, Any]] = []
+    if total is None and hasattr(items, "__len__"):
+        total = len(items)  # type: ignore[arg-type]
+    for item in progress(items, total=total, desc=desc):
+        try:
+            row = dict(measure_one(item))
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a row, the sweep goes on
+            status, message = classify_failure(exc)
+            row = dict(failed_row(item, status, message))
+            release_memory()
+        report.append(row)
+        rows.append(row)
+    return rows
