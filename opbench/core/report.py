@@ -35,7 +35,7 @@ def environment(device: torch.device | None = None, extra: Mapping[str, Any] | N
         "python": platform.python_version(),
         "host": socket.gethostname(),
         "platform": platform.platform(),
-        "command": " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]]),
+        "command": " ".join(getattr(sys, "orig_argv", sys.argv)),
         "utc_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "cpu_threads": torch.get_num_threads(),
     }

@@ -83,7 +83,9 @@ class CacheFlusher:
 def rotation_count(bytes_per_set: int, device: torch.device, cap: int = 64) -> int:
     """Operand sets needed so cycling through them streams more than the LLC (Primus rotates ~512 MiB)."""
     target = 2 * last_level_cache_bytes(device)
-    return max(1, min(cap, math.ceil(target / max(1, bytes_per_set)) + 1))
+    if bytes_per_set >= target:
+        return 1  # one set already streams past the cache on every call
+    return min(cap, math.ceil(target / max(1, bytes_per_set)) + 1)
 
 
 def _run_batch(fn: Callable[[], Any], n: int, device: torch.device, before: Callable[[], Any] | None) -> list[float]:

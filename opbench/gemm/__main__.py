@@ -1,0 +1,121 @@
+"""``python -m opbench.gemm`` / ``opbench gemm``: time the GEMMs of a model's training step."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from opbench.core.cli import add_device_args, add_timing_args, csv_list, positive_int, timing_config
+from opbench.core.device import default_dtype_name, device_info, resolve_device
+from opbench.core.errors import UsageError, run_cli
+from opbench.core.report import CsvReport, environment, summary_table
+from opbench.core.sweep import STATUS_PLANNED, run_sweep
+from opbench.models import load_model_configs, select_models
+
+from .backends import BACKENDS
+from .runner import GemmCase, run_case
+from .shapes import ALL_LAYERS, PASSES, GemmShape, Parallel, gemm_shapes
+
+COLUMNS = [
+    "model", "layer", "pass", "mbs", "m", "n", "k", "groups", "transA", "transB", "dtype", "backend", "impl",
+    "time_s", "time_min_s", "time_p10_s", "time_p90_s", "time_max_s", "time_std_s", "iters", "tflops",
+    "bandwidth_gbs", "pct_of_peak", "max_rel_err", "status", "error", "seqlen", "tp", "ep", "cp", "device",
+]
+SUMMARY = ["layer", "pass", "mbs", "m", "n", "k", "groups", "backend", "time_s", "tflops", "pct_of_peak", "status"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="opbench gemm", description=__doc__,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model-config-path", default=None,
+                   help="Primus model_configs.json list, one object, or a Hugging Face config.json "
+                        "(default: the built-in shapes/model_configs.json)")
+    p.add_argument("--model", default=None, help="model name(s) from the list, comma-separated, or 'all' "
+                   "(default: all for a list)")
+    p.add_argument("--model-name", default=None, help="name for an HF config.json (default: the file's stem)")
+    p.add_argument("--report-dir-path", default="out", help="where benchmark_gemm_<model>.csv files go")
+    p.add_argument("--seqlen", type=positive_int, default=None, help="sequence length (overrides the config)")
+    p.add_argument("--mbs", type=csv_list(int), default=[1], help="micro-batch sizes, e.g. 1,2,4")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    p.add_argument("--ep", type=int, default=1, help="expert-parallel size")
+    p.add_argument("--cp", type=int, default=1, help="context-parallel size (divides the token count)")
+    p.add_argument("--etp", type=int, default=1, help="expert tensor-parallel size")
+    p.add_argument("--passes", type=csv_list(), default=list(PASSES), help="fwd,dgrad,wgrad")
+    p.add_argument("--layers", type=csv_list(), default=None, help=f"subset of {','.join(ALL_LAYERS)}")
+    p.add_argument("--backends", type=csv_list(), default=["auto"],
+                   help=f"auto (torch, and torch_grouped for expert GEMMs) or any of {','.join(BACKENDS)}")
+    p.add_argument("--cache", choices=["cold", "warm"], default="cold",
+                   help="cold: rotate operand sets larger than the last-level cache between calls")
+    p.add_argument("--dry-run", action="store_true", help="write the planned rows (status=planned), time nothing")
+    add_device_args(p, dtypes=("bf16", "fp16", "fp32", "fp8"))
+    add_timing_args(p)
+    return p
+
+
+def report_path(report_dir: str, model: str) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", model)
+    return Path(report_dir) / f"benchmark_gemm_{safe}.csv"
+
+
+def expand_cases(shapes: Sequence[GemmShape], backends: Sequence[str], dtype: str) -> list[GemmCase]:
+    cases = []
+    for s in shapes:
+        if backends == ["auto"]:
+            names = ["fp8"] if dtype == "fp8" else ["torch_grouped" if s.groups > 1 else "torch"]
+        else:
+            names = list(backends)
+        cases.extend(GemmCase(s, b, dtype) for b in names)
+    return cases
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    unknown = [b for b in args.backends if b != "auto" and b not in BACKENDS]
+    if unknown:
+        raise UsageError(f"unknown backend(s) {unknown}; choose from auto,{','.join(BACKENDS)}", field="--backends")
+    bad_layers = [x for x in (args.layers or []) if x not in ALL_LAYERS]
+    if bad_layers:
+        raise UsageError(f"unknown layer(s) {bad_layers}; choose from {','.join(ALL_LAYERS)}", field="--layers")
+    bad_passes = [x for x in args.passes if x not in PASSES]
+    if bad_passes:
+        raise UsageError(f"unknown pass(es) {bad_passes}; choose from {','.join(PASSES)}", field="--passes")
+    configs = select_models(load_model_configs(args.model_config_path, args.model_name), args.model)
+    par = Parallel(tp=args.tp, ep=args.ep, cp=args.cp, etp=args.etp)
+    # Derive every model's shapes first: bad input fails before anything is timed or written.
+    plans = [(cfg, gemm_shapes(cfg, args.mbs, args.seqlen, par, args.layers, args.passes)) for cfg in configs]
+
+    device = resolve_device(args.device)
+    info = device_info(device)
+    dtype = args.dtype or default_dtype_name(device)
+    timing = timing_config(args)
+    for cfg, shapes in plans:
+        seqlen = args.seqlen or cfg.seqlen
+        cases = expand_cases(shapes, args.backends, dtype)
+        extra_cols = {"seqlen": seqlen, "tp": par.tp, "ep": par.ep, "cp": par.cp, "device": info.name}
+        meta = environment(device, {"benchmark": "gemm", "model": cfg.name, "model_config": cfg.to_dict(),
+                                    "parallel": vars(par), "timing": vars(timing), "cache": args.cache})
+        path = report_path(args.report_dir_path, cfg.name)
+        with CsvReport(path, COLUMNS, meta) as report:
+            def failed(case: GemmCase, status: str, message: str) -> dict[str, Any]:
+                return {**case.shape.as_row(), "dtype": case.effective_dtype, "backend": case.backend,
+                        "status": status, "error": message, **extra_cols}
+
+            if args.dry_run:
+                rows = [failed(c, STATUS_PLANNED, "") for c in cases]
+                report.extend(rows)
+            else:
+                rows = run_sweep(
+                    cases,
+                    lambda c: {**run_case(c, info, timing, cold=args.cache == "cold"), **extra_cols},
+                    failed, report, desc=f"gemm {cfg.name}")
+        print(f"\n{cfg.name} on {info.name} ({dtype}, tp={par.tp} ep={par.ep} cp={par.cp}, seqlen={seqlen})")
+        print(summary_table(rows, SUMMARY))
+        print(f"wrote {path} ({len(rows)} rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, prog="python -m opbench.gemm"))

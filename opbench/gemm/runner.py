@@ -1,0 +1,117 @@
+"""Times one GEMM shape on one backend: operands in the pass's layout, cache-cold rotation, reference check."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from opbench.core.device import DeviceInfo, element_size, torch_dtype
+from opbench.core.sweep import STATUS_OK, Unsupported
+from opbench.core.timing import TimingConfig, measure, rotation_count
+
+from .backends import BACKENDS
+from .shapes import GemmShape
+
+REF_ROWS = 64  # rows of C checked against an fp64 reference (cheap even for lm_head)
+
+
+@dataclass(frozen=True)
+class GemmCase:
+    shape: GemmShape
+    backend: str
+    dtype: str  # requested operand dtype
+
+    @property
+    def effective_dtype(self) -> str:
+        """fp8 backends force fp8 operands whatever --dtype says."""
+        return BACKENDS[self.backend].input_dtype or self.dtype
+
+
+def make_operands(shape: GemmShape, dtype: str, device: torch.device, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """A [G?,m,k] and B [G?,k,n] as views over storage in the pass's layout (transA: A stored [k,m], …)."""
+    g = (shape.groups,) if shape.groups > 1 else ()
+    a_store = (*g, shape.k, shape.m) if shape.trans_a else (*g, shape.m, shape.k)
+    b_store = (*g, shape.n, shape.k) if shape.trans_b else (*g, shape.k, shape.n)
+    work = torch.float32 if dtype == "fp8" else torch_dtype(dtype)
+    # Scale so C has unit-order entries in every dtype (fp16 would overflow on raw randn for large k).
+    a = torch.randn(a_store, generator=generator, dtype=torch.float32).to(device=device, dtype=work)
+    b = (torch.randn(b_store, generator=generator, dtype=torch.float32) / shape.k ** 0.5).to(device=device, dtype=work)
+    if dtype == "fp8":
+        fp8 = torch_dtype("fp8")
+        a, b = a.to(fp8), b.to(fp8)
+    if shape.trans_a:
+        a = a.transpose(-1, -2)
+    if shape.trans_b:
+        b = b.transpose(-1, -2)
+    return a, b
+
+
+def max_rel_err(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, generator: torch.Generator) -> float:
+    """max |C − C_ref| / max |C_ref| over up to REF_ROWS sampled rows, with C_ref computed in fp64 on the host."""
+    m = a.shape[-2]
+    rows = torch.randperm(m, generator=generator)[: min(m, REF_ROWS)].sort().values.to(a.device)
+    a_rows = a.index_select(-2, rows).to(torch.float64 if a.device.type == "cpu" else torch.float32)
+    ref = torch.matmul(a_rows.cpu().double(), b.cpu().double()) if a.device.type != "cpu" else \
+        torch.matmul(a_rows, b.double())
+    got = c.index_select(-2, rows).cpu().double()
+    scale = ref.abs().max().item()
+    return (got - ref).abs().max().item() / scale if scale > 0 else (got - ref).abs().max().item()
+
+
+def run_case(case: GemmCase, info: DeviceInfo, timing: TimingConfig, cold: bool = True) -> dict[str, Any]:
+    """Measure one (shape, backend); raises Unsupported / RuntimeError for the sweep to turn into a row."""
+    backend = BACKENDS[case.backend]
+    shape = case.shape
+    dtype = case.effective_dtype
+    if backend.grouped_only and shape.groups == 1:
+        raise Unsupported("not a grouped GEMM (groups=1); the torch backend times it")
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{shape.layer}/{shape.pass_}/{shape.m}/{shape.n}/{shape.k}".encode()))
+    elt = element_size(dtype)
+    per_set = shape.bytes_moved(elt)
+    n_sets = rotation_count(per_set, info.device) if cold else 1
+    operands = [make_operands(shape, dtype, info.device, gen) for _ in range(n_sets)]
+    fns_impls = [backend.build(a, b, dtype) for a, b in operands]
+    impl = fns_impls[0][1]
+    fns = [fi[0] for fi in fns_impls]
+
+    # Correctness once per shape, before timing.
+    c = fns[0]()
+    a0, b0 = operands[0]
+    if dtype == "fp8":
+        a0, b0 = a0.float(), b0.float()
+    err = max_rel_err(c, a0, b0, gen)
+
+    state = {"i": 0}
+
+    def rotate() -> None:
+        state["i"] = (state["i"] + 1) % n_sets
+
+    if n_sets == 1:
+        stats = measure(fns[0], info.device, timing)
+    else:
+        stats = measure(lambda: fns[state["i"]](), info.device, timing, before=rotate)
+    del operands, fns, fns_impls, c
+    tflops = shape.flops / stats.median / 1e12
+    peak = info.peak_tflops(dtype)
+    return {
+        **shape.as_row(),
+        "dtype": dtype,
+        "backend": case.backend,
+        "impl": impl + (f", {n_sets} rotating operand sets" if n_sets > 1 else ""),
+        "time_s": stats.median,
+        "time_min_s": stats.min,
+        "time_p10_s": stats.p10,
+        "time_p90_s": stats.p90,
+        "time_max_s": stats.max,
+        "time_std_s": stats.std,
+        "iters": stats.iters,
+        "tflops": tflops,
+        "bandwidth_gbs": shape.bytes_moved(elt) / stats.median / 1e9,
+        "pct_of_peak": 100.0 * tflops / peak if peak else None,
+        "max_rel_err": err,
+        "status": STATUS_OK,
+        "error": None,
+    }

@@ -1,0 +1,186 @@
+"""Model config + parallel sizes → the GEMM shapes of one training step (REFERENCE §1 is the contract).
+
+Pure Python, no torch: ``--dry-run`` and tests are instant. Every linear layer is Y[T,N] = X[T,K]·W[N,K]ᵀ with
+T = mbs·seqlen/cp tokens per rank; Megatron tensor parallelism splits N of column-parallel layers and K of
+row-parallel ones.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Iterable, Sequence
+
+from opbench.core.errors import UsageError
+from opbench.models import ModelConfig
+
+PASSES = ("fwd", "dgrad", "wgrad")
+DENSE_LAYERS = ("qkv", "attn_out", "mlp_gate_up", "mlp_down", "lm_head")
+MOE_LAYERS = ("router", "expert_gate_up", "expert_down", "shared_gate_up", "shared_down")
+MLA_LAYERS = ("mla_q", "mla_q_down", "mla_q_up", "mla_kv_down", "mla_kv_up")
+ALL_LAYERS = (*DENSE_LAYERS, *MOE_LAYERS, *MLA_LAYERS)
+VOCAB_PAD = 128  # Megatron's --make-vocab-size-divisible-by default
+
+
+@dataclass(frozen=True)
+class Parallel:
+    tp: int = 1
+    ep: int = 1
+    cp: int = 1
+    etp: int = 1  # expert tensor parallel (Megatron --expert-tensor-parallel-size); 1 = experts not TP-split
+
+
+@dataclass(frozen=True)
+class LinearLayer:
+    """One weight W[N,K] applied to ``tokens`` rows, ``groups`` times (grouped GEMM for routed experts)."""
+
+    name: str
+    n: int
+    k: int
+    tokens: int
+    groups: int = 1
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    model: str
+    layer: str
+    pass_: str
+    mbs: int
+    m: int
+    n: int
+    k: int
+    groups: int
+    trans_a: bool
+    trans_b: bool
+
+    @property
+    def flops(self) -> int:
+        return gemm_flops(self.m, self.n, self.k, self.groups)
+
+    def bytes_moved(self, element_size: int) -> int:
+        return gemm_bytes(self.m, self.n, self.k, self.groups, element_size)
+
+    def as_row(self) -> dict:
+        d = asdict(self)
+        d["pass"] = d.pop("pass_")
+        d["transA"] = d.pop("trans_a")
+        d["transB"] = d.pop("trans_b")
+        return d
+
+
+def gemm_flops(m: int, n: int, k: int, groups: int = 1) -> int:
+    """2·m·n·k per GEMM, × groups for a grouped GEMM (REFERENCE §1)."""
+    return 2 * m * n * k * groups
+
+
+def gemm_bytes(m: int, n: int, k: int, groups: int, element_size: int) -> int:
+    """Minimum traffic: read A and B once, write C once (REFERENCE §1)."""
+    return (m * k + k * n + m * n) * groups * element_size
+
+
+def pass_shape(pass_: str, tokens: int, n: int, k: int) -> tuple[int, int, int, bool, bool]:
+    """(m, n, k, transA, transB) of one pass, with the operand layout Primus uses.
+
+    fwd   Y  = X·Wᵀ    (T, N, K)  NT: A = X[T,K], B = W[N,K] read transposed
+    dgrad dX = dY·W    (T, K, N)  NN: A = dY[T,N], B = W[N,K]
+    wgrad dW = dYᵀ·X   (N, K, T)  TN: A = dY[T,N] read transposed, B = X[T,K]
+    """
+    if pass_ == "fwd":
+        return tokens, n, k, False, True
+    if pass_ == "dgrad":
+        return tokens, k, n, False, False
+    if pass_ == "wgrad":
+        return n, k, tokens, True, False
+    raise ValueError(f"unknown pass {pass_!r}")
+
+
+def _divide(value: int, by: int, what: str, flag: str) -> int:
+    if value % by:
+        raise UsageError(f"{what} = {value} is not divisible by {flag} {by}", field=flag)
+    return value // by
+
+
+def padded_vocab(vocab: int, tp: int) -> int:
+    """Megatron pads the vocabulary to a multiple of 128·tp so every TP rank gets an equal slice."""
+    mult = VOCAB_PAD * tp
+    return math.ceil(vocab / mult) * mult
+
+
+def tokens_per_expert(tokens: int, top_k: int, n_experts: int, ep: int) -> int:
+    """Rows of one expert's GEMM under balanced routing: T·ep·top_k / n_experts, rounded up (REFERENCE §1).
+
+    With EP the all-to-all brings every EP rank's tokens for the local experts, so a rank's grouped GEMM
+    still covers T·top_k rows in total; without EP (ep=1) this is Primus' "balance_seq"."""
+    return math.ceil(tokens * ep * top_k / n_experts)
+
+
+def model_layers(cfg: ModelConfig, tokens: int, par: Parallel) -> list[LinearLayer]:
+    """The distinct linear layers of one decoder layer (+ lm_head) as one TP/EP rank sees them."""
+    tp = par.tp
+    name = cfg.name
+    out: list[LinearLayer] = []
+    heads = _divide(cfg.num_attention_heads, tp, f"{name}: num_attention_heads", "--tp")
+    if cfg.is_mla:
+        qk_head = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim  # type: ignore[operator]
+        if cfg.q_lora_rank:
+            # q_down is replicated across TP ranks (Megatron builds it duplicated); q_up is column-parallel.
+            out.append(LinearLayer("mla_q_down", cfg.q_lora_rank, cfg.hidden_size, tokens))
+            out.append(LinearLayer("mla_q_up", heads * qk_head, cfg.q_lora_rank, tokens))
+        else:
+            out.append(LinearLayer("mla_q", heads * qk_head, cfg.hidden_size, tokens))
+        out.append(LinearLayer("mla_kv_down", cfg.kv_lora_rank + cfg.qk_rope_head_dim, cfg.hidden_size, tokens))  # type: ignore[operator]
+        out.append(LinearLayer("mla_kv_up", heads * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank, tokens))  # type: ignore[operator]
+        out.append(LinearLayer("attn_out", cfg.hidden_size, heads * cfg.v_head_dim, tokens))  # type: ignore[operator]
+    else:
+        kv_heads = _divide(cfg.num_key_value_heads, tp, f"{name}: num_key_value_heads", "--tp")
+        out.append(LinearLayer("qkv", (heads + 2 * kv_heads) * cfg.head_dim, cfg.hidden_size, tokens))
+        out.append(LinearLayer("attn_out", cfg.hidden_size, heads * cfg.head_dim, tokens))
+    if cfg.has_dense_mlp_layers:
+        inter = _divide(cfg.intermediate_size, tp, f"{name}: intermediate_size", "--tp")
+        out.append(LinearLayer("mlp_gate_up", 2 * inter, cfg.hidden_size, tokens))
+        out.append(LinearLayer("mlp_down", cfg.hidden_size, inter, tokens))
+    if cfg.is_moe:
+        experts = _divide(cfg.n_routed_experts, par.ep, f"{name}: n_routed_experts", "--ep")
+        e_inter = _divide(cfg.expert_intermediate_size, par.etp, f"{name}: moe_intermediate_size", "--etp")
+        rows = tokens_per_expert(tokens, cfg.num_experts_per_tok, cfg.n_routed_experts, par.ep)
+        out.append(LinearLayer("router", cfg.n_routed_experts, cfg.hidden_size, tokens))
+        out.append(LinearLayer("expert_gate_up", 2 * e_inter, cfg.hidden_size, rows, experts))
+        out.append(LinearLayer("expert_down", cfg.hidden_size, e_inter, rows, experts))
+        if cfg.shared_intermediate_size:
+            s_inter = _divide(cfg.shared_intermediate_size, tp, f"{name}: shared expert intermediate size", "--tp")
+            out.append(LinearLayer("shared_gate_up", 2 * s_inter, cfg.hidden_size, tokens))
+            out.append(LinearLayer("shared_down", cfg.hidden_size, s_inter, tokens))
+    out.append(LinearLayer("lm_head", padded_vocab(cfg.vocab_size, tp) // tp, cfg.hidden_size, tokens))
+    return out
+
+
+def gemm_shapes(
+    cfg: ModelConfig,
+    mbs_list: Sequence[int] = (1,),
+    seqlen: int | None = None,
+    par: Parallel = Parallel(),
+    layers: Iterable[str] | None = None,
+    passes: Iterable[str] = PASSES,
+) -> list[GemmShape]:
+    """All (layer, pass, mbs) GEMMs of one rank's training step, in model order."""
+    for flag, value in (("--tp", par.tp), ("--ep", par.ep), ("--cp", par.cp), ("--etp", par.etp)):
+        if value < 1:
+            raise UsageError(f"must be positive, got {value}", field=flag)
+    seq = seqlen or cfg.seqlen
+    if not seq:
+        raise UsageError(f"model '{cfg.name}' has no seqlen; pass --seqlen", source=cfg.source or None, field="seqlen")
+    seq_local = _divide(seq, par.cp, f"{cfg.name}: seqlen", "--cp")
+    wanted = set(layers) if layers is not None else None
+    passes = list(passes)
+    shapes: list[GemmShape] = []
+    for mbs in mbs_list:
+        if mbs < 1:
+            raise UsageError(f"must be positive, got {mbs}", field="--mbs")
+        for layer in model_layers(cfg, mbs * seq_local, par):
+            if wanted is not None and layer.name not in wanted:
+                continue
+            for p in passes:
+                m, n, k, ta, tb = pass_shape(p, layer.tokens, layer.n, layer.k)
+                shapes.append(GemmShape(cfg.name, layer.name, p, mbs, m, n, k, layer.groups, ta, tb))
+    return shapes

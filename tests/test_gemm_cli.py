@@ -1,0 +1,127 @@
+"""The GEMM command as users run it: CSV contract, failure rows, bad input, Ctrl-C, triton under the interpreter."""
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT
+
+CONTRACT = ["model", "layer", "pass", "mbs", "m", "n", "k", "groups", "transA", "transB", "dtype", "backend",
+            "time_s", "time_min_s", "time_p10_s", "time_p90_s", "time_std_s", "iters", "tflops", "bandwidth_gbs",
+            "pct_of_peak", "max_rel_err", "status", "error"]
+
+
+def read(path):
+    with open(path) as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_timed_rows_follow_the_contract(run, tmp_path):
+    r = run("opbench.gemm", "--model-config-path", "shapes/model_configs.json", "--model", "Llama3.1_8B",
+            "--seqlen", "64", "--layers", "qkv,attn_out", "--passes", "fwd,wgrad", "--quick",
+            "--report-dir-path", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    rows = read(tmp_path / "benchmark_gemm_Llama3.1_8B.csv")
+    assert list(rows[0]) [: len(CONTRACT)] != [] and all(c in rows[0] for c in CONTRACT)
+    assert [(x["layer"], x["pass"]) for x in rows] == [("qkv", "fwd"), ("qkv", "wgrad"), ("attn_out", "fwd"),
+                                                       ("attn_out", "wgrad")]
+    for x in rows:
+        assert x["status"] == "ok" and x["dtype"] == "fp32" and x["backend"] == "torch"
+        m, n, k, t = int(x["m"]), int(x["n"]), int(x["k"]), float(x["time_s"])
+        assert t > 0 and float(x["time_min_s"]) <= t <= float(x["time_max_s"])
+        assert float(x["tflops"]) == pytest.approx(2 * m * n * k / t / 1e12, rel=1e-3)
+        assert float(x["max_rel_err"]) < 1e-5
+        assert int(x["iters"]) >= 3
+    assert rows[0]["m"] == "64" and rows[0]["n"] == str(48 * 128) and rows[1]["k"] == "64"
+    assert (tmp_path / "benchmark_gemm_Llama3.1_8B.meta.json").exists()
+    assert "qkv" in r.stdout  # console summary
+
+
+def test_grouped_and_unsupported_backends_become_rows(run, tmp_path):
+    r = run("opbench.gemm", "--model", "Mixtral_8x7B", "--seqlen", "32", "--layers", "expert_down,router",
+            "--passes", "fwd", "--backends", "torch,torch_grouped,fp8,triton", "--quick",
+            "--report-dir-path", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    rows = {(x["layer"], x["backend"]): x for x in read(tmp_path / "benchmark_gemm_Mixtral_8x7B.csv")}
+    g = rows[("expert_down", "torch_grouped")]
+    assert g["status"] == "ok" and g["groups"] == "8" and "grouped" in g["impl"] or "loop" in g["impl"]
+    assert rows[("expert_down", "torch")]["impl"].startswith("torch.bmm")
+    for backend in ("fp8", "triton"):
+        row = rows[("expert_down", backend)]
+        assert row["status"] == "unsupported" and row["error"] and row["time_s"] == "" and row["tflops"] == ""
+    assert rows[("router", "torch_grouped")]["status"] == "unsupported"
+    assert rows[("router", "torch")]["status"] == "ok"
+
+
+def test_dry_run_plans_every_row(run, tmp_path):
+    r = run("opbench.gemm", "--model", "DeepSeek_V3", "--seqlen", "4096", "--tp", "8", "--ep", "8", "--mbs", "1,2",
+            "--dry-run", "--report-dir-path", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    rows = read(tmp_path / "benchmark_gemm_DeepSeek_V3.csv")
+    assert len(rows) == 13 * 3 * 2 and {x["status"] for x in rows} == {"planned"}
+    assert all(x["time_s"] == "" for x in rows)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--model-config-path", "missing.json"], "missing.json: file not found"),
+    (["--model", "NoSuchModel"], "unknown model 'NoSuchModel'; available: Llama2_7B"),
+    (["--model", "Llama2_7B", "--tp", "3"], "field '--tp'"),
+    (["--model", "Llama2_7B", "--backends", "cublas"], "unknown backend"),
+    (["--model", "Llama2_7B", "--mbs", "0"], "field '--mbs': must be positive"),
+])
+def test_bad_input_is_one_line_exit_2(run, tmp_path, args, needle):
+    r = run("opbench.gemm", *args, "--dry-run", "--report-dir-path", str(tmp_path))
+    assert r.returncode == 2
+    assert needle in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_malformed_json_names_file(run, tmp_path):
+    bad = tmp_path / "cfg.json"
+    bad.write_text('[{"model": "x", "hidden_size": 1,,}]')
+    r = run("opbench", "gemm", "--model-config-path", str(bad), "--dry-run")
+    assert r.returncode == 2 and f"{bad}: malformed JSON at line 1" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_ctrl_c_keeps_finished_rows(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "opbench.gemm", "--model", "Llama2_7B", "--seqlen", "128",
+                             "--quick", "--report-dir-path", str(tmp_path)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    path = tmp_path / "benchmark_gemm_Llama2_7B.csv"
+    deadline = time.time() + 300
+    while time.time() < deadline and (not path.exists() or len(read(path)) < 2):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted" in err
+    rows = read(path)
+    assert 2 <= len(rows) < 15
+    assert all(r["status"] == "ok" and float(r["time_s"]) > 0 for r in rows)
+
+
+def test_triton_kernel_under_interpreter(tmp_path):
+    code = """
+import torch
+from opbench.gemm.triton_matmul import matmul
+torch.manual_seed(0)
+cases = [(37, 29, 45, 1, False, True), (16, 33, 20, 3, True, False), (40, 24, 17, 2, False, False)]
+for m, n, k, g, ta, tb in cases:
+    a = torch.randn(g, k, m).transpose(-1, -2) if ta else torch.randn(g, m, k)
+    b = torch.randn(g, n, k).transpose(-1, -2) if tb else torch.randn(g, k, n)
+    if g == 1:
+        a, b = a[0], b[0]
+    c = matmul(a, b)
+    ref = (a.double() @ b.double()).float()
+    err = (c - ref).abs().max().item()
+    assert c.shape == ref.shape and err < 1e-4, (m, n, k, g, err)
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                       env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr

@@ -1,0 +1,73 @@
+"""The timing harness and the report writer."""
+
+import csv
+import json
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from opbench.core.report import CsvReport, environment, sidecar_path
+from opbench.core.timing import Stats, TimingConfig, measure, rotation_count
+
+CPU = torch.device("cpu")
+
+
+def test_stats_match_numpy():
+    samples = [0.5, 0.1, 0.3, 0.2, 0.9, 0.4]
+    s = Stats.from_samples(samples)
+    assert s.median == pytest.approx(np.median(samples))
+    assert (s.min, s.max, s.iters) == (0.1, 0.9, 6)
+    assert s.mean == pytest.approx(np.mean(samples))
+    assert s.std == pytest.approx(np.std(samples, ddof=1))
+    assert s.p10 == pytest.approx(np.percentile(samples, 10))
+    assert s.p90 == pytest.approx(np.percentile(samples, 90))
+
+
+def test_measure_reports_the_call_time():
+    stats = measure(lambda: time.sleep(0.004), CPU, TimingConfig(min_iters=5, budget_s=0.2, rel_tol=0.5))
+    assert 0.004 <= stats.median < 0.02
+    assert stats.min <= stats.p10 <= stats.median <= stats.p90 <= stats.max
+    assert stats.iters >= 5
+
+
+def test_before_hook_is_not_timed():
+    stats = measure(lambda: time.sleep(0.002), CPU, TimingConfig(min_iters=4, budget_s=0.05),
+                    before=lambda: time.sleep(0.02))
+    assert stats.median < 0.015
+
+
+def test_iteration_cap_and_budget():
+    calls = []
+    stats = measure(lambda: calls.append(1), CPU, TimingConfig(warmup_iters=3, min_iters=5, max_iters=17,
+                                                               rel_tol=0.0, budget_s=100))
+    assert stats.iters == 17 and len(calls) >= 17 + 3
+    t0 = time.perf_counter()
+    stats = measure(lambda: time.sleep(0.01), CPU, TimingConfig(min_iters=3, max_iters=10_000, rel_tol=0.0,
+                                                                budget_s=0.3))
+    assert time.perf_counter() - t0 < 3 and stats.iters < 200
+
+
+def test_rotation_count_covers_cache():
+    assert rotation_count(10 << 30, CPU) == 1
+    n = rotation_count(1 << 20, CPU)
+    assert n > 1
+
+
+def test_csv_rows_are_on_disk_as_they_finish(tmp_path):
+    path = tmp_path / "r.csv"
+    rep = CsvReport(path, ["a", "b", "status"], meta=environment(CPU, {"x": 1}))
+    with open(path) as fh:
+        assert fh.read().strip() == "a,b,status"
+    rep.append({"a": 1, "b": 0.123456789, "status": "ok"})
+    rows = list(csv.DictReader(open(path)))  # readable before close
+    assert rows == [{"a": "1", "b": "0.123457", "status": "ok"}]
+    rep.append({"a": 2, "b": None, "status": "error"})
+    assert list(csv.DictReader(open(path)))[1]["b"] == ""  # no silent zero
+    with pytest.raises(KeyError):
+        rep.append({"a": 3, "typo": 1})
+    rep.close()
+    meta = json.loads(sidecar_path(path).read_text())
+    for key in ("opbench", "torch", "device", "host", "command", "utc_time", "x"):
+        assert key in meta
