@@ -1,0 +1,126 @@
+"""NCCL/RCCL debug-log analysis: what did a real job send? (``opbench trace``, ``python -m opbench.comm.trace``)
+
+Run a job with ``NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL`` (add ``INIT`` to get ranks and commIds), then::
+
+    opbench trace job.log[.gz] [--csv sizes.csv] [--per-rank] [--per-comm] [--commands] [--replay]
+                                [--compare-fsdp CFG --model NAME]
+
+Parsing lives in trace_parse (streaming, constant memory), all-to-all recognition in trace_p2p, tallies in
+trace_summary, the optional actions in trace_actions. ``trace_sizes`` is the API the comm benchmark uses
+(``opbench comm --sizes-from-trace LOG``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from ..core.errors import UsageError, run_cli
+from .trace_p2p import group_p2p
+from .trace_parse import CallRecord, LogParser
+from .trace_summary import TraceSummary
+
+
+@dataclass(frozen=True)
+class TraceSize:
+    """One distinct collective size from a log, in the terms the comm benchmark takes.
+
+    ``count`` is the per-rank NCCL count as logged (total for AllReduce/Broadcast/Reduce, per rank for
+    AllGather/ReduceScatter, per peer for AlltoAll, per call for Send/Recv); convert with
+    ``conventions.COLLECTIVES[collective].size_bytes(count, nranks, elt)`` to the nccl-tests ``-b``.
+    ``redop`` is None for collectives without a reduction. ``calls`` = log lines (one per rank per call).
+    """
+
+    collective: str
+    count: int
+    dtype_enum: int
+    nranks: int
+    redop: str | None
+    calls: int
+
+
+def check_paths(paths: Iterable[str]) -> list[str]:
+    """Every path must be '-' or a readable file; a bad one is a usage error naming it (exit 2)."""
+    out = []
+    for p in paths:
+        if p != "-":
+            if not os.path.exists(p):
+                raise UsageError("no such file", source=p)
+            if os.path.isdir(p):
+                raise UsageError("is a directory, expected a log file", source=p)
+            if not os.access(p, os.R_OK):
+                raise UsageError("not readable", source=p)
+        out.append(p)
+    if not out:
+        raise UsageError("no log file given", field="LOG")
+    return out
+
+
+def iter_records(parser: LogParser, paths: Sequence[str], raw_p2p: bool = False) -> Iterable[CallRecord]:
+    """All calls of all logs, in file order; grouped Send/Recv become AlltoAll unless ``raw_p2p``."""
+
+    def stream() -> Iterable[CallRecord]:
+        for path in paths:
+            try:
+                yield from parser.calls(path)
+            except OSError as exc:
+                raise UsageError(f"cannot read: {exc.strerror or exc}", source=path) from None
+
+    return stream() if raw_p2p else group_p2p(stream())
+
+
+def analyze(paths: Sequence[str], raw_p2p: bool = False) -> tuple[TraceSummary, LogParser]:
+    parser = LogParser()
+    summary = TraceSummary().extend(iter_records(parser, check_paths(paths), raw_p2p))
+    return summary, parser
+
+
+def trace_sizes(paths: list[str]) -> list[TraceSize]:
+    """Distinct (collective, count, dtype, nranks, redop) in NCCL/RCCL logs, for replaying them.
+
+    Ops with no nccl-tests collective (Gather/Scatter of NCCL 2.28) and unknown datatypes are left out.
+    Sorted by collective, then count. Raises UsageError for a missing/unreadable file.
+    """
+    from .conventions import NCCL_DTYPES
+
+    summary, _ = analyze(paths)
+    merged: dict[tuple[str, int, int, int, str | None], int] = {}
+    for row in summary.summary_rows():
+        if row["collective"] is None or row["datatype"] not in NCCL_DTYPES:
+            continue
+        key = (row["collective"], row["count"], row["datatype"], row["nranks"], row["redop"])
+        merged[key] = merged.get(key, 0) + row["calls"]      # Send and Recv rows fold into send_recv
+    return [TraceSize(c, n, d, r, op, calls) for (c, n, d, r, op), calls in sorted(merged.items(), key=str)]
+
+
+# -- command line ---------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    from .trace_actions import add_action_args
+
+    p = argparse.ArgumentParser(
+        prog="opbench trace",
+        description="Summarise the collectives in NCCL/RCCL debug logs (NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL).")
+    p.add_argument("logs", nargs="+", metavar="LOG", help="log files (plain or .gz); '-' reads stdin")
+    p.add_argument("--csv", metavar="FILE", help="summary CSV: one row per distinct (op, count, datatype, redop, nranks)")
+    p.add_argument("--per-rank", action="store_true", help="calls and bytes per rank and op (CSV: <stem>_per_rank.csv)")
+    p.add_argument("--per-comm", action="store_true", help="calls and bytes per communicator (CSV: <stem>_per_comm.csv)")
+    p.add_argument("--top", type=int, default=15, help="rows in the console table (default 15)")
+    p.add_argument("--raw-p2p", action="store_true",
+                   help="keep Send/Recv lines as logged instead of merging grouped ones into AlltoAll")
+    add_action_args(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from . import trace_actions
+
+    args = build_parser().parse_args(argv)
+    summary, parser = analyze(args.logs, raw_p2p=args.raw_p2p)
+    return trace_actions.run(args, summary, parser)
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, prog="python -m opbench.comm.trace"))
