@@ -1,0 +1,295 @@
+"""What ``opbench trace`` does with a parsed log: console summary, CSVs, nccl-tests commands, replay, FSDP check.
+
+Kept apart from trace.py so the parser API stays import-light (no pandas/tabulate/torch on the hot path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..core.errors import UsageError
+from ..core.report import CsvReport, summary_table
+from .conventions import COLLECTIVES, nccl_tests_command
+from .trace_parse import LogParser
+from .trace_summary import PER_COMM_COLUMNS, PER_RANK_COLUMNS, SUMMARY_COLUMNS, TraceSummary
+
+# nccl-tests / rccl-tests -o values; PreMulSum (what FSDP's gradient pre-divide logs as op >= 5) is 'mulsum'.
+_TESTS_REDOP = {"sum": "sum", "prod": "prod", "max": "max", "min": "min", "avg": "avg", "premulsum": "mulsum"}
+FSDP_COLUMNS = ["unit", "collective", "count", "dtype", "nranks", "calls_per_step", "nccl_tests_bytes",
+                "log_calls", "log_dtype", "matched", "steps_in_log"]
+
+
+def add_action_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("nccl-tests / rccl-tests commands")
+    g.add_argument("--commands", action="store_true", help="print one benchmark command per distinct size")
+    g.add_argument("--flavour", choices=["auto", "nccl", "rccl"], default="auto",
+                   help="auto: rccl-tests when the log has RCCL fields (task/globalrank/acc) or torch is ROCm")
+    g.add_argument("--launcher", choices=["auto", "single", "mpi"], default="auto",
+                   help="single: one process, -g nranks; mpi: mpirun -np nranks … -g 1; "
+                        "auto: single when nranks fits one node (--gpus-per-node)")
+    g.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node for -g / mpirun hosts (default 8)")
+    r = p.add_argument_group("replay with the torchrun comm benchmark")
+    r.add_argument("--replay", action="store_true",
+                   help="run torchrun … -m opbench.comm --sizes-from-trace LOG on this machine")
+    r.add_argument("--nproc-per-node", type=int, default=None,
+                   help="ranks for --replay (default: the largest nranks in the log)")
+    r.add_argument("--replay-arg", action="append", default=[], metavar="ARG",
+                   help="extra argument for opbench.comm (repeatable), e.g. --replay-arg=--quick")
+    r.add_argument("--dry-run", action="store_true", help="print the replay command instead of running it")
+    f = p.add_argument_group("compare with the FSDP model")
+    f.add_argument("--compare-fsdp", metavar="CFG",
+                   help="model config (Primus JSON / HF config.json) or a built-in model name")
+    f.add_argument("--model", default=None, help="model name inside CFG when it holds several")
+    f.add_argument("--world-size", type=int, default=None,
+                   help="FSDP world size (default: nranks of the log's AllGathers)")
+    f.add_argument("--param-dtype", default=None, help="all-gather dtype (default: the log's AllGather dtype)")
+    f.add_argument("--reduce-dtype", default=None, help="reduce-scatter dtype (default: the log's ReduceScatter dtype)")
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return ""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def side_csv(csv_path: str | None, suffix: str) -> str | None:
+    """'sizes.csv' + '_per_rank' → 'sizes_per_rank.csv' (breakdowns live beside the summary)."""
+    if not csv_path:
+        return None
+    p = Path(csv_path)
+    return str(p.with_name(f"{p.stem}_{suffix}{p.suffix or '.csv'}"))
+
+
+def write_csv(path: str | None, columns: list[str], rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    if not path:
+        return
+    with CsvReport(path, columns, meta=meta) as report:
+        report.extend(rows)
+    print(f"wrote {path} ({len(rows)} rows)")
+
+
+def run(args: argparse.Namespace, summary: TraceSummary, parser: LogParser) -> int:
+    st = parser.stats
+    files = len(st.files)
+    print(f"parsed {files} file{'s' if files != 1 else ''} ({human_bytes(st.bytes)}): {st.lines:,} lines, "
+          f"{st.calls:,} calls, {st.skipped:,} skipped lines ({st.fragments:,} torn/incomplete call fragments)")
+    for err in st.read_errors:
+        print(f"warning: stopped reading early: {err}", file=sys.stderr)
+    rows = summary.summary_rows()
+    if not rows:
+        print("no NCCL calls found (was the job run with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL?)", file=sys.stderr)
+        return 1
+    meta = {"tool": "opbench trace", "logs": list(args.logs), **st.as_dict()}
+    print_top(rows, args.top)
+    write_csv(args.csv, SUMMARY_COLUMNS, rows, meta)
+    if args.per_rank:
+        rank_rows = summary.per_rank_rows(parser.inits)
+        print("\nper rank:")
+        print(summary_table(rank_rows, [c for c in PER_RANK_COLUMNS if c != "globalrank" or summary.rccl_fields],
+                            max_rows=max(args.top, 64)))
+        for note in summary.rank_mismatch():
+            print(f"warning: ranks disagree: {note}")
+        write_csv(side_csv(args.csv, "per_rank"), PER_RANK_COLUMNS, rank_rows, meta)
+    if args.per_comm:
+        comm_rows = summary.per_comm_rows(parser.inits)
+        print("\nper communicator:")
+        shown = [{**r, "bytes": human_bytes(r["bytes"])} for r in comm_rows]
+        print(summary_table(shown, [c for c in PER_COMM_COLUMNS if c != "commid"], max_rows=max(args.top, 32)))
+        write_csv(side_csv(args.csv, "per_comm"), PER_COMM_COLUMNS, comm_rows, meta)
+    if args.commands:
+        print()
+        print("\n".join(benchmark_commands(rows, flavour(args.flavour, summary), args.launcher, args.gpus_per_node)))
+    if args.compare_fsdp:
+        compare_fsdp(args, rows, meta)
+    if args.replay:
+        return replay(args.logs, rows, args.nproc_per_node, args.replay_arg, args.dry_run)
+    return 0
+
+
+def print_top(rows: list[dict[str, Any]], top: int) -> None:
+    total = sum(r["total_bytes"] or 0 for r in rows)
+    shown = []
+    for r in rows[:top]:
+        share = (r["total_bytes"] or 0) / total * 100 if total else 0.0
+        shown.append({**r, "size": human_bytes(r["bytes"]), "-b": human_bytes(r["nccl_tests_bytes"]),
+                      "total": human_bytes(r["total_bytes"]), "%": f"{share:.1f}"})
+    print(f"\ntop operations by total bytes ({len(rows)} distinct sizes, {human_bytes(total)} in all):")
+    cols = ["op", "count", "dtype", "redop", "nranks", "calls", "size", "-b", "total", "%"]
+    if any(r["note"] for r in rows[:top]):
+        cols.append("note")
+    print(summary_table(shown, cols))
+    if len(rows) > top:
+        print(f"… {len(rows) - top} more sizes (see --csv)")
+
+
+def flavour(choice: str, summary: TraceSummary) -> str:
+    if choice != "auto":
+        return choice
+    if summary.rccl_fields:
+        return "rccl"
+    try:
+        import torch
+
+        return "rccl" if getattr(torch.version, "hip", None) else "nccl"
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return "nccl"
+
+
+def benchmark_commands(rows: list[dict[str, Any]], flav: str, launcher: str, gpus_per_node: int) -> list[str]:
+    """One nccl-tests/rccl-tests line per distinct (collective, -b, dtype, redop, nranks), biggest total first.
+
+    ``-b`` follows nccl-tests semantics (conventions.Collective.size_bytes): AllGather/ReduceScatter/AlltoAll
+    use count·nranks·elt, not the per-rank shard. Ops nccl-tests cannot run are listed as comments."""
+    lines = [f"# {flav}-tests commands for the logged sizes (-b = -e = nccl-tests size, REFERENCE §4)"]
+    seen: set[str] = set()
+    for r in rows:
+        coll = r["collective"]
+        if coll not in COLLECTIVES or r["nccl_tests_bytes"] is None:
+            lines.append(f"# {r['op']} count {r['count']} {r['dtype']} x{r['calls']}: no nccl-tests equivalent")
+            continue
+        n = r["nranks"]
+        mode = launcher if launcher != "auto" else ("single" if n <= gpus_per_node else "mpi")
+        nnodes = 1 if mode == "single" else max(1, math.ceil(n / gpus_per_node))
+        if mode == "single" and n > gpus_per_node:
+            mode, nnodes = "mpi", math.ceil(n / gpus_per_node)
+        redop = _TESTS_REDOP.get(r["redop"] or "") if COLLECTIVES[coll].has_redop else None
+        cmd = nccl_tests_command(coll, r["nccl_tests_bytes"], n, r["datatype"], flavour=flav, launcher=mode,
+                                 redop=redop, nnodes=nnodes)
+        if cmd in seen:
+            continue
+        seen.add(cmd)
+        note = f" ({r['note']})" if r["note"] else ""
+        lines.append(f"# {r['op']} count {r['count']} {r['dtype']} nranks {n}: {r["calls"]} log line(s){note}")
+        lines.append(cmd)
+    return lines
+
+
+# -- replay -------------------------------------------------------------------------------------------------
+def replay_command(logs: Sequence[str], nproc: int, extra: Sequence[str]) -> list[str]:
+    """torchrun line that times the log's sizes with the comm benchmark (opbench.comm --sizes-from-trace)."""
+    cmd = ["torchrun", "--standalone", f"--nproc-per-node={nproc}", "-m", "opbench.comm"]
+    for log in logs:
+        cmd += ["--sizes-from-trace", log]
+    return cmd + list(extra)
+
+
+def replay(logs: Sequence[str], rows: list[dict[str, Any]], nproc: int | None, extra: Sequence[str],
+           dry_run: bool) -> int:
+    if "-" in logs:
+        raise UsageError("cannot replay a log read from stdin; pass the file path", field="--replay")
+    n = nproc or max(r["nranks"] for r in rows if r["collective"] in COLLECTIVES)
+    if n <= 0:
+        raise UsageError(f"must be positive, got {n}", field="--nproc-per-node")
+    cmd = replay_command([os.path.abspath(p) for p in logs], n, extra)
+    print("\nreplay: " + shlex.join(cmd))
+    if dry_run:
+        return 0
+    try:
+        return subprocess.call(cmd)
+    except FileNotFoundError:
+        raise UsageError("torchrun not found on PATH (install torch or activate its environment)",
+                         field="--replay") from None
+
+
+# -- FSDP comparison ----------------------------------------------------------------------------------------
+def _dominant(rows: list[dict[str, Any]], op: str, key: str) -> Any:
+    tally: dict[Any, int] = {}
+    for r in rows:
+        if r["op"] == op:
+            tally[r[key]] = tally.get(r[key], 0) + r["calls"]
+    return max(tally, key=tally.get) if tally else None  # type: ignore[arg-type]
+
+
+def compare_fsdp(args: argparse.Namespace, rows: list[dict[str, Any]], meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """Match the log's AllGather/ReduceScatter counts against fsdp_collectives() for the same world size."""
+    from ..fsdp_model.model import FSDP_DTYPES, fsdp_collectives
+    from ..models import load_model_configs
+    from .conventions import DTYPE_ENUM_BY_NAME
+
+    cfg_arg = args.compare_fsdp
+    if os.path.exists(cfg_arg):
+        configs = load_model_configs(cfg_arg, args.model)
+    else:
+        configs = load_model_configs(None, args.model or cfg_arg)
+    if len(configs) != 1:
+        raise UsageError(f"holds {len(configs)} models; pick one with --model", source=cfg_arg, field="--model")
+    cfg = configs[0]
+    world = args.world_size or _dominant(rows, "AllGather", "nranks") or _dominant(rows, "ReduceScatter", "nranks")
+    if not world:
+        raise UsageError("the log has no AllGather/ReduceScatter and --world-size is not set", field="--world-size")
+
+    def opbench_dtype(enum: int | None, fallback: str) -> str:
+        """The FSDP model's dtype name for the log's NCCL datatype (9 → 'bf16'); fallback if none fits."""
+        return next((n for n in FSDP_DTYPES if DTYPE_ENUM_BY_NAME[n] == enum), fallback)
+
+    param = args.param_dtype or opbench_dtype(_dominant(rows, "AllGather", "datatype"), "bf16")
+    reduce = args.reduce_dtype or opbench_dtype(_dominant(rows, "ReduceScatter", "datatype"), "fp32")
+    predicted = fsdp_collectives(cfg, world, version=2, param_dtype=param, reduce_dtype=reduce,
+                                 reshard_after_forward=True, replicate=1)
+    log_by_key: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in rows:
+        if r["op"] in ("AllGather", "ReduceScatter") and r["nranks"] == world:
+            entry = log_by_key.setdefault((r["op"], r["count"]), {"calls": 0, "dtypes": set()})
+            entry["calls"] += r["calls"]
+            entry["dtypes"].add(r["dtype"])
+    out, matched_keys = [], set()
+    for c in predicted:
+        if c.collective not in ("AllGather", "ReduceScatter"):
+            continue
+        hit = log_by_key.get((c.collective, c.count))
+        if hit:
+            matched_keys.add((c.collective, c.count))
+        out.append({"unit": c.unit, "collective": c.collective, "count": c.count, "dtype": c.dtype,
+                    "nranks": c.nranks, "calls_per_step": c.calls_per_step, "nccl_tests_bytes": c.nccl_tests_bytes,
+                    "log_calls": hit["calls"] if hit else 0,
+                    "log_dtype": ",".join(sorted(hit["dtypes"])) if hit else None, "matched": bool(hit),
+                    "steps_in_log": None})
+    _steps_in_log(out, world)
+    n_units = len(out)
+    n_hit = sum(r["matched"] for r in out)
+    print(f"\nFSDP2 model ({cfg.name}, world {world}, param {param}, reduce {reduce}): "
+          f"{n_hit} of {n_units} predicted AllGather/ReduceScatter entries found in the log")
+    print(summary_table(_group_units(out), ["units", "collective", "count", "dtype", "calls_per_step", "log_calls",
+                                            "matched"], max_rows=40))
+    extra = sorted(k for k in log_by_key if k not in matched_keys)
+    if extra:
+        shown = ", ".join(f"{op} {count} (x{log_by_key[(op, count)]['calls']})" for op, count in extra[:10])
+        print(f"log sizes the model does not predict ({len(extra)}): {shown}")
+    write_csv(side_csv(args.csv, "fsdp"), FSDP_COLUMNS, out, {**meta, "model": cfg.name, "world_size": world})
+    return out
+
+
+def _steps_in_log(out: list[dict[str, Any]], world: int) -> None:
+    """Log lines are one per rank per call: steps ≈ lines / (world × calls expected per step for that count)."""
+    per_count: dict[tuple[str, int], int] = {}
+    for r in out:
+        per_count[(r["collective"], r["count"])] = per_count.get((r["collective"], r["count"]), 0) + r["calls_per_step"]
+    for r in out:
+        expected = per_count[(r["collective"], r["count"])] * world
+        r["steps_in_log"] = round(r["log_calls"] / expected, 2) if r["log_calls"] and expected else None
+
+
+def _group_units(out: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Console view: identical decoder layers collapse into one line ('layers.0-79')."""
+    grouped: dict[tuple, dict[str, Any]] = {}
+    for r in out:
+        key = (r["collective"], r["count"], r["dtype"], r["calls_per_step"], r["log_calls"], r["matched"])
+        g = grouped.setdefault(key, {**r, "units": []})
+        g["units"].append(r["unit"])
+    rows = []
+    for g in grouped.values():
+        units = g["units"]
+        g["units"] = units[0] if len(units) == 1 else f"{units[0]} … {units[-1]} ({len(units)})"
+        rows.append(g)
+    return rows
