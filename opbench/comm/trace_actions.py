@@ -170,7 +170,7 @@ def benchmark_commands(rows: list[dict[str, Any]], flav: str, launcher: str, gpu
             continue
         seen.add(cmd)
         note = f" ({r['note']})" if r["note"] else ""
-        lines.append(f"# {r['op']} count {r['count']} {r['dtype']} nranks {n}: {r["calls"]} log line(s){note}")
+        lines.append(f"# {r['op']} count {r['count']} {r['dtype']} nranks {n}: {r['calls']} log line(s){note}")
         lines.append(cmd)
     return lines
 
