@@ -1,0 +1,245 @@
+"""``opbench comm`` / ``torchrun -m opbench.comm``: collective sweeps with nccl-tests semantics.
+
+Under torchrun (or srun) every process runs this; launched plainly, ``--nproc-per-node N`` (or ``--nnodes``)
+starts torchrun for this machine, and without them a one-rank world runs in this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Sequence
+
+from opbench.core.cli import add_device_args, csv_list, parse_bytes, positive_int
+from opbench.core.errors import UsageError, run_cli
+
+from .sizes import RUNNABLE, CommCase, Parallel, cases_for_sizes, model_cases, sweep_bytes, trace_cases
+
+DTYPES = ("bf16", "fp16", "fp32", "fp64", "fp8", "fp8_e5m2", "int8", "uint8", "int32", "int64")
+
+EXAMPLES = """\
+examples:
+  opbench comm --nproc-per-node 2 -b 1K -e 1M -f 4 --check         # launches torchrun on this machine
+  torchrun --nproc-per-node 8 -m opbench.comm -b 8 -e 8G -f 2 --collectives all_reduce,all_gather
+  torchrun --nnodes 2 --node-rank $NODE_RANK --master-addr $MASTER_ADDR --master-port 29500 \\
+      --nproc-per-node 8 -m opbench.comm --model Llama3.1_70B --tp 8 --pp 2
+  srun --ntasks-per-node 8 python -m opbench.comm ...   # needs MASTER_ADDR exported by the job script
+  opbench comm --nproc-per-node 8 --sizes-from-trace nccl.log   # replay the sizes an NCCL_DEBUG log saw
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="opbench comm", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES,
+        description="Time collectives under torchrun with nccl-tests semantics: -b/-e are total buffer bytes "
+                    "per rank (max of send and receive), count is the per-rank NCCL count, busbw uses "
+                    "nccl-tests' factors. Rank 0 writes <report-dir>/<collective>_benchmark.csv.")
+    g = p.add_argument_group("launch (ignored when already under torchrun/srun)")
+    g.add_argument("--nproc-per-node", type=positive_int, default=None,
+                   help="start torchrun with this many ranks here (default: one per GPU, 1 on CPU)")
+    g.add_argument("--nnodes", type=positive_int, default=1, help="nodes in the job (default 1)")
+    g.add_argument("--node-rank", type=int, default=int(os.environ.get("NODE_RANK", "0")),
+                   help="this node's index (default $NODE_RANK or 0)")
+    g.add_argument("--master-addr", default=os.environ.get("MASTER_ADDR"), help="rendezvous host ($MASTER_ADDR)")
+    g.add_argument("--master-port", type=int, default=None,
+                   help="rendezvous port ($MASTER_PORT; default: a free port on one node, 29500 on several)")
+    g.add_argument("--backend", default=None, help="torch.distributed backend (default nccl on GPU — RCCL on "
+                   "ROCm — and gloo on CPU)")
+    g.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds any collective (and the rendezvous) may take before the run fails (default 300)")
+    add_device_args(p, DTYPES)
+
+    g = p.add_argument_group("what to run")
+    g.add_argument("--collectives", type=csv_list(str), default=list(RUNNABLE),
+                   help=f"comma-separated subset of {','.join(RUNNABLE)} (default all)")
+    g.add_argument("-o", "--op", default="sum", choices=["sum", "prod", "max", "min", "avg"],
+                   help="reduction of all_reduce / reduce_scatter (default sum)")
+    g.add_argument("-r", "--root", type=int, default=0, help="broadcast root, a rank within the group (default 0)")
+    g.add_argument("--p2p-mode", choices=["ring", "pingpong"], default="ring",
+                   help="send_recv: ring (rank→rank+1 while receiving from rank-1, batch_isend_irecv) or pingpong "
+                        "(pairs 0↔1, 2↔3…; time = half the round trip)")
+
+    g = p.add_argument_group("sizes (nccl-tests semantics; K/M/G = 1024 powers)")
+    g.add_argument("-b", "--minbytes", type=parse_bytes, default=None, help="smallest size (default 32M)")
+    g.add_argument("-e", "--maxbytes", type=parse_bytes, default=None, help="largest size (default = minbytes)")
+    g.add_argument("-i", "--stepbytes", type=parse_bytes, default=1 << 20, help="additive step (default 1M)")
+    g.add_argument("-f", "--stepfactor", type=int, default=1, help="multiplicative step, used when > 1")
+    g.add_argument("--sizes", type=csv_list(parse_bytes), default=None, metavar="B1,B2,…",
+                   help="explicit list of sizes (each an nccl-tests -b value)")
+    g.add_argument("--source-label", default=None,
+                   help="value of the CSV 'source' column for --sizes / sweep rows (default 'sizes' / 'sweep')")
+    g.add_argument("--model-config-path", default=None, help="model configs (Primus list or HF config.json)")
+    g.add_argument("--model", default=None, help="model name(s) from the configs, comma-separated, or 'all'")
+    g.add_argument("--tp", type=positive_int, default=None, help="tensor-parallel size (default: world size)")
+    g.add_argument("--ep", type=positive_int, default=None, help="expert-parallel size (default: world size)")
+    g.add_argument("--pp", type=positive_int, default=None, help="pipeline-parallel size (default: world size)")
+    g.add_argument("--mbs", type=positive_int, default=1, help="micro-batch size for model sizes (default 1)")
+    g.add_argument("--seqlen", type=positive_int, default=None, help="sequence length (default: the model's)")
+    g.add_argument("--sizes-from-trace", type=csv_list(str), default=None, metavar="LOG[,LOG]",
+                   help="replay the (collective, count, dtype, nranks) an NCCL_DEBUG=INFO log recorded")
+
+    g = p.add_argument_group("measurement")
+    g.add_argument("-w", "--warmup-iters", type=int, default=5, help="warm-up calls per size (default 5)")
+    g.add_argument("-n", "--iters", type=positive_int, default=20, help="timed back-to-back calls per trial "
+                   "(default 20)")
+    g.add_argument("--trials", type=positive_int, default=3, help="timed loops per size; the CSV has the median "
+                   "and the min/max over trials (default 3)")
+    g.add_argument("-z", "--blocking", type=int, nargs="?", const=1, default=0,
+                   help="synchronise after every call (nccl-tests -z 1)")
+    g.add_argument("-c", "--check", type=int, nargs="?", const=1, default=0,
+                   help="fill rank-dependent values and count wrong elements after a checked call (-c 1)")
+    g = p.add_argument_group("output")
+    g.add_argument("--report-dir-path", default="out", help="where <collective>_benchmark.csv go (default out)")
+    g.add_argument("--append", action="store_true", help="append to existing CSVs instead of replacing them")
+    p.add_argument("--fault", default=None, help=argparse.SUPPRESS)    # tests: corrupt:R | exit:R | hang:R
+    return p
+
+
+def _validate(args: argparse.Namespace) -> None:
+    unknown = [c for c in args.collectives if c not in RUNNABLE]
+    if unknown:
+        raise UsageError(f"unknown collective(s) {unknown}; choose from {', '.join(RUNNABLE)}", field="--collectives")
+    for value, flag in ((args.warmup_iters, "--warmup-iters"), (args.root, "--root")):
+        if value < 0:
+            raise UsageError(f"must not be negative, got {value}", field=flag)
+    if not args.timeout > 0:
+        raise UsageError(f"must be positive, got {args.timeout}", field="--timeout")
+    if args.sizes is not None and any(s < 1 for s in args.sizes):
+        raise UsageError("sizes must be at least 1 byte", field="--sizes")
+    if args.model_config_path and not os.path.isfile(args.model_config_path):
+        raise UsageError("no such file", source=args.model_config_path, field="--model-config-path")
+    for path in args.sizes_from_trace or []:
+        if path != "-" and not os.path.isfile(path):
+            raise UsageError("no such file", source=path, field="--sizes-from-trace")
+    if args.fault is not None:
+        kind, _, rank = args.fault.partition(":")
+        if kind not in ("corrupt", "exit", "hang") or not rank.isdigit():
+            raise UsageError("expected corrupt:RANK, exit:RANK or hang:RANK", field="--fault")
+    _sweep(args)
+
+
+def _sweep(args: argparse.Namespace) -> list[int]:
+    lo = args.minbytes if args.minbytes is not None else 32 << 20
+    hi = args.maxbytes if args.maxbytes is not None else lo
+    return sweep_bytes(lo, hi, args.stepbytes, args.stepfactor)
+
+
+def build_cases(args: argparse.Namespace, world_size: int, dtype: str) -> tuple[list[CommCase], list[str]]:
+    """Every case this run times, in order: sweep, explicit sizes, model-derived, then trace-derived."""
+    cases: list[CommCase] = []
+    notes: list[str] = []
+    modelled = bool(args.model_config_path or args.model)
+    explicit = args.sizes is not None
+    if args.minbytes is not None or args.maxbytes is not None or not (explicit or modelled or args.sizes_from_trace):
+        cases += cases_for_sizes(args.collectives, _sweep(args), dtype, args.source_label or "sweep", args.op)
+    if explicit:
+        cases += cases_for_sizes(args.collectives, args.sizes, dtype, args.source_label or "sizes", args.op)
+    if modelled:
+        from opbench.models import load_model_configs, select_models
+
+        par = Parallel.resolve(world_size, args.tp, args.ep, args.pp)
+        models = select_models(load_model_configs(args.model_config_path), args.model)
+        for model in models:
+            found = model_cases(model, args.collectives, world_size, par, args.mbs, args.seqlen, dtype)
+            cases += found
+            if not found:
+                notes.append(f"{model.name}: no traffic for {','.join(args.collectives)} at tp={par.tp} "
+                             f"ep={par.ep} pp={par.pp} (dimensions of 1 have none; all_to_all needs a MoE model)")
+    if args.sizes_from_trace:
+        from .trace import trace_sizes          # lazy: the log parser is only needed here
+
+        label = "trace:" + ",".join(os.path.basename(p) for p in args.sizes_from_trace)
+        found, skipped = trace_cases(trace_sizes(list(args.sizes_from_trace)), args.collectives, world_size, label)
+        cases += found
+        notes += skipped
+    return cases, notes
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    _validate(args)
+
+    from . import launch
+
+    dist_env = launch.detect()
+    if dist_env is None:
+        nproc = args.nproc_per_node or _local_gpus(args.device) or 1
+        if nproc > 1 or args.nnodes > 1:
+            port = args.master_port or (int(os.environ["MASTER_PORT"]) if "MASTER_PORT" in os.environ else None)
+            return launch.relaunch(launch.torchrun_command(argv, nproc, args.nnodes, args.node_rank,
+                                                           args.master_addr, port, args.timeout))
+        dist_env = launch.DistEnv(0, 1, 0, 1, "single")
+    return run(args, dist_env)
+
+
+def _local_gpus(device: str) -> int:
+    if device == "cpu":
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _device(spec: str, local_rank: int):
+    import torch
+
+    from opbench.core.device import resolve_device
+
+    dev = resolve_device(spec)
+    if dev.type == "cuda":
+        if dev.index is None:
+            dev = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+    return dev
+
+
+def run(args: argparse.Namespace, dist_env) -> int:
+    """This rank's part of the job: join, build the cases, time them, write (rank 0) and leave."""
+    import torch.distributed as dist
+
+    from opbench.core.device import default_dtype_name
+
+    from . import launch
+    from .bench import Bench, CommFailure, Fault, Output, RunConfig, run_meta
+
+    device = _device(args.device, dist_env.local_rank)
+    backend = launch.pick_backend(device.type, args.backend)
+    dtype = args.dtype or default_dtype_name(device)
+    launch.init_process_group(dist_env, backend, device, args.timeout)
+    rank = dist.get_rank()
+    try:
+        cases, notes = build_cases(args, dist.get_world_size(), dtype)
+        if rank == 0:
+            for note in notes:
+                print(f"# note: {note}", file=sys.stderr)
+        if not cases:
+            raise UsageError("nothing to run: no sizes for the chosen collectives", field="--collectives")
+        fault = None
+        if args.fault:
+            kind, _, r = args.fault.partition(":")
+            fault = Fault(kind, int(r))
+        cfg = RunConfig(iters=args.iters, warmup=args.warmup_iters, trials=args.trials, blocking=bool(args.blocking),
+                        check=bool(args.check), root=args.root, p2p_mode=args.p2p_mode, timeout_s=args.timeout,
+                        fault=fault)
+        out = None
+        if rank == 0:
+            meta = run_meta(device, {"world_size": dist.get_world_size(), "nnodes": dist_env.nnodes,
+                                     "launcher": dist_env.launcher, "backend": backend, "dtype": dtype,
+                                     "iters": cfg.iters, "warmup_iters": cfg.warmup, "trials": cfg.trials,
+                                     "blocking": cfg.blocking, "check": cfg.check, "timeout_s": cfg.timeout_s})
+            out = Output(args.report_dir_path, meta, append=args.append)
+        Bench(cfg, device, backend, dist_env.nnodes).run(cases, out)
+    except CommFailure as exc:
+        print(f"opbench comm: error: {exc}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)      # the group is broken: tearing it down could block on the dead peer
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, prog="python -m opbench.comm"))

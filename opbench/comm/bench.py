@@ -1,0 +1,333 @@
+"""The torchrun driver: time each collective the way nccl-tests does, agree on the numbers across ranks,
+and have rank 0 write the rows.
+
+Per case and variant (out-of-place / in-place): ``-w`` warm-up calls, then ``trials`` timed loops of ``-n``
+back-to-back calls (device events around the loop on GPU, ``perf_counter_ns`` around a loop of synchronous
+gloo calls on CPU). Every rank runs exactly the same number of calls — an adaptive stopping rule (as
+``core.timing.measure`` uses for single-device kernels) would let ranks disagree and deadlock. The
+per-iteration time of each loop is gathered from every rank: ``time_us`` is the median over trials of the
+rank average (nccl-tests' default ``-a 1``), ``time_us_max`` the median over trials of the slowest rank, and
+the trial min/max of the rank average give the spread.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+from opbench.core.device import synchronize
+from opbench.core.report import CsvReport, environment, progress
+from opbench.core.sweep import STATUS_ERROR, STATUS_OK, STATUS_OOM, STATUS_UNSUPPORTED, Unsupported, \
+    classify_failure, release_memory
+
+from .conventions import COLLECTIVES, nccl_dtype
+from .ops import OPS, Buffers, CommOp, Ctx, corrupt, count_wrong, fill_for_check
+from .sizes import CommCase, count_for, group_layout
+
+COLUMNS = [
+    "collective", "backend", "world_size", "nnodes", "nranks", "dtype", "redop", "root", "size_bytes", "count",
+    "inplace", "pattern", "iters", "trials", "time_us", "time_us_max", "time_us_trial_min", "time_us_trial_max",
+    "algbw_gbs", "busbw_gbs", "wrong", "source", "status", "error",
+]
+_STATUS_CODES = [STATUS_OK, STATUS_UNSUPPORTED, STATUS_OOM, STATUS_ERROR]
+# Errors that mean the job itself is broken (a peer died or hung): no row, stop every survivor.
+_FATAL = re.compile(r"timed out|timeout|connection (closed|reset|refused)|broken pipe|watchdog|abort|"
+                    r"remote worker|peer", re.IGNORECASE)
+
+
+class CommFailure(Exception):
+    """A collective could not complete: a peer rank exited, hung past --timeout, or the network failed."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Test hook (hidden ``--fault KIND:RANK``): ``corrupt`` adds 1 to that rank's first send element before
+    each checked call; ``exit`` ends that rank (exit code 0, as a lost node) and ``hang`` stalls it, both
+    just before the first timed collective."""
+
+    kind: str
+    rank: int
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    iters: int = 20
+    warmup: int = 5
+    trials: int = 3
+    blocking: bool = False
+    check: bool = False
+    root: int = 0
+    p2p_mode: str = "ring"
+    timeout_s: float = 300.0
+    fault: Fault | None = None
+
+
+def is_fatal(exc: BaseException) -> bool:
+    network = tuple(getattr(dist, n) for n in ("DistNetworkError", "DistStoreError") if hasattr(dist, n))
+    return isinstance(exc, network) or bool(_FATAL.search(str(exc)))
+
+
+def timed_loop(call, iters: int, device: torch.device, blocking: bool) -> float:
+    """Seconds per iteration of ``iters`` back-to-back calls, measured on the device stream."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            call()
+            if blocking:
+                torch.cuda.current_stream().synchronize()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / iters
+    t0 = time.perf_counter_ns()
+    for _ in range(iters):
+        call()          # gloo calls return when the data has arrived
+    return (time.perf_counter_ns() - t0) / 1e9 / iters
+
+
+class Bench:
+    """Runs cases on every rank; every rank returns the same rows."""
+
+    def __init__(self, cfg: RunConfig, device: torch.device, backend: str, nnodes: int):
+        self.cfg, self.device, self.backend, self.nnodes = cfg, device, backend, nnodes
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self._groups: dict[tuple[int, int], tuple[Any, tuple[int, ...]]] = {}
+        self._fault_fired = False
+
+    # -- groups ----------------------------------------------------------------------------------------
+    def group(self, size: int, stride: int) -> tuple[Any, tuple[int, ...]]:
+        """The process group of this rank for a layout (created once, collectively, on every rank)."""
+        key = (size, stride)
+        if key not in self._groups:
+            if size == self.world:
+                self._groups[key] = (None, tuple(range(self.world)))
+            else:
+                layout = group_layout(self.world, size, stride)
+                mine, _ = dist.new_subgroups_by_enumeration(layout)
+                self._groups[key] = (mine, tuple(next(g for g in layout if self.rank in g)))
+        return self._groups[key]
+
+    def context(self, case: CommCase) -> Ctx:
+        group, ranks = self.group(case.group_size or self.world, case.group_stride)
+        n = len(ranks)
+        if not 0 <= self.cfg.root < n:
+            raise Unsupported(f"root {self.cfg.root} is outside a group of {n} ranks")
+        return Ctx(group, ranks, ranks.index(self.rank), count_for(case, n), dtype_of(case.dtype), self.device,
+                   case.redop, self.cfg.root, self.cfg.p2p_mode)
+
+    # -- one case ------------------------------------------------------------------------------------------
+    def _fire_fault(self) -> None:
+        f = self.cfg.fault
+        if f and f.rank == self.rank and f.kind in ("exit", "hang") and not self._fault_fired:
+            self._fault_fired = True
+            print(f"[rank {self.rank}] test fault: {f.kind}", file=sys.stderr, flush=True)
+            if f.kind == "exit":
+                os._exit(0)
+            time.sleep(10 * self.cfg.timeout_s + 60)
+
+    def _time(self, call) -> list[float]:
+        cfg = self.cfg
+        for _ in range(cfg.warmup):
+            call()
+        synchronize(self.device)
+        times = []
+        for _ in range(cfg.trials):
+            dist.barrier()
+            times.append(timed_loop(call, cfg.iters, self.device, cfg.blocking))
+        return times
+
+    def _check(self, op: CommOp, ctx: Ctx, bufs: Buffers) -> int:
+        fill_for_check(op, ctx, bufs)
+        f = self.cfg.fault
+        if f and f.kind == "corrupt" and f.rank == self.rank:
+            corrupt(bufs)
+        op.run(ctx, bufs)
+        synchronize(self.device)
+        return count_wrong(op, ctx, bufs)
+
+    def run_variant(self, case: CommCase, op: CommOp, inplace: bool) -> dict[str, Any]:
+        coll = COLLECTIVES[case.collective]
+        cfg = self.cfg
+        nranks = len(self.group(case.group_size or self.world, case.group_stride)[1])
+        count = count_for(case, nranks)
+        size = coll.size_bytes(count, nranks, nccl_dtype(case.dtype).size)
+        pattern = cfg.p2p_mode if case.collective == "send_recv" else ""
+        row: dict[str, Any] = {
+            "collective": case.collective, "backend": self.backend, "world_size": self.world,
+            "nnodes": self.nnodes, "nranks": nranks, "dtype": case.dtype,
+            "redop": case.redop if coll.has_redop else "none", "root": cfg.root if coll.has_root else -1,
+            "size_bytes": size, "count": count, "inplace": inplace, "pattern": pattern, "iters": cfg.iters,
+            "trials": cfg.trials, "source": case.source,
+        }
+        status, message, wrong = STATUS_OK, "", 0
+        times = [math.nan] * cfg.trials
+        bufs = None
+        try:
+            if count == 0:
+                raise Unsupported(f"{case.size_bytes} B is less than one element per rank")
+            ctx = self.context(case)
+            if case.collective == "send_recv" and nranks == 1 and self.backend == "gloo":
+                raise Unsupported("gloo cannot send to itself; send_recv needs 2 or more ranks")
+            if pattern == "pingpong" and nranks % 2:
+                raise Unsupported(f"ping-pong pairs ranks; a group of {nranks} is odd")
+            bufs = op.alloc(ctx, inplace)
+            self._fire_fault()
+            times = self._time(lambda: op.run(ctx, bufs))
+            if pattern == "pingpong":            # one iteration is a round trip; report one way (osu_latency)
+                times = [t / 2 for t in times]
+            if cfg.check:
+                wrong = self._check(op, ctx, bufs)
+        except Exception as exc:  # noqa: BLE001 - a case that fails becomes a row; a broken job stops
+            if is_fatal(exc):
+                raise CommFailure(f"rank {self.rank}/{self.world}: {case.collective} at {size} B failed after "
+                                  f"at most --timeout {cfg.timeout_s:g} s: {' '.join(str(exc).split())[:300]} "
+                                  f"(a peer rank probably exited or hung)") from exc
+            status, message = classify_failure(exc)
+            print(f"[rank {self.rank}] {case.collective} {size} B: {status}: {message}", file=sys.stderr, flush=True)
+        finally:
+            del bufs
+            if status != STATUS_OK:
+                release_memory()
+        return self._agree(row, status, message, wrong, times, coll, size, nranks)
+
+    def _agree(self, row, status, message, wrong, times, coll, size, nranks) -> dict[str, Any]:
+        """One gather of (status, wrong, trial times) from every rank; every rank computes the same row."""
+        mine = torch.tensor([_STATUS_CODES.index(status), wrong, *times], dtype=torch.float64, device=self.device)
+        every = torch.empty(self.world * mine.numel(), dtype=torch.float64, device=self.device)
+        try:
+            (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(every, mine)
+        except Exception as exc:  # noqa: BLE001
+            raise CommFailure(f"rank {self.rank}/{self.world}: gathering results after {row['collective']} "
+                              f"{size} B failed: {' '.join(str(exc).split())[:300]} "
+                              f"(a peer rank probably exited or hung)") from exc
+        table = every.view(self.world, -1).cpu()
+        codes = table[:, 0].long().tolist()
+        if any(codes):
+            failed = [r for r, c in enumerate(codes) if c]
+            row["status"] = _STATUS_CODES[max(codes)]
+            row["error"] = message or f"failed on rank(s) {failed}; see their stderr"
+            return row
+        per_trial = table[:, 2:]
+        avg, slowest = per_trial.mean(dim=0).tolist(), per_trial.max(dim=0).values.tolist()
+        t = statistics.median(avg)
+        row.update(time_us=t * 1e6, time_us_max=statistics.median(slowest) * 1e6, time_us_trial_min=min(avg) * 1e6,
+                   time_us_trial_max=max(avg) * 1e6, algbw_gbs=coll.algbw_gbs(size, t),
+                   busbw_gbs=coll.busbw_gbs(size, t, nranks),
+                   wrong=int(table[:, 1].sum()) if self.cfg.check else None, status=STATUS_OK, error=None)
+        return row
+
+    def run(self, cases: Sequence[CommCase], out: "Output | None") -> list[dict[str, Any]]:
+        rows = []
+        for case in progress(cases, total=len(cases), desc="comm", enabled=out is not None):
+            op = OPS[case.collective]
+            done = []
+            for inplace in op.variants:
+                row = self.run_variant(case, op, inplace)
+                if out:
+                    out.add(row)
+                done.append(row)
+            if out:
+                out.case_done(done)
+            rows += done
+        if out:
+            out.finish()
+        return rows
+
+
+def dtype_of(name: str) -> torch.dtype:
+    """torch dtype of an opbench/NCCL dtype name; fp8 goes through the core (fnuz on MI300)."""
+    from opbench.core.device import DTYPES, torch_dtype
+
+    if name in DTYPES or name == "fp8":
+        return torch_dtype(name)
+    return getattr(torch, nccl_dtype(name).torch_name)
+
+
+# -- rank 0's output: one CSV per collective, and an nccl-tests style console table ------------------------
+_HEAD = ("#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}")
+
+
+class Output:
+    def __init__(self, report_dir: str, meta: dict[str, Any], append: bool = False, stream=None):
+        self.report_dir, self.meta, self.append = report_dir, meta, append
+        self.stream = stream or sys.stdout
+        self.reports: dict[str, CsvReport] = {}
+        self.current: str | None = None
+        self._busbw: list[float] = []
+
+    def path(self, collective: str) -> str:
+        return os.path.join(self.report_dir, f"{collective}_benchmark.csv")
+
+    def add(self, row: dict[str, Any]) -> None:
+        name = row["collective"]
+        if name not in self.reports:
+            self.reports[name] = CsvReport(self.path(name), COLUMNS, meta=self.meta, append=self.append)
+        self.reports[name].append(row)
+
+    def _print(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+    def _header(self, row: dict[str, Any]) -> None:
+        self._print(f"#\n# {row['collective']}: backend {row['backend']}, world {row['world_size']} "
+                    f"({row['nnodes']} node{'s' if row['nnodes'] != 1 else ''}), iters {row['iters']}, "
+                    f"trials {row['trials']}; time = median over trials of the rank average")
+        self._print("#" + " " * 58 + "out-of-place" + " " * 23 + "in-place")
+        self._print(_HEAD.format("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
+                                 "time", "algbw", "busbw", "#wrong"))
+        self._print(_HEAD.format("(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)",
+                                 "(GB/s)", "(GB/s)", ""))
+
+    @staticmethod
+    def _half(row: dict[str, Any] | None) -> str:
+        if row is None:
+            return f"  {'N/A':>7}  {'':>6}  {'':>6}  {'':>6}"
+        if row.get("status") != STATUS_OK:
+            return f"  {row['status']:>7}  {'':>6}  {'':>6}  {'':>6}"
+        t = row["time_us"]
+        tstr = f"{t:7.0f}" if t >= 10000 else f"{t:7.1f}" if t >= 100 else f"{t:7.2f}"
+        wrong = "N/A" if row["wrong"] is None else row["wrong"]
+        return f"  {tstr}  {row['algbw_gbs']:6.2f}  {row['busbw_gbs']:6.2f}  {wrong:>6}"
+
+    def case_done(self, rows: list[dict[str, Any]]) -> None:
+        first = rows[0]
+        if first["collective"] != self.current:
+            self.finish()
+            self.current = first["collective"]
+            self._header(first)
+        by_variant = {r["inplace"]: r for r in rows}
+        type_name = nccl_dtype(first["dtype"]).nccl_tests
+        line = (f" {first['size_bytes']:>11}  {first['count']:>12}  {type_name:>8}  {first['redop']:>6}  "
+                f"{first['root']:>6}" + self._half(by_variant.get(False)) + self._half(by_variant.get(True)))
+        extra = [first["source"]] if first["source"] != "sweep" else []
+        if first["nranks"] != first["world_size"]:
+            extra.insert(0, f"nranks {first['nranks']}")
+        if first["pattern"]:
+            extra.insert(0, first["pattern"])
+        self._print(line + ("   # " + "; ".join(extra) if extra else ""))
+        self._busbw += [r["busbw_gbs"] for r in rows if r.get("status") == STATUS_OK]
+
+    def finish(self) -> None:
+        if self.current is not None:
+            avg = f"{sum(self._busbw) / len(self._busbw):.6g}" if self._busbw else "N/A"
+            self._print(f"# Avg bus bandwidth    : {avg}   ({self.path(self.current)})")
+        self.current, self._busbw = None, []
+
+
+def run_meta(device: torch.device, extra: dict[str, Any]) -> dict[str, Any]:
+    """Environment sidecar plus the collective library version."""
+    meta = dict(extra)
+    if device.type == "cuda":
+        try:
+            meta["nccl_version"] = ".".join(str(v) for v in torch.cuda.nccl.version())
+        except Exception:  # noqa: BLE001 - a build without NCCL still runs gloo
+            meta["nccl_version"] = None
+    return environment(device, meta)

@@ -1,0 +1,197 @@
+"""Which sizes the collective benchmark runs, and over which rank groups — pure functions, no torch.
+
+A ``CommCase`` is one collective at one nccl-tests size (``-b`` value: total buffer bytes per rank, REFERENCE §4)
+on groups of ``group_size`` ranks. Sizes come from an nccl-tests style sweep, an explicit list, a model's
+parallel layout (TP/SP activations, EP routed tokens, PP activations) or an NCCL debug log; ``source`` says
+which, so a row in the CSV can always be traced back to where its size came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Protocol, Sequence
+
+from opbench.core.errors import UsageError
+
+from .conventions import COLLECTIVES, nccl_dtype
+
+# The collectives this benchmark runs (conventions also knows `reduce`, which the torchrun driver does not time).
+RUNNABLE = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast")
+
+# opbench dtype names for NCCL datatype enums (the short names the CLI takes; the rest use NCCL's own name).
+_SHORT_DTYPE = {6: "fp16", 7: "fp32", 8: "fp64", 9: "bf16", 10: "fp8", 11: "fp8_e5m2"}
+
+
+@dataclass(frozen=True)
+class CommCase:
+    """One collective at one size. ``group_size`` None = the whole world; ``group_stride`` spaces a group's
+    ranks (1 = neighbours, as Megatron's TP groups; world/pp = one rank per pipeline stage)."""
+
+    collective: str
+    size_bytes: int          # requested nccl-tests -b value
+    dtype: str               # opbench dtype name (fp32, bf16, …)
+    source: str
+    group_size: int | None = None
+    group_stride: int = 1
+    redop: str = "sum"
+
+
+def dtype_name_for_enum(enum: int) -> str:
+    """opbench dtype name of an NCCL ``ncclDataType_t`` value (9 → 'bf16')."""
+    return _SHORT_DTYPE.get(enum, nccl_dtype(enum).name)
+
+
+def element_bytes(dtype: str) -> int:
+    return nccl_dtype(dtype).size
+
+
+def count_for(case: CommCase, nranks: int) -> int:
+    """Per-rank NCCL count for the case's size on ``nranks`` ranks (nccl-tests rounds down)."""
+    return COLLECTIVES[case.collective].count_for_size(case.size_bytes, nranks, element_bytes(case.dtype))
+
+
+def actual_size(case: CommCase, nranks: int) -> int:
+    """The size nccl-tests prints for this case: max(send, recv) bytes after rounding the count down."""
+    return COLLECTIVES[case.collective].size_bytes(count_for(case, nranks), nranks, element_bytes(case.dtype))
+
+
+def sweep_bytes(minbytes: int, maxbytes: int, stepbytes: int, stepfactor: int) -> list[int]:
+    """nccl-tests' size loop: from -b to -e, multiplying by -f when it is > 1, else adding -i."""
+    if minbytes < 1:
+        raise UsageError(f"must be at least 1 byte, got {minbytes}", field="--minbytes")
+    if maxbytes < minbytes:
+        raise UsageError(f"maxbytes {maxbytes} is smaller than minbytes {minbytes}", field="--maxbytes")
+    if stepfactor < 1:
+        raise UsageError(f"must be at least 1, got {stepfactor}", field="--stepfactor")
+    if stepfactor == 1 and stepbytes < 1:
+        raise UsageError(f"must be at least 1 when --stepfactor is 1, got {stepbytes}", field="--stepbytes")
+    sizes, size = [], minbytes
+    while size <= maxbytes:
+        sizes.append(size)
+        size = size * stepfactor if stepfactor > 1 else size + stepbytes
+    return sizes
+
+
+def cases_for_sizes(collectives: Sequence[str], sizes: Iterable[int], dtype: str, source: str,
+                    redop: str = "sum") -> list[CommCase]:
+    """Every collective at every size, collective-major (one CSV per collective fills in order)."""
+    sizes = list(sizes)
+    return [CommCase(c, s, dtype, source, redop=redop) for c in collectives for s in sizes]
+
+
+# -- groups ---------------------------------------------------------------------------------------------
+def group_layout(world_size: int, size: int, stride: int = 1) -> list[list[int]]:
+    """Disjoint rank groups of ``size`` ranks spaced ``stride`` apart, covering the world.
+
+    rank = a + stride·(j + size·b) with a < stride, j < size: fixing (a, b) and varying j gives one group.
+    stride 1 gives neighbours [0..size), [size..2·size), …; stride world/size gives one rank per block.
+    """
+    if size < 1 or stride < 1 or world_size % (size * stride):
+        raise UsageError(f"groups of {size} ranks {stride} apart do not tile a world of {world_size} ranks",
+                         field="group")
+    blocks = world_size // (size * stride)
+    return [[a + stride * (j + size * b) for j in range(size)] for b in range(blocks) for a in range(stride)]
+
+
+def _check_divides(value: int, world_size: int, flag: str) -> None:
+    if value < 1:
+        raise UsageError(f"must be positive, got {value}", field=flag)
+    if world_size % value:
+        raise UsageError(f"{value} does not divide the world size {world_size}", field=flag)
+
+
+# -- model-derived sizes ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Parallel:
+    """Parallel sizes; each defaults to the whole world (one group spanning every rank)."""
+
+    tp: int
+    ep: int
+    pp: int
+
+    @classmethod
+    def resolve(cls, world_size: int, tp: int | None, ep: int | None, pp: int | None) -> "Parallel":
+        p = cls(tp or world_size, ep or world_size, pp or world_size)
+        for value, flag in ((p.tp, "--tp"), (p.ep, "--ep"), (p.pp, "--pp")):
+            _check_divides(value, world_size, flag)
+        return p
+
+    def ep_stride(self, world_size: int) -> int:
+        """Megatron orders ranks tp-cp-ep-dp-pp, so an EP group's ranks are tp apart when TP×EP fits."""
+        return self.tp if world_size % (self.tp * self.ep) == 0 else 1
+
+
+class ModelDims(Protocol):
+    name: str
+    hidden_size: int
+    seqlen: int | None
+    num_experts_per_tok: int
+
+    @property
+    def is_moe(self) -> bool: ...
+
+
+def model_cases(model: ModelDims, collectives: Sequence[str], world_size: int, par: Parallel, mbs: int,
+                seqlen: int | None, dtype: str) -> list[CommCase]:
+    """The activation-sized collectives of one training step of ``model`` (REFERENCE §1 tokens T = mbs·seq).
+
+    TP all-reduce of the layer output (T·hidden, over tp ranks); SP all-gather / reduce-scatter of the same
+    activations (size = the gathered T·hidden, count = T·hidden/tp per rank); EP all-to-all of routed tokens
+    (T·top_k·hidden, MoE models only); PP send/recv of activations (T·hidden between stages).
+    A dimension of size 1 has no traffic and yields no case.
+    """
+    seq = seqlen or model.seqlen
+    if not seq:
+        raise UsageError(f"model {model.name} has no seqlen; pass --seqlen", field="--seqlen")
+    if mbs < 1:
+        raise UsageError(f"must be positive, got {mbs}", field="--mbs")
+    tokens, hidden = mbs * seq, model.hidden_size
+    elt = element_bytes(dtype)
+    act = f"mbs·seq·hidden={mbs}·{seq}·{hidden}"
+    plan: dict[str, tuple[int, int, int, str]] = {}   # collective -> (elements, group, stride, label)
+    if par.tp > 1:
+        plan["all_reduce"] = (tokens * hidden, par.tp, 1, f"TP all-reduce {act} tp={par.tp}")
+        plan["all_gather"] = (tokens * hidden, par.tp, 1, f"SP all-gather {act} tp={par.tp}")
+        plan["reduce_scatter"] = (tokens * hidden, par.tp, 1, f"SP reduce-scatter {act} tp={par.tp}")
+    if par.ep > 1 and model.is_moe:
+        k = model.num_experts_per_tok
+        plan["all_to_all"] = (tokens * k * hidden, par.ep, par.ep_stride(world_size),
+                              f"EP all-to-all mbs·seq·top_k·hidden={mbs}·{seq}·{k}·{hidden} ep={par.ep}")
+    if par.pp > 1:
+        plan["send_recv"] = (tokens * hidden, par.pp, world_size // par.pp, f"PP send/recv {act} pp={par.pp}")
+    return [CommCase(c, plan[c][0] * elt, dtype, f"{model.name}: {plan[c][3]}", plan[c][1], plan[c][2])
+            for c in collectives if c in plan]
+
+
+# -- sizes from an NCCL log ---------------------------------------------------------------------------------
+class TraceSizeLike(Protocol):
+    collective: str
+    count: int
+    dtype_enum: int
+    nranks: int
+    redop: str | None
+    calls: int
+
+
+def trace_cases(sizes: Iterable[TraceSizeLike], collectives: Sequence[str], world_size: int,
+                label: str) -> tuple[list[CommCase], list[str]]:
+    """Replay logged calls at their per-rank count and datatype. A call logged on n ranks runs on groups of
+    n ranks when n divides the world, else on the whole world with the same per-rank count (the source says
+    so). Returns (cases, notes about what was left out)."""
+    cases, notes = [], []
+    for t in sizes:
+        if t.collective not in RUNNABLE:
+            notes.append(f"{t.collective} count {t.count} ({t.calls} calls): not timed by this benchmark")
+            continue
+        if t.collective not in collectives:
+            continue
+        group = t.nranks if 0 < t.nranks <= world_size and world_size % t.nranks == 0 else world_size
+        where = f"{label} nranks={t.nranks} calls={t.calls}" + ("" if group == t.nranks else f", run on {group}")
+        redop = t.redop if t.redop in ("sum", "prod", "max", "min", "avg") else "sum"
+        if t.redop and t.redop != redop:
+            where += f", {t.redop} timed as sum"
+        dtype = dtype_name_for_enum(t.dtype_enum)
+        size = COLLECTIVES[t.collective].size_bytes(t.count, group, element_bytes(dtype))
+        cases.append(CommCase(t.collective, size, dtype, where, group, 1, redop))
+    cases.sort(key=lambda c: RUNNABLE.index(c.collective))   # stable: keeps the log's order within one
+    return cases, notes
