@@ -1,0 +1,151 @@
+"""``python -m opbench.attention`` / ``opbench attention``: attention forward and backward on model shapes.
+
+Shapes come from a Primus attention-shapes list (``--shapes-json-path``, default: the shipped
+shapes/attention_shapes.json) or are derived from model configs (``--model-config-path``) with tensor and
+context parallelism applied. Every (shape, batch size, backend) becomes one CSV row, written as it finishes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Sequence
+
+from opbench.core.cli import add_device_args, add_timing_args, csv_list, positive_int, timing_config
+from opbench.core.device import default_dtype_name, device_info, resolve_device
+from opbench.core.errors import UsageError, run_cli
+from opbench.core.report import CsvReport, environment, summary_table
+from opbench.core.sweep import STATUS_PLANNED, run_sweep
+from opbench.core.timing import TimingConfig
+from opbench.models import load_model_configs, select_models
+
+from .backends import BACKENDS
+from .runner import PASS_COLUMNS, PASSES, AttentionCase, ProblemCache, run_case
+from .shapes import AttentionShape, cap_seqlen, load_attention_shapes, model_attention_shape, select_shapes
+
+SHAPE_COLUMNS = ["model", "batch_size", "seqlen_q", "seqlen_kv", "num_head_q", "num_head_kv", "head_dim_qk",
+                 "head_dim_v", "causal", "dtype", "backend"]
+COLUMNS = [*SHAPE_COLUMNS, *PASS_COLUMNS, "max_abs_err", "max_rel_err", "grad_max_abs_err", "grad_max_rel_err",
+           "status", "error", "note", "tp", "cp", "device"]
+SUMMARY = ["model", "batch_size", "seqlen_q", "seqlen_kv", "num_head_q", "num_head_kv", "head_dim_qk",
+           "head_dim_v", "backend", "fwd_time", "fwd_tflops", "bwd_time", "bwd_tflops", "fwdbwd_time",
+           "max_abs_err", "status"]
+CPU_MAX_SEQLEN = 256      # CPU attention at 4k-8k tokens takes minutes per case; GPUs run the real lengths
+TIMING_FLAGS = ("warmup", "min_iters", "max_iters", "rel_tol", "budget", "quick")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="opbench attention", description=__doc__,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    src = p.add_argument_group("shapes")
+    src.add_argument("--shapes-json-path", default=None,
+                     help="Primus attention shapes: a list of {model, seqlen_q, seqlen_kv, num_head_q, num_head_kv, "
+                          "head_dim_qk, head_dim_v, causal} (default: shapes/attention_shapes.json)")
+    src.add_argument("--model-config-path", default=None,
+                     help="derive shapes from model configs instead (Primus model_configs.json, one object or an "
+                          "HF config.json; 'builtin' = shapes/model_configs.json)")
+    src.add_argument("--model", default="all", help="model name(s), comma-separated, or 'all'")
+    src.add_argument("--model-name", default=None, help="name for an HF config.json (default: the file's stem)")
+    src.add_argument("--seqlen", type=positive_int, default=None, help="sequence length (model configs only; "
+                     "default: each config's seqlen)")
+    src.add_argument("--tp", type=positive_int, default=1, help="tensor parallel: divides query and KV heads")
+    src.add_argument("--cp", type=positive_int, default=1, help="context parallel: each ring step attends "
+                     "seqlen/cp queries to seqlen/cp keys")
+    src.add_argument("--max-seqlen", type=int, default=None,
+                     help=f"scale seqlen_q and seqlen_kv down together so neither exceeds this; 0 = no cap "
+                          f"(default: {CPU_MAX_SEQLEN} on CPU, no cap on GPU)")
+    run = p.add_argument_group("run")
+    run.add_argument("--batch-sizes", type=csv_list(positive_int), default=[1], help="batch sizes, e.g. 1,2,4")
+    run.add_argument("--backends", type=csv_list(), default=list(BACKENDS),
+                     help=f"any of {','.join(BACKENDS)}")
+    run.add_argument("--passes", type=csv_list(), default=list(PASSES), help="any of fwd,bwd,fwdbwd")
+    run.add_argument("--report-csv-path", default="out/attention_benchmark.csv", help="CSV written row by row")
+    run.add_argument("--dry-run", action="store_true", help="write the planned rows (status=planned), run nothing")
+    run.add_argument("--list-backends", action="store_true", help="print the backends and exit")
+    add_device_args(p, dtypes=("bf16", "fp16", "fp32"))
+    add_timing_args(p)
+    return p
+
+
+def resolve_shapes(args: argparse.Namespace) -> list[AttentionShape]:
+    """Shapes from the chosen source; every input error surfaces here, before anything runs."""
+    if args.shapes_json_path and args.model_config_path:
+        raise UsageError("give --shapes-json-path or --model-config-path, not both", field="--model-config-path")
+    if args.model_config_path:
+        path = None if args.model_config_path == "builtin" else args.model_config_path
+        configs = select_models(load_model_configs(path, args.model_name), args.model)
+        return [model_attention_shape(c, args.seqlen, args.tp, args.cp) for c in configs]
+    for flag, value, default in (("--seqlen", args.seqlen, None), ("--tp", args.tp, 1), ("--cp", args.cp, 1)):
+        if value != default:
+            raise UsageError("applies to shapes derived with --model-config-path; a shapes JSON lists "
+                             "per-rank shapes already", field=flag)
+    return select_shapes(load_attention_shapes(args.shapes_json_path), args.model)
+
+
+def check_choices(values: Sequence[str], allowed: Sequence[str], flag: str) -> None:
+    bad = [v for v in values if v not in allowed]
+    if bad:
+        raise UsageError(f"unknown {bad}; choose from {','.join(allowed)}", field=flag)
+
+
+def unsupported_reasons(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per distinct (backend, reason) among rows that did not run, for the console."""
+    seen = dict.fromkeys((r["backend"], r["status"], r.get("error")) for r in rows if r.get("status") != "ok")
+    return [f"  {b}: {s}: {e}" for b, s, e in seen if e]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.list_backends:
+        for b in BACKENDS.values():
+            print(f"{b.name:<15} {b.layout}  {b.description}")
+        return 0
+    check_choices(args.backends, list(BACKENDS), "--backends")
+    check_choices(args.passes, PASSES, "--passes")
+    if args.max_seqlen is not None and args.max_seqlen < 0:
+        raise UsageError(f"must not be negative, got {args.max_seqlen}", field="--max-seqlen")
+    shapes = resolve_shapes(args)
+    device = resolve_device(args.device)
+    info = device_info(device)
+    dtype = args.dtype or default_dtype_name(device)
+    timing = timing_config(args)
+    max_seqlen = args.max_seqlen
+    if device.type == "cpu":
+        if max_seqlen is None:
+            max_seqlen = CPU_MAX_SEQLEN
+            print(f"note: CPU run: seqlens scaled down to at most {CPU_MAX_SEQLEN} (--max-seqlen 0 for the real "
+                  "lengths)", file=sys.stderr)
+        if not any(getattr(args, f) not in (None, False) for f in TIMING_FLAGS):
+            timing = TimingConfig.quick()
+            print("note: CPU run: quick timing (few calls per case); pass any timing flag to change",
+                  file=sys.stderr)
+    shapes = [cap_seqlen(s, max_seqlen) for s in shapes]
+    cases = [AttentionCase(s, b, name, dtype) for s in shapes for b in args.batch_sizes for name in args.backends]
+
+    par = {"tp": args.tp, "cp": args.cp} if args.model_config_path else {}
+    extra = {**par, "device": info.name}
+    meta = environment(device, {"benchmark": "attention", "shapes_source": args.model_config_path
+                                or args.shapes_json_path or "builtin shapes/attention_shapes.json",
+                                "passes": args.passes, "max_seqlen": max_seqlen, "timing": vars(timing)})
+    cache = ProblemCache()
+    with CsvReport(args.report_csv_path, COLUMNS, meta) as report:
+        def failed(case: AttentionCase, status: str, message: str) -> dict[str, Any]:
+            return {**case.as_row(), "status": status, "error": message or None, **extra}
+
+        if args.dry_run:
+            rows = [failed(c, STATUS_PLANNED, "") for c in cases]
+            report.extend(rows)
+        else:
+            rows = run_sweep(cases, lambda c: {**run_case(c, device, args.passes, timing, cache), **extra},
+                             failed, report, desc="attention")
+    print(f"attention on {info.name} ({dtype}, passes {','.join(args.passes)})")
+    print(summary_table(rows, SUMMARY))
+    reasons = unsupported_reasons(rows)
+    if reasons:
+        print("not run:\n" + "\n".join(reasons))
+    print(f"wrote {args.report_csv_path} ({len(rows)} rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, prog="python -m opbench.attention"))

@@ -1,0 +1,211 @@
+"""Attention backends: one table, one ``build`` function each.
+
+``build(shape, device, dtype)`` returns a ``Prepared`` callable ``fn(q, k, v) -> out`` for that case (causal and
+scale baked in, tensors in the backend's ``layout``), or raises ``Unsupported`` with the reason. Adding a
+backend is one build function and one line in ``BACKENDS``. Every backend computes
+softmax(q·kᵀ / sqrt(head_dim_qk)) · v with causal masks aligned bottom-right (see reference.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from opbench.core.sweep import Unsupported
+
+from .reference import eager_attention
+from .shapes import AttentionShape
+
+AttnFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+BSHD = "bshd"  # flash-attn: (batch, seq, heads, dim)
+BHSD = "bhsd"  # SDPA / eager: (batch, heads, seq, dim)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    fn: AttnFn
+    note: str = ""                      # what the row should say about how it ran (padding, TF32, …)
+    untimed_reason: str | None = None   # set when results can be checked but timing would be meaningless
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    layout: str
+    build: Callable[[AttentionShape, torch.device, str], Prepared]
+    description: str
+
+
+def _scale(shape: AttentionShape) -> float:
+    return shape.head_dim_qk ** -0.5
+
+
+# --- math: eager matmul + softmax -------------------------------------------------------------------------
+
+def _build_math(shape: AttentionShape, device: torch.device, dtype: str) -> Prepared:
+    return Prepared(partial(eager_attention, causal=shape.causal, scale=_scale(shape)))
+
+
+# --- torch SDPA, default dispatch or one kernel ------------------------------------------------------------
+
+SDPA_KERNELS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_efficient": "EFFICIENT_ATTENTION",
+                "sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_math": "MATH"}
+CPU_SDPA_KERNELS = ("FLASH_ATTENTION", "MATH")  # the only SDPA kernels torch implements for CPU tensors
+
+
+def sdpa_mask_kwargs(shape: AttentionShape) -> dict[str, Any]:
+    """SDPA's ``is_causal`` aligns top-left; flash-attn (and our convention) bottom-right. They coincide for
+    seqlen_q == seqlen_kv; otherwise pass torch's lower-right CausalBias, which uses the flash/efficient
+    kernels' own bottom-right mode where they can run and a materialised boolean mask elsewhere."""
+    if not shape.causal:
+        return {}
+    if shape.seqlen_q == shape.seqlen_kv:
+        return {"is_causal": True}
+    from torch.nn.attention.bias import causal_lower_right
+
+    return {"attn_mask": causal_lower_right(shape.seqlen_q, shape.seqlen_kv)}
+
+
+def _sdpa_unavailable(kernel: str, exc: BaseException, call: Callable[[], Any]) -> Unsupported:
+    """Turn torch's 'no kernel' error into an Unsupported carrying torch's own reasons (emitted as warnings)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with contextlib.suppress(RuntimeError):
+            call()
+    reasons = [str(w.message).split(" (Triggered internally")[0] for w in caught]
+    reasons = [r for r in dict.fromkeys(reasons) if "not used because" not in r] or [str(exc).split("\n")[0]]
+    return Unsupported(f"torch SDPA {kernel} kernel cannot run this case: {'; '.join(reasons)}"[:400])
+
+
+def _build_sdpa(kernel: str | None, shape: AttentionShape, device: torch.device, dtype: str) -> Prepared:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if kernel and device.type == "cpu" and kernel not in CPU_SDPA_KERNELS:
+        raise Unsupported(f"torch has no CPU implementation of the SDPA {kernel} kernel "
+                          f"(CPU offers {' and '.join(CPU_SDPA_KERNELS)})")
+    if kernel == "CUDNN_ATTENTION" and getattr(torch.version, "hip", None):
+        raise Unsupported("cuDNN attention does not exist on ROCm")
+    kwargs = sdpa_mask_kwargs(shape)
+    if shape.num_head_kv != shape.num_head_q:
+        kwargs["enable_gqa"] = True  # native GQA (torch ≥ 2.5): KV heads are not repeated in memory
+    kwargs["scale"] = _scale(shape)
+    chosen = getattr(SDPBackend, kernel) if kernel else None
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        ctx = sdpa_kernel(chosen) if chosen is not None else contextlib.nullcontext()
+        try:
+            with ctx:
+                return F.scaled_dot_product_attention(q, k, v, **kwargs)
+        except RuntimeError as exc:
+            if "No available kernel" in str(exc) or "No viable backend" in str(exc):
+                def retry() -> None:
+                    with sdpa_kernel(chosen) if chosen is not None else contextlib.nullcontext():
+                        F.scaled_dot_product_attention(q, k, v, **kwargs)
+                raise _sdpa_unavailable(kernel or "default", exc, retry) from None
+            raise
+        except TypeError as exc:
+            if "enable_gqa" in str(exc):
+                raise Unsupported("this torch's SDPA has no enable_gqa (needs torch ≥ 2.5)") from None
+            raise
+
+    return Prepared(fn)
+
+
+# --- flash-attn (FlashAttention-2, or FlashAttention-3's interface when installed) ------------------------
+
+def flash_attn_adapter(flash_attn_func: Callable[..., Any], shape: AttentionShape, pad_v: bool) -> Prepared:
+    """Wrap a function with flash_attn_func's signature ``(q, k, v, dropout_p, softmax_scale, causal, …)``
+    taking (batch, seq, heads, dim) tensors. flash-attn handles GQA (fewer KV heads) and bottom-right causal
+    itself. ``pad_v``: FlashAttention-2 wants v's head dim equal to q/k's, so MLA's v (128) is zero-padded to
+    192 and the output sliced back (exact; the padding copy is part of the timed call, as in training code)."""
+    d_qk, d_v = shape.head_dim_qk, shape.head_dim_v
+    scale = _scale(shape)
+    pad = d_qk - d_v if pad_v and d_v != d_qk else 0
+    if pad < 0:
+        raise Unsupported(f"head_dim_v {d_v} > head_dim_qk {d_qk}: cannot pad v for flash-attn 2")
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if pad:
+            v = F.pad(v, (0, pad))
+        res = flash_attn_func(q, k, v, softmax_scale=scale, causal=shape.causal)
+        out = res[0] if isinstance(res, tuple) else res  # FA3 builds return (out, lse)
+        return out[..., :d_v] if pad else out
+
+    note = f"v zero-padded {d_v}->{d_qk} (flash-attn 2 needs equal head dims)" if pad else ""
+    return Prepared(fn, note)
+
+
+def load_flash_attn(device: torch.device) -> tuple[Callable[..., Any], str]:
+    """(flash_attn_func, 'fa3'|'fa2'); FA3's interface only on Hopper (sm90), where it is built for."""
+    if device.type == "cuda" and not getattr(torch.version, "hip", None) \
+            and torch.cuda.get_device_capability(device)[0] == 9:
+        try:
+            from flash_attn_interface import flash_attn_func  # FlashAttention-3 (hopper/)
+
+            return flash_attn_func, "fa3"
+        except ImportError:
+            pass
+    try:
+        from flash_attn import flash_attn_func
+    except ImportError as exc:
+        raise Unsupported(f"flash_attn is not installed ({exc.msg}); pip install flash-attn "
+                          "(on ROCm: the CK or Triton build)") from None
+    return flash_attn_func, "fa2"
+
+
+def _build_flash_attn(shape: AttentionShape, device: torch.device, dtype: str) -> Prepared:
+    if device.type != "cuda":
+        raise Unsupported("flash-attn runs on CUDA/ROCm GPUs only")
+    if dtype not in ("fp16", "bf16"):
+        raise Unsupported(f"flash-attn takes fp16/bf16, not {dtype}")
+    if max(shape.head_dim_qk, shape.head_dim_v) > 256:
+        raise Unsupported(f"flash-attn supports head dims up to 256, got {shape.head_dim_qk}/{shape.head_dim_v}")
+    func, flavour = load_flash_attn(device)
+    prepared = flash_attn_adapter(func, shape, pad_v=flavour == "fa2")
+    return Prepared(prepared.fn, "; ".join(filter(None, [flavour, prepared.note])))
+
+
+# --- triton: opbench's own kernel ---------------------------------------------------------------------------
+
+def _build_triton(shape: AttentionShape, device: torch.device, dtype: str) -> Prepared:
+    from .triton_attention import interpreter_enabled, triton_attention
+
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        raise Unsupported("triton is not installed (pip install triton)") from None
+    fn = partial(triton_attention, causal=shape.causal, softmax_scale=_scale(shape))
+    if device.type == "cpu":
+        if not interpreter_enabled():
+            raise Unsupported("triton kernels need a GPU; on CPU run with TRITON_INTERPRET=1 to check "
+                              "correctness (never timed)")
+        return Prepared(fn, "TRITON_INTERPRET=1", untimed_reason="triton interpreter on CPU: checked against "
+                        "the reference, not timed (numpy emulation says nothing about kernel speed)")
+    return Prepared(fn, "fp32 tl.dot uses TF32" if dtype == "fp32" else "")
+
+
+BACKENDS: dict[str, Backend] = {
+    "math": Backend("math", BHSD, _build_math, "eager matmul + softmax (materialises the scores)"),
+    "sdpa": Backend("sdpa", BHSD, partial(_build_sdpa, None), "torch SDPA, torch picks the kernel"),
+    **{name: Backend(name, BHSD, partial(_build_sdpa, kernel), f"torch SDPA forced to {kernel} via sdpa_kernel")
+       for name, kernel in SDPA_KERNELS.items()},
+    "flash_attn": Backend("flash_attn", BSHD, _build_flash_attn, "flash_attn_func (FA3 interface on Hopper)"),
+    "triton": Backend("triton", BSHD, _build_triton, "opbench's fused Triton kernel (fwd + bwd)"),
+}
+
+
+def to_layout(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """bshd (how inputs are generated) → a backend's layout, contiguous in that layout."""
+    return t if layout == BSHD else t.transpose(1, 2).contiguous()
+
+
+def from_layout(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """A backend's output → bshd, for comparison with the reference."""
+    return t if layout == BSHD else t.transpose(1, 2)

@@ -1,0 +1,154 @@
+"""Runs one (shape, batch size, backend) case: check against the oracle once, then time fwd / bwd / fwdbwd.
+
+Backward is timed alone: the forward runs once, untimed, keeping its graph, and each timed call is
+``torch.autograd.grad(out, (q, k, v), grad_out, retain_graph=True)`` with a fresh ``grad_out`` drawn in the
+harness' untimed ``before`` hook. The forward is timed as in training (inputs require grad, so autograd
+records and the kernel saves what backward needs).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from opbench.core.device import torch_dtype
+from opbench.core.sweep import STATUS_ERROR, STATUS_OK, STATUS_UNSUPPORTED
+from opbench.core.timing import Stats, TimingConfig, measure
+
+from .backends import BACKENDS, from_layout, to_layout
+from .flops import attention_flops
+from .reference import max_errors, reference_attention
+from .shapes import AttentionShape
+
+PASSES = ("fwd", "bwd", "fwdbwd")
+STAT_SUFFIXES = {"time": "median", "time_min": "min", "time_p10": "p10", "time_p90": "p90", "time_max": "max",
+                 "time_std": "std", "iters": "iters"}
+PASS_COLUMNS = [f"{p}_{s}" for p in PASSES for s in (*STAT_SUFFIXES, "tflops")]
+
+# Norm-wise relative error (max|err| / max|ref|) above which a result is wrong, not rounding. fp32 leaves room
+# for TF32 tensor-core math on GPUs; gradients get twice the output's allowance.
+TOLERANCE = {"fp32": 5e-3, "fp16": 2e-2, "bf16": 5e-2}
+
+
+@dataclass(frozen=True)
+class AttentionCase:
+    shape: AttentionShape
+    batch_size: int
+    backend: str
+    dtype: str
+
+    def as_row(self) -> dict[str, Any]:
+        return {**self.shape.as_row(), "batch_size": self.batch_size, "dtype": self.dtype, "backend": self.backend}
+
+
+@dataclass
+class Problem:
+    """Inputs of one (shape, batch) in bshd, and the oracle's answer, shared by every backend."""
+
+    key: tuple
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    grad_out: torch.Tensor | None
+    ref: tuple[torch.Tensor, ...]
+
+
+class ProblemCache:
+    """Keeps the last problem: cases arrive grouped by shape, so the oracle runs once per shape."""
+
+    def __init__(self) -> None:
+        self._problem: Problem | None = None
+
+    def get(self, case: AttentionCase, device: torch.device, with_grads: bool) -> Problem:
+        key = (case.shape.key, case.batch_size, case.dtype, with_grads)
+        if self._problem is None or self._problem.key != key:
+            self._problem = None  # release the previous shape's tensors before allocating
+            self._problem = make_problem(case, device, with_grads)
+        return self._problem
+
+
+def make_problem(case: AttentionCase, device: torch.device, with_grads: bool) -> Problem:
+    s, b = case.shape, case.batch_size
+    gen = torch.Generator(device=device)
+    gen.manual_seed(zlib.crc32(repr((s.key, b)).encode()))
+    dt = torch_dtype(case.dtype)
+
+    def randn(*size: int) -> torch.Tensor:
+        return torch.randn(size, generator=gen, device=device, dtype=dt)
+
+    q = randn(b, s.seqlen_q, s.num_head_q, s.head_dim_qk)
+    k = randn(b, s.seqlen_kv, s.num_head_kv, s.head_dim_qk)
+    v = randn(b, s.seqlen_kv, s.num_head_kv, s.head_dim_v)
+    grad_out = randn(b, s.seqlen_q, s.num_head_q, s.head_dim_v) if with_grads else None
+    ref = reference_attention(q, k, v, s.causal, grad_out)
+    return Problem((s.key, b, case.dtype, with_grads), q, k, v, grad_out, ref if with_grads else (ref,))
+
+
+def _stats_columns(pass_: str, stats: Stats, flops: float) -> dict[str, Any]:
+    row = {f"{pass_}_{col}": getattr(stats, field) for col, field in STAT_SUFFIXES.items()}
+    row[f"{pass_}_tflops"] = flops / stats.median / 1e12 if stats.median > 0 else None
+    return row
+
+
+def check(case: AttentionCase, fn, layout: str, problem: Problem) -> dict[str, Any]:
+    """Run the backend once on the problem; errors of the output (and of dq, dk, dv) against the oracle."""
+    q, k, v = (to_layout(t, layout).detach().requires_grad_(problem.grad_out is not None)
+               for t in (problem.q, problem.k, problem.v))
+    out = fn(q, k, v)
+    row: dict[str, Any] = {}
+    row["max_abs_err"], row["max_rel_err"] = max_errors(from_layout(out, layout), problem.ref[0])
+    if problem.grad_out is not None:
+        grads = torch.autograd.grad(out, (q, k, v), to_layout(problem.grad_out, layout))
+        errs = [max_errors(from_layout(g, layout), r) for g, r in zip(grads, problem.ref[1:])]
+        row["grad_max_abs_err"] = max(e[0] for e in errs)
+        row["grad_max_rel_err"] = max(e[1] for e in errs)
+    return row
+
+
+def time_passes(fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, passes: Sequence[str],
+                device: torch.device, config: TimingConfig) -> dict[str, Stats]:
+    inputs = (q, k, v)
+    stats: dict[str, Stats] = {}
+    if "fwd" in passes:
+        stats["fwd"] = measure(lambda: fn(q, k, v), device, config)
+    if "bwd" in passes or "fwdbwd" in passes:
+        out = fn(q, k, v)
+        grad = {"out": torch.randn_like(out)}
+        like = grad["out"]
+
+        def fresh_grad() -> None:  # untimed: a new output gradient for every call
+            grad["out"] = torch.randn_like(like)
+
+        if "bwd" in passes:
+            stats["bwd"] = measure(lambda: torch.autograd.grad(out, inputs, grad["out"], retain_graph=True),
+                                   device, config, before=fresh_grad)
+        del out  # free the retained graph before fwdbwd builds its own
+        if "fwdbwd" in passes:
+            stats["fwdbwd"] = measure(lambda: torch.autograd.grad(fn(q, k, v), inputs, grad["out"]),
+                                      device, config, before=fresh_grad)
+    return stats
+
+
+def run_case(case: AttentionCase, device: torch.device, passes: Sequence[str], config: TimingConfig,
+             cache: ProblemCache) -> dict[str, Any]:
+    """One CSV row. Raises Unsupported (and lets OOM/errors propagate) for run_sweep to turn into a row."""
+    backend = BACKENDS[case.backend]
+    prepared = backend.build(case.shape, device, case.dtype)
+    with_grads = any(p in passes for p in ("bwd", "fwdbwd"))
+    problem = cache.get(case, device, with_grads)
+    row = {**case.as_row(), "note": prepared.note or None, **check(case, prepared.fn, backend.layout, problem)}
+    tol = TOLERANCE.get(case.dtype, 5e-3)
+    wrong = [f"{what} rel err {row[col]:.3g} > {limit:.3g}"
+             for what, col, limit in (("output", "max_rel_err", tol), ("grad", "grad_max_rel_err", 2 * tol))
+             if row.get(col) is not None and not row[col] <= limit]
+    if wrong:
+        return {**row, "status": STATUS_ERROR, "error": "wrong result vs the reference: " + "; ".join(wrong)}
+    if prepared.untimed_reason:
+        return {**row, "status": STATUS_UNSUPPORTED, "error": prepared.untimed_reason}
+    q, k, v = (to_layout(t, backend.layout).detach().requires_grad_() for t in (problem.q, problem.k, problem.v))
+    for pass_, stats in time_passes(prepared.fn, q, k, v, passes, device, config).items():
+        row.update(_stats_columns(pass_, stats, attention_flops(case.shape, case.batch_size, pass_)))
+    return {**row, "status": STATUS_OK, "error": None}
