@@ -8,6 +8,8 @@ records and the kernel saves what backward needs).
 
 from __future__ import annotations
 
+import math
+import warnings
 import zlib
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -136,12 +138,15 @@ def run_case(case: AttentionCase, device: torch.device, passes: Sequence[str], c
              cache: ProblemCache) -> dict[str, Any]:
     """One CSV row. Raises Unsupported (and lets OOM/errors propagate) for run_sweep to turn into a row."""
     backend = BACKENDS[case.backend]
-    prepared = backend.build(case.shape, device, case.dtype)
     with_grads = any(p in passes for p in ("bwd", "fwdbwd"))
-    problem = cache.get(case, device, with_grads)
-    row = {**case.as_row(), "note": prepared.note or None, **check(case, prepared.fn, backend.layout, problem)}
+    with warnings.catch_warnings():  # torch's kernel-selection chatter; reasons that matter land in the row
+        warnings.simplefilter("ignore", UserWarning)
+        prepared = backend.build(case.shape, device, case.dtype)  # cheap; raises Unsupported before any work
+        problem = cache.get(case, device, with_grads)
+        errors = check(case, prepared.fn, backend.layout, problem)
+    row = {**case.as_row(), "note": prepared.note or None, **errors}
     tol = TOLERANCE.get(case.dtype, 5e-3)
-    wrong = [f"{what} rel err {row[col]:.3g} > {limit:.3g}"
+    wrong = [f"{what} rel err {row[col]:.3g} > {limit:.3g}" + (" (NaN/inf)" if math.isinf(row[col]) else "")
              for what, col, limit in (("output", "max_rel_err", tol), ("grad", "grad_max_rel_err", 2 * tol))
              if row.get(col) is not None and not row[col] <= limit]
     if wrong:

@@ -156,13 +156,14 @@ def select_shapes(shapes: Iterable[AttentionShape], models: str | Sequence[str] 
     shapes = list(shapes)
     if models is None or models == "all":
         return shapes
-    wanted = [m.strip().lower() for m in (models.split(",") if isinstance(models, str) else models) if m.strip()]
+    wanted = [m.strip() for m in (models.split(",") if isinstance(models, str) else models) if m.strip()]
     known = {s.model.lower() for s in shapes}
-    missing = [w for w in wanted if w not in known]
+    missing = [w for w in wanted if w.lower() not in known]
     if missing:
         names = ", ".join(dict.fromkeys(s.model for s in shapes))
-        raise UsageError(f"no shapes for model(s) {missing}; the shapes list has: {names}", field="--model")
-    return [s for s in shapes if s.model.lower() in wanted]
+        raise UsageError(f"no shapes for model(s) {', '.join(missing)}; the shapes list has: {names}", field="--model")
+    keep = {w.lower() for w in wanted}
+    return [s for s in shapes if s.model.lower() in keep]
 
 
 def shapes_to_json(shapes: Sequence[AttentionShape]) -> str:

@@ -1,0 +1,197 @@
+"""Attention backends on CPU: causal alignment, GQA and MLA head dims agree with the oracle; the flash-attn
+adapter against a reference with flash_attn_func's signature; unsupported rows; backward timing."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+
+from opbench.attention import backends as B
+from opbench.attention.__main__ import COLUMNS, main
+from opbench.attention.flops import attention_flops
+from opbench.attention.reference import reference_attention
+from opbench.attention.runner import AttentionCase, ProblemCache, check, make_problem, run_case, time_passes
+from opbench.attention.shapes import AttentionShape
+from opbench.core.sweep import Unsupported
+from opbench.core.timing import TimingConfig
+
+FAST = TimingConfig(warmup_iters=1, warmup_s=0.0, min_iters=3, max_iters=4, rel_tol=0.5, budget_s=0.02)
+
+# (seqlen_q, seqlen_kv, heads_q, heads_kv, dim_qk, dim_v): equal lengths, queries at the end of a longer KV
+# (decode/chunked prefill), more queries than keys (first rows see nothing), GQA, MQA, MLA-like dims.
+CASES = [
+    (24, 24, 4, 4, 32, 32),
+    (12, 40, 4, 2, 32, 32),
+    (40, 12, 6, 2, 32, 32),
+    (17, 33, 4, 1, 24, 24),
+    (20, 30, 4, 4, 48, 32),
+]
+CPU_BACKENDS = ["math", "sdpa", "sdpa_flash", "sdpa_math"]
+
+
+def mk(sq, skv, hq, hkv, dqk, dv, causal=True) -> AttentionShape:
+    return AttentionShape("t", sq, skv, hq, hkv, dqk, dv, causal)
+
+
+@pytest.mark.parametrize("dims", CASES, ids=lambda d: "x".join(map(str, d)))
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_cpu_backends_agree_with_oracle(dims, causal):
+    shape = mk(*dims, causal=causal)
+    problem = make_problem(AttentionCase(shape, 2, "math", "fp32"), torch.device("cpu"), with_grads=True)
+    for name in CPU_BACKENDS:
+        backend = B.BACKENDS[name]
+        try:
+            prepared = backend.build(shape, torch.device("cpu"), "fp32")
+            errs = check(AttentionCase(shape, 2, name, "fp32"), prepared.fn, backend.layout, problem)
+        except Unsupported as exc:
+            # the CPU flash kernel needs equal q/k/v head dims; everything else must run
+            assert name == "sdpa_flash" and dims[4] != dims[5], (name, exc)
+            assert "same last dimension" in str(exc)
+            continue
+        assert errs["max_rel_err"] < 1e-5, (name, errs)
+        assert errs["grad_max_rel_err"] < 1e-4, (name, errs)
+
+
+def test_rows_without_visible_keys_are_zero_everywhere():
+    shape = mk(40, 12, 4, 2, 32, 32)
+    problem = make_problem(AttentionCase(shape, 1, "math", "fp32"), torch.device("cpu"), with_grads=False)
+    assert problem.ref[0][:, :28].abs().max() == 0  # rows 0..27 see no key (bottom-right alignment)
+    for name in CPU_BACKENDS:
+        backend = B.BACKENDS[name]
+        out = backend.build(shape, torch.device("cpu"), "fp32").fn(
+            *(B.to_layout(t, backend.layout) for t in (problem.q, problem.k, problem.v)))
+        assert torch.isfinite(out).all() and B.from_layout(out, backend.layout)[:, :28].abs().max() == 0, name
+
+
+def test_top_left_causal_would_be_caught():
+    """SDPA's own is_causal (top-left) differs from the convention when lengths differ: the check flags it."""
+    shape = mk(12, 40, 4, 4, 32, 32)
+    problem = make_problem(AttentionCase(shape, 1, "math", "fp32"), torch.device("cpu"), with_grads=True)
+
+    def top_left(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    errs = check(AttentionCase(shape, 1, "x", "fp32"), top_left, B.BHSD, problem)
+    assert errs["max_rel_err"] > 0.05
+
+
+def test_wrong_backend_becomes_error_row(monkeypatch):
+    shape = mk(12, 40, 4, 4, 32, 32)
+    broken = B.Backend("broken", B.BHSD, lambda s, d, t: B.Prepared(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)), "top-left causal")
+    monkeypatch.setitem(B.BACKENDS, "broken", broken)
+    row = run_case(AttentionCase(shape, 1, "broken", "fp32"), torch.device("cpu"), ["fwd"], FAST, ProblemCache())
+    assert row["status"] == "error" and "wrong result" in row["error"]
+    assert row.get("fwd_time") is None  # a wrong kernel is not timed
+
+
+def reference_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                              alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """flash_attn_func's contract, written out independently: (batch, seq, heads, dim) in and out, KV heads
+    shared by consecutive query-head groups, causal aligned bottom-right, equal q/k/v head dims (as FA2)."""
+    assert q.dim() == 4 and k.shape[:3] == v.shape[:3] and q.shape[0] == k.shape[0]
+    assert v.shape[-1] == q.shape[-1], "FA2 needs equal head dims"
+    sq, hq, skv, hkv = q.shape[1], q.shape[2], k.shape[1], k.shape[2]
+    group = hq // hkv
+    idx = torch.arange(hq) // group
+    kk, vv = k[:, :, idx], v[:, :, idx]                                   # (b, skv, hq, d)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, kk) * (softmax_scale or q.shape[-1] ** -0.5)
+    if causal:
+        rows = torch.arange(sq)[:, None]
+        cols = torch.arange(skv)[None, :]
+        scores = scores.masked_fill(cols > rows + (skv - sq), float("-inf"))
+    p = torch.softmax(scores, -1).nan_to_num(0.0)
+    return torch.einsum("bhqk,bkhd->bqhd", p, vv)
+
+
+@pytest.mark.parametrize("dims", CASES, ids=lambda d: "x".join(map(str, d)))
+def test_flash_attn_adapter_against_reference_signature(dims):
+    shape = mk(*dims)
+    problem = make_problem(AttentionCase(shape, 2, "flash_attn", "fp32"), torch.device("cpu"), with_grads=True)
+    prepared = B.flash_attn_adapter(reference_flash_attn_func, shape, pad_v=True)
+    errs = check(AttentionCase(shape, 2, "flash_attn", "fp32"), prepared.fn, B.BSHD, problem)
+    assert errs["max_rel_err"] < 1e-5 and errs["grad_max_rel_err"] < 1e-4, errs
+    assert ("zero-padded" in prepared.note) == (dims[4] != dims[5])
+
+
+def test_flash_attn_adapter_unwraps_fa3_tuple():
+    shape = mk(12, 40, 4, 2, 32, 32)
+    problem = make_problem(AttentionCase(shape, 1, "flash_attn", "fp32"), torch.device("cpu"), with_grads=False)
+
+    def fa3_like(q, k, v, softmax_scale=None, causal=False):
+        out = reference_flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal)
+        return out, torch.zeros(q.shape[0], q.shape[2], q.shape[1])
+
+    errs = check(AttentionCase(shape, 1, "x", "fp32"), B.flash_attn_adapter(fa3_like, shape, pad_v=False).fn,
+                 B.BSHD, problem)
+    assert errs["max_rel_err"] < 1e-5
+
+
+def test_backward_timing_never_reruns_forward():
+    shape = mk(32, 32, 4, 2, 32, 32)
+    calls = {"n": 0}
+    fn = B.BACKENDS["sdpa"].build(shape, torch.device("cpu"), "fp32").fn
+
+    def counted(q, k, v):
+        calls["n"] += 1
+        return fn(q, k, v)
+
+    q, k, v = (torch.randn(1, h, 32, 32, requires_grad=True) for h in (4, 2, 2))
+    stats = time_passes(counted, q, k, v, ["bwd"], torch.device("cpu"), FAST)
+    assert calls["n"] == 1 and stats["bwd"].iters >= 3  # one untimed forward, many timed backwards
+    calls["n"] = 0
+    stats = time_passes(counted, q, k, v, ["fwdbwd"], torch.device("cpu"), FAST)
+    assert calls["n"] >= stats["fwdbwd"].iters + 1
+
+
+def test_reference_handles_long_rows_in_chunks():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 50, 4, 16), torch.randn(1, 70, 2, 16), torch.randn(1, 70, 2, 8)
+    g = torch.randn(1, 50, 4, 8)
+    whole = reference_attention(q, k, v, True, g)
+    chunked = reference_attention(q, k, v, True, g, chunk_bytes=1)  # one query row at a time
+    for a, b in zip(whole, chunked):
+        assert torch.allclose(a, b, atol=1e-12)
+
+
+def test_cli_cpu_rows(tmp_path):
+    shapes = tmp_path / "s.json"
+    shapes.write_text(
+        '[{"model": "gqa", "seqlen_q": 32, "seqlen_kv": 64, "num_head_q": 4, "num_head_kv": 2,'
+        ' "head_dim_qk": 32, "head_dim_v": 32, "causal": true},'
+        ' {"model": "mla", "seqlen_q": 48, "seqlen_kv": 48, "num_head_q": 4, "num_head_kv": 4,'
+        ' "head_dim_qk": 48, "head_dim_v": 32, "causal": true}]')
+    out = tmp_path / "a.csv"
+    assert main(["--shapes-json-path", str(shapes), "--backends", "math,sdpa_flash,sdpa_efficient,flash_attn,triton",
+                 "--batch-sizes", "1,2", "--device", "cpu", "--min-iters", "3", "--max-iters", "4",
+                 "--budget", "0.02", "--report-csv-path", str(out)]) == 0
+    df = pd.read_csv(out, keep_default_na=True)
+    assert list(df.columns) == COLUMNS
+    for col in ["model", "batch_size", "seqlen_q", "seqlen_kv", "num_head_q", "num_head_kv", "head_dim_qk",
+                "head_dim_v", "causal", "dtype", "backend", "fwd_time", "fwd_tflops", "bwd_time", "bwd_tflops",
+                "fwdbwd_time", "max_abs_err", "status", "error"]:
+        assert col in df.columns
+    assert len(df) == 2 * 2 * 5
+    ok = df[df.status == "ok"]
+    assert set(ok.backend) == {"math", "sdpa_flash"} and set(df[df.backend == "math"].status) == {"ok"}
+    assert not ((ok.model == "mla") & (ok.backend == "sdpa_flash")).any()
+    for p in ("fwd", "bwd", "fwdbwd"):
+        assert (ok[f"{p}_time"] > 0).all() and (ok[f"{p}_iters"] >= 3).all()
+        assert (ok[f"{p}_time_min"] <= ok[f"{p}_time"]).all() and (ok[f"{p}_time"] <= ok[f"{p}_time_max"]).all()
+    assert (ok.max_abs_err < 1e-4).all() and ok.error.isna().all()
+    for _, r in ok.iterrows():
+        s = AttentionShape(r.model, r.seqlen_q, r.seqlen_kv, r.num_head_q, r.num_head_kv, r.head_dim_qk,
+                           r.head_dim_v, bool(r.causal))
+        assert math.isclose(r.bwd_tflops, attention_flops(s, r.batch_size, "bwd") / r.bwd_time / 1e12, rel_tol=1e-4)
+    bad = df[df.status != "ok"]
+    assert set(bad.status) == {"unsupported"}
+    assert bad.fwd_time.isna().all() and bad.max_abs_err.isna().all()   # never a zero standing for "did not run"
+    assert bad.error.str.len().min() > 10
+    reasons = dict(zip(bad.backend, bad.error))
+    assert "CPU" in reasons["sdpa_efficient"] and "GPU" in reasons["flash_attn"]
+    assert "TRITON_INTERPRET" in reasons["triton"]
+    assert "same last dimension" in bad[bad.backend == "sdpa_flash"].error.iloc[0]
