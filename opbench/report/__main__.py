@@ -1,0 +1,47 @@
+"""``python -m opbench.report RESULTS_DIR --out OUT_DIR`` / ``opbench report``: report.md + PNG plots from the
+opbench CSVs in a results folder (searched recursively); ``--compare OTHER_DIR`` adds this / other ratios."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from opbench.core.errors import run_cli
+
+from . import build_report
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="opbench report", description=__doc__)
+    p.add_argument("results_dir", metavar="RESULTS_DIR", help="folder with opbench CSVs (and their .meta.json)")
+    p.add_argument("--out", default=None, metavar="OUT_DIR",
+                   help="where report.md and the PNGs go (default: RESULTS_DIR/report)")
+    p.add_argument("--compare", default=None, metavar="OTHER_RESULTS_DIR",
+                   help="a second results folder (e.g. before an upgrade): tables gain <metric>_other and "
+                        "<metric>_ratio = this / other")
+    p.add_argument("--top", type=int, default=40, metavar="N",
+                   help="rows per table (0 = all; default 40); rows left out are counted, failed rows always listed")
+    p.add_argument("--no-plots", action="store_true", help="write only report.md")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out = args.out if args.out is not None else f"{args.results_dir.rstrip('/')}/report"
+    report = build_report(args.results_dir, out, compare=args.compare, top=args.top or None,
+                          plots=not args.no_plots)
+    found = report.found
+    rows = sum(len(t.frame) + t.hidden for s in report.sections for t in s.tables)
+    print(f"read {len(found.files)} CSV(s) ({rows} ok rows)" if found else "", end="")
+    if found and found.skipped:
+        print(f", skipped {len(found.skipped)}: " + ", ".join(rel for rel, _ in found.skipped), end="")
+    print(f"\nwrote {report.path} with {len(report.plots)} plot(s)")
+    if report.missing:
+        print(f"plots not made ({len(report.missing)}): " + "; ".join(f"{k}: {v}" for k, v in report.missing.items()),
+              file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, prog="python -m opbench.report"))

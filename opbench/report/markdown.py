@@ -1,0 +1,119 @@
+"""Assemble report.md: environment, one section per benchmark (tables, plots, rows not measured), skipped files.
+
+Tables are GitHub-flavoured markdown from tabulate; every cell is formatted by ``tables.cell`` so a missing
+value is an empty cell, never a zero.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import pandas as pd
+from tabulate import tabulate
+
+import opbench
+
+from .discover import Discovery
+from .plots import Plot
+from .tables import SPECS, Section, Table, cell
+
+ENV_COLUMNS = ("file", "benchmark", "device", "accelerator stack", "torch", "opbench", "host", "ranks", "utc_time")
+
+
+def markdown_table(frame: pd.DataFrame) -> str:
+    """Numbers right-aligned, text left; cells formatted by ``cell``."""
+    rows = [[cell(v) for v in row] for row in frame.itertuples(index=False, name=None)]
+    align = ["right" if pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c])
+             else "left" for c in frame.columns]
+    return tabulate(rows, headers=[str(c) for c in frame.columns], tablefmt="github", disable_numparse=True,
+                    colalign=align)
+
+
+def _stack(meta: dict[str, Any]) -> str:
+    if meta.get("hip"):
+        return f"ROCm/HIP {meta['hip']}"
+    if meta.get("cuda") and meta.get("device_kind") != "cpu":
+        return f"CUDA {meta['cuda']}"
+    return "CPU" if meta.get("device_kind") == "cpu" or "torch" in meta else ""
+
+
+def environment_frame(found: Discovery) -> pd.DataFrame:
+    rows = []
+    for f in found.files:
+        m = f.meta
+        rows.append({"file": f.rel, "benchmark": f.kind.title, "device": m.get("device_name", ""),
+                     "accelerator stack": _stack(m), "torch": m.get("torch", ""), "opbench": m.get("opbench", ""),
+                     "host": m.get("host", ""), "ranks": m.get("world_size", m.get("WORLD_SIZE", "")),
+                     "utc_time": m.get("utc_time", "")})
+    return pd.DataFrame(rows, columns=list(ENV_COLUMNS))
+
+
+def environment_md(found: Discovery, heading: str) -> list[str]:
+    out = [f"## {heading}", "", markdown_table(environment_frame(found).fillna("")), ""]
+    commands = [(f.rel, f.meta["command"]) for f in found.files if f.meta.get("command")]
+    no_meta = [f.rel for f in found.files if not f.meta]
+    if commands:
+        out += ["Commands:", ""] + [f"- `{rel}`: `{cmd}`" for rel, cmd in commands] + [""]
+    if no_meta:
+        out += ["No sidecar (`<stem>.meta.json`) for: " + ", ".join(f"`{r}`" for r in no_meta), ""]
+    return out
+
+
+def table_md(table: Table, level: str = "###") -> list[str]:
+    out = [f"{level} {table.title}", ""] if table.title else []
+    out += [markdown_table(table.frame), ""]
+    if table.hidden:
+        out += [f"… {table.hidden} more row(s) in the CSV (raise `--top` to show them).", ""]
+    return out
+
+
+def failed_md(section: Section) -> list[str]:
+    failed = section.failed
+    if failed.empty:
+        return []
+    counts = ", ".join(f"{status}: {n}" for status, n in failed["status"].value_counts().items())
+    return [f"### Rows not measured ({len(failed)}: {counts})", "",
+            markdown_table(failed.drop(columns=["file"], errors="ignore")), ""]
+
+
+def plot_md(plot: Plot, missing: dict[str, str]) -> list[str]:
+    """An embedded image, or a line naming the plot and why it is not there."""
+    if plot.filename in missing:
+        return [f"Plot not made: `{plot.filename}` ({plot.title}): {missing[plot.filename]}", ""]
+    return [f"![{plot.title}]({plot.filename})", ""]
+
+
+def section_md(section: Section, planned: Sequence[Plot], missing: dict[str, str], about: str) -> list[str]:
+    """Title, files, what the order means, notes, each table with its plot, other plots, rows not measured."""
+    out = [f"## {section.kind.title}", "", "Files: " + ", ".join(f"`{r}`" for r in section.files), ""]
+    out += [line for text in (about, *section.notes) if text for line in (text, "")]
+    mine = [p for p in planned if p.kind == section.kind.name]
+    for table in section.tables:
+        out += table_md(table)
+        out += [line for p in mine if p.group is not None and p.group == table.title for line in plot_md(p, missing)]
+    out += [line for p in mine if p.group is None or p.group not in {t.title for t in section.tables}
+            for line in plot_md(p, missing)]
+    out += failed_md(section)
+    return out
+
+
+def report_markdown(found: Discovery, sections: Sequence[Section], planned: Sequence[Plot], missing: dict[str, str],
+                    other: Discovery | None = None) -> str:
+    out = ["# opbench report", "",
+           f"Results: `{found.root}` ({len(found.files)} CSV file(s)); written by opbench {opbench.__version__}.", ""]
+    if other is not None:
+        out += [f"Compared with: `{other.root}` ({len(other.files)} CSV file(s)). Ratio columns are "
+                "this run / the other run, matched on each table's identifying columns; `_other` columns are "
+                "the other run's values.", ""]
+    out += environment_md(found, "Environment")
+    if other is not None:
+        out += environment_md(other, "Environment of the compared run")
+    for section in sections:
+        out += section_md(section, planned, missing, SPECS[section.kind.name].about)
+    if missing:
+        out += ["## Plots not made", ""]
+        titles = {p.filename: p.title for p in planned}
+        out += [f"- `{name}` ({titles.get(name, '')}): {why}" for name, why in missing.items()] + [""]
+    if found.skipped:
+        out += ["## Skipped files", ""] + [f"- `{rel}`: {why}" for rel, why in found.skipped] + [""]
+    return "\n".join(out).rstrip() + "\n"

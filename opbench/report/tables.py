@@ -1,0 +1,353 @@
+"""Turn each benchmark's rows into the few columns a reader needs, in a useful order.
+
+Every kind has one declarative ``TableSpec``: the columns shown, the columns that identify a row across runs
+(``--compare``), the metrics compared as this / other, and how rows are ordered (least efficient first for
+GEMM and checkpoints, top bytes first for traces). Rows whose ``status`` is not ``ok`` never reach the main
+table; they are returned separately so the report lists them with their error.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from opbench.comm.conventions import DTYPE_ENUM_BY_NAME
+
+from .discover import KINDS, Discovery, Kind
+
+Order = Callable[[pd.DataFrame], list[tuple[str, bool]]]
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    columns: tuple[str, ...]                 # shown, in this order (absent ones are left out)
+    keys: tuple[str, ...]                    # identify a row across runs and in the failed-rows list
+    metrics: tuple[str, ...] = ()            # compared as this / other
+    order: Order = lambda frame: []          # (column, ascending) pairs
+    optional: tuple[str, ...] = ()           # shown only when they vary
+    split: str | None = None                 # one table per value of this column
+    about: str = ""                          # one line under the section title: what the order means
+
+
+@dataclass
+class Table:
+    title: str | None
+    frame: pd.DataFrame                      # display columns, sorted, at most --top rows
+    hidden: int = 0                          # rows beyond --top
+
+
+@dataclass
+class Section:
+    kind: Kind
+    files: list[str]
+    tables: list[Table]
+    failed: pd.DataFrame                     # rows with status != ok: keys + status + error
+    ok: pd.DataFrame                         # all ok rows with derived columns (plots use these)
+    notes: list[str] = field(default_factory=list)
+
+
+def _by(*cols: str, ascending: bool = True) -> Order:
+    return lambda frame: [(c, ascending) for c in cols]
+
+
+def _gemm_order(frame: pd.DataFrame) -> list[tuple[str, bool]]:
+    """Least efficient first: % of peak where the device's peak is known, else TFLOPS."""
+    metric = "pct_of_peak" if frame.get("pct_of_peak", pd.Series(dtype=float)).notna().any() else "tflops"
+    return [(metric, True)]
+
+
+_SHAPE = ("model", "batch_size", "seqlen_q", "seqlen_kv", "num_head_q", "num_head_kv", "head_dim_qk", "head_dim_v",
+          "causal", "dtype")
+
+SPECS: dict[str, TableSpec] = {
+    "gemm": TableSpec(
+        columns=("model", "layer", "pass", "mbs", "m", "n", "k", "groups", "tp", "ep", "cp", "dtype", "backend",
+                 "time_ms", "tflops", "pct_of_peak"),
+        keys=("model", "layer", "pass", "mbs", "m", "n", "k", "groups", "dtype", "backend", "tp", "ep", "cp"),
+        metrics=("tflops",), order=_gemm_order, optional=("groups", "tp", "ep", "cp"),
+        about="Least efficient first: by % of peak where the device's peak is known, else by TFLOPS."),
+    "attention": TableSpec(
+        columns=("model", "batch_size", "seqlen q/kv", "heads q/kv", "head_dim qk/v", "causal", "tp", "cp", "dtype",
+                 "backend", "fwd_ms", "fwd_tflops", "bwd_ms", "bwd_tflops", "fwdbwd_ms"),
+        keys=(*_SHAPE, "backend", "tp", "cp"),
+        metrics=("fwd_tflops", "bwd_tflops"),
+        order=lambda f: [(c, True) for c in _SHAPE] + [("fwd_tflops", False)], optional=("tp", "cp"),
+        about="Per shape, the fastest forward backend first. Times are medians; TFLOPS per REFERENCE §3."),
+    "comm": TableSpec(
+        columns=("backend", "world_size", "nnodes", "dtype", "redop", "source", "size", "size_bytes", "count",
+                 "inplace", "time_us", "time_us_max", "algbw_gbs", "busbw_gbs", "wrong", "tests_busbw_gbs",
+                 "busbw_vs_tests"),
+        keys=("collective", "backend", "world_size", "nnodes", "dtype", "redop", "source", "size_bytes", "inplace"),
+        metrics=("busbw_gbs",),
+        order=_by("backend", "world_size", "nnodes", "dtype", "source", "size_bytes", "inplace"),
+        optional=("nnodes", "redop", "source", "wrong"), split="collective",
+        about="busbw per message size (nccl-tests semantics); tests_busbw_gbs is nccl-tests / rccl-tests' busbw "
+              "for the same collective, size and variant when their parsed output is in the folder."),
+    "nccl_tests": TableSpec(
+        columns=("type", "redop", "nranks", "size", "size_bytes", "count", "oop_time_us", "oop_busbw_gbs",
+                 "oop_wrong", "ip_time_us", "ip_busbw_gbs", "ip_wrong", "file"),
+        keys=("collective", "size_bytes", "type", "redop", "nranks"),
+        metrics=("oop_busbw_gbs", "ip_busbw_gbs"),
+        order=_by("type", "redop", "nranks", "size_bytes"),
+        optional=("redop", "nranks", "oop_wrong", "ip_wrong"), split="collective",
+        about="Parsed nccl-tests / rccl-tests output (oop = out-of-place, ip = in-place)."),
+    "fsdp": TableSpec(
+        columns=("unit", "units", "collective", "count", "dtype", "nranks", "calls_per_step", "bytes_per_rank",
+                 "nccl_tests_bytes", "bytes_per_step"),
+        keys=("unit", "collective", "dtype", "nranks"), metrics=("count",), optional=("units",),
+        about="Per-rank NCCL counts per FSDP unit; identical layers are one row; nccl_tests_bytes is the -b value."),
+    "trace": TableSpec(
+        columns=("op", "count", "dtype", "redop", "nranks", "calls", "bytes", "nccl_tests_bytes", "size",
+                 "total_bytes", "note"),
+        keys=("op", "count", "datatype", "redop", "nranks"), metrics=("calls",),
+        order=lambda f: [("total_bytes" if "total_bytes" in f else "bytes", False)], optional=("note",),
+        about="Distinct collectives of the logged job, most bytes first."),
+    "trace_fsdp": TableSpec(
+        columns=("unit", "collective", "count", "dtype", "nranks", "calls_per_step", "log_calls", "log_dtype",
+                 "matched"),
+        keys=("unit", "collective", "dtype", "nranks"), order=_by("matched"),
+        about="Logged FSDP collectives against the FSDP model's prediction, mismatches first."),
+    "ckpt": TableSpec(
+        columns=("method", "storage", "world_size", "thread_count", "async_save", "num_saved", "size",
+                 "save_block_time", "save_total_time", "load_time", "save_bandwidth_in_mbps",
+                 "load_bandwidth_in_mbps", "accurate", "verified"),
+        keys=("method", "storage_kind", "world_size", "thread_count", "async_save"),
+        metrics=("save_bandwidth_in_mbps", "load_bandwidth_in_mbps"),
+        order=_by("save_bandwidth_in_mbps"),
+        about="Slowest save first; bandwidths are MiB/s (Primus' *_in_mbps names), times are seconds."),
+}
+assert set(SPECS) == set(KINDS)
+
+
+# ---- small helpers -----------------------------------------------------------------------------------------
+
+def human_bytes(value: object) -> str:
+    """1024-based sizes as nccl-tests users read them (64 KiB, 1.5 GiB); empty for a missing value."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    size, units = float(value), ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
+    step = min(int(math.log(size, 1024)) if size >= 1 else 0, len(units) - 1)
+    scaled = size / 1024 ** step
+    return f"{scaled:.0f} {units[step]}" if scaled == int(scaled) else f"{scaled:.3g} {units[step]}"
+
+
+def ok_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[frame["status"] == "ok"] if "status" in frame else frame
+
+
+def failed_rows(frame: pd.DataFrame, spec: TableSpec) -> pd.DataFrame:
+    """Rows that were not measured (unsupported, oom, error, planned …), with what identifies them."""
+    if "status" not in frame:
+        return frame.iloc[0:0]
+    bad = frame[frame["status"] != "ok"]
+    cols = [c for c in spec.keys if c in bad] + [c for c in ("status", "error", "file") if c in bad]
+    return bad[cols].assign(status=bad["status"].fillna("(missing)"))
+
+
+def _joined(frame: pd.DataFrame, a: str, b: str) -> pd.Series:
+    """'16/8' from two integer columns (keeps wide shape tables narrow)."""
+    return frame[a].map(cell) + "/" + frame[b].map(cell)
+
+
+def _storage_kind(url: object) -> str:
+    match = re.match(r"^([a-z][a-z0-9+.-]*)://", str(url))
+    return match.group(1) if match else "local"
+
+
+# ---- derived columns ---------------------------------------------------------------------------------------
+
+def _derive_gemm(f: pd.DataFrame) -> pd.DataFrame:
+    return f.assign(time_ms=f["time_s"] * 1e3)
+
+
+def _derive_attention(f: pd.DataFrame) -> pd.DataFrame:
+    out = f.assign(**{"seqlen q/kv": _joined(f, "seqlen_q", "seqlen_kv"),
+                      "heads q/kv": _joined(f, "num_head_q", "num_head_kv"),
+                      "head_dim qk/v": _joined(f, "head_dim_qk", "head_dim_v")})
+    for p in ("fwd", "bwd", "fwdbwd"):
+        if f"{p}_time" in f:
+            out[f"{p}_ms"] = f[f"{p}_time"] * 1e3
+    return out
+
+
+def _with_size(f: pd.DataFrame, column: str) -> pd.DataFrame:
+    return f.assign(size=f[column].map(human_bytes)) if column in f else f
+
+
+def _derive_trace(f: pd.DataFrame) -> pd.DataFrame:
+    return _with_size(f, "total_bytes" if "total_bytes" in f else "bytes")
+
+
+def _derive_fsdp(f: pd.DataFrame) -> pd.DataFrame:
+    """Identical layers collapse into one row (``layers.0-79``), as the FSDP console table does."""
+    from opbench.fsdp_model.model import unit_range
+
+    same = [c for c in f.columns if c not in ("unit", "unit_numel", "file", "bytes_per_step", "busbw_bytes_per_step")]
+    rows = []
+    for _, group in f.assign(_root=f["unit"] == "root").groupby(same + ["_root"], sort=False, dropna=False):
+        row = group.iloc[0].drop("_root").to_dict()
+        row.update(unit=unit_range(list(group["unit"])), units=len(group))
+        if "bytes_per_step" in group:
+            row["bytes_per_step"] = group["bytes_per_step"].sum()
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _dtype_enum(name: object) -> float:
+    return DTYPE_ENUM_BY_NAME.get(str(name).lower(), math.nan)
+
+
+def attach_tests(comm: pd.DataFrame, tests: pd.DataFrame) -> pd.DataFrame:
+    """nccl-tests / rccl-tests busbw beside opbench's, matched on collective + size (+ dtype when both name
+    one): in-place rows take the tests' in-place busbw, out-of-place rows the out-of-place one."""
+    if comm.empty or tests.empty or "collective" not in tests:
+        return comm
+    t = tests.assign(_dt=tests["type"].map(_dtype_enum))
+    long = pd.concat([t.assign(inplace=flag, tests_busbw_gbs=t[col])
+                      for flag, col in ((True, "ip_busbw_gbs"), (False, "oop_busbw_gbs"))])
+    long = long.dropna(subset=["tests_busbw_gbs"])
+    left = comm.assign(_dt=comm["dtype"].map(_dtype_enum), inplace=comm["inplace"].astype(bool))
+    keys = ["collective", "size_bytes", "inplace"] + (["_dt"] if long["_dt"].notna().all() else [])
+    long = long.drop_duplicates(keys, keep="last")[keys + ["tests_busbw_gbs"]]
+    merged = left.merge(long, on=keys, how="left").drop(columns="_dt")
+    merged["busbw_vs_tests"] = merged["busbw_gbs"] / merged["tests_busbw_gbs"]
+    return merged
+
+
+DERIVE: dict[str, Callable[[pd.DataFrame], pd.DataFrame]] = {
+    "gemm": _derive_gemm,
+    "attention": _derive_attention,
+    "comm": lambda f: _with_size(f, "size_bytes"),
+    "nccl_tests": lambda f: _with_size(f, "size_bytes"),
+    "trace": _derive_trace,
+    "fsdp": _derive_fsdp,
+    "ckpt": lambda f: _with_size(f, "iter_folder_size").assign(storage_kind=f["storage"].map(_storage_kind)),
+}
+
+
+def prepared(found: Discovery, kind: str) -> pd.DataFrame:
+    """ok rows of one kind with the derived display columns (and nccl-tests busbw beside comm rows)."""
+    frame = ok_rows(found.frame(kind))
+    if frame.empty:
+        return frame
+    frame = DERIVE.get(kind, lambda f: f)(frame.reset_index(drop=True))
+    if kind == "comm":
+        frame = attach_tests(frame, found.frame("nccl_tests"))
+    return frame
+
+
+# ---- --compare ---------------------------------------------------------------------------------------------
+
+def _key_text(value: object) -> str:
+    """One canonical text per key value, so 1, 1.0 and '1' match and a missing value matches a missing one."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and float(value).is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def compare(this: pd.DataFrame, other: pd.DataFrame, spec: TableSpec) -> tuple[pd.DataFrame, int]:
+    """Add ``<metric>_other`` and ``<metric>_ratio`` (this / other) for rows matched on the spec's keys;
+    returns the frame and how many of the other run's rows found no partner."""
+    keys = [k for k in spec.keys if k in this or k in other]
+    metrics = [m for m in spec.metrics if m in this and m in other]
+    if this.empty or not metrics:
+        return this, 0
+
+    def keyed(frame: pd.DataFrame) -> pd.DataFrame:
+        cols = {f"_k_{k}": (frame[k] if k in frame else pd.Series("", index=frame.index)).map(_key_text)
+                for k in keys}
+        return frame.assign(**cols)
+
+    kcols = [f"_k_{k}" for k in keys]
+    right = keyed(other).drop_duplicates(kcols, keep="last")[kcols + metrics]
+    right = right.rename(columns={m: f"{m}_other" for m in metrics})
+    merged = keyed(this).merge(right, on=kcols, how="left")
+    for m in metrics:
+        merged[f"{m}_ratio"] = merged[m] / merged[f"{m}_other"].where(merged[f"{m}_other"] != 0)
+    unmatched = len(right) - int(right.merge(keyed(this)[kcols].drop_duplicates(), on=kcols).shape[0])
+    return merged.drop(columns=kcols), unmatched
+
+
+def compare_columns(spec: TableSpec, frame: pd.DataFrame) -> tuple[str, ...]:
+    """The spec's columns with each compared metric followed by its other-run value and ratio."""
+    out: list[str] = []
+    for c in spec.columns:
+        out.append(c)
+        if c in spec.metrics and f"{c}_ratio" in frame:
+            out += [f"{c}_other", f"{c}_ratio"]
+    return tuple(out)
+
+
+# ---- tables ------------------------------------------------------------------------------------------------
+
+def visible_columns(frame: pd.DataFrame, columns: tuple[str, ...], optional: tuple[str, ...]) -> list[str]:
+    """Columns present in the frame; optional ones only when they take more than one value."""
+    return [c for c in columns if c in frame and (c not in optional or frame[c].nunique(dropna=True) > 1)]
+
+
+def sorted_table(frame: pd.DataFrame, spec: TableSpec, columns: tuple[str, ...], title: str | None,
+                 top: int | None) -> Table:
+    order = [(c, asc) for c, asc in spec.order(frame) if c in frame]
+    if order:
+        frame = frame.sort_values([c for c, _ in order], ascending=[a for _, a in order], kind="stable",
+                                  na_position="last")
+    shown = frame[visible_columns(frame, columns, spec.optional)]
+    hidden = max(0, len(shown) - top) if top else 0
+    return Table(title, shown.head(top) if top else shown, hidden)
+
+
+def build_section(found: Discovery, kind: str, top: int | None, other: Discovery | None = None) -> Section | None:
+    files = [f.rel for f in found.of_kind(kind)]
+    if not files:
+        return None
+    spec = SPECS[kind]
+    ok = prepared(found, kind)
+    section = Section(KINDS[kind], files, [], failed_rows(found.frame(kind), spec), ok)
+    columns = spec.columns
+    if other is not None and spec.metrics:
+        if other.of_kind(kind):
+            ok, unmatched = compare(ok, prepared(other, kind), spec)
+            columns = compare_columns(spec, ok)
+            if unmatched:
+                section.notes.append(f"{unmatched} row(s) of the other run have no match in this run.")
+        else:
+            section.notes.append("The other run has no results of this kind to compare with.")
+    if ok.empty:
+        section.notes.append("No successful rows.")
+        return section
+    if spec.split and spec.split in ok:
+        for value, part in ok.groupby(spec.split, sort=True):
+            section.tables.append(sorted_table(part, spec, columns, str(value), top))
+    else:
+        section.tables.append(sorted_table(ok, spec, columns, None, top))
+    return section
+
+
+def build_sections(found: Discovery, top: int | None = None, other: Discovery | None = None) -> list[Section]:
+    """One section per kind present, in KINDS order."""
+    return [s for kind in KINDS if (s := build_section(found, kind, top, other)) is not None]
+
+
+# ---- cell formatting ---------------------------------------------------------------------------------------
+
+def cell(value: object) -> str:
+    """4 significant digits for floats (whole numbers and values ≥ 10⁴ without exponent), integers in full,
+    empty for a missing value (never a fake zero)."""
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, (bool, np.bool_)):
+        return str(bool(value))
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    if isinstance(value, numbers.Real):
+        v = float(value)
+        return f"{v:.0f}" if v.is_integer() or abs(v) >= 1e4 else f"{v:.4g}"
+    return str(value)
