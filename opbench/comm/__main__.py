@@ -126,7 +126,8 @@ def _sweep(args: argparse.Namespace) -> list[int]:
 
 
 def build_cases(args: argparse.Namespace, world_size: int, dtype: str) -> tuple[list[CommCase], list[str]]:
-    """Every case this run times, in order: sweep, explicit sizes, model-derived, then trace-derived."""
+    """Every case this run times, collective by collective; within one: sweep, explicit sizes, model-derived,
+    then trace-derived."""
     cases: list[CommCase] = []
     notes: list[str] = []
     modelled = bool(args.model_config_path or args.model)
@@ -153,6 +154,7 @@ def build_cases(args: argparse.Namespace, world_size: int, dtype: str) -> tuple[
         found, skipped = trace_cases(trace_sizes(list(args.sizes_from_trace)), args.collectives, world_size, label)
         cases += found
         notes += skipped
+    cases.sort(key=lambda c: RUNNABLE.index(c.collective))   # stable: one table (and CSV run) per collective
     return cases, notes
 
 

@@ -188,8 +188,8 @@ class Bench:
                 wrong = self._check(op, ctx, bufs)
         except Exception as exc:  # noqa: BLE001 - a case that fails becomes a row; a broken job stops
             if is_fatal(exc):
-                raise CommFailure(f"rank {self.rank}/{self.world}: {case.collective} at {size} B failed after "
-                                  f"at most --timeout {cfg.timeout_s:g} s: {' '.join(str(exc).split())[:300]} "
+                raise CommFailure(f"rank {self.rank}/{self.world}: {case.collective} at {size} B failed "
+                                  f"(--timeout {cfg.timeout_s:g} s): {' '.join(str(exc).split())[:300]} "
                                   f"(a peer rank probably exited or hung)") from exc
             status, message = classify_failure(exc)
             print(f"[rank {self.rank}] {case.collective} {size} B: {status}: {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,138 @@
+"""Real torchrun jobs with gloo: 2 and 3 ranks, corruption caught by --check, a rank that dies or hangs, and a
+two-node launch on loopback. Sizes, counts and bus-bandwidth factors are checked against nccl-tests' rules
+written out here by hand (not through conventions), so a wrong formula there fails here."""
+
+from __future__ import annotations
+
+import csv
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+QUICK = ["-n", "2", "-w", "1", "--trials", "2"]
+# busbw / algbw (nccl-tests src/*.cu getBw): all_reduce 2(n-1)/n; gathers, scatters, all-to-all (n-1)/n; else 1
+FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+          "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
+          "send_recv": lambda n: 1.0, "broadcast": lambda n: 1.0}
+# per-rank count for a -b size of fp32 on n ranks: size/elt, divided by n where the buffer holds n chunks
+PER_RANK_CHUNKS = {"all_gather", "reduce_scatter", "all_to_all"}
+
+
+def torchrun(nproc: int, *args: str, timeout: float = 240, extra: list[str] | None = None):
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", *(extra or ["--standalone"]),
+           "-m", "opbench.comm", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV, cwd=ROOT)
+
+
+def rows(report: Path, collective: str) -> list[dict[str, str]]:
+    with open(report / f"{collective}_benchmark.csv", newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def expected_count(collective: str, size: int, n: int) -> int:
+    return size // 4 // (n if collective in PER_RANK_CHUNKS else 1)
+
+
+def assert_nccl_tests_numbers(r: dict[str, str], n: int) -> None:
+    coll, size = r["collective"], int(r["size_bytes"])
+    assert r["status"] == "ok", r
+    t = float(r["time_us"]) * 1e-6
+    assert t > 0 and float(r["time_us_max"]) >= float(r["time_us"]) * 0.999
+    assert float(r["time_us_trial_min"]) <= float(r["time_us"]) <= float(r["time_us_trial_max"])
+    assert float(r["algbw_gbs"]) == pytest.approx(size / t / 1e9, rel=1e-3)
+    assert float(r["busbw_gbs"]) == pytest.approx(float(r["algbw_gbs"]) * FACTOR[coll](n), rel=1e-3, abs=1e-9)
+
+
+def test_two_ranks_self_launched(tmp_path):
+    """`opbench comm --nproc-per-node 2` starts torchrun itself; sweep plus model-derived sizes, check on."""
+    out = tmp_path / "r"
+    proc = subprocess.run([sys.executable, "-m", "opbench", "comm", "--nproc-per-node", "2", "-b", "1K", "-e", "4K", "-f", "4", "--check",
+                           "--model", "Mixtral_8x7B", "--seqlen", "4", "--report-dir-path", str(out), *QUICK],
+                          capture_output=True, text=True, timeout=240, env=ENV, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "torch.distributed.run" in proc.stderr and "# Avg bus bandwidth" in proc.stdout
+    for coll in FACTOR:
+        got = rows(out, coll)
+        sweep = [r for r in got if r["source"] == "sweep"]
+        variants = 2 if coll in ("all_gather", "reduce_scatter") else 1
+        assert [int(r["size_bytes"]) for r in sweep] == [1024] * variants + [4096] * variants
+        for r in got:
+            assert (r["world_size"], r["nnodes"], r["nranks"], r["backend"], r["wrong"]) == ("2", "1", "2", "gloo", "0")
+            assert int(r["count"]) == expected_count(coll, int(r["size_bytes"]), 2)
+            assert_nccl_tests_numbers(r, 2)
+    # Mixtral: hidden 4096, top-2, mbs 1, seq 4, fp32 -> TP/SP/PP activations 64 KiB, EP all-to-all 128 KiB
+    (a2a,) = [r for r in rows(out, "all_to_all") if r["source"] != "sweep"]
+    assert a2a["size_bytes"] == str(4 * 2 * 4096 * 4) and "EP all-to-all" in a2a["source"]
+    model_ar = [r for r in rows(out, "all_reduce") if "TP all-reduce" in r["source"]]
+    assert [r["size_bytes"] for r in model_ar] == [str(4 * 4096 * 4)]
+
+
+def test_three_ranks_check_catches_a_corrupted_buffer(tmp_path):
+    """Rank 1 adds 1 to its first send element before each checked call: every collective that carries that
+    element reports exactly the elements it spoils (a broadcast from rank 0 carries none of rank 1's)."""
+    out = tmp_path / "r"
+    proc = torchrun(3, "--sizes", "1000,3K", "--source-label", "fsdp", "--check", "--fault", "corrupt:1",
+                    "--report-dir-path", str(out), *QUICK)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    spoiled = {"all_reduce": 3, "all_gather": 3, "reduce_scatter": 1, "all_to_all": 1, "send_recv": 1, "broadcast": 0}
+    for coll, wrong in spoiled.items():
+        got = rows(out, coll)
+        assert got and all(r["source"] == "fsdp" and r["world_size"] == "3" for r in got)
+        assert {r["wrong"] for r in got} == {str(wrong)}, (coll, got)
+        for r in got:
+            size = expected_count(coll, 1000 if r["size_bytes"] in ("996", "1000") else 3072, 3)
+            assert int(r["count"]) == size
+            assert_nccl_tests_numbers(r, 3)
+    # 1000 B is not a multiple of 3 ranks x 4 B: nccl-tests rounds the count down and prints the real size
+    assert rows(out, "all_gather")[0]["size_bytes"] == "996" and rows(out, "all_reduce")[0]["size_bytes"] == "1000"
+
+
+@pytest.mark.parametrize("kind", ["exit", "hang"])
+def test_dead_or_hung_rank_fails_survivors_cleanly(tmp_path, kind):
+    """A rank that exits (as a lost node) or stalls: the survivor prints one clear error and the job exits
+    non-zero within about --timeout, instead of hanging."""
+    t0 = time.monotonic()
+    proc = torchrun(2, "-b", "1K", "--collectives", "all_reduce", "--timeout", "4", "--fault", f"{kind}:1",
+                    "--report-dir-path", str(tmp_path / "r"), timeout=120)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode != 0
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("opbench comm: error: rank 0/2")]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    assert "all_reduce at 1024 B failed" in errors[0] and "peer rank probably exited or hung" in errors[0]
+    assert "Traceback" not in proc.stderr.split("opbench comm: error")[0][-2000:]
+    assert elapsed < 90
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_on_loopback(tmp_path):
+    """Two torchrun processes with --nnodes 2 on 127.0.0.1: one job of two nodes; only global rank 0 writes."""
+    port = _free_port()
+    procs = []
+    for node in (0, 1):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1", "--nnodes=2",
+               f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "opbench.comm",
+               "-b", "2K", "--collectives", "all_reduce,all_gather", "--check",
+               "--report-dir-path", str(tmp_path / f"node{node}"), *QUICK]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                                      cwd=ROOT))
+    results = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], results[0][1][-2000:] + results[1][1][-2000:]
+    assert not (tmp_path / "node1").exists()
+    for coll in ("all_reduce", "all_gather"):
+        for r in rows(tmp_path / "node0", coll):
+            assert (r["world_size"], r["nnodes"], r["wrong"]) == ("2", "2", "0")
+            assert_nccl_tests_numbers(r, 2)
