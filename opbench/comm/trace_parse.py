@@ -231,9 +231,10 @@ class LogParser:
 
     def calls_from_stream(self, fh: BinaryIO) -> Iterator[CallRecord]:
         tail = b""
+        read = getattr(fh, "read1", fh.read)   # read1: a truncated .gz still yields what precedes the damage
         while True:
             try:
-                chunk = fh.read(BLOCK)
+                chunk = read(BLOCK)
             except (EOFError, OSError, ValueError) as exc:  # truncated or corrupt .gz: keep what was read
                 self.stats.read_errors.append(f"{type(exc).__name__}: {exc}")
                 chunk = b""

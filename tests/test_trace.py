@@ -1,0 +1,324 @@
+"""NCCL/RCCL COLL log parser: every line variant of REFERENCE §5, torn lines, garbage, gz/stdin, summary CSV."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import subprocess
+import sys
+
+import pytest
+
+from opbench.comm import trace, trace_parse
+from opbench.comm.conventions import NCCL_DTYPES
+from opbench.comm.trace import trace_sizes
+from opbench.core.errors import run_cli
+from opbench.comm.trace_parse import LogParser
+from opbench.comm.trace_synth import LineStyle, call_line, init_line
+
+# The figure REFERENCE §6 quotes from a real Llama-3-70B trace at 8 ranks.
+LAYER = 106956800
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run ``opbench trace`` in-process (a subprocess costs seconds of torch import per call)."""
+
+    def call(*argv: str):
+        rc = run_cli(trace.main, list(argv), prog="opbench trace")
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(argv, rc, out, err)
+
+    return call
+
+
+def parse(text: str | bytes) -> tuple[list[trace_parse.CallRecord], trace_parse.ParseStats]:
+    p = LogParser()
+    data = text.encode() if isinstance(text, str) else text
+    return p.parse_bytes(data), p.stats
+
+
+def test_reference_line_all_fields():
+    line = ("node07:52341:52980 [3] NCCL INFO AllGather: opCount c97 sendbuff 0x7f2a3c000000 recvbuff 0x7f2a10000000 "
+            f"count {LAYER} datatype 9 op 0 root 0 comm 0x55f1e8d0a2b0 [nranks=8] stream 0x55f1e8a91c40")
+    [rec], stats = parse(line + "\n")
+    assert (rec.op, rec.opcount, rec.count, rec.datatype, rec.dtype) == ("AllGather", 0xC97, LAYER, 9, "bfloat16")
+    assert (rec.host, rec.pid, rec.tid, rec.device) == ("node07", 52341, 52980, 3)
+    assert (rec.comm, rec.nranks, rec.stream) == ("0x55f1e8d0a2b0", 8, "0x55f1e8a91c40")
+    assert rec.collective == "all_gather" and rec.redop is None and rec.bytes == LAYER * 2
+    assert (rec.task, rec.globalrank, rec.acc) == (None, None, None)
+    assert stats.lines == 1 and stats.calls == 1 and stats.skipped == 0
+
+
+@pytest.mark.parametrize("prefix", ["", "[0] ", " 0: ", "[1,0]<stdout>:", "(RayTrainWorker pid=8812, ip=10.1.2.3) ",
+                                    "2024-05-01T12:00:00.123456Z ", "2024-05-01 12:00:00,123 INFO ",
+                                    "worker-3  | ", "[pod/train-0/main] "])
+@pytest.mark.parametrize("era", ["nccl", "nccl226_ts", "rccl_old_us", "rccl218_task", "rccl227_acc", "rccl227_nil"])
+def test_prefix_and_era_variants(prefix, era):
+    style = {
+        "nccl": LineStyle(),
+        "nccl226_ts": LineStyle(nccl_ts="[2025-03-04 05:06:07] "),
+        "rccl_old_us": LineStyle(rccl_us="1712345678.901234"),
+        "rccl218_task": LineStyle(rccl_task=(2, 13)),
+        "rccl227_acc": LineStyle(rccl_acc="0x7f00aa000000", rccl_task=(0, 5)),
+        "rccl227_nil": LineStyle(rccl_acc="(nil)", rccl_task=(1, 6)),
+    }[era]
+    style.prefix = prefix
+    line = call_line("ReduceScatter", 0x1F, 4096, 7, redop=4, host="mi300x-12", pid=77, tid=78, device=5,
+                     nranks=16, style=style)
+    recs, stats = parse(f"unrelated output\n{line}\n")
+    assert len(recs) == 1, line
+    r = recs[0]
+    assert (r.op, r.opcount, r.count, r.datatype, r.redop, r.nranks) == ("ReduceScatter", 0x1F, 4096, 7, "avg", 16)
+    assert (r.host, r.pid, r.tid, r.device) == ("mi300x-12", 77, 78, 5)
+    if style.rccl_task:
+        assert (r.task, r.globalrank) == style.rccl_task
+    if style.rccl_acc:
+        assert r.acc == style.rccl_acc
+    assert stats.skipped == 1 and stats.fragments == 0
+
+
+@pytest.mark.parametrize("op,collective", [("AllReduce", "all_reduce"), ("AllGather", "all_gather"),
+                                           ("ReduceScatter", "reduce_scatter"), ("Broadcast", "broadcast"),
+                                           ("Reduce", "reduce"), ("Send", "send_recv"), ("Recv", "send_recv"),
+                                           ("AlltoAll", "all_to_all"), ("AllToAllPivot", "all_to_all"),
+                                           ("Gather", None), ("Scatter", None)])
+def test_op_names(op, collective):
+    [r], _ = parse(call_line(op, 1, 100, 7, root=3))
+    assert r.op == op and r.collective == collective
+    if op in ("Send", "Recv"):
+        assert r.peer == 3 and r.root_rank is None
+    elif op in ("Broadcast", "Reduce", "Gather", "Scatter"):
+        assert r.root_rank == 3 and r.peer is None
+
+
+@pytest.mark.parametrize("enum", sorted(NCCL_DTYPES))
+def test_every_datatype(enum):
+    [r], _ = parse(call_line("AllReduce", 1, 10, enum))
+    assert r.dtype == NCCL_DTYPES[enum].name and r.bytes == 10 * NCCL_DTYPES[enum].size
+
+
+@pytest.mark.parametrize("op_enum,name", [(0, "sum"), (1, "prod"), (2, "max"), (3, "min"), (4, "avg"),
+                                          (5, "premulsum"), (9, "premulsum")])
+def test_redops(op_enum, name):
+    [r], _ = parse(call_line("AllReduce", 1, 10, 7, redop=op_enum))
+    assert r.redop == name
+
+
+def test_unknown_datatype_has_no_fake_bytes():
+    [r], _ = parse(call_line("AllReduce", 1, 10, 42))
+    assert r.dtype == "dtype42" and r.bytes is None
+
+
+def test_torn_line_recovers_complete_call_and_its_host():
+    a = call_line("AllGather", 5, LAYER, 9, host="dgx-a", pid=1, tid=2, device=0)
+    b = call_line("AllGather", 5, LAYER, 9, host="dgx-b", pid=3, tid=4, device=1)
+    clean_b = call_line("AllReduce", 6, 8, 7, host="dgx-b", pid=3, tid=4, device=1)
+    torn = a[:60] + b                  # rank 0's line interrupted by rank 1's complete line
+    recs, stats = parse("\n".join([clean_b, torn, a[60:]]) + "\n")
+    assert [r.op for r in recs] == ["AllReduce", "AllGather"]
+    got = recs[1]
+    assert (got.host, got.pid, got.tid, got.device, got.count) == ("dgx-b", 3, 4, 1, LAYER)
+    assert stats.fragments == 1          # the interrupted call
+    assert stats.skipped == 1            # the tail of the interrupted line
+    assert stats.call_lines == 2
+
+
+def test_two_complete_calls_on_one_line_and_a_call_without_prefix():
+    a = call_line("AllReduce", 1, 8, 7, host="h1", pid=1, tid=1, device=0)
+    b = call_line("AllReduce", 1, 8, 7, host="h1", pid=2, tid=2, device=1)
+    bare = call_line("Broadcast", 2, 64, 0, root=1).split("NCCL INFO ", 1)[1]
+    recs, stats = parse(f"{a}{b}\n{bare}\n")
+    assert [(r.pid, r.device) for r in recs[:2]] == [(1, 0), (2, 1)]
+    assert recs[2].op == "Broadcast" and recs[2].host is None and recs[2].pid is None
+    assert stats.calls == 3 and stats.call_lines == 2
+
+
+def test_binary_garbage_and_truncated_lines_are_skipped_not_fatal():
+    good = call_line("AllReduce", 1, 8, 7).encode()
+    junk = bytes(b for b in range(256) if b != 10)
+    data = b"\x00\xff\xfe\x80garbage\n" + good[:50] + b"\n" + good + b"\n" + junk + b"\n" + good[:-30]
+    recs, stats = parse(data)
+    assert len(recs) == 1
+    assert stats.lines == 5 and stats.call_lines == 1 and stats.skipped == 4
+    assert stats.fragments == 2          # both truncated calls ('…opCount ' and '…[n') are counted
+
+
+def test_overlong_garbage_line_keeps_memory_bounded(monkeypatch):
+    monkeypatch.setattr(trace_parse, "MAX_LINE", 1000)
+    monkeypatch.setattr(trace_parse, "BLOCK", 256)
+    good = call_line("AllReduce", 1, 8, 7).encode()
+    data = b"x" * 5000 + b"\n" + good + b"\n" + b"y" * 3000
+    recs, stats = parse(data)
+    assert len(recs) == 1 and stats.cut_lines >= 2
+
+
+def test_block_boundaries_do_not_change_results(monkeypatch):
+    lines = [call_line("AllGather", i, 1000 + i, 9, device=i % 8, pid=100 + i % 8, tid=i,
+                       style=LineStyle(prefix=f"[{i % 8}] ")) for i in range(200)]
+    text = ("\n".join(lines) + "\n").encode()
+    expected, _ = parse(text)
+    monkeypatch.setattr(trace_parse, "BLOCK", 97)
+    got, stats = parse(text)
+    assert got == expected and len(got) == 200 and stats.lines == 200
+
+
+def test_gzip_and_plain_files_give_the_same_sizes(tmp_path):
+    text = "\n".join(call_line("AllGather", i, LAYER, 9, device=d, pid=10 + d) for i in range(3) for d in range(8))
+    plain = tmp_path / "job.log"
+    plain.write_text(text + "\n")
+    gz = tmp_path / "job.log.gz"
+    gz.write_bytes(gzip.compress(plain.read_bytes()))
+    assert trace_sizes([str(plain)]) == trace_sizes([str(gz)])
+    [size] = trace_sizes([str(gz)])
+    assert (size.collective, size.count, size.dtype_enum, size.nranks, size.redop, size.calls) == \
+        ("all_gather", LAYER, 9, 8, None, 24)
+
+
+def test_truncated_gzip_keeps_what_was_read(tmp_path):
+    text = "\n".join(call_line("AllReduce", i, 8, 7) for i in range(2000)) + "\n"
+    gz = tmp_path / "cut.log.gz"
+    gz.write_bytes(gzip.compress(text.encode())[:-200])
+    p = LogParser()
+    recs = list(p.calls(str(gz)))
+    assert 0 < len(recs) < 2000 and p.stats.read_errors
+
+
+# -- all-to-all from grouped Send/Recv ---------------------------------------------------------------------
+def _p2p_group(nranks: int, me: int, opcount: int, counts: list[int], include_self: bool = True) -> list[str]:
+    lines = []
+    for peer in range(nranks):
+        if peer == me and not include_self:
+            continue
+        for op in ("Send", "Recv"):
+            lines.append(call_line(op, opcount, counts[peer], 9, root=peer, pid=100 + me, device=me,
+                                   comm=f"0xc{me}", nranks=nranks))
+    return lines
+
+
+def test_grouped_send_recv_becomes_alltoall(tmp_path):
+    lines = []
+    for oc in (7, 8):                               # two all_to_all_single calls, 4 ranks, interleaved by rank
+        groups = [_p2p_group(4, me, oc, [1024] * 4) for me in range(4)]
+        for i in range(len(groups[0])):
+            lines += [g[i] for g in groups]
+    lines += _p2p_group(4, 0, 9, [10, 20, 30, 40])  # uneven: MoE dispatch
+    lines += _p2p_group(4, 1, 10, [5] * 4, include_self=False)  # nranks>=3 without self
+    lines += [call_line("Send", 11, 99, 9, root=1, pid=100, device=0, comm="0xc0", nranks=4),   # PP pair
+              call_line("Recv", 11, 99, 9, root=3, pid=100, device=0, comm="0xc0", nranks=4)]
+    log = tmp_path / "a2a.log"
+    log.write_text("\n".join(lines) + "\n")
+    sizes = {(s.collective, s.count): s.calls for s in trace_sizes([str(log)])}
+    assert sizes[("all_to_all", 1024)] == 8         # 2 calls x 4 ranks
+    assert sizes[("all_to_all", 25)] == 1           # AlltoAllv: ceil(100 / 4)
+    assert sizes[("all_to_all", 5)] == 1
+    assert sizes[("send_recv", 99)] == 2
+
+
+def test_raw_p2p_keeps_send_recv(tmp_path, cli):
+    log = tmp_path / "a2a.log"
+    log.write_text("\n".join(_p2p_group(2, 0, 1, [64, 64])) + "\n")
+    out = tmp_path / "s.csv"
+    res = cli(str(log), "--raw-p2p", "--csv", str(out))
+    assert res.returncode == 0, res.stderr
+    rows = list(csv.DictReader(out.open()))
+    assert sorted((r["op"], r["calls"]) for r in rows) == [("Recv", "2"), ("Send", "2")]
+    assert all(r["nccl_tests_bytes"] == "128" for r in rows)       # sendrecv -b = count x elt
+
+
+# -- CLI: summary CSV, commands, breakdowns ------------------------------------------------------------------
+def _job_log(tmp_path, rccl: bool = False):
+    lines = []
+    for d in range(8):
+        lines.append(init_line(d, 8, pid=500 + d, device=d, comm=f"0xa{d}"))
+    for oc in range(3):
+        for d in range(8):
+            st = LineStyle(prefix=f"[{d}] ", rccl_task=(0, d) if rccl else None)
+            kw = dict(pid=500 + d, device=d, comm=f"0xa{d}", style=st)
+            lines.append(call_line("AllGather", 3 * oc, LAYER, 9, **kw))
+            lines.append(call_line("ReduceScatter", 3 * oc + 1, LAYER, 7, redop=4, **kw))
+            lines.append(call_line("AllReduce", 3 * oc + 2, 1, 7, redop=2, **kw))
+            lines.append(f"[{d}] iteration {oc} loss 2.1")
+    log = tmp_path / ("rccl.log" if rccl else "job.log")
+    log.write_text("\n".join(lines) + "\n")
+    return log
+
+
+def test_summary_csv_contract(tmp_path, cli):
+    log = _job_log(tmp_path)
+    out = tmp_path / "sizes.csv"
+    res = cli(str(log), "--csv", str(out), "--per-rank", "--per-comm")
+    assert res.returncode == 0, res.stderr
+    rows = {r["op"]: r for r in csv.DictReader(out.open())}
+    for col in ("op", "count", "datatype", "dtype", "redop", "nranks", "calls", "bytes", "nccl_tests_bytes"):
+        assert col in rows["AllGather"]
+    ag, rs, ar = rows["AllGather"], rows["ReduceScatter"], rows["AllReduce"]
+    assert (ag["count"], ag["datatype"], ag["dtype"], ag["redop"], ag["nranks"], ag["calls"]) == \
+        (str(LAYER), "9", "bfloat16", "", "8", "24")
+    assert int(ag["bytes"]) == LAYER * 2 and int(ag["nccl_tests_bytes"]) == LAYER * 2 * 8
+    assert int(rs["bytes"]) == LAYER * 4 and int(rs["nccl_tests_bytes"]) == LAYER * 4 * 8 and rs["redop"] == "avg"
+    assert int(ar["nccl_tests_bytes"]) == 4 and ar["redop"] == "max"
+    # console: top ops by total bytes, ReduceScatter (fp32) first
+    table = res.stdout.split("top operations by total bytes")[1]
+    assert table.index("ReduceScatter") < table.index("AllGather") < table.index("AllReduce")
+    per_rank = list(csv.DictReader((tmp_path / "sizes_per_rank.csv").open()))
+    assert sorted({r["rank"] for r in per_rank}) == [str(i) for i in range(8)]      # from Init COMPLETE
+    assert {r["calls"] for r in per_rank} == {"3"}
+    [comm] = list(csv.DictReader((tmp_path / "sizes_per_comm.csv").open()))
+    assert (comm["commid"], comm["ranks_logged"], comm["calls"]) == ("0x7c1f3e5a9b2d4c61", "8", "72")
+
+
+def test_commands_nccl_and_rccl(tmp_path, cli):
+    res = cli(str(_job_log(tmp_path)), "--commands")
+    assert res.returncode == 0, res.stderr
+    cmds = [line for line in res.stdout.splitlines() if line.startswith("./build/")]
+    assert f"./build/all_gather_perf -b {LAYER * 2 * 8} -e {LAYER * 2 * 8} -d bfloat16 -n 20 -w 5 -g 8" in cmds
+    assert any(c.startswith(f"./build/reduce_scatter_perf -b {LAYER * 4 * 8} ") and "-d float -o avg" in c
+               for c in cmds)
+    assert any(c.startswith("./build/all_reduce_perf -b 4 ") and "-o max" in c for c in cmds)
+    res = cli(str(_job_log(tmp_path, rccl=True)), "--commands", "--gpus-per-node", "4")
+    cmds = [line for line in res.stdout.splitlines() if "_perf" in line and not line.startswith("#")]
+    assert "rccl-tests commands" in res.stdout
+    assert all(c.startswith("mpirun -np 8 -H node0:4,node1:4 ") and c.endswith("-g 1") for c in cmds), cmds
+
+
+def test_fp8_rccl_name_and_premulsum_flag(tmp_path, cli):
+    log = tmp_path / "fp8.log"
+    log.write_text(call_line("AllReduce", 1, 1024, 10, redop=5, style=LineStyle(rccl_task=(0, 0))) + "\n")
+    res = cli(str(log), "--commands")
+    assert "-d fp8_e4m3 -o mulsum" in res.stdout, res.stdout
+
+
+def test_stdin_input(run, tmp_path):
+    text = call_line("AllReduce", 1, 256, 7) + "\n"
+    res = subprocess.run([sys.executable, "-m", "opbench.comm.trace", "-"], input=text, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0 and "AllReduce" in res.stdout, res.stderr
+
+
+def test_missing_file_is_usage_error(run, tmp_path):
+    res = run("opbench.comm.trace", str(tmp_path / "nope.log"))
+    assert res.returncode == 2
+    assert "nope.log" in res.stderr and "Traceback" not in res.stderr
+    res = run("opbench", "trace", str(tmp_path))           # a directory, via the opbench dispatcher
+    assert res.returncode == 2 and "directory" in res.stderr
+
+
+def test_log_without_calls_exits_1(cli, tmp_path):
+    log = tmp_path / "empty.log"
+    log.write_text("hello\nNCCL INFO Bootstrap : Using eth0\n")
+    res = cli(str(log))
+    assert res.returncode == 1 and "NCCL_DEBUG_SUBSYS=COLL" in res.stderr
+
+
+def test_replay_dry_run_builds_torchrun_command(cli, tmp_path, monkeypatch):
+    log = _job_log(tmp_path)
+    res = cli(str(log), "--replay", "--dry-run", "--replay-arg=--quick")
+    assert res.returncode == 0, res.stderr
+    line = next(ln for ln in res.stdout.splitlines() if ln.startswith("replay: "))
+    assert line == f"replay: torchrun --standalone --nproc-per-node=8 -m opbench.comm --sizes-from-trace {log} --quick"
+    fake_stdin = io.TextIOWrapper(io.BytesIO(("x\n" + call_line("AllReduce", 1, 8, 7) + "\n").encode()))
+    monkeypatch.setattr(sys, "stdin", fake_stdin)
+    res = cli("-", "--replay")
+    assert res.returncode == 2 and "stdin" in res.stderr
