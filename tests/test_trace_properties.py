@@ -1,0 +1,85 @@
+"""Property tests: the log parser never raises, and what it reads back is what was written."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from opbench.comm import trace_parse
+from opbench.comm.trace_parse import LogParser
+from opbench.comm.trace_synth import LineStyle, call_line
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FEW = settings(SETTINGS, max_examples=50)   # the slow-to-generate ones (keeps this file well under a minute)
+OPS = ["AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce", "Send", "Recv", "AlltoAll", "Gather",
+       "Scatter", "AllToAllPivot"]
+PREFIXES = ["", "[0] ", " 3: ", "[1,0]<stdout>:", "(RayTrainWorker pid=1, ip=10.0.0.2) ", "2024-05-01T12:00:00Z ",
+            "[2025-01-02 03:04:05] "]
+hosts = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-.", min_size=1, max_size=20).filter(
+    lambda h: h[0].isalpha())
+hexptr = st.integers(min_value=1, max_value=2**48).map(lambda v: f"0x{v:x}")
+
+
+@st.composite
+def calls(draw):
+    style = LineStyle(prefix=draw(st.sampled_from(PREFIXES)),
+                      nccl_ts=draw(st.sampled_from([None, "[2025-06-07 08:09:10] "])),
+                      rccl_us=draw(st.sampled_from([None, "1712345678.123456"])),
+                      rccl_acc=draw(st.sampled_from([None, "(nil)", "0x7f0011223344"])),
+                      rccl_task=draw(st.one_of(st.none(), st.tuples(st.integers(0, 99), st.integers(0, 4095)))))
+    kw = dict(op=draw(st.sampled_from(OPS)), opcount=draw(st.integers(0, 2**40)), count=draw(st.integers(0, 2**40)),
+              datatype=draw(st.integers(0, 11)), redop=draw(st.integers(0, 9)), root=draw(st.integers(-1, 4095)),
+              host=draw(hosts), pid=draw(st.integers(1, 2**22)), tid=draw(st.integers(1, 2**22)),
+              device=draw(st.integers(0, 15)), comm=draw(hexptr), nranks=draw(st.integers(1, 65536)),
+              stream=draw(st.one_of(hexptr, st.just("(nil)"))))
+    return kw, style
+
+
+@SETTINGS
+@given(st.binary(max_size=4000))
+def test_arbitrary_bytes_never_raise(data):
+    p = LogParser()
+    recs = p.parse_bytes(data)
+    s = p.stats
+    assert s.lines == data.count(b"\n") + (0 if data.endswith(b"\n") or not data else 1)
+    assert 0 <= s.call_lines <= s.lines and s.calls == len(recs) >= s.call_lines and s.skipped >= 0
+
+
+@FEW
+@given(st.lists(st.one_of(st.text(max_size=80), st.sampled_from(["opCount ", "NCCL INFO ", "count 12 ", ": ", "\n",
+                                                                 "[nranks=8] stream 0x1", "Init COMPLETE", "comm "])),
+                max_size=60), calls())
+def test_text_with_call_fragments_never_raises(pieces, call):
+    kw, style = call
+    line = call_line(**kw, style=style)
+    cut = len(line) // 2
+    text = "".join(pieces) + line[:cut] + "\n" + "".join(reversed(pieces)) + line[cut:]
+    p = LogParser()
+    p.parse_bytes(text.encode("utf-8", "surrogatepass"))
+    assert p.stats.lines >= 1
+
+
+@SETTINGS
+@given(calls(), st.sampled_from(["", "training step 3 loss 2.0\n"]))
+def test_round_trip(call, noise):
+    kw, style = call
+    [r] = LogParser().parse_bytes((noise + call_line(**kw, style=style) + "\n").encode())
+    assert (r.op, r.opcount, r.count, r.datatype, r.op_enum, r.root, r.comm, r.nranks, r.stream) == \
+        (kw["op"], kw["opcount"], kw["count"], kw["datatype"], kw["redop"], kw["root"], kw["comm"], kw["nranks"],
+         kw["stream"])
+    assert (r.host, r.pid, r.tid, r.device) == (kw["host"], kw["pid"], kw["tid"], kw["device"])
+    assert (r.task, r.globalrank) == (style.rccl_task or (None, None))
+    assert r.acc == style.rccl_acc
+
+
+@FEW
+@given(st.lists(calls(), min_size=1, max_size=30), st.integers(min_value=16, max_value=700))
+def test_block_size_does_not_matter(many, block):
+    text = "".join(call_line(**kw, style=style) + "\nnoise\n" for kw, style in many).encode()
+    expected = LogParser().parse_bytes(text)
+    with mock.patch.object(trace_parse, "BLOCK", block), mock.patch.object(trace_parse, "MAX_LINE", 4096):
+        p = LogParser()
+        got = p.parse_bytes(text)
+    assert got == expected and len(got) == len(many) and p.stats.lines == 2 * len(many)
