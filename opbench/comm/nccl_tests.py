@@ -195,9 +195,9 @@ class OutputParser:
 
     def _start_row(self, tokens: list[str], s: int, interrupted: bool) -> None:
         lay = self.layout
-        row: dict[str, Any] = {"collective": self.collective, "size_bytes": int(tokens[s]), "count": int(tokens[s + 1]),
-                               "type": tokens[s + 2], "redop": None, "root": None, "nranks": self.nranks or None,
-                               "wrong_kind": lay.wrong_kind, "source": self.source}
+        row: dict[str, Any] = dict.fromkeys(COLUMNS)      # a block that was not run stays empty, never 0
+        row.update(collective=self.collective, size_bytes=int(tokens[s]), count=int(tokens[s + 1]), type=tokens[s + 2],
+                   nranks=self.nranks or None, wrong_kind=lay.wrong_kind, source=self.source)
         i = s + 3
         for name in lay.lead[3:]:
             if i >= len(tokens):
