@@ -268,3 +268,10 @@ def test_stdin(tmp_path):
     res = subprocess.run([sys.executable, "-m", "opbench.comm.nccl_tests", "-"], input=text, capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 0 and "float" in res.stdout, res.stderr
+
+
+def test_row_with_trailing_comment():
+    lines = v213_header() + [v213_preamble(8, 2, "float", "sum", -1) + v213_body(5, 0.1, 0.2, 0)
+                             + v213_body(6, 0.1, 0.2, 0) + "   # trace:job.log nranks=2"]
+    [r] = parse_lines(lines)
+    assert (r["oop_time_us"], r["ip_time_us"]) == (5.0, 6.0)

@@ -322,3 +322,54 @@ def test_replay_dry_run_builds_torchrun_command(cli, tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "stdin", fake_stdin)
     res = cli("-", "--replay")
     assert res.returncode == 2 and "stdin" in res.stderr
+
+
+def test_compare_fsdp_matches_reference_llama3_70b_layer_count(cli, tmp_path):
+    """REFERENCE §6: a real Llama-3-70B NCCL trace at 8 ranks shows layer count 106956800. Two steps of a log
+    with that layer count (and a root count the model does not predict) against the FSDP2 model."""
+    import itertools
+
+    from opbench.comm.trace_synth import fsdp_job_lines
+
+    per_step = 8 * (1 + 80 + 160 + 2)
+    lines = itertools.islice(fsdp_job_lines(nranks=8, layers=80, layer_count=LAYER, root_count=131334144,
+                                            torn_every=0, noise_every=0), 2 * per_step)
+    log = tmp_path / "llama70b.log"
+    log.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "s.csv"
+    res = cli(str(log), "--compare-fsdp", "Llama3.1_70B", "--csv", str(out))
+    assert res.returncode == 0, res.stderr
+    assert "param bf16, reduce fp32" in res.stdout and "160 of 162 predicted" in res.stdout
+    rows = list(csv.DictReader((tmp_path / "s_fsdp.csv").open()))
+    layers = [r for r in rows if r["unit"].startswith("layers.")]
+    assert len(layers) == 160 and all(r["matched"] == "True" and r["count"] == str(LAYER) for r in layers)
+    assert {r["steps_in_log"] for r in layers} == {"2"}
+    assert [r["matched"] for r in rows if r["unit"] == "root"] == ["False", "False"]
+    assert "log sizes the model does not predict (2)" in res.stdout
+
+
+def test_compare_fsdp_unknown_model_is_usage_error(cli, tmp_path):
+    res = cli(str(_job_log(tmp_path)), "--compare-fsdp", "NoSuchModel")
+    assert res.returncode == 2 and "NoSuchModel" in res.stderr
+
+
+@pytest.mark.slow
+def test_replay_runs_the_torchrun_comm_benchmark(tmp_path):
+    """--replay for real: torchrun with 2 gloo ranks times the logged sizes via opbench.comm."""
+    lines = []
+    for oc in range(2):
+        for d in range(2):
+            kw = dict(pid=100 + d, device=d, comm=f"0xa{d}", nranks=2)
+            lines += [call_line("AllGather", oc, 4096, 7, **kw), call_line("AllReduce", oc, 1024, 7, **kw)]
+    log = tmp_path / "job.log"
+    log.write_text("\n".join(lines) + "\n")
+    rep = tmp_path / "rep"
+    res = subprocess.run([sys.executable, "-m", "opbench.comm.trace", str(log), "--replay",
+                          f"--replay-arg=--report-dir-path={rep}", "--replay-arg=--iters=2", "--replay-arg=--trials=1"],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    ag = list(csv.DictReader((rep / "all_gather_benchmark.csv").open()))
+    ar = list(csv.DictReader((rep / "all_reduce_benchmark.csv").open()))
+    assert ag and ar
+    # the logged per-rank counts come back as nccl-tests sizes: AllGather 4096 fp32 x 2 ranks, AllReduce 1024 fp32
+    assert {int(r["size_bytes"]) for r in ag} == {4096 * 4 * 2} and {int(r["size_bytes"]) for r in ar} == {4096}

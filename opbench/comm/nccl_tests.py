@@ -143,8 +143,11 @@ class OutputParser:
         interrupted = cut is not None
         data = line[: cut.start()] if cut else line
         if "#" in data:
-            yield from self._comment(data[data.index("#") + 1:])
-            return
+            before, _, after = data.partition("#")
+            if self._row_start(before.split()) is None:
+                yield from self._comment(after)
+                return
+            data = before                              # a row with a trailing "# note"
         tokens = data.split()
         if not tokens:
             return

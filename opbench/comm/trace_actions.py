@@ -178,10 +178,8 @@ def benchmark_commands(rows: list[dict[str, Any]], flav: str, launcher: str, gpu
 # -- replay -------------------------------------------------------------------------------------------------
 def replay_command(logs: Sequence[str], nproc: int, extra: Sequence[str]) -> list[str]:
     """torchrun line that times the log's sizes with the comm benchmark (opbench.comm --sizes-from-trace)."""
-    cmd = ["torchrun", "--standalone", f"--nproc-per-node={nproc}", "-m", "opbench.comm"]
-    for log in logs:
-        cmd += ["--sizes-from-trace", log]
-    return cmd + list(extra)
+    return ["torchrun", "--standalone", f"--nproc-per-node={nproc}", "-m", "opbench.comm",
+            "--sizes-from-trace", ",".join(logs), *extra]
 
 
 def replay(logs: Sequence[str], rows: list[dict[str, Any]], nproc: int | None, extra: Sequence[str],
@@ -214,14 +212,15 @@ def _dominant(rows: list[dict[str, Any]], op: str, key: str) -> Any:
 def compare_fsdp(args: argparse.Namespace, rows: list[dict[str, Any]], meta: dict[str, Any]) -> list[dict[str, Any]]:
     """Match the log's AllGather/ReduceScatter counts against fsdp_collectives() for the same world size."""
     from ..fsdp_model.model import FSDP_DTYPES, fsdp_collectives
-    from ..models import load_model_configs
+    from ..models import load_model_configs, select_models
     from .conventions import DTYPE_ENUM_BY_NAME
 
     cfg_arg = args.compare_fsdp
     if os.path.exists(cfg_arg):
-        configs = load_model_configs(cfg_arg, args.model)
-    else:
-        configs = load_model_configs(None, args.model or cfg_arg)
+        configs = load_model_configs(cfg_arg)
+        configs = select_models(configs, args.model) if args.model else configs
+    else:                                             # a built-in model name
+        configs = select_models(load_model_configs(), cfg_arg)
     if len(configs) != 1:
         raise UsageError(f"holds {len(configs)} models; pick one with --model", source=cfg_arg, field="--model")
     cfg = configs[0]
