@@ -21,8 +21,10 @@ from opbench.models.params import parameter_shapes, units  # noqa: E402
 
 _DENSE = dict(hidden_size=35, intermediate_size=37, num_attention_heads=5, num_key_value_heads=1, head_dim=6,
               vocab_size=67, num_hidden_layers=2)
-_MLA = dict(kv_lora_rank=13, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5, n_routed_experts=3,
-            num_experts_per_tok=2, moe_intermediate_size=11, first_k_dense_replace=1, n_group=1, topk_group=1)
+_MLA = dict({k: v for k, v in _DENSE.items() if k != "head_dim"},  # MLA: head dims are its own, kv heads = heads
+            num_key_value_heads=5, kv_lora_rank=13, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5,
+            n_routed_experts=3, num_experts_per_tok=2, moe_intermediate_size=11, first_k_dense_replace=1, n_group=1,
+            topk_group=1)
 
 # name -> (model_type, HF config kwargs). Dense and MoE, tied and untied, with and without biases.
 SMALL_HF_CONFIGS: dict[str, tuple[str, dict]] = {
@@ -36,8 +38,8 @@ SMALL_HF_CONFIGS: dict[str, tuple[str, dict]] = {
     "qwen3_tied": ("qwen3", dict(_DENSE, tie_word_embeddings=True)),
     "qwen3_moe": ("qwen3_moe", dict(_DENSE, num_experts=3, num_experts_per_tok=2, moe_intermediate_size=11,
                                     mlp_only_layers=[0])),
-    "deepseek_v2": ("deepseek_v2", dict(_DENSE, **_MLA, q_lora_rank=None, n_shared_experts=2)),
-    "deepseek_v3": ("deepseek_v3", dict(_DENSE, **_MLA, q_lora_rank=17, n_shared_experts=1)),
+    "deepseek_v2": ("deepseek_v2", dict(_MLA, q_lora_rank=None, n_shared_experts=2)),
+    "deepseek_v3": ("deepseek_v3", dict(_MLA, q_lora_rank=17, n_shared_experts=1)),
 }
 
 
