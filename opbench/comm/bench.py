@@ -150,7 +150,7 @@ class Bench:
         f = self.cfg.fault
         if f and f.kind == "corrupt" and f.rank == self.rank:
             corrupt(bufs)
-        op.run(ctx, bufs)
+        op.bind(ctx, bufs)()
         synchronize(self.device)
         return count_wrong(op, ctx, bufs)
 
@@ -181,7 +181,7 @@ class Bench:
                 raise Unsupported(f"ping-pong pairs ranks; a group of {nranks} is odd")
             bufs = op.alloc(ctx, inplace)
             self._fire_fault()
-            times = self._time(lambda: op.run(ctx, bufs))
+            times = self._time(op.bind(ctx, bufs))
             if pattern == "pingpong":            # one iteration is a round trip; report one way (osu_latency)
                 times = [t / 2 for t in times]
             if cfg.check:

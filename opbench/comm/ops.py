@@ -14,6 +14,7 @@ Check values are small integers, exact in every dtype down to fp8, so a check co
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable
 
 import torch
@@ -54,7 +55,7 @@ class CommOp:
     variants: tuple[bool, ...]                          # in-place flags the torch API allows
     reduces: bool
     alloc: Callable[[Ctx, bool], Buffers]
-    run: Callable[[Ctx, Buffers], None]
+    bind: Callable[[Ctx, Buffers], Callable[[], Any]]   # -> the call, ready to repeat
     expected: Callable[[Ctx, torch.Tensor], torch.Tensor]  # recv element index -> value (float32)
 
 
@@ -133,12 +134,12 @@ def _pair(ctx: Ctx, numel: int) -> Buffers:
 
 
 # torch 2.13 names first; the *_tensor names are what older clusters' torch has.
-def _all_gather(out: torch.Tensor, inp: torch.Tensor, group: Any) -> None:
-    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, inp, group=group)
+def _all_gather_fn() -> Callable[..., Any]:
+    return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-def _reduce_scatter(out: torch.Tensor, inp: torch.Tensor, op: dist.ReduceOp, group: Any) -> None:
-    (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(out, inp, op=op, group=group)
+def _reduce_scatter_fn() -> Callable[..., Any]:
+    return getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def sendrecv_peers(ctx: Ctx) -> tuple[int, int]:
@@ -148,36 +149,45 @@ def sendrecv_peers(ctx: Ctx) -> tuple[int, int]:
     return (ctx.rank + 1) % ctx.n, (ctx.rank - 1) % ctx.n
 
 
-def _send_recv(ctx: Ctx, b: Buffers) -> None:
+def _bind_send_recv(ctx: Ctx, b: Buffers) -> Callable[[], None]:
     to, frm = sendrecv_peers(ctx)
     if ctx.pattern == "pingpong":     # even ranks serve, odd ranks return: one iteration is one round trip
-        steps = [(dist.send, b.send), (dist.recv, b.recv)]
-        for fn, tensor in (steps if ctx.rank % 2 == 0 else steps[::-1]):
-            fn(tensor, ctx.ranks[to], group=ctx.group)
-        return
+        steps = [partial(dist.send, b.send, ctx.ranks[to], group=ctx.group),
+                 partial(dist.recv, b.recv, ctx.ranks[frm], group=ctx.group)]
+        first, second = steps if ctx.rank % 2 == 0 else steps[::-1]
+
+        def pingpong() -> None:
+            first()
+            second()
+        return pingpong
     ops = [dist.P2POp(dist.isend, b.send, ctx.ranks[to], ctx.group),
            dist.P2POp(dist.irecv, b.recv, ctx.ranks[frm], ctx.group)]
-    for work in dist.batch_isend_irecv(ops):
-        work.wait()
+
+    def ring() -> None:
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+    return ring
 
 
+# ``bind`` returns the call itself (a functools.partial straight into torch.distributed where possible), so
+# the timed loop adds no Python layers of its own between iterations.
 OPS: dict[str, CommOp] = {op.name: op for op in (
     CommOp("all_reduce", (True,), True, _single,
-           lambda c, b: dist.all_reduce(b.recv, op=reduce_op(c.redop), group=c.group),
+           lambda c, b: partial(dist.all_reduce, b.recv, op=reduce_op(c.redop), group=c.group),
            reduce_expected),
     CommOp("all_gather", (False, True), False, _gather_buffers,
-           lambda c, b: _all_gather(b.recv, b.send, c.group),
+           lambda c, b: partial(_all_gather_fn(), b.recv, b.send, group=c.group),
            lambda c, i: tagged(c, i // c.count, i % c.count)),
     CommOp("reduce_scatter", (False, True), True, _scatter_buffers,
-           lambda c, b: _reduce_scatter(b.recv, b.send, reduce_op(c.redop), c.group),
+           lambda c, b: partial(_reduce_scatter_fn(), b.recv, b.send, op=reduce_op(c.redop), group=c.group),
            lambda c, i: reduce_expected(c, c.rank * c.count + i)),
     CommOp("all_to_all", (False,), False, lambda c, ip: _pair(c, c.n * c.count),
-           lambda c, b: dist.all_to_all_single(b.recv, b.send, group=c.group),
+           lambda c, b: partial(dist.all_to_all_single, b.recv, b.send, group=c.group),
            lambda c, i: tagged(c, i // c.count, c.rank * c.count + i % c.count)),
-    CommOp("send_recv", (False,), False, lambda c, ip: _pair(c, c.count), _send_recv,
+    CommOp("send_recv", (False,), False, lambda c, ip: _pair(c, c.count), _bind_send_recv,
            lambda c, i: tagged(c, sendrecv_peers(c)[1], i)),
     CommOp("broadcast", (True,), False, _single,
-           lambda c, b: dist.broadcast(b.recv, c.ranks[c.root], group=c.group),
+           lambda c, b: partial(dist.broadcast, b.recv, c.ranks[c.root], group=c.group),
            lambda c, i: tagged(c, c.root, i)),
 )}
 

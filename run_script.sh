@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# opbench: the whole suite — GEMM, attention, collectives, then (when present) FSDP and checkpoint — with one
+# results folder per run. Run it on every node of a job with the same MASTER_ADDR/MASTER_PORT and each node's
+# NODE_RANK; single-GPU kernel benchmarks run on node 0 only, collectives and checkpointing on every node.
+#
+#   ./run_script.sh                                       # one machine (CPU: a few minutes, small sizes)
+#   NNODES=2 NODE_RANK=0 MASTER_ADDR=node0 ./run_script.sh   # on node0, and NODE_RANK=1 on node1
+#   MODEL=Llama3.1_70B STAGES="comm" ./run_script.sh        # only the collectives, for one model
+#
+# Environment (defaults in brackets):
+#   MASTER_ADDR [127.0.0.1]  MASTER_PORT [29500]  NNODES [1]  NODE_RANK [0]
+#   NPROC_PER_NODE [GPUs on this node; 2 on a CPU-only machine]
+#   REPORT_DIR [out/run_<UTC time>]   MODEL [Llama3.1_8B]   MODEL_CONFIG_PATH [built-in configs]
+#   STAGES ["gemm attention comm fsdp ckpt report"]   PYTHON [python]
+#   QUICK [1 on CPU, 0 on GPU]: short timing budgets and small sizes
+#   GEMM_ARGS / ATTN_ARGS / COMM_ARGS / FSDP_ARGS / CKPT_ARGS: replace a stage's default size/timing flags
+#
+# Collective library settings are left to you; set them before calling this script. Common ones:
+#   NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL      log every call (feed the log to `opbench trace`)
+#   NCCL_SOCKET_IFNAME=<netdev>                 bootstrap/socket interface (e.g. the management NIC)
+#   GLOO_SOCKET_IFNAME=<netdev>                 the same for gloo (CPU runs, FSDP's CPU groups)
+#   NCCL_IB_HCA=<hca list>  NCCL_IB_GID_INDEX=3  RDMA devices; GID index 3 is usual for RoCE v2
+#   NCCL_NET_GDR_LEVEL, NCCL_CROSS_NIC, NCCL_ALGO, NCCL_PROTO   tuning; leave unset to measure the defaults
+# On ROCm, RCCL reads the same NCCL_* variables (torch's backend name is still "nccl"); AMD's MI300X tuning
+# guide also discusses NCCL_MIN_NCHANNELS and HSA_NO_SCRATCH_RECLAIM. No NIC or HCA names are set here.
+
+set -uo pipefail
+
+PYTHON=${PYTHON:-python}
+MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
+MASTER_PORT=${MASTER_PORT:-29500}
+NNODES=${NNODES:-1}
+NODE_RANK=${NODE_RANK:-0}
+MODEL=${MODEL:-Llama3.1_8B}
+MODEL_CONFIG_PATH=${MODEL_CONFIG_PATH:-}
+STAGES=${STAGES:-"gemm attention comm fsdp ckpt report"}
+REPORT_DIR=${REPORT_DIR:-out/run_$(date -u +%Y%m%d_%H%M%S)}
+
+GPUS=$("$PYTHON" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)" 2>/dev/null || echo 0)
+if [ "$GPUS" -gt 0 ]; then
+    NPROC_PER_NODE=${NPROC_PER_NODE:-$GPUS}
+    QUICK=${QUICK:-0}
+else
+    NPROC_PER_NODE=${NPROC_PER_NODE:-2}
+    QUICK=${QUICK:-1}
+fi
+
+model_flags=(--model "$MODEL")
+[ -n "$MODEL_CONFIG_PATH" ] && model_flags+=(--model-config-path "$MODEL_CONFIG_PATH")
+
+# Stage flags: full-size on GPUs; on a CPU, short budgets and small token counts so the suite takes minutes.
+if [ "$QUICK" = 1 ]; then
+    GEMM_ARGS=${GEMM_ARGS:-"--quick --seqlen 128"}
+    ATTN_ARGS=${ATTN_ARGS:-"--quick --max-seqlen 128 --backends math,sdpa"}
+    COMM_ARGS=${COMM_ARGS:-"-b 1K -e 1M -f 32 -n 5 -w 2 --trials 3 --check --seqlen 64"}
+    FSDP_ARGS=${FSDP_ARGS:-""}
+    CKPT_ARGS=${CKPT_ARGS:-""}
+else
+    GEMM_ARGS=${GEMM_ARGS:-""}
+    ATTN_ARGS=${ATTN_ARGS:-""}
+    COMM_ARGS=${COMM_ARGS:-"-b 8 -e 8G -f 2 -n 20 -w 5 --check"}
+    FSDP_ARGS=${FSDP_ARGS:-""}
+    CKPT_ARGS=${CKPT_ARGS:-""}
+fi
+
+# One node: torchrun picks a free port itself; several: the static rendezvous at MASTER_ADDR:MASTER_PORT.
+if [ "$NNODES" = 1 ]; then
+    rdzv=(--standalone)
+else
+    rdzv=(--master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT")
+fi
+torchrun_cmd=("$PYTHON" -m torch.distributed.run --nnodes "$NNODES" --node-rank "$NODE_RANK"
+              --nproc-per-node "$NPROC_PER_NODE" "${rdzv[@]}")
+
+mkdir -p "$REPORT_DIR"
+declare -A result=() took=()
+order=()
+has_module() { "$PYTHON" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$1') is None)" 2>/dev/null; }
+stage() {   # stage NAME COMMAND…: run, log to REPORT_DIR/NAME.log as well as the terminal, remember the status
+    local name=$1; shift
+    echo "=== $name: $*"
+    local t0=$SECONDS
+    "$@" 2>&1 | tee "$REPORT_DIR/$name.log"
+    local rc=${PIPESTATUS[0]}
+    result[$name]=$rc
+    took[$name]=$((SECONDS - t0))
+    order+=("$name")
+    [ "$rc" = 0 ] || echo "=== $name failed (exit $rc); see $REPORT_DIR/$name.log"
+}
+wanted() { [[ " $STAGES " == *" $1 "* ]]; }
+
+echo "opbench suite: $NNODES node(s) x $NPROC_PER_NODE ranks, node $NODE_RANK, model $MODEL, results in $REPORT_DIR"
+
+if [ "$NODE_RANK" = 0 ] && wanted gemm; then
+    # shellcheck disable=SC2086
+    stage gemm "$PYTHON" -m opbench.gemm "${model_flags[@]}" --report-dir-path "$REPORT_DIR/gemm" $GEMM_ARGS
+fi
+if [ "$NODE_RANK" = 0 ] && wanted attention; then
+    # shellcheck disable=SC2086
+    stage attention "$PYTHON" -m opbench.attention --model-config-path "${MODEL_CONFIG_PATH:-builtin}" \
+        --model "$MODEL" --report-csv-path "$REPORT_DIR/attention/attention_benchmark.csv" $ATTN_ARGS
+fi
+if wanted comm; then
+    # nccl-tests style sweep plus the model's TP/SP/EP/PP activation sizes, across every rank of the job
+    # shellcheck disable=SC2086
+    stage comm "${torchrun_cmd[@]}" -m opbench.comm "${model_flags[@]}" --report-dir-path "$REPORT_DIR/comm" $COMM_ARGS
+fi
+if [ "$NODE_RANK" = 0 ] && wanted fsdp; then
+    if has_module opbench.fsdp_model.__main__; then
+        # shellcheck disable=SC2086
+        stage fsdp "$PYTHON" -m opbench.fsdp_model "${model_flags[@]}" --report-dir-path "$REPORT_DIR/fsdp" $FSDP_ARGS
+    else
+        echo "=== fsdp: opbench.fsdp_model has no command line in this install; skipped"
+    fi
+fi
+if wanted ckpt; then
+    if has_module opbench.ckpt.__main__; then
+        # shellcheck disable=SC2086
+        stage ckpt "${torchrun_cmd[@]}" -m opbench.ckpt --report-dir-path "$REPORT_DIR/ckpt" $CKPT_ARGS
+    else
+        echo "=== ckpt: opbench.ckpt is not in this install; skipped"
+    fi
+fi
+if [ "$NODE_RANK" = 0 ] && wanted report && has_module opbench.report.__main__; then
+    stage report "$PYTHON" -m opbench.report "$REPORT_DIR"
+fi
+
+failed=0
+echo "=== summary ($REPORT_DIR)"
+for name in "${order[@]}"; do
+    echo "  $name: $([ "${result[$name]}" = 0 ] && echo ok || echo "failed (exit ${result[$name]})") in ${took[$name]} s"
+    [ "${result[$name]}" = 0 ] || failed=1
+done
+exit $failed
