@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from opbench.comm.conventions import DTYPE_ENUM_BY_NAME
+from opbench.comm.conventions import COLLECTIVES, DTYPE_ENUM_BY_NAME
 
 from .discover import KINDS, Discovery, Kind
 
@@ -31,6 +31,7 @@ class TableSpec:
     metrics: tuple[str, ...] = ()            # compared as this / other
     order: Order = lambda frame: []          # (column, ascending) pairs
     optional: tuple[str, ...] = ()           # shown only when they vary
+    sparse: tuple[str, ...] = ()             # shown only when some row has a value
     split: str | None = None                 # one table per value of this column
     about: str = ""                          # one line under the section title: what the order means
 
@@ -86,7 +87,8 @@ SPECS: dict[str, TableSpec] = {
         keys=("collective", "backend", "world_size", "nnodes", "dtype", "redop", "source", "size_bytes", "inplace"),
         metrics=("busbw_gbs",),
         order=_by("backend", "world_size", "nnodes", "dtype", "source", "size_bytes", "inplace"),
-        optional=("nnodes", "redop", "source", "wrong"), split="collective",
+        optional=("nnodes", "redop", "source", "wrong"), sparse=("tests_busbw_gbs", "busbw_vs_tests"),
+        split="collective",
         about="busbw per message size (nccl-tests semantics); tests_busbw_gbs is nccl-tests / rccl-tests' busbw "
               "for the same collective, size and variant when their parsed output is in the folder."),
     "nccl_tests": TableSpec(
@@ -95,11 +97,11 @@ SPECS: dict[str, TableSpec] = {
         keys=("collective", "size_bytes", "type", "redop", "nranks"),
         metrics=("oop_busbw_gbs", "ip_busbw_gbs"),
         order=_by("type", "redop", "nranks", "size_bytes"),
-        optional=("redop", "nranks", "oop_wrong", "ip_wrong"), split="collective",
+        optional=("redop", "nranks", "oop_wrong", "ip_wrong", "file"), split="collective",
         about="Parsed nccl-tests / rccl-tests output (oop = out-of-place, ip = in-place)."),
     "fsdp": TableSpec(
         columns=("unit", "units", "collective", "count", "dtype", "nranks", "calls_per_step", "bytes_per_rank",
-                 "nccl_tests_bytes", "bytes_per_step"),
+                 "nccl_tests_bytes", "size", "bytes_per_step"),
         keys=("unit", "collective", "dtype", "nranks"), metrics=("count",), optional=("units",),
         about="Per-rank NCCL counts per FSDP unit; identical layers are one row; nccl_tests_bytes is the -b value."),
     "trace": TableSpec(
@@ -196,7 +198,29 @@ def _derive_fsdp(f: pd.DataFrame) -> pd.DataFrame:
         if "bytes_per_step" in group:
             row["bytes_per_step"] = group["bytes_per_step"].sum()
         rows.append(row)
-    return pd.DataFrame(rows)
+    return _with_size(pd.DataFrame(rows), "nccl_tests_bytes")
+
+
+# Names a file of nccl-tests output may carry (binary or collective), longest first so 'reduce' is tried last.
+_NAME_HINTS = sorted(((hint, name) for name, c in COLLECTIVES.items()
+                      for hint in {name, c.binary.removesuffix("_perf"), c.nccl_op.lower()}),
+                     key=lambda pair: -len(pair[0]))
+
+
+def collective_from_path(*paths: object) -> str | None:
+    """Older nccl-tests never print the binary's name: take the collective from the output's file name."""
+    for path in paths:
+        name = str(path).rsplit("/", 1)[-1].lower()
+        for hint, collective in _NAME_HINTS:
+            if hint in name:
+                return collective
+    return None
+
+
+def _derive_nccl_tests(f: pd.DataFrame) -> pd.DataFrame:
+    known = f["collective"] if "collective" in f else pd.Series(None, index=f.index, dtype=object)
+    guessed = f.apply(lambda r: collective_from_path(r.get("source", ""), r.get("file", "")), axis=1)
+    return _with_size(f, "size_bytes").assign(collective=known.where(known.notna(), guessed).fillna("(unknown)"))
 
 
 def _dtype_enum(name: object) -> float:
@@ -224,7 +248,7 @@ DERIVE: dict[str, Callable[[pd.DataFrame], pd.DataFrame]] = {
     "gemm": _derive_gemm,
     "attention": _derive_attention,
     "comm": lambda f: _with_size(f, "size_bytes"),
-    "nccl_tests": lambda f: _with_size(f, "size_bytes"),
+    "nccl_tests": _derive_nccl_tests,
     "trace": _derive_trace,
     "fsdp": _derive_fsdp,
     "ckpt": lambda f: _with_size(f, "iter_folder_size").assign(storage_kind=f["storage"].map(_storage_kind)),
@@ -238,7 +262,7 @@ def prepared(found: Discovery, kind: str) -> pd.DataFrame:
         return frame
     frame = DERIVE.get(kind, lambda f: f)(frame.reset_index(drop=True))
     if kind == "comm":
-        frame = attach_tests(frame, found.frame("nccl_tests"))
+        frame = attach_tests(frame, prepared(found, "nccl_tests"))
     return frame
 
 
@@ -288,9 +312,10 @@ def compare_columns(spec: TableSpec, frame: pd.DataFrame) -> tuple[str, ...]:
 
 # ---- tables ------------------------------------------------------------------------------------------------
 
-def visible_columns(frame: pd.DataFrame, columns: tuple[str, ...], optional: tuple[str, ...]) -> list[str]:
-    """Columns present in the frame; optional ones only when they take more than one value."""
-    return [c for c in columns if c in frame and (c not in optional or frame[c].nunique(dropna=True) > 1)]
+def visible_columns(frame: pd.DataFrame, columns: tuple[str, ...], spec: TableSpec) -> list[str]:
+    """Columns present in the frame; optional ones only when they vary, sparse ones only when filled somewhere."""
+    return [c for c in columns if c in frame and (c not in spec.optional or frame[c].nunique(dropna=True) > 1)
+            and (c not in spec.sparse or frame[c].notna().any())]
 
 
 def sorted_table(frame: pd.DataFrame, spec: TableSpec, columns: tuple[str, ...], title: str | None,
@@ -299,7 +324,7 @@ def sorted_table(frame: pd.DataFrame, spec: TableSpec, columns: tuple[str, ...],
     if order:
         frame = frame.sort_values([c for c, _ in order], ascending=[a for _, a in order], kind="stable",
                                   na_position="last")
-    shown = frame[visible_columns(frame, columns, spec.optional)]
+    shown = frame[visible_columns(frame, columns, spec)]
     hidden = max(0, len(shown) - top) if top else 0
     return Table(title, shown.head(top) if top else shown, hidden)
 

@@ -1,0 +1,286 @@
+"""opbench report on a results folder built from real small benchmark runs.
+
+The GEMM and attention benchmarks run in this process (their real ``main``), the collective benchmark under
+torchrun with 2 gloo ranks, the nccl-tests parser on an nccl-tests output in the documented v2.13 format
+(there is no GPU here to run nccl-tests itself). The report's tables are parsed back and compared with the CSVs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from opbench.core.errors import run_cli
+from opbench.report import build_report
+from opbench.report.__main__ import main as report_main
+
+ROOT = Path(__file__).resolve().parent.parent
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+COMM_SIZES = (1024, 4096, 16384)
+
+# nccl-tests v2.13+ table (REFERENCE §4) for the comm run's all_reduce sizes; the numbers are made up.
+NCCL_TESTS_OUTPUT = """\
+# nThread 1 nGpus 2 minBytes 1024 maxBytes 16384 step: 4(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0
+#
+#                                                              out-of-place                       in-place
+#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
+        1024           256     float     sum      -1    10.50    0.10    0.10      0    10.20    0.11    0.11      0
+        4096          1024     float     sum      -1    10.80    0.38    0.38      0    10.60    0.39    0.39      0
+       16384          4096     float     sum      -1    11.90    1.38    1.38      0    11.70    1.40    1.40      0
+# Out of bounds values : 0 OK
+# Avg bus bandwidth    : 0.6267
+"""
+
+ATTENTION_SHAPES = """[
+ {"model": "tiny", "seqlen_q": 32, "seqlen_kv": 32, "num_head_q": 2, "num_head_kv": 1, "head_dim_qk": 32,
+  "head_dim_v": 32, "causal": true},
+ {"model": "tiny", "seqlen_q": 64, "seqlen_kv": 64, "num_head_q": 2, "num_head_kv": 1, "head_dim_qk": 32,
+  "head_dim_v": 32, "causal": true}
+]"""
+
+
+def run_gemm(out: Path) -> None:
+    from opbench.gemm.__main__ import main
+
+    assert main(["--model", "Qwen3_0.6B", "--seqlen", "16", "--layers", "qkv,attn_out", "--backends", "torch,fp8",
+                 "--cache", "warm", "--quick", "--device", "cpu", "--report-dir-path", str(out)]) == 0
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> Path:
+    """A results folder as a user would have it after a small run of each benchmark (plus one foreign CSV)."""
+    from opbench.attention.__main__ import main as attention_main
+    from opbench.comm.nccl_tests import main as nccl_tests_main
+
+    res = tmp_path_factory.mktemp("results")
+    comm = subprocess.Popen(  # in the background while the single-process benchmarks run
+        [sys.executable, "-m", "opbench", "comm", "--nproc-per-node", "2", "--collectives", "all_reduce,all_gather",
+         "-b", "1K", "-e", "16K", "-f", "4", "-w", "1", "-n", "3", "--report-dir-path", str(res / "comm")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    try:
+        run_gemm(res)
+        shapes = res.parent / "attention_shapes.json"
+        shapes.write_text(ATTENTION_SHAPES)
+        assert attention_main(["--shapes-json-path", str(shapes), "--backends", "math,sdpa,flash_attn", "--quick",
+                               "--device", "cpu", "--report-csv-path", str(res / "attn_tiny.csv")]) == 0
+        log = res.parent / "all_reduce_perf.out"
+        log.write_text(NCCL_TESTS_OUTPUT)
+        assert nccl_tests_main([str(log), "--csv", str(res / "nccl_tests.csv")]) == 0
+        (res / "notes.csv").write_text("a,b\n1,2\n")
+        output, _ = comm.communicate(timeout=300)
+    finally:
+        comm.kill()
+    assert comm.returncode == 0, output[-3000:]
+    return res
+
+
+@pytest.fixture(scope="module")
+def report(results, tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    built = build_report(results, out, top=None)
+    return built, built.path.read_text()
+
+
+# ---- reading report.md back ---------------------------------------------------------------------------------
+
+def md_tables(text: str) -> dict[str, list[pd.DataFrame]]:
+    """{heading: [tables under it]} where heading is the nearest '## ' or '### ' line above a table."""
+    found: dict[str, list[pd.DataFrame]] = {}
+    heading, block = "", []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            block.append([c.strip() for c in line.strip().strip("|").split("|")])
+            continue
+        if block:
+            header, rows = block[0], [r for r in block[2:]]
+            found.setdefault(heading, []).append(pd.DataFrame(rows, columns=header))
+            block = []
+        if line.startswith("#"):
+            heading = line.lstrip("#").strip()
+    return found
+
+
+def section(text: str, title: str) -> str:
+    match = re.search(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", text, re.M | re.S)
+    assert match, f"no section {title!r}"
+    return match.group(0)
+
+
+def close(shown: str, value: float) -> bool:
+    return math.isclose(float(shown), value, rel_tol=1e-3, abs_tol=1e-12)
+
+
+# ---- tables -------------------------------------------------------------------------------------------------
+
+def test_gemm_table_matches_csv_least_efficient_first(results, report):
+    _, text = report
+    csv = pd.read_csv(results / "benchmark_gemm_Qwen3_0.6B.csv")
+    ok = csv[csv["status"] == "ok"]
+    table = md_tables(section(text, "GEMM"))["GEMM"][0]
+    assert len(table) == len(ok) == 6
+    for _, row in table.iterrows():
+        src = ok[(ok["layer"] == row["layer"]) & (ok["pass"] == row["pass"]) & (ok["backend"] == row["backend"])]
+        assert len(src) == 1
+        assert close(row["tflops"], src["tflops"].iloc[0])
+        assert close(row["time_ms"], src["time_s"].iloc[0] * 1e3)
+        assert (int(row["m"]), int(row["n"]), int(row["k"])) == tuple(src[["m", "n", "k"]].iloc[0])
+        assert row["pct_of_peak"] == ""          # no CPU peak: an empty cell, not a zero
+    shown = [float(v) for v in table["tflops"]]
+    assert shown == sorted(shown)                # no peak known on CPU: least TFLOPS first
+
+
+def test_failed_rows_are_listed_with_their_error(results, report):
+    _, text = report
+    csv = pd.read_csv(results / "benchmark_gemm_Qwen3_0.6B.csv")
+    bad = csv[csv["status"] != "ok"]
+    assert len(bad) == 6 and set(bad["backend"]) == {"fp8"}
+    gemm = section(text, "GEMM")
+    assert "### Rows not measured (6: unsupported: 6)" in gemm
+    failed = md_tables(gemm)["Rows not measured (6: unsupported: 6)"][0]
+    assert sorted(zip(failed["layer"], failed["pass"])) == sorted(zip(bad["layer"], bad["pass"]))
+    assert set(failed["error"]) == set(bad["error"])
+    attention = section(text, "Attention")
+    failed = next(t for h, ts in md_tables(attention).items() if h.startswith("Rows not measured") for t in ts)
+    assert set(failed["backend"]) == {"flash_attn"} and (failed["status"] == "unsupported").all()
+    assert all(e for e in failed["error"])
+
+
+def test_attention_table_matches_csv(results, report):
+    _, text = report
+    csv = pd.read_csv(results / "attn_tiny.csv")
+    ok = csv[csv["status"] == "ok"]
+    table = md_tables(section(text, "Attention"))["Attention"][0]
+    assert len(table) == len(ok) == 4
+    for _, row in table.iterrows():
+        seq_q, seq_kv = (int(x) for x in row["seqlen q/kv"].split("/"))
+        src = ok[(ok["seqlen_q"] == seq_q) & (ok["seqlen_kv"] == seq_kv) & (ok["backend"] == row["backend"])]
+        assert len(src) == 1
+        for col in ("fwd_tflops", "bwd_tflops"):
+            assert close(row[col], src[col].iloc[0])
+        assert close(row["bwd_ms"], src["bwd_time"].iloc[0] * 1e3)
+        assert row["heads q/kv"] == "2/1"
+
+
+def test_comm_table_has_busbw_and_nccl_tests_beside_it(results, report):
+    _, text = report
+    tables = md_tables(section(text, "Collectives"))
+    tests = pd.read_csv(results / "nccl_tests.csv")
+    for coll in ("all_reduce", "all_gather"):
+        csv = pd.read_csv(results / "comm" / f"{coll}_benchmark.csv")
+        ok = csv[csv["status"] == "ok"]
+        table = tables[coll][0]
+        assert len(table) == len(ok) and set(ok["size_bytes"]) == set(COMM_SIZES)
+        for _, row in table.iterrows():
+            src = ok[(ok["size_bytes"] == int(row["size_bytes"])) & (ok["inplace"].astype(str) == row["inplace"])]
+            assert len(src) == 1
+            assert close(row["busbw_gbs"], src["busbw_gbs"].iloc[0])
+            if coll == "all_reduce":   # the nccl-tests output only has all_reduce: matched on collective + size
+                ref = tests[tests["size_bytes"] == int(row["size_bytes"])]
+                col = "ip_busbw_gbs" if row["inplace"] == "True" else "oop_busbw_gbs"
+                assert close(row["tests_busbw_gbs"], ref[col].iloc[0])
+                assert close(row["busbw_vs_tests"], src["busbw_gbs"].iloc[0] / ref[col].iloc[0])
+        assert ("tests_busbw_gbs" in table) == (coll == "all_reduce")
+
+
+def test_environment_and_skipped_files(results, report):
+    built, text = report
+    env = md_tables(section(text, "Environment"))["Environment"][0]
+    meta_device = pd.read_json(results / "benchmark_gemm_Qwen3_0.6B.meta.json", typ="series")["device_name"]
+    gemm_row = env[env["file"] == "benchmark_gemm_Qwen3_0.6B.csv"].iloc[0]
+    assert gemm_row["device"] == meta_device and gemm_row["benchmark"] == "GEMM"
+    assert set(env["file"]) == {"benchmark_gemm_Qwen3_0.6B.csv", "attn_tiny.csv", "nccl_tests.csv",
+                                "comm/all_reduce_benchmark.csv", "comm/all_gather_benchmark.csv"}
+    assert "-b 1K -e 16K -f 4" in section(text, "Environment")     # the comm run's command line, from its sidecar
+    assert "- `notes.csv`: columns match no opbench benchmark" in section(text, "Skipped files")
+    assert {f.kind.name for f in built.found.files} == {"gemm", "attention", "comm", "nccl_tests"}
+
+
+# ---- plots --------------------------------------------------------------------------------------------------
+
+def test_plots_are_real_images_and_linked(report):
+    import matplotlib.image
+
+    built, text = report
+    names = {p.filename for p in built.plots}
+    assert names == {"busbw_all_reduce.png", "busbw_all_gather.png", "gemm_tflops_Qwen3_0.6B.png",
+                     "attention_tflops_tiny.png"}
+    assert not built.missing
+    for name in names:
+        path = built.path.parent / name
+        data = path.read_bytes()
+        assert data.startswith(PNG_SIGNATURE) and len(data) > 10_000
+        image = matplotlib.image.imread(path)
+        assert image.shape[0] >= 300 and image.shape[1] >= 500
+        assert image[..., :3].std() > 0.05                  # not a blank canvas
+        assert f"]({name})" in text
+
+
+def test_without_matplotlib_the_report_names_missing_plots(results, tmp_path, monkeypatch):
+    for mod in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, mod)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)          # import matplotlib → ImportError
+    built = build_report(results, tmp_path)
+    text = built.path.read_text()
+    assert not list(tmp_path.glob("*.png")) and not built.plots
+    assert set(built.missing) == {"busbw_all_reduce.png", "busbw_all_gather.png", "gemm_tflops_Qwen3_0.6B.png",
+                                  "attention_tflops_tiny.png"}
+    missing = section(text, "Plots not made")
+    for name in built.missing:
+        assert f"- `{name}`" in missing and "pip install 'opbench[plot]'" in missing
+    assert "![" not in text
+    assert md_tables(section(text, "GEMM"))["GEMM"][0].shape[0] == 6   # the tables are still there
+
+
+# ---- --compare ----------------------------------------------------------------------------------------------
+
+def test_compare_adds_ratio_this_over_other(results, tmp_path, capsys):
+    before = tmp_path / "before"
+    run_gemm(before)                                   # a second real run: the "other" side
+    out = tmp_path / "cmp"
+    assert run_cli(report_main, [str(results), "--out", str(out), "--compare", str(before), "--no-plots"]) == 0
+    assert "report.md" in capsys.readouterr().out
+    text = (out / "report.md").read_text()
+    this = pd.read_csv(results / "benchmark_gemm_Qwen3_0.6B.csv").query("status == 'ok'")
+    other = pd.read_csv(before / "benchmark_gemm_Qwen3_0.6B.csv").query("status == 'ok'")
+    table = md_tables(section(text, "GEMM"))["GEMM"][0]
+    assert len(table) == 6
+    for _, row in table.iterrows():
+        pick = {"layer": row["layer"], "pass": row["pass"]}
+        t = this.loc[(this[list(pick)] == pd.Series(pick)).all(axis=1), "tflops"].iloc[0]
+        o = other.loc[(other[list(pick)] == pd.Series(pick)).all(axis=1), "tflops"].iloc[0]
+        assert close(row["tflops_other"], o)
+        assert close(row["tflops_ratio"], t / o)
+    assert "The other run has no results of this kind to compare with." in section(text, "Attention")
+    assert "## Environment of the compared run" in text
+
+
+# ---- bad input ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", ["missing", "empty", "foreign"])
+def test_nothing_to_report_is_a_usage_error(tmp_path, capsys, case):
+    res = tmp_path / "res"
+    if case != "missing":
+        res.mkdir()
+    if case == "foreign":
+        (res / "x.csv").write_text("a,b\n1,2\n")
+    assert run_cli(report_main, [str(res), "--out", str(tmp_path / "out")], prog="opbench report") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith(f"opbench report: error: {res}: ")
+    assert {"missing": "does not exist", "empty": "no CSV files", "foreign": "none from opbench"}[case] in err
+
+
+def test_cli_entry_point_runs(results, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "opbench", "report", str(results), "--out", str(tmp_path),
+                           "--top", "3", "--no-plots"], capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "report.md").read_text()
+    assert "… 3 more row(s) in the CSV" in section(text, "GEMM")      # 6 ok rows, 3 shown
+    assert importlib.util.find_spec("opbench.report.__main__") is not None
