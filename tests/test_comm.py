@@ -5,16 +5,16 @@ from __future__ import annotations
 import csv
 import sys
 import types
-from dataclasses import dataclass
 
 import pytest
 import torch
 
 from opbench.comm import launch
 from opbench.comm.__main__ import main
-from opbench.comm.ops import OPS, Buffers, Ctx, corrupt, count_wrong, fill_for_check
+from opbench.comm.ops import OPS, Buffers, Ctx, count_wrong, fill_for_check
 from opbench.comm.sizes import CommCase, Parallel, actual_size, count_for, group_layout, model_cases, \
     sweep_bytes, trace_cases
+from opbench.comm.trace import TraceSize
 from opbench.core.errors import UsageError, run_cli
 from opbench.models import load_model_configs
 
@@ -78,19 +78,9 @@ def test_model_sizes_dense_and_moe():
         Parallel.resolve(6, tp=4, ep=None, pp=None)
 
 
-@dataclass
-class FakeTraceSize:
-    collective: str
-    count: int
-    dtype_enum: int
-    nranks: int
-    redop: str | None
-    calls: int
-
-
 def test_trace_cases_keep_per_rank_count():
-    sizes = [FakeTraceSize("all_gather", 1000, 9, 8, None, 16), FakeTraceSize("reduce_scatter", 10, 7, 2, "sum", 4),
-             FakeTraceSize("reduce", 5, 7, 2, "sum", 2), FakeTraceSize("all_reduce", 7, 7, 2, "premulsum", 2)]
+    sizes = [TraceSize("all_gather", 1000, 9, 8, None, 16), TraceSize("reduce_scatter", 10, 7, 2, "sum", 4),
+             TraceSize("reduce", 5, 7, 2, "sum", 2), TraceSize("all_reduce", 7, 7, 2, "premulsum", 2)]
     cases, notes = trace_cases(sizes, ["all_gather", "reduce_scatter", "all_reduce"], 4, "trace:x.log")
     ar, ag, rs = cases                                     # collective order of the benchmark
     assert (ag.collective, ag.group_size, ag.dtype, count_for(ag, 4)) == ("all_gather", 4, "bf16", 1000)
@@ -203,7 +193,7 @@ def test_sizes_from_trace_uses_trace_sizes_interface(tmp_path, monkeypatch):
 
     def trace_sizes(paths):
         seen["paths"] = paths
-        return [FakeTraceSize("all_reduce", 300, 7, 1, "sum", 12), FakeTraceSize("broadcast", 64, 9, 1, None, 2)]
+        return [TraceSize("all_reduce", 300, 7, 1, "sum", 12), TraceSize("broadcast", 64, 9, 1, None, 2)]
 
     monkeypatch.setitem(sys.modules, "opbench.comm.trace", types.SimpleNamespace(trace_sizes=trace_sizes))
     rc = main(["--sizes-from-trace", str(log), "-n", "2", "-w", "0", "--trials", "1", "--check",
@@ -214,6 +204,24 @@ def test_sizes_from_trace_uses_trace_sizes_interface(tmp_path, monkeypatch):
     assert ar["source"] == "trace:nccl.log nranks=1 calls=12"
     (bc,) = _rows(tmp_path / "broadcast_benchmark.csv")
     assert (bc["count"], bc["dtype"]) == ("64", "bf16")
+
+
+def test_sizes_from_a_real_nccl_log(tmp_path):
+    """The real parser end to end: two AllGather lines (two ranks of one call) and a bf16 AllReduce."""
+    log = tmp_path / "rank0.log"
+    log.write_text(
+        "gpu1:77:88 [0] NCCL INFO AllGather: opCount 3 sendbuff 0x1 recvbuff 0x2 count 96 datatype 7 op 0 root 0 "
+        "comm 0xa [nranks=1] stream 0xb\n"
+        "[0] gpu1:77:88 [0] NCCL INFO AllGather: opCount 4 sendbuff 0x1 recvbuff 0x2 count 96 datatype 7 op 0 "
+        "root 0 comm 0xa [nranks=1] stream 0xb\n"
+        "gpu1:77:88 [0] NCCL INFO AllReduce: opCount 5 sendbuff 0x1 recvbuff 0x2 count 500 datatype 9 op 0 root 0 "
+        "comm 0xa [nranks=1] stream 0xb\n")
+    assert main(["--sizes-from-trace", str(log), "-n", "2", "-w", "0", "--trials", "1", "--check",
+                 "--report-dir-path", str(tmp_path)]) == 0
+    (ag,) = _rows(tmp_path / "all_gather_benchmark.csv")[:1]
+    assert (ag["count"], ag["size_bytes"], ag["source"]) == ("96", "384", "trace:rank0.log nranks=1 calls=2")
+    (ar,) = _rows(tmp_path / "all_reduce_benchmark.csv")
+    assert (ar["count"], ar["dtype"], ar["size_bytes"], ar["wrong"]) == ("500", "bf16", "1000", "0")
 
 
 @pytest.mark.parametrize("argv, needle", [

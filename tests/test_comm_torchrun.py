@@ -136,3 +136,23 @@ def test_two_nodes_on_loopback(tmp_path):
         for r in rows(tmp_path / "node0", coll):
             assert (r["world_size"], r["nnodes"], r["wrong"]) == ("2", "2", "0")
             assert_nccl_tests_numbers(r, 2)
+
+
+def test_slurm_environment_without_torchrun(tmp_path):
+    """Two plain processes with only srun's variables (SLURM_PROCID/NTASKS/LOCALID/STEP_ID) and the job
+    script's MASTER_ADDR/PORT form one job, as under `srun python -m opbench.comm`."""
+    port = _free_port()
+    base = {k: v for k, v in ENV.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    procs = []
+    for rank in (0, 1):
+        env = {**base, "SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(rank),
+               "SLURM_NNODES": "1", "SLURM_STEP_ID": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        cmd = [sys.executable, "-m", "opbench.comm", "-b", "1K", "--collectives", "all_to_all", "--check",
+               "--report-dir-path", str(tmp_path / f"rank{rank}"), *QUICK]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                      cwd=ROOT))
+    results = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], results[0][1][-2000:] + results[1][1][-2000:]
+    (row,) = rows(tmp_path / "rank0", "all_to_all")
+    assert (row["world_size"], row["count"], row["wrong"]) == ("2", "128", "0")
+    assert not (tmp_path / "rank1").exists()

@@ -185,13 +185,14 @@ def _local_gpus(device: str) -> int:
 
 
 def _device(spec: str, local_rank: int):
+    """The launcher's LOCAL_RANK picks the GPU ('auto' or a bare 'cuda'); 'cuda:N' is taken as given."""
     import torch
 
     from opbench.core.device import resolve_device
 
     dev = resolve_device(spec)
     if dev.type == "cuda":
-        if dev.index is None:
+        if spec in (None, "", "auto", "cuda"):
             dev = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(dev)
     return dev

@@ -105,11 +105,12 @@ def init_process_group(dist_env: DistEnv, backend: str, device, timeout_s: float
     import torch.distributed as dist
 
     timeout = datetime.timedelta(seconds=timeout_s)
-    kwargs = {"device_id": device} if getattr(device, "type", "cpu") == "cuda" else {}
+    # Binding the GPU makes NCCL create its communicator now (a bad rank fails here, not mid-sweep).
+    kwargs = {"device_id": device} if backend == "nccl" and getattr(device, "type", "cpu") == "cuda" else {}
     if dist_env.launcher == "single":
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout, **kwargs)
         return
-    if dist_env.launcher == "slurm":
+    if dist_env.launcher == "slurm" and "RANK" not in os.environ:
         export_slurm_rendezvous(dist_env)
     dist.init_process_group(backend, init_method="env://", rank=dist_env.rank, world_size=dist_env.world_size,
                             timeout=timeout, **kwargs)

@@ -9,11 +9,14 @@ which, so a row in the CSV can always be traced back to where its size came from
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterable, Protocol, Sequence
 
 from opbench.core.errors import UsageError
 
 from .conventions import COLLECTIVES, nccl_dtype
+
+if TYPE_CHECKING:
+    from .trace import TraceSize     # the log parser's record: collective, count, dtype_enum, nranks, redop, calls
 
 # The collectives this benchmark runs (conventions also knows `reduce`, which the torchrun driver does not time).
 RUNNABLE = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast")
@@ -164,16 +167,7 @@ def model_cases(model: ModelDims, collectives: Sequence[str], world_size: int, p
 
 
 # -- sizes from an NCCL log ---------------------------------------------------------------------------------
-class TraceSizeLike(Protocol):
-    collective: str
-    count: int
-    dtype_enum: int
-    nranks: int
-    redop: str | None
-    calls: int
-
-
-def trace_cases(sizes: Iterable[TraceSizeLike], collectives: Sequence[str], world_size: int,
+def trace_cases(sizes: Iterable["TraceSize"], collectives: Sequence[str], world_size: int,
                 label: str) -> tuple[list[CommCase], list[str]]:
     """Replay logged calls at their per-rank count and datatype. A call logged on n ranks runs on groups of
     n ranks when n divides the world, else on the whole world with the same per-rank count (the source says
