@@ -114,6 +114,25 @@ def section(text: str, title: str) -> str:
     return match.group(0)
 
 
+def ok_rows(path: Path) -> pd.DataFrame:
+    frame = pd.read_csv(path)
+    return frame[frame["status"] == "ok"]
+
+
+def one(frame: pd.DataFrame, **equal) -> pd.Series:
+    """The single CSV row with these column values."""
+    rows = frame[(frame[list(equal)] == pd.Series(equal)).all(axis=1)]
+    assert len(rows) == 1, equal
+    return rows.iloc[0]
+
+
+def shown_and_csv(text: str, title: str, csv: Path, rows: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The first table of a section and the CSV's ok rows, which must be as many."""
+    table, ok = md_tables(section(text, title))[title][0], ok_rows(csv)
+    assert len(table) == len(ok) == rows
+    return table, ok
+
+
 def close(shown: str, value: float) -> bool:
     return math.isclose(float(shown), value, rel_tol=1e-3, abs_tol=1e-12)
 
@@ -121,17 +140,11 @@ def close(shown: str, value: float) -> bool:
 # ---- tables -------------------------------------------------------------------------------------------------
 
 def test_gemm_table_matches_csv_least_efficient_first(results, report):
-    _, text = report
-    csv = pd.read_csv(results / "benchmark_gemm_Qwen3_0.6B.csv")
-    ok = csv[csv["status"] == "ok"]
-    table = md_tables(section(text, "GEMM"))["GEMM"][0]
-    assert len(table) == len(ok) == 6
+    table, ok = shown_and_csv(report[1], "GEMM", results / "benchmark_gemm_Qwen3_0.6B.csv", 6)
     for _, row in table.iterrows():
-        src = ok[(ok["layer"] == row["layer"]) & (ok["pass"] == row["pass"]) & (ok["backend"] == row["backend"])]
-        assert len(src) == 1
-        assert close(row["tflops"], src["tflops"].iloc[0])
-        assert close(row["time_ms"], src["time_s"].iloc[0] * 1e3)
-        assert (int(row["m"]), int(row["n"]), int(row["k"])) == tuple(src[["m", "n", "k"]].iloc[0])
+        src = one(ok, layer=row["layer"], **{"pass": row["pass"]}, backend=row["backend"])
+        assert close(row["tflops"], src["tflops"]) and close(row["time_ms"], src["time_s"] * 1e3)
+        assert (int(row["m"]), int(row["n"]), int(row["k"])) == tuple(src[["m", "n", "k"]])
         assert row["pct_of_peak"] == ""          # no CPU peak: an empty cell, not a zero
     shown = [float(v) for v in table["tflops"]]
     assert shown == sorted(shown)                # no peak known on CPU: least TFLOPS first
@@ -154,18 +167,12 @@ def test_failed_rows_are_listed_with_their_error(results, report):
 
 
 def test_attention_table_matches_csv(results, report):
-    _, text = report
-    csv = pd.read_csv(results / "attn_tiny.csv")
-    ok = csv[csv["status"] == "ok"]
-    table = md_tables(section(text, "Attention"))["Attention"][0]
-    assert len(table) == len(ok) == 4
+    table, ok = shown_and_csv(report[1], "Attention", results / "attn_tiny.csv", 4)
     for _, row in table.iterrows():
         seq_q, seq_kv = (int(x) for x in row["seqlen q/kv"].split("/"))
-        src = ok[(ok["seqlen_q"] == seq_q) & (ok["seqlen_kv"] == seq_kv) & (ok["backend"] == row["backend"])]
-        assert len(src) == 1
-        for col in ("fwd_tflops", "bwd_tflops"):
-            assert close(row[col], src[col].iloc[0])
-        assert close(row["bwd_ms"], src["bwd_time"].iloc[0] * 1e3)
+        src = one(ok, seqlen_q=seq_q, seqlen_kv=seq_kv, backend=row["backend"])
+        assert close(row["fwd_tflops"], src["fwd_tflops"]) and close(row["bwd_tflops"], src["bwd_tflops"])
+        assert close(row["bwd_ms"], src["bwd_time"] * 1e3)
         assert row["heads q/kv"] == "2/1"
 
 
@@ -174,8 +181,7 @@ def test_comm_table_has_busbw_and_nccl_tests_beside_it(results, report):
     tables = md_tables(section(text, "Collectives"))
     tests = pd.read_csv(results / "nccl_tests.csv")
     for coll in ("all_reduce", "all_gather"):
-        csv = pd.read_csv(results / "comm" / f"{coll}_benchmark.csv")
-        ok = csv[csv["status"] == "ok"]
+        ok = ok_rows(results / "comm" / f"{coll}_benchmark.csv")
         table = tables[coll][0]
         assert len(table) == len(ok) and set(ok["size_bytes"]) == set(COMM_SIZES)
         for _, row in table.iterrows():
@@ -248,14 +254,13 @@ def test_compare_adds_ratio_this_over_other(results, tmp_path, capsys):
     assert run_cli(report_main, [str(results), "--out", str(out), "--compare", str(before), "--no-plots"]) == 0
     assert "report.md" in capsys.readouterr().out
     text = (out / "report.md").read_text()
-    this = pd.read_csv(results / "benchmark_gemm_Qwen3_0.6B.csv").query("status == 'ok'")
-    other = pd.read_csv(before / "benchmark_gemm_Qwen3_0.6B.csv").query("status == 'ok'")
+    this = ok_rows(results / "benchmark_gemm_Qwen3_0.6B.csv")
+    other = ok_rows(before / "benchmark_gemm_Qwen3_0.6B.csv")
     table = md_tables(section(text, "GEMM"))["GEMM"][0]
     assert len(table) == 6
     for _, row in table.iterrows():
         pick = {"layer": row["layer"], "pass": row["pass"]}
-        t = this.loc[(this[list(pick)] == pd.Series(pick)).all(axis=1), "tflops"].iloc[0]
-        o = other.loc[(other[list(pick)] == pd.Series(pick)).all(axis=1), "tflops"].iloc[0]
+        t, o = one(this, **pick)["tflops"], one(other, **pick)["tflops"]
         assert close(row["tflops_other"], o)
         assert close(row["tflops_ratio"], t / o)
     assert "The other run has no results of this kind to compare with." in section(text, "Attention")

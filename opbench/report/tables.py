@@ -148,7 +148,8 @@ def failed_rows(frame: pd.DataFrame, spec: TableSpec) -> pd.DataFrame:
     if "status" not in frame:
         return frame.iloc[0:0]
     bad = frame[frame["status"] != "ok"]
-    cols = [c for c in spec.keys if c in bad] + [c for c in ("status", "error", "file") if c in bad]
+    keys = tuple(c for c in spec.keys if c in bad and (c not in spec.optional or bad[c].nunique(dropna=True) > 1))
+    cols = [*keys, *(c for c in ("status", "error", "file") if c in bad)]
     return bad[cols].assign(status=bad["status"].fillna("(missing)"))
 
 
