@@ -39,6 +39,16 @@ NCCL_TESTS_OUTPUT = """\
 # Avg bus bandwidth    : 0.6267
 """
 
+# NCCL_DEBUG=INFO COLL lines in the documented format (REFERENCE §5): 2 ranks' AllGather, one ReduceScatter.
+NCCL_LOG = """\
+node1:1234:1300 [0] NCCL INFO AllGather: opCount 0 sendbuff 0x7f00 recvbuff 0x7f10 count 1966368 datatype 9 op 0 \
+root 0 comm 0x55aa00 [nranks=8] stream 0x55bb00
+node1:1235:1301 [1] NCCL INFO AllGather: opCount 0 sendbuff 0x7f00 recvbuff 0x7f10 count 1966368 datatype 9 op 0 \
+root 0 comm 0x55aa10 [nranks=8] stream 0x55bb00
+node1:1234:1300 [0] NCCL INFO ReduceScatter: opCount 1 sendbuff 0x7f00 recvbuff 0x7f10 count 1966368 datatype 7 \
+op 4 root 0 comm 0x55aa00 [nranks=8] stream 0x55bb00
+"""
+
 ATTENTION_SHAPES = """[
  {"model": "tiny", "seqlen_q": 32, "seqlen_kv": 32, "num_head_q": 2, "num_head_kv": 1, "head_dim_qk": 32,
   "head_dim_v": 32, "causal": true},
@@ -59,6 +69,8 @@ def results(tmp_path_factory) -> Path:
     """A results folder as a user would have it after a small run of each benchmark (plus one foreign CSV)."""
     from opbench.attention.__main__ import main as attention_main
     from opbench.comm.nccl_tests import main as nccl_tests_main
+    from opbench.comm.trace import main as trace_main
+    from opbench.fsdp_model.__main__ import main as fsdp_main
 
     res = tmp_path_factory.mktemp("results")
     comm = subprocess.Popen(  # in the background while the single-process benchmarks run
@@ -74,6 +86,10 @@ def results(tmp_path_factory) -> Path:
         log = res.parent / "all_reduce_perf.out"
         log.write_text(NCCL_TESTS_OUTPUT)
         assert nccl_tests_main([str(log), "--csv", str(res / "nccl_tests.csv")]) == 0
+        assert fsdp_main(["--model", "Qwen3_0.6B", "--world-size", "4", "--csv", str(res / "fsdp_qwen.csv")]) == 0
+        log = res.parent / "nccl.log"
+        log.write_text(NCCL_LOG)
+        assert trace_main([str(log), "--csv", str(res / "trace" / "sizes.csv")]) == 0
         (res / "notes.csv").write_text("a,b\n1,2\n")
         output, _ = comm.communicate(timeout=300)
     finally:
@@ -196,17 +212,47 @@ def test_comm_table_has_busbw_and_nccl_tests_beside_it(results, report):
         assert ("tests_busbw_gbs" in table) == (coll == "all_reduce")
 
 
+def test_fsdp_rows_collapse_identical_layers_and_sum_per_step(results, report):
+    fsdp = section(report[1], "FSDP collectives")
+    csv = pd.read_csv(results / "fsdp_qwen.csv")
+    tables = md_tables(fsdp)
+    units = tables["FSDP collectives"][0]
+    layers = csv[csv["unit"].str.startswith("layers.")]
+    assert len(units) == 4 and set(units["unit"]) == {"root", f"layers.0-{layers['unit'].nunique() - 1}"}
+    for _, row in units.iterrows():
+        unit = "root" if row["unit"] == "root" else "layers.0"
+        src = one(csv, unit=unit, collective=row["collective"])
+        for col in ("count", "bytes_per_rank", "nccl_tests_bytes", "calls_per_step"):
+            assert int(row[col]) == src[col]
+        share = csv[(csv["collective"] == row["collective"]) & ((csv["unit"] == "root") == (unit == "root"))]
+        assert int(row["bytes_per_step"]) == share["bytes_per_step"].sum()
+    totals = tables["Per training step"][0]
+    for _, row in totals.iterrows():
+        rows = csv[csv["collective"] == row["collective"]]
+        assert int(row["calls_per_step"]) == rows["calls_per_step"].sum()
+        assert int(row["bytes_per_step"]) == rows["bytes_per_step"].sum()
+
+
+def test_trace_summary_most_bytes_first(results, report):
+    table = md_tables(section(report[1], "NCCL trace summary"))["NCCL trace summary"][0]
+    csv = pd.read_csv(results / "trace" / "sizes.csv")
+    assert list(table["op"]) == list(csv.sort_values("total_bytes", ascending=False, kind="stable")["op"])
+    for _, row in table.iterrows():
+        src = one(csv, op=row["op"])
+        assert (int(row["calls"]), int(row["nccl_tests_bytes"])) == (src["calls"], src["nccl_tests_bytes"])
+
+
 def test_environment_and_skipped_files(results, report):
     built, text = report
     env = md_tables(section(text, "Environment"))["Environment"][0]
     meta_device = pd.read_json(results / "benchmark_gemm_Qwen3_0.6B.meta.json", typ="series")["device_name"]
     gemm_row = env[env["file"] == "benchmark_gemm_Qwen3_0.6B.csv"].iloc[0]
     assert gemm_row["device"] == meta_device and gemm_row["benchmark"] == "GEMM"
-    assert set(env["file"]) == {"benchmark_gemm_Qwen3_0.6B.csv", "attn_tiny.csv", "nccl_tests.csv",
-                                "comm/all_reduce_benchmark.csv", "comm/all_gather_benchmark.csv"}
+    assert set(env["file"]) == {"benchmark_gemm_Qwen3_0.6B.csv", "attn_tiny.csv", "nccl_tests.csv", "fsdp_qwen.csv",
+                                "trace/sizes.csv", "comm/all_reduce_benchmark.csv", "comm/all_gather_benchmark.csv"}
     assert "-b 1K -e 16K -f 4" in section(text, "Environment")     # the comm run's command line, from its sidecar
     assert "- `notes.csv`: columns match no opbench benchmark" in section(text, "Skipped files")
-    assert {f.kind.name for f in built.found.files} == {"gemm", "attention", "comm", "nccl_tests"}
+    assert {f.kind.name for f in built.found.files} == {"gemm", "attention", "comm", "nccl_tests", "fsdp", "trace"}
 
 
 # ---- plots --------------------------------------------------------------------------------------------------

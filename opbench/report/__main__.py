@@ -32,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = build_report(args.results_dir, out, compare=args.compare, top=args.top or None,
                           plots=not args.no_plots)
     found = report.found
-    rows = sum(len(t.frame) + t.hidden for s in report.sections for t in s.tables)
+    rows = sum(len(s.ok) for s in report.sections)
     print(f"read {len(found.files)} CSV(s) ({rows} ok rows)" if found else "", end="")
     if found and found.skipped:
         print(f", skipped {len(found.skipped)}: " + ", ".join(rel for rel, _ in found.skipped), end="")

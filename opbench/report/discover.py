@@ -51,6 +51,8 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
           r"fsdp"),
     _kind("trace", "NCCL trace summary", "op count datatype dtype redop nranks calls bytes nccl_tests_bytes",
           r"trace|nccl|sizes"),
+    _kind("trace_per_rank", "NCCL trace per rank", "host pid device op calls bytes distinct_sizes", r"per_rank"),
+    _kind("trace_per_comm", "NCCL trace per communicator", "comm nranks ranks_logged calls bytes ops", r"per_comm"),
     _kind("trace_fsdp", "NCCL trace vs FSDP model", "unit collective count calls_per_step log_calls matched",
           r"fsdp"),
     _kind("ckpt", "Checkpoint", "method storage world_size thread_count save_block_time save_total_time load_time "

@@ -100,16 +100,25 @@ SPECS: dict[str, TableSpec] = {
         optional=("redop", "nranks", "oop_wrong", "ip_wrong", "file"), split="collective",
         about="Parsed nccl-tests / rccl-tests output (oop = out-of-place, ip = in-place)."),
     "fsdp": TableSpec(
-        columns=("unit", "units", "collective", "count", "dtype", "nranks", "calls_per_step", "bytes_per_rank",
-                 "nccl_tests_bytes", "size", "bytes_per_step"),
-        keys=("unit", "collective", "dtype", "nranks"), metrics=("count",), optional=("units",),
+        columns=("model", "mode", "fsdp_version", "world_size", "replicate", "unit", "units", "collective", "count",
+                 "dtype", "nranks", "calls_per_step", "bytes_per_rank", "nccl_tests_bytes", "size", "bytes_per_step"),
+        keys=("model", "mode", "fsdp_version", "world_size", "replicate", "unit", "collective", "dtype", "nranks"),
+        metrics=("count",), optional=("mode", "fsdp_version", "world_size", "replicate", "units"),
         about="Per-rank NCCL counts per FSDP unit; identical layers are one row; nccl_tests_bytes is the -b value."),
     "trace": TableSpec(
-        columns=("op", "count", "dtype", "redop", "nranks", "calls", "bytes", "nccl_tests_bytes", "size",
-                 "total_bytes", "note"),
+        columns=("op", "count", "dtype", "redop", "nranks", "calls", "bytes", "nccl_tests_bytes", "total_bytes",
+                 "total", "note"),
         keys=("op", "count", "datatype", "redop", "nranks"), metrics=("calls",),
         order=lambda f: [("total_bytes" if "total_bytes" in f else "bytes", False)], optional=("note",),
         about="Distinct collectives of the logged job, most bytes first."),
+    "trace_per_rank": TableSpec(
+        columns=("rank", "host", "pid", "device", "globalrank", "op", "calls", "bytes", "distinct_sizes"),
+        keys=("host", "pid", "device", "op"), metrics=("bytes",), order=_by("bytes", ascending=False),
+        optional=("rank", "globalrank"), about="Calls and bytes per logging process, most bytes first."),
+    "trace_per_comm": TableSpec(
+        columns=("comm", "nranks", "ranks_logged", "calls", "bytes", "ops"),
+        keys=("comm", "nranks"), order=_by("bytes", ascending=False),
+        about="Calls and bytes per NCCL communicator, most bytes first."),
     "trace_fsdp": TableSpec(
         columns=("unit", "collective", "count", "dtype", "nranks", "calls_per_step", "log_calls", "log_dtype",
                  "matched"),
@@ -184,7 +193,7 @@ def _with_size(f: pd.DataFrame, column: str) -> pd.DataFrame:
 
 
 def _derive_trace(f: pd.DataFrame) -> pd.DataFrame:
-    return _with_size(f, "total_bytes" if "total_bytes" in f else "bytes")
+    return f.assign(total=f["total_bytes"].map(human_bytes)) if "total_bytes" in f else f
 
 
 def _derive_fsdp(f: pd.DataFrame) -> pd.DataFrame:
@@ -265,6 +274,24 @@ def prepared(found: Discovery, kind: str) -> pd.DataFrame:
     if kind == "comm":
         frame = attach_tests(frame, prepared(found, "nccl_tests"))
     return frame
+
+
+def fsdp_step_totals(ok: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """Calls and bytes per training step by collective (sums of the per-unit rows)."""
+    if "bytes_per_step" not in ok:
+        return []
+    calls = ok.assign(_calls=ok["calls_per_step"] * ok.get("units", 1))
+    group = [c for c in ("model", "mode", "fsdp_version", "world_size", "replicate", "collective") if c in ok]
+    totals = calls.groupby(group, sort=False, dropna=False).agg(calls_per_step=("_calls", "sum"),
+                                                                  bytes_per_step=("bytes_per_step", "sum"))
+    totals = totals.reset_index()
+    totals["size_per_step"] = totals["bytes_per_step"].map(human_bytes)
+    shown = [c for c in totals if c not in ("mode", "fsdp_version", "world_size", "replicate")
+             or totals[c].nunique(dropna=True) > 1]
+    return [("Per training step", totals[shown])]
+
+
+EXTRA_TABLES: dict[str, Callable[[pd.DataFrame], list[tuple[str, pd.DataFrame]]]] = {"fsdp": fsdp_step_totals}
 
 
 # ---- --compare ---------------------------------------------------------------------------------------------
@@ -354,6 +381,7 @@ def build_section(found: Discovery, kind: str, top: int | None, other: Discovery
             section.tables.append(sorted_table(part, spec, columns, str(value), top))
     else:
         section.tables.append(sorted_table(ok, spec, columns, None, top))
+    section.tables += [Table(title, frame) for title, frame in EXTRA_TABLES.get(kind, lambda f: [])(ok)]
     return section
 
 
