@@ -335,3 +335,14 @@ def test_cli_entry_point_runs(results, tmp_path):
     text = (tmp_path / "report.md").read_text()
     assert "… 3 more row(s) in the CSV" in section(text, "GEMM")      # 6 ok rows, 3 shown
     assert importlib.util.find_spec("opbench.report.__main__") is not None
+
+
+def test_interrupted_run_with_header_only_is_reported_not_dropped(tmp_path):
+    from opbench.core.report import CsvReport
+    from opbench.gemm.__main__ import COLUMNS
+
+    CsvReport(tmp_path / "res" / "benchmark_gemm_X.csv", COLUMNS).close()   # what a run killed at once leaves
+    built = build_report(tmp_path / "res", tmp_path / "out")
+    gemm = section(built.path.read_text(), "GEMM")
+    assert "`benchmark_gemm_X.csv`" in gemm and "No successful rows." in gemm
+    assert not built.plots and not built.missing

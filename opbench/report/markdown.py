@@ -20,9 +20,14 @@ from .tables import SPECS, Section, Table, cell
 ENV_COLUMNS = ("file", "benchmark", "device", "accelerator stack", "torch", "opbench", "host", "ranks", "utc_time")
 
 
+def _escape(text: str) -> str:
+    """A '|' or a line break inside an error message must not end the table row."""
+    return " ".join(text.split()).replace("|", "\\|") if ("|" in text or "\n" in text) else text
+
+
 def markdown_table(frame: pd.DataFrame) -> str:
     """Numbers right-aligned, text left; cells formatted by ``cell``."""
-    rows = [[cell(v) for v in row] for row in frame.itertuples(index=False, name=None)]
+    rows = [[_escape(cell(v)) for v in row] for row in frame.itertuples(index=False, name=None)]
     align = ["right" if pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c])
              else "left" for c in frame.columns]
     return tabulate(rows, headers=[str(c) for c in frame.columns], tablefmt="github", disable_numparse=True,
