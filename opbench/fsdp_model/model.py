@@ -47,10 +47,11 @@ class FsdpCollective:
     calls_per_step: int
     unit_numel: int = 0      # unpadded parameter elements in the unit
     nnodes: int = 1          # nodes the communicator spans
+    redop: str | None = None  # reduction op of ReduceScatter / AllReduce (nccl-tests -o)
     bytes_per_rank: int = field(init=False)
     nccl_tests_bytes: int = field(init=False)
     bytes_per_step: int = field(init=False)
-    busbw_bytes_per_step: float = field(init=False)
+    busbw_bytes_per_step: int = field(init=False)   # bytes_per_step × busbw factor, rounded
 
     def __post_init__(self) -> None:
         coll = COLLECTIVES[NCCL_OP_TO_COLLECTIVE[self.collective]]
@@ -59,7 +60,8 @@ class FsdpCollective:
         object.__setattr__(self, "bytes_per_rank", self.count * elt)
         object.__setattr__(self, "nccl_tests_bytes", size)
         object.__setattr__(self, "bytes_per_step", size * self.calls_per_step)
-        object.__setattr__(self, "busbw_bytes_per_step", size * self.calls_per_step * coll.busbw_factor(self.nranks))
+        object.__setattr__(self, "busbw_bytes_per_step",
+                           round(size * self.calls_per_step * coll.busbw_factor(self.nranks)))
 
     @property
     def comm_name(self) -> str:
@@ -163,20 +165,28 @@ def all_gathers_per_step(unit: str, reshard_after_forward: bool, reshard_root: b
     return 2 if resharded else 1
 
 
+def gradient_redop(version: int, reduce_dtype: str) -> str:
+    """FSDP2 reduces fp32/bf16 gradients with NCCL's avg (``_get_gradient_divide_factors``) and fp16 with sum
+    plus separate division; FSDP1 always sums and divides around the collective."""
+    return "avg" if version == 2 and reduce_dtype in ("fp32", "bf16") else "sum"
+
+
 def unit_collectives(unit: str, count: int, numel: int, layout: Layout, *, param_dtype: str, reduce_dtype: str,
-                     reshard_after_forward: bool, reshard_root: bool = False) -> list[FsdpCollective]:
+                     reshard_after_forward: bool, reshard_root: bool = False, version: int = 2) -> list[FsdpCollective]:
     """The collectives one unit issues per step, given its per-rank shard count (shared by exact and approx)."""
     rows: list[FsdpCollective] = []
+    redop = gradient_redop(version, reduce_dtype)
     if layout.shard > 1:   # FSDP skips both collectives on a 1-rank shard group
         common = dict(unit=unit, count=count, nranks=layout.shard, unit_numel=numel, nnodes=layout.shard_group_nodes)
         rows.append(FsdpCollective(collective="AllGather", dtype=param_dtype,
                                    calls_per_step=all_gathers_per_step(unit, reshard_after_forward, reshard_root),
                                    **common))
-        rows.append(FsdpCollective(collective="ReduceScatter", dtype=reduce_dtype, calls_per_step=1, **common))
+        rows.append(FsdpCollective(collective="ReduceScatter", dtype=reduce_dtype, calls_per_step=1, redop=redop,
+                                   **common))
     if layout.replicate > 1:
         rows.append(FsdpCollective(unit=unit, collective="AllReduce", count=count, dtype=reduce_dtype,
                                    nranks=layout.replicate, calls_per_step=1, unit_numel=numel,
-                                   nnodes=layout.replicate_group_nodes))
+                                   nnodes=layout.replicate_group_nodes, redop=redop))
     return rows
 
 
@@ -197,7 +207,8 @@ def fsdp_collectives(cfg: ModelConfig, world_size: int, *, version: int = 2, par
     rows: list[FsdpCollective] = []
     for unit, (count, numel) in counts.items():
         rows += unit_collectives(unit, count, numel, layout, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-                                 reshard_after_forward=reshard_after_forward, reshard_root=reshard_root)
+                                 reshard_after_forward=reshard_after_forward, reshard_root=reshard_root,
+                                 version=version)
     return rows
 
 
@@ -209,7 +220,7 @@ def step_totals(collectives: Sequence[FsdpCollective]) -> list[dict[str, Any]]:
     for c in collectives:
         for key in (c.collective, "total"):
             t = totals.setdefault(key, {"collective": key, "calls_per_step": 0, "bytes_per_step": 0,
-                                        "busbw_bytes_per_step": 0.0})
+                                        "busbw_bytes_per_step": 0})
             t["calls_per_step"] += c.calls_per_step
             t["bytes_per_step"] += c.bytes_per_step
             t["busbw_bytes_per_step"] += c.busbw_bytes_per_step
@@ -231,22 +242,28 @@ def unit_range(units_: Sequence[str]) -> str:
     return ",".join(others + ([f"layers.{text}"] if layers else []))
 
 
-def grouped(collectives: Sequence[FsdpCollective]) -> list[dict[str, Any]]:
-    """Consecutive units with identical collectives collapsed into one row (for the console table)."""
-    out: list[dict[str, Any]] = []
-    key_fields = ("collective", "count", "dtype", "nranks", "calls_per_step")
-    runs: dict[tuple, list[FsdpCollective]] = {}
-    for c in collectives:
-        runs.setdefault(tuple(getattr(c, k) for k in key_fields) + (c.unit == ROOT,), []).append(c)
+def group_rows(rows: Sequence[dict[str, Any]], key_fields: Sequence[str],
+               sum_fields: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Rows of units that agree on ``key_fields`` collapsed into one (unit list compacted, ``units`` counted,
+    ``sum_fields`` added up); the root never merges with layers."""
+    runs: dict[tuple, list[dict[str, Any]]] = {}
+    for r in rows:
+        runs.setdefault(tuple(r[k] for k in key_fields) + (r["unit"] == ROOT,), []).append(r)
+    out = []
     for members in runs.values():
-        first = members[0]
-        row = first.to_row()
-        row["unit"] = unit_range([m.unit for m in members])
+        row = dict(members[0])
+        row["unit"] = unit_range([m["unit"] for m in members])
         row["units"] = len(members)
-        row["bytes_per_step"] = sum(m.bytes_per_step for m in members)
-        row["busbw_bytes_per_step"] = sum(m.busbw_bytes_per_step for m in members)
+        for f in sum_fields:
+            row[f] = sum(m[f] for m in members)
         out.append(row)
     return out
+
+
+def grouped(collectives: Sequence[FsdpCollective]) -> list[dict[str, Any]]:
+    """Units with identical collectives collapsed into one row (for the console table)."""
+    return group_rows([c.to_row() for c in collectives], ("collective", "count", "dtype", "nranks", "calls_per_step"),
+                      ("bytes_per_step", "busbw_bytes_per_step"))
 
 
 def unique_sizes(collectives: Sequence[FsdpCollective]) -> list[FsdpCollective]:
@@ -258,4 +275,4 @@ def unique_sizes(collectives: Sequence[FsdpCollective]) -> list[FsdpCollective]:
 
 
 __all__ = ["FsdpCollective", "Layout", "ParamSpec", "fsdp_collectives", "fsdp1_shard_numel", "fsdp2_shard_numel",
-           "grouped", "step_totals", "unique_sizes", "unit_collectives", "unit_shard_counts"]
+           "group_rows", "grouped", "step_totals", "unique_sizes", "unit_collectives", "unit_shard_counts"]

@@ -1,0 +1,145 @@
+"""``python -m opbench.fsdp_model`` / ``opbench fsdp``: the exact collectives of one FSDP training step.
+
+For each model: every unit's AllGather / ReduceScatter (and HSDP AllReduce) per-rank count, dtype, calls per
+step and nccl-tests ``-b`` size, the per-step bytes moved and busbw-equivalent volume; optionally the
+rccl-tests / nccl-tests lines for the unique sizes (``--commands``) and a timed run of the same sizes with
+opbench's torchrun comm benchmark (``--run``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Sequence
+
+from opbench.core.cli import positive_int
+from opbench.core.errors import UsageError, run_cli
+from opbench.models import ModelConfig, load_model_configs, select_models
+
+from .approx import approx_collectives, compare, compare_totals
+from .commands import commands_text, run_comm
+from .model import FSDP_DTYPES, FsdpCollective, fsdp_collectives, grouped, step_totals
+
+COLUMNS = ["model", "mode", "fsdp_version", "world_size", "replicate", "unit", "collective", "count", "dtype", "redop",
+           "nranks", "nnodes", "calls_per_step", "bytes_per_rank", "nccl_tests_bytes", "bytes_per_step",
+           "busbw_bytes_per_step", "unit_numel", "exact_count"]
+TABLE = ["unit", "units", "collective", "count", "dtype", "nranks", "calls_per_step", "bytes_per_rank",
+         "nccl_tests_bytes", "bytes_per_step"]
+
+EXAMPLES = """\
+examples:
+  opbench fsdp --model Llama3.1_70B --world-size 8 --commands
+  opbench fsdp --model-config-path config.json --world-size 16 --nnodes 2 --replicate 2 --csv fsdp.csv
+  opbench fsdp --model Llama3.1_70B --world-size 8 --mode approx          # Primus' formula vs exact
+  opbench fsdp --model-config-path config.json --world-size 8 --run       # time the sizes (torchrun)
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="opbench fsdp", description=__doc__, epilog=EXAMPLES,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("model")
+    g.add_argument("--model-config-path", default=None,
+                   help="Primus model_configs.json list, one object, or a Hugging Face config.json "
+                        "(default: the built-in shapes/model_configs.json)")
+    g.add_argument("--model", default=None, help="model name(s) from the list, comma-separated, or 'all' (default)")
+    g.add_argument("--model-name", default=None, help="name for an HF config.json (default: the file's stem)")
+    g = p.add_argument_group("FSDP")
+    g.add_argument("--world-size", type=positive_int, required=True, help="ranks in the data-parallel job")
+    g.add_argument("--nnodes", type=positive_int, default=1, help="nodes the ranks are spread over (default 1)")
+    g.add_argument("--replicate", type=positive_int, default=1,
+                   help="HSDP: shard within world_size/N contiguous ranks, all-reduce across N replicas (default 1)")
+    g.add_argument("--fsdp-version", type=int, choices=[1, 2], default=2,
+                   help="2: fully_shard, per-parameter padding; 1: FlatParameter padding (default 2)")
+    g.add_argument("--param-dtype", choices=FSDP_DTYPES, default="bf16",
+                   help="all-gather dtype, MixedPrecisionPolicy.param_dtype (default bf16)")
+    g.add_argument("--reduce-dtype", choices=FSDP_DTYPES, default="fp32",
+                   help="reduce-scatter / all-reduce dtype, MixedPrecisionPolicy.reduce_dtype (default fp32)")
+    g.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction, default=True,
+                   help="layers all-gather again in backward (default on; the root never does)")
+    g.add_argument("--use-orig-params", action=argparse.BooleanOptionalAction, default=True,
+                   help="FSDP1 only: 16-byte alignment padding between parameters (default on)")
+    g.add_argument("--mode", choices=["exact", "approx"], default="exact",
+                   help="approx: Primus' layer weights / n (no norms, no root), with the difference to exact")
+    g = p.add_argument_group("output")
+    g.add_argument("--csv", default=None, metavar="FILE", help="one row per (model, unit, collective)")
+    g.add_argument("--commands", action="store_true",
+                   help="print rccl-tests / nccl-tests and opbench comm lines for the unique sizes")
+    g.add_argument("--run", action="store_true",
+                   help="time the unique sizes with opbench comm (torchrun on this machine)")
+    g.add_argument("--report-dir-path", default="out/fsdp_comm", help="where --run writes its CSVs")
+    return p
+
+
+def model_rows(cfg: ModelConfig, args: argparse.Namespace) -> tuple[list[FsdpCollective], list[FsdpCollective]]:
+    """(rows of the chosen mode, exact rows)."""
+    opts = dict(param_dtype=args.param_dtype, reduce_dtype=args.reduce_dtype, replicate=args.replicate,
+                reshard_after_forward=args.reshard_after_forward, nnodes=args.nnodes)
+    exact = fsdp_collectives(cfg, args.world_size, version=args.fsdp_version, use_orig_params=args.use_orig_params,
+                             **opts)
+    return (approx_collectives(cfg, args.world_size, **opts) if args.mode == "approx" else exact), exact
+
+
+def csv_row(cfg: ModelConfig, args: argparse.Namespace, c: FsdpCollective, exact_count: int | None) -> dict[str, Any]:
+    row = {k: v for k, v in c.to_row().items() if k in COLUMNS}
+    return {**row, "model": cfg.name, "mode": args.mode, "fsdp_version": args.fsdp_version,
+            "world_size": args.world_size, "replicate": args.replicate, "exact_count": exact_count}
+
+
+def totals_table(rows: Sequence[FsdpCollective]) -> list[dict[str, Any]]:
+    return [{"collective": t["collective"], "calls_per_step": t["calls_per_step"],
+             "GB_per_step": t["bytes_per_step"] / 1e9, "busbw_GB_per_step": t["busbw_bytes_per_step"] / 1e9}
+            for t in step_totals(rows)]
+
+
+def header(cfg: ModelConfig, args: argparse.Namespace) -> str:
+    shard = args.world_size // args.replicate
+    hsdp = f", HSDP {args.replicate} replicas × {shard}" if args.replicate > 1 else ""
+    v1 = f", use_orig_params={args.use_orig_params}" if args.fsdp_version == 1 else ""
+    mode = "approx (Primus: layer weights / n, no root)" if args.mode == "approx" else "exact"
+    return (f"== {cfg.name}: FSDP{args.fsdp_version} {mode}, world size {args.world_size} on {args.nnodes} "
+            f"node(s){hsdp}; AllGather {args.param_dtype}, ReduceScatter {args.reduce_dtype}, "
+            f"reshard_after_forward={args.reshard_after_forward}{v1}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configs = select_models(load_model_configs(args.model_config_path, args.model_name), args.model)
+    results = [(cfg, *model_rows(cfg, args)) for cfg in configs]   # all errors surface before any output
+    from opbench.core.report import CsvReport, environment, summary_table   # imports torch: after validation
+    report = None
+    if args.csv:
+        report = CsvReport(args.csv, COLUMNS, meta=environment(None, extra={k: v for k, v in vars(args).items()}))
+    worst = 0
+    for cfg, rows, exact in results:
+        print(header(cfg, args))
+        print(summary_table(grouped(rows), TABLE))
+        print("per step:")
+        print(summary_table(totals_table(rows), ["collective", "calls_per_step", "GB_per_step", "busbw_GB_per_step"],
+                            floatfmt=".3f"))
+        if args.mode == "approx":
+            print("approx vs exact (missing = what the approximation leaves out):")
+            print(summary_table(compare(exact, rows), ["unit", "units", "collective", "exact_count", "approx_count",
+                                                       "missing_elements", "missing_pct"], floatfmt=".4f"))
+            print(summary_table(compare_totals(exact, rows), ["collective", "exact_bytes_per_step",
+                                                              "approx_bytes_per_step", "missing_pct"], floatfmt=".3f"))
+        exact_counts = {(c.unit, c.collective): c.count for c in exact}
+        if report:
+            report.extend(csv_row(cfg, args, c, exact_counts.get((c.unit, c.collective))) for c in rows)
+        if args.commands:
+            print()
+            print(commands_text(rows, args.report_dir_path))
+        if args.run:
+            if any(c.nnodes > 1 for c in rows):
+                raise UsageError("--run launches on this machine only; a process group spans nodes: run the "
+                                 "'opbench comm' lines from --commands on every node", field="--run")
+            worst = max(worst, run_comm(rows, args.report_dir_path))
+        print()
+    if report:
+        report.close()
+        print(f"wrote {args.csv}")
+    return worst
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, prog="python -m opbench.fsdp_model"))

@@ -1,0 +1,99 @@
+"""nccl-tests / rccl-tests lines and opbench comm runs that reproduce an FSDP step's collectives.
+
+The ``-b`` value is nccl-tests' size (total gathered / scattered bytes per rank, REFERENCE §4) as computed by
+``opbench.comm.conventions`` — not the per-rank shard that Primus' generator passed, which moved 1/n of the data.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Sequence
+
+from opbench.comm.conventions import nccl_tests_command
+
+from .model import FsdpCollective, unique_sizes
+
+FLAVOURS = {"rccl": "rccl-tests (ROCm)", "nccl": "nccl-tests (CUDA)"}
+
+
+def describe(c: FsdpCollective) -> str:
+    return (f"{c.collective} {c.unit}: count {c.count} {c.dtype}, {c.nranks} ranks, -b {c.nccl_tests_bytes}, "
+            f"{c.calls_per_step}/step")
+
+
+def tests_lines(c: FsdpCollective, flavour: str) -> list[str]:
+    """Single-process (-g N, when the group fits one node) and MPI (-g 1) lines for one size."""
+    kw = dict(flavour=flavour, redop=c.redop)
+    lines = []
+    if c.nnodes == 1:
+        lines.append(nccl_tests_command(c.comm_name, c.nccl_tests_bytes, c.nranks, c.dtype, launcher="single", **kw))
+    lines.append(nccl_tests_command(c.comm_name, c.nccl_tests_bytes, c.nranks, c.dtype, launcher="mpi",
+                                    nnodes=c.nnodes, **kw))
+    return lines
+
+
+@dataclass(frozen=True)
+class CommRun:
+    """One ``opbench comm`` invocation: the collectives sharing a dtype, group size and reduction."""
+
+    collectives: tuple[str, ...]
+    sizes: tuple[int, ...]
+    dtype: str
+    nranks: int
+    nnodes: int
+    redop: str | None
+
+    def argv(self, report_dir: str) -> list[str]:
+        args = ["--nproc-per-node", str(self.nranks // self.nnodes), "--collectives", ",".join(self.collectives),
+                "--sizes", ",".join(str(s) for s in self.sizes), "--dtype", self.dtype,
+                "--report-dir-path", report_dir, "--source-label", "fsdp"]
+        if self.nnodes > 1:
+            args[2:2] = ["--nnodes", str(self.nnodes)]
+        if self.redop:
+            args += ["-o", self.redop]
+        return args
+
+    def command(self, report_dir: str) -> str:
+        return " ".join(["opbench", "comm", *self.argv(report_dir)])
+
+
+def comm_runs(collectives: Sequence[FsdpCollective]) -> list[CommRun]:
+    """Group the unique sizes by (dtype, group size, nodes) so each group is one torchrun launch."""
+    groups: dict[tuple[str, int, int], tuple[list[str], list[int], list[str]]] = {}
+    for c in unique_sizes(collectives):
+        names, sizes, redops = groups.setdefault((c.dtype, c.nranks, c.nnodes), ([], [], []))
+        for value, bucket in ((c.comm_name, names), (c.nccl_tests_bytes, sizes), (c.redop, redops)):
+            if value is not None and value not in bucket:
+                bucket.append(value)
+    return [CommRun(tuple(names), tuple(sizes), dtype, nranks, nnodes, redops[0] if redops else None)
+            for (dtype, nranks, nnodes), (names, sizes, redops) in groups.items()]
+
+
+def commands_text(collectives: Sequence[FsdpCollective], report_dir: str = "out/fsdp_comm") -> str:
+    """What ``--commands`` prints: per flavour, one comment and the lines per unique size, then opbench comm."""
+    sizes = unique_sizes(collectives)
+    blocks: dict[tuple[str, ...], list[str]] = {}
+    for flavour in FLAVOURS:
+        body = tuple(line for c in sizes for line in ["# " + describe(c), *tests_lines(c, flavour)])
+        blocks.setdefault(body, []).append(FLAVOURS[flavour])
+    out: list[str] = []
+    for body, names in blocks.items():
+        out.append(f"# {' and '.join(names)}{' (same flags)' if len(names) > 1 else ''}, from the build directory:")
+        out.extend(body)
+        out.append("")
+    out.append("# opbench's own torchrun benchmark, same sizes (run on every node when a group spans nodes):")
+    out.extend(r.command(report_dir) for r in comm_runs(collectives))
+    return "\n".join(out)
+
+
+def run_comm(collectives: Sequence[FsdpCollective], report_dir: str, extra: Sequence[str] = ()) -> int:
+    """Time the sizes with ``python -m opbench.comm`` (it launches torchrun itself); returns the worst exit code."""
+    import subprocess
+
+    worst = 0
+    for run in comm_runs(collectives):
+        argv = [sys.executable, "-m", "opbench.comm", *run.argv(report_dir), *extra]
+        print("+ " + run.command(report_dir) + (" " + " ".join(extra) if extra else ""), flush=True)
+        worst = max(worst, subprocess.run(argv).returncode)
+    return worst

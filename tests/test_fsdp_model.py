@@ -1,0 +1,175 @@
+"""The FSDP model's arithmetic, its CLI (CSV contract, nccl-tests lines, errors) and --run through opbench comm.
+Agreement with real FSDP is in test_fsdp_real.py."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from opbench.core.errors import run_cli
+from opbench.fsdp_model.__main__ import main
+from opbench.fsdp_model.approx import approx_collectives, compare
+from opbench.fsdp_model.commands import comm_runs, commands_text
+from opbench.fsdp_model.model import (fsdp1_alignment_numel, fsdp1_shard_numel, fsdp2_shard_numel, fsdp_collectives,
+                                      step_totals, unit_range)
+from opbench.models import load_model_configs, select_models
+
+
+def builtin(name):
+    (cfg,) = select_models(load_model_configs(), name)
+    return cfg
+
+
+def by_key(rows):
+    return {(r.unit, r.collective): r for r in rows}
+
+
+def test_llama3_70b_8_ranks_matches_the_nccl_trace():
+    rows = by_key(fsdp_collectives(builtin("Llama3.1_70B"), 8))
+    ag = rows[("layers.0", "AllGather")]
+    assert ag.count == 106956800                      # REFERENCE §6, real NCCL trace
+    assert (ag.dtype, ag.nranks, ag.calls_per_step) == ("bf16", 8, 2)
+    assert ag.bytes_per_rank == 106956800 * 2
+    assert ag.nccl_tests_bytes == 106956800 * 2 * 8   # the gathered buffer, not the shard
+    rs = rows[("layers.79", "ReduceScatter")]
+    assert (rs.count, rs.dtype, rs.calls_per_step, rs.nccl_tests_bytes) == (106956800, "fp32", 1, 106956800 * 4 * 8)
+    root = rows[("root", "AllGather")]
+    assert root.count == (2 * 128256 * 8192 + 8192) // 8 and root.calls_per_step == 1
+    assert len(rows) == 2 * 81
+
+
+def test_approx_is_primus_formula_and_difference_is_the_norms():
+    cfg = builtin("Llama3.1_70B")
+    approx = by_key(approx_collectives(cfg, 8))
+    h, ff, heads, kv, hd = 8192, 28672, 64, 8, 128
+    assert approx[("layers.0", "AllGather")].count == (3 * h * ff + 2 * h * heads * hd + 2 * h * kv * hd) // 8
+    assert approx[("layers.0", "AllGather")].count == 106954752
+    assert ("root", "AllGather") not in approx
+    diff = {(r["unit"], r["collective"]): r for r in compare(fsdp_collectives(cfg, 8), list(approx.values()))}
+    assert diff[("layers.0-79", "AllGather")]["missing_elements"] == 2 * h // 8
+    assert diff[("root", "AllGather")]["approx_count"] == 0
+
+
+def test_fsdp2_padding_is_per_parameter():
+    assert fsdp2_shard_numel((67, 35), 4) == 17 * 35
+    assert fsdp2_shard_numel((35,), 3) == 12
+    assert fsdp2_shard_numel((3, 26, 35), 4) == 1 * 26 * 35   # fused experts: fewer experts than ranks
+    assert fsdp2_shard_numel((1, 35), 8) == 35
+
+
+def test_fsdp1_flat_parameter_padding():
+    # use_orig_params=True, bf16: each parameter starts on 8 elements, total padded to the world size
+    assert fsdp1_alignment_numel("bf16", True) == 8 and fsdp1_alignment_numel("fp32", True) == 4
+    assert fsdp1_alignment_numel("bf16", False) == 0
+    assert fsdp1_shard_numel([5, 3], 4, 8) == 3       # 5 + pad 3 + 3 = 11 -> 12 / 4
+    assert fsdp1_shard_numel([5, 3], 4, 0) == 2       # 8 / 4
+    assert fsdp1_shard_numel([7], 3, 0) == 3          # chunked: ceil(7 / 3)
+
+
+def test_reshard_hsdp_and_totals():
+    cfg = builtin("Llama3.1_8B")
+    no_reshard = by_key(fsdp_collectives(cfg, 8, reshard_after_forward=False))
+    assert no_reshard[("layers.3", "AllGather")].calls_per_step == 1
+    hsdp = by_key(fsdp_collectives(cfg, 16, replicate=2, nnodes=2))
+    ag, ar = hsdp[("layers.0", "AllGather")], hsdp[("layers.0", "AllReduce")]
+    assert (ag.nranks, ag.nnodes) == (8, 1)
+    assert (ar.count, ar.nranks, ar.nnodes, ar.dtype, ar.redop) == (ag.count, 2, 2, "fp32", "avg")
+    assert ar.nccl_tests_bytes == ag.count * 4
+    only_replicas = fsdp_collectives(cfg, 4, replicate=4)     # shard groups of 1: FSDP skips AG/RS
+    assert {r.collective for r in only_replicas} == {"AllReduce"}
+    totals = {t["collective"]: t for t in step_totals(list(hsdp.values()))}
+    assert totals["total"]["bytes_per_step"] == sum(r.bytes_per_step for r in hsdp.values())
+    assert totals["AllGather"]["busbw_bytes_per_step"] == round(totals["AllGather"]["bytes_per_step"] * 7 / 8)
+
+
+def test_commands_use_nccl_tests_sizes_and_runs_group_by_dtype():
+    rows = fsdp_collectives(builtin("Llama3.1_70B"), 8)
+    text = commands_text(rows)
+    assert "./build/all_gather_perf -b 1711308800 -e 1711308800 -d bfloat16 -n 20 -w 5 -g 8" in text
+    assert "mpirun -np 8 --bind-to numa ./build/all_gather_perf -b 1711308800" in text
+    assert "./build/reduce_scatter_perf -b 3422617600 -e 3422617600 -d float -o avg" in text
+    assert "-b 213909504" not in text and "-b 213913600" not in text   # never the per-rank shard
+    runs = comm_runs(rows)
+    assert [(r.collectives, r.dtype, r.sizes) for r in runs] == [
+        (("all_gather",), "bf16", (4202708992, 1711308800)), (("reduce_scatter",), "fp32", (8405417984, 3422617600))]
+    same_dtype = comm_runs(fsdp_collectives(builtin("Llama3.1_70B"), 8, reduce_dtype="bf16"))
+    assert len(same_dtype) == 1 and same_dtype[0].collectives == ("all_gather", "reduce_scatter")
+
+
+def test_multi_node_groups_get_mpi_lines_only():
+    text = commands_text(fsdp_collectives(builtin("Llama3.1_8B"), 16, nnodes=2))
+    assert "-g 16" not in text and "mpirun -np 16 -H node0:8,node1:8" in text
+
+
+def test_unit_range():
+    assert unit_range(["layers.0", "layers.1", "layers.2"]) == "layers.0-2"
+    assert unit_range(["layers.1", "layers.3", "layers.4", "layers.5"]) == "layers.1,3-5"
+    assert unit_range(["root"]) == "root"
+
+
+def test_cli_csv_contract(run, tmp_path):
+    out = tmp_path / "fsdp.csv"
+    res = run("opbench.fsdp_model", "--model", "Llama3.1_70B", "--world-size", "8", "--csv", str(out), "--commands")
+    assert res.returncode == 0, res.stderr
+    assert "layers.0-79" in res.stdout and "106956800" in res.stdout
+    assert "./build/all_gather_perf -b 1711308800" in res.stdout
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 162
+    layer = next(r for r in rows if r["unit"] == "layers.0" and r["collective"] == "AllGather")
+    assert (layer["count"], layer["dtype"], layer["bytes_per_rank"], layer["calls_per_step"],
+            layer["nccl_tests_bytes"]) == ("106956800", "bf16", "213913600", "2", "1711308800")
+    assert json.loads(out.with_suffix(".meta.json").read_text())["world_size"] == 8
+
+
+def test_cli_approx_reports_difference(capsys):
+    assert run_cli(main, ["--model", "Llama3.1_70B", "--world-size", "8", "--mode", "approx"]) == 0
+    out = capsys.readouterr().out
+    assert "106954752" in out and "approx vs exact" in out and "2048" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--world-size", "8", "--replicate", "3", "--model", "Llama3.1_8B"], "field '--replicate'"),
+    (["--world-size", "8", "--nnodes", "3", "--model", "Llama3.1_8B"], "field '--nnodes'"),
+    (["--world-size", "8", "--model-config-path", "missing.json"], "missing.json: file not found"),
+    (["--world-size", "8", "--model", "NoSuchModel"], "unknown model 'NoSuchModel'"),
+])
+def test_cli_usage_errors(capsys, args, message):
+    assert run_cli(main, args, prog="opbench fsdp") == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_missing_layer_count(run, tmp_path):
+    cfg = tmp_path / "nolayers.json"
+    cfg.write_text(json.dumps({"model": "x", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+                               "vocab_size": 100}))
+    opbench = shutil.which("opbench")
+    if opbench is None:
+        pytest.skip("the opbench console script is not installed")
+    res = subprocess.run([opbench, "fsdp", "--model-config-path", str(cfg), "--world-size", "2"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and "opbench fsdp: error:" in res.stderr and "field 'num_hidden_layers'" in res.stderr
+
+
+@pytest.mark.slow
+def test_cli_run_times_the_sizes_with_opbench_comm(run, tmp_path):
+    cfg = tmp_path / "tiny.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 24, "intermediate_size": 40,
+                               "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+                               "vocab_size": 67}))
+    report = tmp_path / "comm"
+    res = run("opbench.fsdp_model", "--model-config-path", str(cfg), "--world-size", "2", "--run",
+              "--param-dtype", "fp32", "--reduce-dtype", "fp32", "--report-dir-path", str(report), timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    expected = {(r.comm_name, r.nccl_tests_bytes) for r in fsdp_collectives(
+        load_model_configs(cfg)[0], 2, param_dtype="fp32", reduce_dtype="fp32")}
+    measured = set()
+    for name in ("all_gather", "reduce_scatter"):
+        for row in csv.DictReader((report / f"{name}_benchmark.csv").open()):
+            assert row["status"] == "ok" and row["source"] == "fsdp" and float(row["time_us"]) > 0
+            measured.add((name, int(row["size_bytes"])))
+    assert measured == expected
