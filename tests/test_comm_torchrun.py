@@ -140,14 +140,16 @@ def test_two_nodes_on_loopback(tmp_path):
 
 def test_slurm_environment_without_torchrun(tmp_path):
     """Two plain processes with only srun's variables (SLURM_PROCID/NTASKS/LOCALID/STEP_ID) and the job
-    script's MASTER_ADDR/PORT form one job, as under `srun python -m opbench.comm`."""
+    script's MASTER_ADDR/PORT form one job, as under `srun python -m opbench.comm`; also the 2-rank ping-pong
+    and per-call blocking."""
     port = _free_port()
     base = {k: v for k, v in ENV.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
     procs = []
     for rank in (0, 1):
         env = {**base, "SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(rank),
                "SLURM_NNODES": "1", "SLURM_STEP_ID": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        cmd = [sys.executable, "-m", "opbench.comm", "-b", "1K", "--collectives", "all_to_all", "--check",
+        cmd = [sys.executable, "-m", "opbench.comm", "-b", "1K", "--collectives", "all_to_all,send_recv", "--check",
+               "--p2p-mode", "pingpong", "--blocking",
                "--report-dir-path", str(tmp_path / f"rank{rank}"), *QUICK]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                       cwd=ROOT))
@@ -155,4 +157,7 @@ def test_slurm_environment_without_torchrun(tmp_path):
     assert [p.returncode for p in procs] == [0, 0], results[0][1][-2000:] + results[1][1][-2000:]
     (row,) = rows(tmp_path / "rank0", "all_to_all")
     assert (row["world_size"], row["count"], row["wrong"]) == ("2", "128", "0")
+    (p2p,) = rows(tmp_path / "rank0", "send_recv")
+    assert (p2p["pattern"], p2p["count"], p2p["wrong"]) == ("pingpong", "256", "0")
+    assert_nccl_tests_numbers(p2p, 2)
     assert not (tmp_path / "rank1").exists()

@@ -30,7 +30,7 @@ from opbench.core.sweep import STATUS_ERROR, STATUS_OK, STATUS_OOM, STATUS_UNSUP
     classify_failure, release_memory
 
 from .conventions import COLLECTIVES, nccl_dtype
-from .ops import OPS, Buffers, CommOp, Ctx, corrupt, count_wrong, fill_for_check
+from .ops import OPS, Buffers, CommOp, Ctx, all_gather_fn, corrupt, count_wrong, fill_for_check
 from .sizes import CommCase, count_for, group_layout
 
 COLUMNS = [
@@ -204,7 +204,7 @@ class Bench:
         mine = torch.tensor([_STATUS_CODES.index(status), wrong, *times], dtype=torch.float64, device=self.device)
         every = torch.empty(self.world * mine.numel(), dtype=torch.float64, device=self.device)
         try:
-            (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(every, mine)
+            all_gather_fn()(every, mine)
         except Exception as exc:  # noqa: BLE001
             raise CommFailure(f"rank {self.rank}/{self.world}: gathering results after {row['collective']} "
                               f"{size} B failed: {' '.join(str(exc).split())[:300]} "

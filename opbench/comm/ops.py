@@ -134,7 +134,7 @@ def _pair(ctx: Ctx, numel: int) -> Buffers:
 
 
 # torch 2.13 names first; the *_tensor names are what older clusters' torch has.
-def _all_gather_fn() -> Callable[..., Any]:
+def all_gather_fn() -> Callable[..., Any]:
     return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
@@ -176,7 +176,7 @@ OPS: dict[str, CommOp] = {op.name: op for op in (
            lambda c, b: partial(dist.all_reduce, b.recv, op=reduce_op(c.redop), group=c.group),
            reduce_expected),
     CommOp("all_gather", (False, True), False, _gather_buffers,
-           lambda c, b: partial(_all_gather_fn(), b.recv, b.send, group=c.group),
+           lambda c, b: partial(all_gather_fn(), b.recv, b.send, group=c.group),
            lambda c, i: tagged(c, i // c.count, i % c.count)),
     CommOp("reduce_scatter", (False, True), True, _scatter_buffers,
            lambda c, b: partial(_reduce_scatter_fn(), b.recv, b.send, op=reduce_op(c.redop), group=c.group),
