@@ -111,7 +111,7 @@ def test_unknown_datatype_has_no_fake_bytes():
     assert r.dtype == "dtype42" and r.bytes is None
 
 
-def test_torn_line_recovers_complete_call_and_its_host():
+def test_torn_line_recovers_complete_call_and_its_host(tmp_path):
     a = call_line("AllGather", 5, LAYER, 9, host="dgx-a", pid=1, tid=2, device=0)
     b = call_line("AllGather", 5, LAYER, 9, host="dgx-b", pid=3, tid=4, device=1)
     clean_b = call_line("AllReduce", 6, 8, 7, host="dgx-b", pid=3, tid=4, device=1)
@@ -119,10 +119,15 @@ def test_torn_line_recovers_complete_call_and_its_host():
     recs, stats = parse("\n".join([clean_b, torn, a[60:]]) + "\n")
     assert [r.op for r in recs] == ["AllReduce", "AllGather"]
     got = recs[1]
-    assert (got.host, got.pid, got.tid, got.device, got.count) == ("dgx-b", 3, 4, 1, LAYER)
+    assert got.torn and not recs[0].torn
+    assert (got.pid, got.tid, got.device, got.count) == (3, 4, 1, LAYER) and got.host.endswith("dgx-b")
     assert stats.fragments == 1          # the interrupted call
     assert stats.skipped == 1            # the tail of the interrupted line
     assert stats.call_lines == 2
+    log = tmp_path / "torn.log"
+    log.write_text("\n".join([torn, a[60:], clean_b]) + "\n")       # the clean line comes later: still repaired
+    summary, _ = trace.analyze([str(log)])
+    assert {(r["host"], r["op"]) for r in summary.per_rank_rows([])} == {("dgx-b", "AllGather"), ("dgx-b", "AllReduce")}
 
 
 def test_two_complete_calls_on_one_line_and_a_call_without_prefix():

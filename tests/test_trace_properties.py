@@ -83,3 +83,52 @@ def test_block_size_does_not_matter(many, block):
         p = LogParser()
         got = p.parse_bytes(text)
     assert got == expected and len(got) == len(many) and p.stats.lines == 2 * len(many)
+
+
+@st.composite
+def job_logs(draw):
+    """Lines of a few ranks: collectives, grouped Send/Recv, PP pairs, noise and torn lines, in any order."""
+    nranks = draw(st.integers(2, 4))
+    lines = []
+    for _ in range(draw(st.integers(1, 12))):
+        me = draw(st.integers(0, nranks - 1))
+        kw = dict(host=f"node{me % 2}", pid=100 + me, tid=200 + me, device=me, comm=f"0xc{me}", nranks=nranks)
+        kind = draw(st.sampled_from(["coll", "a2a", "pp", "noise", "torn"]))
+        oc = draw(st.integers(0, 5))
+        if kind == "coll":
+            lines.append(call_line(draw(st.sampled_from(["AllReduce", "AllGather", "ReduceScatter"])), oc,
+                                   draw(st.sampled_from([8, 1024])), draw(st.sampled_from([7, 9])), **kw))
+        elif kind == "a2a":
+            for peer in range(nranks):
+                lines += [call_line("Send", oc, 64, 9, root=peer, **kw), call_line("Recv", oc, 64, 9, root=peer, **kw)]
+        elif kind == "pp":
+            lines.append(call_line(draw(st.sampled_from(["Send", "Recv"])), oc, 32, 9, root=(me + 1) % nranks, **kw))
+        elif kind == "noise":
+            lines.append(draw(st.text(alphabet="abc 0123:[]", max_size=30)))
+        else:
+            line = call_line("AllReduce", oc, 8, 7, **kw)
+            lines.append(line[: draw(st.integers(10, len(line) - 5))] + call_line("AllGather", oc, 16, 9, **kw))
+    return "\n".join(lines) + "\n"
+
+
+@FEW
+@given(job_logs(), st.booleans())
+def test_fast_tally_equals_record_path(text, raw_p2p):
+    """analyze() counts at regex speed; the same log through CallRecords must give the same tables."""
+    import os
+    import tempfile
+
+    from opbench.comm.trace import analyze, iter_records
+    from opbench.comm.trace_summary import TraceSummary
+
+    with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as fh:
+        fh.write(text)
+    try:
+        fast, parser = analyze([fh.name], raw_p2p=raw_p2p)
+        slow = TraceSummary().extend(iter_records(LogParser(), [fh.name], raw_p2p=raw_p2p))
+        slow.repair_hosts()
+    finally:
+        os.remove(fh.name)
+    assert fast.summary_rows() == slow.summary_rows()
+    assert fast.per_rank_rows([]) == slow.per_rank_rows([])
+    assert parser.stats.calls == sum(text.count("opCount ") for _ in [0]) - parser.stats.fragments

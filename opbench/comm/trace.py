@@ -13,13 +13,14 @@ trace_summary, the optional actions in trace_actions. ``trace_sizes`` is the API
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from ..core.errors import UsageError, run_cli
-from .trace_p2p import group_p2p
+from .trace_p2p import P2pGrouper, group_p2p
 from .trace_parse import CallRecord, LogParser
 from .trace_summary import TraceSummary
 
@@ -59,22 +60,45 @@ def check_paths(paths: Iterable[str]) -> list[str]:
     return out
 
 
-def iter_records(parser: LogParser, paths: Sequence[str], raw_p2p: bool = False) -> Iterable[CallRecord]:
-    """All calls of all logs, in file order; grouped Send/Recv become AlltoAll unless ``raw_p2p``."""
+def iter_records(parser: LogParser, paths: Sequence[str], raw_p2p: bool = False) -> Iterator[CallRecord]:
+    """Every call of every log as a CallRecord, in file order; grouped Send/Recv become AlltoAll unless
+    ``raw_p2p``. The API for callers that want per-call detail (``analyze`` takes a faster road)."""
 
-    def stream() -> Iterable[CallRecord]:
-        for path in paths:
-            try:
+    def stream() -> Iterator[CallRecord]:
+        for path in check_paths(paths):
+            with _reading(path):
                 yield from parser.calls(path)
-            except OSError as exc:
-                raise UsageError(f"cannot read: {exc.strerror or exc}", source=path) from None
 
     return stream() if raw_p2p else group_p2p(stream())
 
 
+@contextlib.contextmanager
+def _reading(path: str) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        raise UsageError(f"cannot read: {exc.strerror or exc}", source=path) from None
+
+
 def analyze(paths: Sequence[str], raw_p2p: bool = False) -> tuple[TraceSummary, LogParser]:
-    parser = LogParser()
-    summary = TraceSummary().extend(iter_records(parser, check_paths(paths), raw_p2p))
+    """Parse logs into a TraceSummary: calls are tallied at regex speed; blocks with Send/Recv go through
+    CallRecords so all-to-all recognition (trace_p2p) sees them in log order."""
+    parser, summary = LogParser(), TraceSummary()
+    raw: dict[tuple, int] = {}
+    grouper = None if raw_p2p else P2pGrouper()
+
+    def sink(rec: CallRecord) -> None:
+        for out in grouper.feed(rec, (rec.host, rec.pid, rec.device, rec.comm)) if grouper is not None else [rec]:
+            summary.add(out)
+
+    for path in check_paths(paths):
+        with _reading(path):
+            parser.tally(path, raw, sink, busy=lambda: bool(grouper and grouper.open_keys))
+    if grouper is not None:
+        summary.extend(grouper.finish())
+    summary.add_raw(raw)
+    summary.rccl_fields |= parser.stats.rccl_fields
+    summary.repair_hosts()
     return summary, parser
 
 

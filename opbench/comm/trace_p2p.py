@@ -25,11 +25,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Hashable, Iterable, Iterator
 
-from .trace_parse import CallRecord
+from .trace_parse import P2P_OPS, CallRecord
 
-P2P_OPS = ("Send", "Recv")
 GROUPED_NOTE = "grouped Send/Recv"
 
 
@@ -74,33 +73,53 @@ class _Group:
                                    inferred=f"{GROUPED_NOTE} ({len(self.lines)} lines)")
 
 
-def group_p2p(records: Iterable[CallRecord]) -> Iterator[CallRecord]:
-    """Pass records through, replacing grouped Send/Recv all-to-all patterns by one AlltoAll record each."""
-    open_groups: dict[tuple, _Group] = {}
+class P2pGrouper:
+    """Incremental form: ``feed`` Send/Recv records, ``other`` when another op hits the same (process, comm),
+    ``finish`` at the end; each returns the records to emit (merged AlltoAll or the original lines).
 
-    def flush(key: tuple) -> Iterator[CallRecord]:
-        g = open_groups.pop(key)
-        merged = g.as_alltoall()
-        if merged is not None:
-            yield merged
-        else:
-            yield from g.lines
+    ``key`` identifies the (process, comm) stream; callers may use any hashable (the fast tally uses raw
+    bytes). ``open_keys`` is the set of keys with an unfinished group.
+    """
 
-    for rec in records:
-        key = (rec.host, rec.pid, rec.device, rec.comm)
-        g = open_groups.get(key)
+    def __init__(self) -> None:
+        self.groups: dict[Hashable, _Group] = {}
+        self.open_keys: set[Hashable] = set()
+
+    def feed(self, rec: CallRecord, key: Hashable) -> list[CallRecord]:
         if rec.op not in P2P_OPS:
-            if g is not None:
-                yield from flush(key)
-            yield rec
-            continue
+            return self.other(key) + [rec]
+        out: list[CallRecord] = []
+        g = self.groups.get(key)
         if g is not None and not g.accepts(rec):
-            yield from flush(key)
+            out += self._flush(key)
             g = None
         if g is None:
-            g = open_groups[key] = _Group(rec.opcount, rec.nranks)
+            g = self.groups[key] = _Group(rec.opcount, rec.nranks)
+            self.open_keys.add(key)
         g.add(rec)
         if g.complete:
-            yield from flush(key)
-    for key in list(open_groups):
-        yield from flush(key)
+            out += self._flush(key)
+        return out
+
+    def other(self, key: Hashable) -> list[CallRecord]:
+        return self._flush(key) if key in self.groups else []
+
+    def finish(self) -> list[CallRecord]:
+        out: list[CallRecord] = []
+        for key in list(self.groups):
+            out += self._flush(key)
+        return out
+
+    def _flush(self, key: Hashable) -> list[CallRecord]:
+        g = self.groups.pop(key)
+        self.open_keys.discard(key)
+        merged = g.as_alltoall()
+        return [merged] if merged is not None else g.lines
+
+
+def group_p2p(records: Iterable[CallRecord]) -> Iterator[CallRecord]:
+    """Pass records through, replacing grouped Send/Recv all-to-all patterns by one AlltoAll record each."""
+    grouper = P2pGrouper()
+    for rec in records:
+        yield from grouper.feed(rec, (rec.host, rec.pid, rec.device, rec.comm))
+    yield from grouper.finish()

@@ -9,15 +9,17 @@ with RCCL's `` acc 0x…|(nil)`` before ``count`` (2.27) and `` task N globalran
 old RCCL's µs timestamp between ``[dev]`` and ``NCCL INFO``, NCCL's optional ``[YYYY-mm-dd HH:MM:SS] `` prefix,
 and whatever launchers glue in front (``[0] ``, `` 0: ``, ``[1,0]<stdout>:``, Ray tags, collector timestamps).
 
-Why it is fast and small: the file is read in 4 MiB byte blocks (never decoded), and one compiled regex that
-starts with the literal ``opCount `` runs over a whole block with ``finditer`` — the regex engine skips
-non-NCCL text at memchr speed, so Python code only runs for real calls. Only the text *before* a match (the
-prefix) is looked at with plain ``bytes`` methods. Memory is one block plus one partial line; lines longer
-than ``MAX_LINE`` without a newline (binary garbage) are cut, so memory stays bounded on any input.
+Why it is fast and small: the file is read in 1 MiB byte blocks (never decoded) and ONE compiled regex runs
+over a whole block with ``finditer`` — the regex engine, not Python, walks past non-NCCL text and splits the
+fields, so Python only touches real calls. ``tally`` goes further and only counts distinct field tuples
+(the summary needs nothing else); ``calls`` builds a CallRecord per call for callers that want them. Memory is
+one block plus one partial line; lines longer than ``MAX_LINE`` without a newline (binary garbage) are cut.
 
-Torn lines (two processes writing into one line) are handled by parsing only complete call bodies: the
-fragment of the interrupted call fails the regex and is counted in ``ParseStats.fragments``; the complete
-call on that line keeps the prefix that immediately precedes it. Nothing in here raises on bad input.
+Torn lines (two processes writing into one line) are handled by the regex itself: the interrupted call
+fails to match (counted in ``ParseStats.fragments``) and the complete call on that line keeps the prefix
+right before it; such calls are flagged ``torn`` because junk may be glued to their host ('0x7fnode07'), and
+TraceSummary.repair_hosts() maps them to the host of the same pid seen on clean lines (HostFixer).
+Nothing in here raises on bad input.
 """
 
 from __future__ import annotations
@@ -27,28 +29,32 @@ import io
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 from .conventions import COLLECTIVES, NCCL_DTYPES, NCCL_OP_TO_COLLECTIVE, redop_name
 
-BLOCK = 4 << 20          # bytes read per step
+BLOCK = 1 << 20          # bytes read per step
 MAX_LINE = 1 << 20       # a "line" longer than this without a newline is cut (garbage)
 
-# The call body, from the literal "opCount" to the stream pointer (and RCCL's task/globalrank).
-# No \s anywhere, so a match can never run across a newline.
-_CALL = re.compile(
+_OPS = rb"AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|Send|Recv|AlltoAll|AllToAll|AllToAllPivot|Gather|Scatter"
+# Optional prefix "host:pid:tid [dev] [µs] NCCL INFO ", then the call body. No \s, so never across a newline.
+_FULL = re.compile(
+    rb"(?:(?P<host>[^\s:\[\]<>()]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>-?\d+)\] (?:[0-9.]+ )?NCCL INFO )?"
+    rb"(?P<op>(?<![A-Za-z0-9])[A-Za-z][A-Za-z0-9]*|" + _OPS + rb"): "
     rb"opCount (?P<opcount>[0-9a-fA-F]+) sendbuff (?P<sendbuff>\S+) recvbuff (?P<recvbuff>\S+) "
-    rb"(?:acc (?P<acc>\S+) )?count (?P<count>\d+) datatype (?P<datatype>\d+) op (?P<op>\d+) "
+    rb"(?:acc (?P<acc>\S+) )?count (?P<count>\d+) datatype (?P<datatype>\d+) op (?P<redop>\d+) "
     rb"root (?P<root>-?\d+) comm (?P<comm>\S+) \[nranks=(?P<nranks>\d+)\] "
     rb"stream (?P<stream>0x[0-9a-fA-F]+|\(nil\)|\S+)"
     rb"(?: task (?P<task>-?\d+) globalrank (?P<globalrank>-?\d+))?"
 )
 # "comm 0x… rank 3 nranks 8 cudaDev 3 [nvmlDev 3] busId … [commId 0x…] - Init COMPLETE" (INIT subsystem)
-_INIT = re.compile(rb"comm (?P<comm>\S+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev (?P<dev>-?\d+)"
-                   rb"(?:.*?commId (?P<commid>0x[0-9a-fA-F]+))?")
-_OP_TAIL = re.compile(rb"([A-Za-z][A-Za-z0-9]*)$")
-_INFO = b"NCCL INFO "
-_P2P_OPS = frozenset({"Send", "Recv"})
+_INIT = re.compile(rb"(?:(?P<host>[^\s:\[\]<>()]+):(?P<pid>\d+):\d+ \[(?P<dev>-?\d+)\] (?:[0-9.]+ )?NCCL INFO )?"
+                   rb"(?:\w+ )?comm (?P<comm>\S+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev -?\d+"
+                   rb"[^\n]*?(?:commId (?P<commid>0x[0-9a-fA-F]+)[^\n]*?)?Init COMPLETE")
+# Fields a tally is keyed on (everything but per-call pointers and opCount)
+TALLY_FIELDS = ("op", "count", "datatype", "redop", "nranks", "host", "pid", "dev", "comm", "globalrank")
+_TALLY_INDEX = tuple(_FULL.groupindex[f] for f in TALLY_FIELDS)   # m.group(*ints) is cheaper than names
+P2P_OPS = frozenset({"Send", "Recv"})
 _ROOTED = frozenset({"Broadcast", "Reduce", "Gather", "Scatter"})
 # Op names this package synthesises (trace_p2p): an uneven all-to-all is timed as the even one moving as many bytes.
 INFERRED_OPS = {"AlltoAllv": "all_to_all"}
@@ -77,6 +83,7 @@ class CallRecord:
     tid: int | None = None
     device: int | None = None
     inferred: str | None = None    # set on records synthesised from other lines (grouped Send/Recv → AlltoAll)
+    torn: bool = False             # a torn line: junk may be glued to ``host`` (HostFixer repairs it)
 
     @property
     def collective(self) -> str | None:
@@ -101,23 +108,22 @@ class CallRecord:
 
     @property
     def redop(self) -> str | None:
-        """Reduction name for reducing ops; None for ops whose logged ``op`` field means nothing."""
-        coll = COLLECTIVES.get(self.collective or "")
-        return redop_name(self.op_enum) if coll is not None and coll.has_redop else None
+        return redop_for(self.op, self.op_enum)
 
     @property
     def peer(self) -> int | None:
         """Send/Recv log their peer in the ``root`` field."""
-        return self.root if self.op in _P2P_OPS else None
+        return self.root if self.op in P2P_OPS else None
 
     @property
     def root_rank(self) -> int | None:
         return self.root if self.op in _ROOTED else None
 
-    @property
-    def process(self) -> tuple[str | None, int | None, int | None]:
-        """Who logged it: (host, pid, device). RCCL's globalrank is more precise where logged."""
-        return (self.host, self.pid, self.device)
+
+def redop_for(op: str, op_enum: int) -> str | None:
+    """Reduction name for reducing ops; None for ops whose logged ``op`` field means nothing (gathers, p2p)."""
+    coll = COLLECTIVES.get(NCCL_OP_TO_COLLECTIVE.get(op) or INFERRED_OPS.get(op) or "")
+    return redop_name(op_enum) if coll is not None and coll.has_redop else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +151,7 @@ class ParseStats:
     fragments: int = 0      # 'opCount ' occurrences that were not a complete call (torn / truncated lines)
     init_lines: int = 0
     cut_lines: int = 0      # over-long lines cut at MAX_LINE
+    rccl_fields: bool = False   # RCCL-only fields (acc, task/globalrank) were seen
     read_errors: list[str] = field(default_factory=list)   # e.g. a truncated .gz (what came before is kept)
 
     @property
@@ -166,183 +173,190 @@ def open_log(path: str) -> BinaryIO:
     return buffered
 
 
-def _int(text: bytes) -> int | None:
-    return int(text) if text.isdigit() else None
-
-
-class _HostFixer:
-    """Repairs hosts glued to a torn fragment ('0xdgx07' → 'dgx07') using hosts seen on clean lines."""
+class HostFixer:
+    """Repairs a host glued to a torn fragment ('0x7fdgx07' → 'dgx07', or 'gx07' when the fragment's hex ate
+    the 'd'): learn hosts from clean lines, then ``fix`` picks the most-seen clean host of the same pid that
+    the torn one ends with, or that ends with it."""
 
     def __init__(self) -> None:
-        self.by_pid: dict[int, set[str]] = {}
-        self.known: set[str] = set()
+        self.seen: dict[int | None, dict[str, int]] = {}
 
-    def learn(self, host: str, pid: int | None) -> None:
-        if host not in self.known:
-            self.known.add(host)
-        if pid is not None:
-            self.by_pid.setdefault(pid, set()).add(host)
+    def learn(self, host: str, pid: int | None, n: int = 1) -> None:
+        hosts = self.seen.setdefault(pid, {})
+        hosts[host] = hosts.get(host, 0) + n
 
-    def fix(self, host: str, pid: int | None) -> str:
-        if host in self.known:
+    def fix(self, host: str | None, pid: int | None) -> str | None:
+        hosts = self.seen.get(pid)
+        if not host or not hosts:
             return host
-        candidates = self.by_pid.get(pid, set()) if pid is not None else set()
-        for pool in (candidates, self.known):
-            hits = [h for h in pool if host.endswith(h)]
-            if hits:
-                return max(hits, key=len)
-        return host
+        own = hosts.get(host, 0)
+        best = [(n, g) for g, n in hosts.items()
+                if g != host and n > own and (host.endswith(g) or g.endswith(host))]
+        return max(best)[1] if best else host
 
 
-def _parse_prefix(pre: bytes) -> tuple[str | None, int | None, int | None, int | None]:
-    """``…host:pid:tid [dev] [ts] NCCL INFO `` → (host, pid, tid, dev); Nones where absent or unreadable."""
-    if not pre.endswith(_INFO):
-        return None, None, None, None
-    tokens = pre[: -len(_INFO)].rsplit(None, 3)
-    if len(tokens) >= 2 and not tokens[-1].startswith(b"[") and tokens[-2].startswith(b"["):
-        tokens.pop()                                   # old RCCL: µs timestamp before "NCCL INFO"
-    if len(tokens) < 2 or not (tokens[-1].startswith(b"[") and tokens[-1].endswith(b"]")):
-        return None, None, None, None
-    dev = tokens[-1][1:-1]
-    device = int(dev) if dev.lstrip(b"-").isdigit() else None
-    parts = tokens[-2].rsplit(b":", 2)
-    if len(parts) != 3:
-        return None, None, None, device
-    host = parts[0].rsplit(b":", 1)[-1]               # '[1,0]<stdout>:host' → 'host'
-    return host.decode("utf-8", "replace") or None, _int(parts[1]), _int(parts[2]), device
+def _s(b: bytes | None) -> str | None:
+    return None if b is None else b.decode("utf-8", "replace")
+
+
+def _i(b: bytes | None) -> int | None:
+    return None if b is None else int(b)
+
+
+def record_from_match(m: re.Match[bytes], torn: bool = False) -> CallRecord:
+    """The CallRecord for one ``_FULL`` match (every field the line has)."""
+    (host, pid, tid, dev, op, opcount, sendbuff, recvbuff, acc, count, datatype, redop, root, comm, nranks, stream,
+     task, globalrank) = m.groups()
+    return CallRecord(op.decode("ascii"), int(opcount, 16), int(count), int(datatype), int(redop), int(root),
+                      _s(comm), int(nranks), _s(stream), _s(sendbuff), _s(recvbuff), _s(acc), _i(task),
+                      _i(globalrank), _s(host), _i(pid), _i(tid), _i(dev), torn=torn)
+
+
+def _calls_with_flags(block: bytes) -> Iterator[tuple[re.Match[bytes], bool, bool]]:
+    """(match, first call on its line, torn): torn = another call or an 'opCount ' fragment precedes it there."""
+    find = block.find
+    prev_end = -1
+    for m in _FULL.finditer(block):
+        start = m.start()
+        first = prev_end < 0 or find(b"\n", prev_end, start) >= 0
+        torn = not first or block.count(b"opCount ", block.rfind(b"\n", 0, start) + 1, start) > 0
+        prev_end = m.end()
+        yield m, first, torn
+
+
+# (op, count, datatype, redop, nranks, host, pid, dev, comm, globalrank, torn) -> calls; fields are bytes
+RawTally = dict[tuple, int]
+RecordSink = Callable[[CallRecord], None]
+P2P_MARKERS = (b"Send: opCount", b"Recv: opCount")
 
 
 class LogParser:
-    """Parses one or more logs into CallRecords (and InitRecords), keeping ParseStats.
+    """Parses one or more logs, keeping ParseStats and InitRecords across them.
 
-    ``calls(path)`` is a generator, so callers aggregate on the fly and memory stays constant.
+    ``calls(path)`` yields CallRecords (full detail, in file order). ``tally(path, counts, sink)`` is the fast
+    road: it only counts TALLY_FIELDS tuples per call, at regex speed; blocks holding Send/Recv (or any block
+    while ``busy()`` says a Send/Recv group is still open) go to ``sink`` as records instead, so all-to-all
+    recognition sees them in log order. Both stream: memory never grows with the log. Hosts are kept as
+    logged, with ``torn`` set where a torn line may have glued junk to them (trace_summary repairs them).
     """
 
     def __init__(self) -> None:
         self.stats = ParseStats()
         self.inits: list[InitRecord] = []
-        self._hosts = _HostFixer()
 
     # -- public -------------------------------------------------------------------------------------
     def calls(self, path: str) -> Iterator[CallRecord]:
+        for block in self._blocks(path):
+            yield from self._records(block)
+
+    def parse_bytes(self, data: bytes) -> list[CallRecord]:
+        """Convenience for tests and small inputs."""
+        out: list[CallRecord] = []
+        for block in self._blocks_from(io.BufferedReader(io.BytesIO(data))):  # type: ignore[arg-type]
+            out += self._records(block)
+        return out
+
+    def tally(self, path: str, counts: RawTally, sink: RecordSink | None = None,
+              busy: Callable[[], bool] = lambda: False) -> None:
+        stats = self.stats
+        fields = _TALLY_INDEX
+        get = counts.get
+        for block in self._blocks(path):
+            if sink is not None and (busy() or P2P_MARKERS[0] in block or P2P_MARKERS[1] in block):
+                for rec in self._records(block):
+                    sink(rec)
+                continue
+            find = block.find
+            prev_end = -1
+            calls = 0
+            lines_before = stats.call_lines
+            for m in _FULL.finditer(block):
+                key = m.group(*fields) + (False,)
+                counts[key] = get(key, 0) + 1
+                if prev_end < 0 or find(b"\n", prev_end, m.start()) >= 0:
+                    stats.call_lines += 1
+                prev_end = m.end()
+                calls += 1
+            if block.count(b"opCount ") > calls or stats.call_lines - lines_before < calls:
+                self._flag_torn(block, counts)           # torn lines (rare): re-key those calls as torn
+            self._block_stats(block, calls)
+
+    # -- internals ----------------------------------------------------------------------------------
+    @staticmethod
+    def _flag_torn(block: bytes, counts: RawTally) -> None:
+        for m, _first, torn in _calls_with_flags(block):
+            if torn:
+                key = m.group(*_TALLY_INDEX)
+                clean, flagged = key + (False,), key + (True,)
+                counts[clean] -= 1
+                if counts[clean] == 0:
+                    del counts[clean]
+                counts[flagged] = counts.get(flagged, 0) + 1
+
+    def _records(self, block: bytes) -> list[CallRecord]:
+        out = []
+        for m, first, torn in _calls_with_flags(block):
+            out.append(record_from_match(m, torn))
+            self.stats.call_lines += first
+        self._block_stats(block, len(out))
+        return out
+
+    def _block_stats(self, block: bytes, calls: int) -> None:
+        stats = self.stats
+        stats.calls += calls
+        stats.fragments += block.count(b"opCount ") - calls
+        if not stats.rccl_fields and calls and (b" globalrank " in block or b" acc " in block):
+            stats.rccl_fields = True
+        if b"Init COMPLETE" in block:
+            self._inits(block)
+
+    def _blocks(self, path: str) -> Iterator[bytes]:
         self.stats.files.append(path)
         with open_log(path) as fh:
-            yield from self.calls_from_stream(fh)
+            yield from self._blocks_from(fh)
 
-    def calls_from_stream(self, fh: BinaryIO) -> Iterator[CallRecord]:
+    def _blocks_from(self, fh: BinaryIO) -> Iterator[bytes]:
+        """Whole-line blocks of about BLOCK bytes; lines are counted here."""
+        stats = self.stats
         tail = b""
         read = getattr(fh, "read1", fh.read)   # read1: a truncated .gz still yields what precedes the damage
         while True:
             try:
                 chunk = read(BLOCK)
             except (EOFError, OSError, ValueError) as exc:  # truncated or corrupt .gz: keep what was read
-                self.stats.read_errors.append(f"{type(exc).__name__}: {exc}")
+                stats.read_errors.append(f"{type(exc).__name__}: {exc}")
                 chunk = b""
             if not chunk:
                 break
-            self.stats.bytes += len(chunk)
+            stats.bytes += len(chunk)
             data = tail + chunk if tail else chunk
             cut = data.rfind(b"\n")
             if cut < 0:
                 if len(data) > MAX_LINE:
-                    self.stats.cut_lines += 1
-                    self.stats.lines += 1
-                    yield from self._block(data, newline_terminated=False)
+                    stats.cut_lines += 1
+                    stats.lines += 1
+                    yield data
                     tail = b""
                 else:
                     tail = data
                 continue
             tail = data[cut + 1:]
-            yield from self._block(data[: cut + 1], newline_terminated=True)
+            block = data[: cut + 1]
+            stats.lines += block.count(b"\n")
+            yield block
             if len(tail) > MAX_LINE:
-                self.stats.cut_lines += 1
-                self.stats.lines += 1
-                yield from self._block(tail, newline_terminated=False)
+                stats.cut_lines += 1
+                stats.lines += 1
+                yield tail
                 tail = b""
         if tail:
-            self.stats.lines += 1
-            yield from self._block(tail, newline_terminated=False)
-
-    def parse_bytes(self, data: bytes) -> list[CallRecord]:
-        """Convenience for tests and small inputs."""
-        return list(self.calls_from_stream(io.BytesIO(data)))
-
-    # -- internals ----------------------------------------------------------------------------------
-    def _block(self, block: bytes, newline_terminated: bool) -> Iterator[CallRecord]:
-        stats = self.stats
-        if newline_terminated:
-            stats.lines += block.count(b"\n")
-        if b"Init COMPLETE" in block:
-            self._inits(block)
-        matched = 0
-        prev_end = 0
-        last_line_start = -1
-        for m in _CALL.finditer(block):
-            start = m.start()
-            line_start = block.rfind(b"\n", 0, start) + 1
-            clean = prev_end <= line_start              # no earlier call on this line
-            head = block[line_start if clean else prev_end:start]
-            prev_end = m.end()
-            rec = self._record(m, head, clean)
-            if rec is None:
-                continue
-            matched += 1
-            if line_start != last_line_start:
-                stats.call_lines += 1
-                last_line_start = line_start
-            yield rec
-        stats.calls += matched
-        stats.fragments += block.count(b"opCount ") - matched
-
-    def _record(self, m: re.Match[bytes], head: bytes, clean: bool) -> CallRecord | None:
-        if not head.endswith(b": "):
-            return None
-        op_tok = head[:-2].rsplit(None, 1)[-1] if head[:-2].strip() else b""
-        om = _OP_TAIL.search(op_tok)
-        if om is None:
-            return None
-        op_b = om.group(1)
-        pre = head[: len(head) - 2 - len(op_b)]
-        host, pid, tid, dev = _parse_prefix(pre)
-        if host is not None:
-            if clean and pre.count(_INFO) == 1 and pre.find(b"opCount") < 0:
-                self._hosts.learn(host, pid)
-            else:
-                host = self._hosts.fix(host, pid)
-        g = m.group
-        acc = g("acc")
-        task = g("task")
-        try:
-            return CallRecord(
-                op=op_b.decode("ascii"), opcount=int(g("opcount"), 16), count=int(g("count")),
-                datatype=int(g("datatype")), op_enum=int(g("op")), root=int(g("root")),
-                comm=g("comm").decode("ascii", "replace"), nranks=int(g("nranks")),
-                stream=g("stream").decode("ascii", "replace"),
-                sendbuff=g("sendbuff").decode("ascii", "replace"), recvbuff=g("recvbuff").decode("ascii", "replace"),
-                acc=acc.decode("ascii", "replace") if acc is not None else None,
-                task=int(task) if task is not None else None,
-                globalrank=int(g("globalrank")) if task is not None else None,
-                host=host, pid=pid, tid=tid, device=dev,
-            )
-        except (ValueError, UnicodeDecodeError):
-            return None
+            stats.lines += 1
+            yield tail
 
     def _inits(self, block: bytes) -> None:
-        pos = block.find(b"Init COMPLETE")
-        while pos >= 0:
-            ls = block.rfind(b"\n", 0, pos) + 1
-            line = block[ls:pos]
-            m = None
-            k = line.rfind(b"comm ")
-            while k >= 0 and m is None:               # the last "comm …" on the line (torn lines)
-                m = _INIT.match(line, k)
-                k = line.rfind(b"comm ", 0, k)
-            if m is not None:
-                info_at = line.rfind(_INFO, 0, m.start())
-                host, pid, _tid, dev = _parse_prefix(line[: info_at + len(_INFO)]) if info_at >= 0 else (
-                    None, None, None, None)
-                self.inits.append(InitRecord(host, pid, dev, m.group("comm").decode("ascii", "replace"),
-                                             int(m.group("rank")), int(m.group("nranks")),
-                                             m.group("commid").decode() if m.group("commid") else None))
-                self.stats.init_lines += 1
-            pos = block.find(b"Init COMPLETE", pos + 13)
+        for m in _INIT.finditer(block):
+            host, pid, dev, comm, rank, nranks, commid = m.group("host", "pid", "dev", "comm", "rank", "nranks",
+                                                                 "commid")
+            self.inits.append(InitRecord(_s(host), _i(pid), _i(dev), _s(comm) or "", int(rank), int(nranks),
+                                         _s(commid)))
+            self.stats.init_lines += 1

@@ -1,26 +1,51 @@
 """Aggregate parsed NCCL calls into the summary contract, per-rank and per-communicator breakdowns.
 
-Everything is a running tally keyed by a few small tuples, so memory grows with the number of distinct
-sizes/ranks/communicators, never with the number of calls.
+Everything is one tally: calls per (op, count, datatype, redop, nranks, host, pid, device, comm, globalrank,
+note). Its size grows with distinct sizes × ranks × communicators, never with the number of calls; every
+table is a group-by over it at the end.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable
 
-from .conventions import COLLECTIVES, NCCL_DTYPES
-from .trace_parse import CallRecord, InitRecord
+from .conventions import COLLECTIVES, NCCL_DTYPES, NCCL_OP_TO_COLLECTIVE
+from .trace_parse import INFERRED_OPS, CallRecord, HostFixer, InitRecord, RawTally, redop_for
 
 SUMMARY_COLUMNS = ["op", "collective", "count", "datatype", "dtype", "redop", "nranks", "calls", "bytes",
                    "nccl_tests_bytes", "total_bytes", "note"]
-PER_RANK_COLUMNS = ["rank", "host", "pid", "device", "globalrank", "op", "calls", "bytes", "distinct_sizes",
-                    "last_opcount"]
+PER_RANK_COLUMNS = ["rank", "host", "pid", "device", "globalrank", "op", "calls", "bytes", "distinct_sizes"]
 PER_COMM_COLUMNS = ["comm", "commid", "nranks", "ranks_logged", "calls", "bytes", "ops"]
 
-SizeKey = tuple[str, int, int, "str | None", int]     # (op, count, datatype, redop, nranks)
 ProcKey = tuple["str | None", "int | None", "int | None"]  # (host, pid, device)
+
+
+@dataclass(frozen=True)
+class Key:
+    op: str
+    count: int
+    datatype: int
+    op_enum: int
+    nranks: int
+    host: str | None
+    pid: int | None
+    device: int | None
+    comm: str
+    globalrank: int | None
+    note: str | None = None
+    torn: bool = False          # from a torn line: the host may carry glued junk until repair_hosts()
+
+    @property
+    def proc(self) -> ProcKey:
+        return (self.host, self.pid, self.device)
+
+    @property
+    def nbytes(self) -> int | None:
+        dt = NCCL_DTYPES.get(self.datatype)
+        return self.count * dt.size if dt else None
 
 
 def nccl_tests_bytes(collective: str | None, count: int, nranks: int, datatype: int) -> int | None:
@@ -36,93 +61,96 @@ def proc_label(host: str | None, pid: int | None, device: int | None) -> str:
     return f"{host or '?'}:{pid if pid is not None else '?'}[{device if device is not None else '?'}]"
 
 
-@dataclass
-class _SizeTally:
-    collective: str | None
-    calls: int = 0
-    notes: set[str] = field(default_factory=set)
+def _dec(b: bytes | None) -> str | None:
+    return None if b is None else b.decode("utf-8", "replace")
 
 
-@dataclass
-class _RankTally:
-    calls: int = 0
-    bytes: int = 0
-    sizes: set[tuple[int, int]] = field(default_factory=set)
-    last_opcount: int = -1
+def _int(b: bytes | None) -> int | None:
+    return None if b is None else int(b)
 
 
 class TraceSummary:
-    """Running tallies over CallRecords; ``add`` is the only per-call cost."""
+    """The tally and the tables derived from it."""
 
     def __init__(self) -> None:
-        self.sizes: dict[SizeKey, _SizeTally] = {}
-        self.ranks: dict[tuple[ProcKey, int | None, str], _RankTally] = defaultdict(_RankTally)
-        self.comms: dict[tuple[ProcKey, str, int], Counter[str]] = defaultdict(Counter)
-        self.comm_bytes: Counter[tuple[ProcKey, str, int]] = Counter()
+        self.counts: Counter[Key] = Counter()
         self.rccl_fields = False
-        self.hosts: set[str] = set()
 
-    def add(self, rec: CallRecord) -> None:
-        key = (rec.op, rec.count, rec.datatype, rec.redop, rec.nranks)
-        tally = self.sizes.get(key)
-        if tally is None:
-            tally = self.sizes[key] = _SizeTally(rec.collective)
-        tally.calls += 1
-        if rec.inferred:
-            tally.notes.add(rec.inferred.split(" (")[0])
-        proc = (rec.host, rec.pid, rec.device)
-        nbytes = rec.bytes or 0
-        rt = self.ranks[(proc, rec.globalrank, rec.op)]
-        rt.calls += 1
-        rt.bytes += nbytes
-        if len(rt.sizes) < 10_000:
-            rt.sizes.add((rec.count, rec.datatype))
-        rt.last_opcount = max(rt.last_opcount, rec.opcount)
-        ck = (proc, rec.comm, rec.nranks)
-        self.comms[ck][rec.op] += 1
-        self.comm_bytes[ck] += nbytes
+    def add(self, rec: CallRecord, n: int = 1) -> None:
+        note = rec.inferred.split(" (")[0] if rec.inferred else None
+        self.counts[Key(rec.op, rec.count, rec.datatype, rec.op_enum, rec.nranks, rec.host, rec.pid, rec.device,
+                        rec.comm, rec.globalrank, note, rec.torn)] += n
         if rec.task is not None or rec.acc is not None:
             self.rccl_fields = True
-        if rec.host:
-            self.hosts.add(rec.host)
 
     def extend(self, records: Iterable[CallRecord]) -> "TraceSummary":
         for rec in records:
             self.add(rec)
         return self
 
+    def add_raw(self, raw: RawTally) -> None:
+        """Merge a LogParser.tally (bytes fields, see trace_parse.TALLY_FIELDS)."""
+        for (op, count, datatype, redop, nranks, host, pid, dev, comm, grank, torn), n in raw.items():
+            self.counts[Key(op.decode("ascii"), int(count), int(datatype), int(redop), int(nranks), _dec(host),
+                            _int(pid), _int(dev), _dec(comm) or "", _int(grank), None, torn)] += n
+
+    def repair_hosts(self) -> None:
+        """Hosts from torn lines ('0x7fdgx07') become the host of the same pid seen on clean lines
+        (trace_parse.HostFixer); call once, after all logs are in."""
+        fixer = HostFixer()
+        for k, n in self.counts.items():
+            if k.host and not k.torn:
+                fixer.learn(k.host, k.pid, n)
+        fixed: Counter[Key] = Counter()
+        for k, n in self.counts.items():
+            host = fixer.fix(k.host, k.pid) if k.torn else k.host
+            fixed[dataclasses.replace(k, host=host, torn=False)] += n
+        self.counts = fixed
+
     @property
     def total_calls(self) -> int:
-        return sum(t.calls for t in self.sizes.values())
+        return sum(self.counts.values())
 
     # -- rows ---------------------------------------------------------------------------------------
     def summary_rows(self) -> list[dict[str, Any]]:
         """One row per distinct (op, count, datatype, redop, nranks), largest total bytes first."""
+        sizes: dict[tuple, list[Any]] = {}
+        for k, n in self.counts.items():
+            entry = sizes.setdefault((k.op, k.count, k.datatype, redop_for(k.op, k.op_enum), k.nranks), [0, set()])
+            entry[0] += n
+            if k.note:
+                entry[1].add(k.note)
         rows = []
-        for (op, count, datatype, redop, nranks), t in self.sizes.items():
+        for (op, count, datatype, redop, nranks), (calls, notes) in sizes.items():
             dt = NCCL_DTYPES.get(datatype)
+            collective = NCCL_OP_TO_COLLECTIVE.get(op) or INFERRED_OPS.get(op)
             nbytes = count * dt.size if dt else None
             rows.append({
-                "op": op, "collective": t.collective, "count": count, "datatype": datatype,
+                "op": op, "collective": collective, "count": count, "datatype": datatype,
                 "dtype": dt.name if dt else f"dtype{datatype}", "redop": redop, "nranks": nranks,
-                "calls": t.calls, "bytes": nbytes,
-                "nccl_tests_bytes": nccl_tests_bytes(t.collective, count, nranks, datatype),
-                "total_bytes": nbytes * t.calls if nbytes is not None else None,
-                "note": "; ".join(sorted(t.notes)) or None,
+                "calls": calls, "bytes": nbytes,
+                "nccl_tests_bytes": nccl_tests_bytes(collective, count, nranks, datatype),
+                "total_bytes": nbytes * calls if nbytes is not None else None,
+                "note": "; ".join(sorted(notes)) or None,
             })
         rows.sort(key=lambda r: (-(r["total_bytes"] or 0), r["op"], r["count"]))
         return rows
 
     def per_rank_rows(self, inits: list[InitRecord]) -> list[dict[str, Any]]:
         """One row per (rank, op). ``rank`` is RCCL's globalrank where logged, else the process's rank in the
-        largest communicator announced by an ``Init COMPLETE`` line, else empty (the process label says who)."""
+        largest communicator announced by an ``Init COMPLETE`` line, else empty (host/pid/device say who)."""
         world = _world_ranks(inits)
+        acc: dict[tuple, list[Any]] = {}
+        for k, n in self.counts.items():
+            entry = acc.setdefault((k.proc, k.globalrank, k.op), [0, 0, set()])
+            entry[0] += n
+            entry[1] += (k.nbytes or 0) * n
+            entry[2].add((k.count, k.datatype))
         rows = []
-        for (proc, grank, op), t in self.ranks.items():
+        for (proc, grank, op), (calls, nbytes, sizes) in acc.items():
             rank = grank if grank is not None else world.get(proc)
             rows.append({"rank": rank, "host": proc[0], "pid": proc[1], "device": proc[2], "globalrank": grank,
-                         "op": op, "calls": t.calls, "bytes": t.bytes, "distinct_sizes": len(t.sizes),
-                         "last_opcount": f"{t.last_opcount:x}" if t.last_opcount >= 0 else None})
+                         "op": op, "calls": calls, "bytes": nbytes, "distinct_sizes": len(sizes)})
         rows.sort(key=lambda r: (r["rank"] if r["rank"] is not None else 1 << 30,
                                  proc_label(r["host"], r["pid"], r["device"]), r["op"]))
         return rows
@@ -132,18 +160,20 @@ class TraceSummary:
         NCCL >= 2.9 with the INIT subsystem on) each process's handle is its own row."""
         commid = {((i.host, i.pid, i.device), i.comm): i.commid for i in inits if i.commid}
         merged: dict[tuple[str, int], dict[str, Any]] = {}
-        for (proc, comm, nranks), ops in self.comms.items():
-            cid = commid.get((proc, comm))
-            label = cid if cid else f"{proc_label(*proc)}/{comm}"
-            row = merged.setdefault((label, nranks), {"comm": label, "commid": cid, "nranks": nranks,
-                                                      "ranks_logged": 0, "calls": 0, "bytes": 0, "_ops": Counter()})
-            row["ranks_logged"] += 1
-            row["calls"] += sum(ops.values())
-            row["bytes"] += self.comm_bytes[(proc, comm, nranks)]
-            row["_ops"].update(ops)
+        procs: dict[tuple[str, int], set] = defaultdict(set)
+        for k, n in self.counts.items():
+            cid = commid.get((k.proc, k.comm))
+            label = cid if cid else f"{proc_label(*k.proc)}/{k.comm}"
+            row = merged.setdefault((label, k.nranks), {"comm": label, "commid": cid, "nranks": k.nranks,
+                                                        "calls": 0, "bytes": 0, "_ops": Counter()})
+            procs[(label, k.nranks)].add(k.proc)
+            row["calls"] += n
+            row["bytes"] += (k.nbytes or 0) * n
+            row["_ops"][k.op] += n
         rows = []
-        for row in merged.values():
+        for key, row in merged.items():
             ops = row.pop("_ops")
+            row["ranks_logged"] = len(procs[key])
             row["ops"] = " ".join(f"{op}x{n}" for op, n in ops.most_common())
             rows.append(row)
         rows.sort(key=lambda r: (-r["bytes"], r["comm"]))
@@ -151,9 +181,9 @@ class TraceSummary:
 
     def rank_mismatch(self) -> list[str]:
         """Processes whose number of calls on an op differs from the most common number (a desync/hang hint)."""
-        by_op: dict[str, dict[ProcKey, int]] = defaultdict(lambda: defaultdict(int))
-        for (proc, _grank, op), t in self.ranks.items():
-            by_op[op][proc] += t.calls
+        by_op: dict[str, Counter[ProcKey]] = defaultdict(Counter)
+        for k, n in self.counts.items():
+            by_op[k.op][k.proc] += n
         notes = []
         for op, per_proc in sorted(by_op.items()):
             if len(per_proc) < 2:
