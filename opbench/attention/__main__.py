@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from typing import Any, Sequence
 
 from opbench.core.cli import add_device_args, add_timing_args, csv_list, positive_int, timing_config
@@ -30,7 +31,8 @@ COLUMNS = [*SHAPE_COLUMNS, *PASS_COLUMNS, "max_abs_err", "max_rel_err", "grad_ma
 SUMMARY = ["model", "batch_size", "seqlen_q", "seqlen_kv", "num_head_q", "num_head_kv", "head_dim_qk",
            "head_dim_v", "backend", "fwd_time", "fwd_tflops", "bwd_time", "bwd_tflops", "fwdbwd_time",
            "max_abs_err", "status"]
-CPU_MAX_SEQLEN = 256      # CPU attention at 4k-8k tokens takes minutes per case; GPUs run the real lengths
+CPU_MAX_SEQLEN = 128      # CPU attention at 4k-8k tokens takes minutes per case; GPUs run the real lengths
+CPU_BUDGET_S = 0.2        # per pass on CPU unless a timing flag is given: the default sweep ends in minutes
 TIMING_FLAGS = ("warmup", "min_iters", "max_iters", "rel_tol", "budget", "quick")
 
 
@@ -116,9 +118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"note: CPU run: seqlens scaled down to at most {CPU_MAX_SEQLEN} (--max-seqlen 0 for the real "
                   "lengths)", file=sys.stderr)
         if not any(getattr(args, f) not in (None, False) for f in TIMING_FLAGS):
-            timing = TimingConfig.quick()
-            print("note: CPU run: quick timing (few calls per case); pass any timing flag to change",
-                  file=sys.stderr)
+            timing = replace(TimingConfig.quick(), budget_s=CPU_BUDGET_S)
+            print(f"note: CPU run: quick timing ({CPU_BUDGET_S}s of calls per pass, at least "
+                  f"{timing.min_iters}); pass any timing flag to change", file=sys.stderr)
     shapes = [cap_seqlen(s, max_seqlen) for s in shapes]
     cases = [AttentionCase(s, b, name, dtype) for s in shapes for b in args.batch_sizes for name in args.backends]
 

@@ -63,53 +63,67 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
                         chunk_bytes: int = 256 << 20):
     """The oracle: output (and dq, dk, dv for ``grad_out``) in flash-attn layout (batch, seq, heads, dim).
 
-    Computed in ``dtype`` (default: ``reference_precision``) one KV head group and one block of query rows
-    at a time, so the score matrix never exceeds ~``chunk_bytes`` even for long sequences on a GPU. The
-    backward is the analytic softmax-attention gradient: dP = dO·vᵀ, dS = P ∘ (dP − rowsum(dO ∘ O)),
-    dq = s·dS·k, dk = s·dSᵀ·q, dv = Pᵀ·dO, with GQA gradients summed over each KV head's query group.
+    Computed in ``dtype`` (default: ``reference_precision``) for as many KV-head groups and query rows at once
+    as keep the score matrix under ~``chunk_bytes``, so long sequences fit on a GPU and short ones run as a few
+    large matmuls. The backward is the analytic softmax-attention gradient: dP = dO·vᵀ,
+    dS = P ∘ (dP − rowsum(dO ∘ O)), dq = s·dS·k, dk = s·dSᵀ·q, dv = Pᵀ·dO, with GQA gradients summed over each
+    KV head's query group.
     """
     dtype = dtype or reference_precision(q.device)
-    q, k, v = (t.detach().to(dtype) for t in (q, k, v))
     batch, sq, heads, d_qk = q.shape
     skv, kv_heads, d_v = k.shape[1], k.shape[2], v.shape[3]
     group = heads // kv_heads
     scale = d_qk ** -0.5
     empty = has_empty_rows(sq, skv, causal)
-    out = torch.empty(batch, sq, heads, d_v, dtype=dtype, device=q.device)
-    grads = None
-    if grad_out is not None:
-        grad_out = grad_out.detach().to(dtype)
-        grads = (torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v))
+    # (batch, kv_heads, group, seq, dim): a KV head and its query group side by side, broadcast in matmul
+    qg = q.detach().to(dtype).reshape(batch, sq, kv_heads, group, d_qk).permute(0, 2, 3, 1, 4)
+    kg = k.detach().to(dtype).permute(0, 2, 1, 3).unsqueeze(2)
+    vg = v.detach().to(dtype).permute(0, 2, 1, 3).unsqueeze(2)
+    dog = None if grad_out is None else \
+        grad_out.detach().to(dtype).reshape(batch, sq, kv_heads, group, d_v).permute(0, 2, 3, 1, 4)
+    out = torch.empty(batch, kv_heads, group, sq, d_v, dtype=dtype, device=q.device)
+    if dog is not None:
+        dq, dk, dv = torch.empty_like(qg), torch.zeros_like(kg), torch.zeros_like(vg)
     itemsize = torch.empty((), dtype=dtype).element_size()
-    rows_per_chunk = max(1, min(sq, chunk_bytes // max(1, 4 * group * skv * itemsize)))
+    per_row = 4 * group * skv * itemsize  # scores, probs and two gradient temporaries per query row and head
+    heads_per_chunk = max(1, min(kv_heads, chunk_bytes // max(1, per_row * sq)))
+    rows_per_chunk = sq if heads_per_chunk > 1 else max(1, min(sq, chunk_bytes // per_row))
     for b in range(batch):
-        for hk in range(kv_heads):
-            heads_sl = slice(hk * group, (hk + 1) * group)
-            kh, vh = k[b, :, hk], v[b, :, hk]                               # (skv, d)
+        for h0 in range(0, kv_heads, heads_per_chunk):
+            hs = slice(h0, h0 + heads_per_chunk)
+            kh, vh = kg[b, hs], vg[b, hs]                                   # (h, 1, skv, d)
             for r0 in range(0, sq, rows_per_chunk):
                 rows = slice(r0, min(sq, r0 + rows_per_chunk))
-                qh = q[b, rows, heads_sl].transpose(0, 1)                   # (group, r, d_qk)
-                mask = causal_mask(sq, skv, q.device, r0, qh.shape[1]) if causal else None
-                probs = attention_probs(torch.matmul(qh, kh.T) * scale, mask, empty)
-                oh = torch.matmul(probs, vh)                                # (group, r, d_v)
-                out[b, rows, heads_sl] = oh.transpose(0, 1)
-                if grads is None:
+                qh = qg[b, hs, :, rows]                                      # (h, group, r, d_qk)
+                mask = causal_mask(sq, skv, q.device, r0, qh.shape[-2]) if causal else None
+                probs = attention_probs(torch.matmul(qh, kh.transpose(-1, -2)) * scale, mask, empty)
+                oh = torch.matmul(probs, vh)
+                out[b, hs, :, rows] = oh
+                if dog is None:
                     continue
-                doh = grad_out[b, rows, heads_sl].transpose(0, 1)           # (group, r, d_v)
-                delta = (doh * oh).sum(-1, keepdim=True)
-                ds = probs * (torch.matmul(doh, vh.T) - delta)
-                grads[0][b, rows, heads_sl] = (torch.matmul(ds, kh) * scale).transpose(0, 1)
-                grads[1][b, :, hk] += torch.matmul(ds.transpose(-1, -2), qh).sum(0) * scale
-                grads[2][b, :, hk] += torch.matmul(probs.transpose(-1, -2), doh).sum(0)
-    return out if grads is None else (out, *grads)
+                doh = dog[b, hs, :, rows]
+                ds = probs * (torch.matmul(doh, vh.transpose(-1, -2)) - (doh * oh).sum(-1, keepdim=True))
+                dq[b, hs, :, rows] = torch.matmul(ds, kh) * scale
+                dk[b, hs] += torch.matmul(ds.transpose(-1, -2), qh).sum(1, keepdim=True) * scale
+                dv[b, hs] += torch.matmul(probs.transpose(-1, -2), doh).sum(1, keepdim=True)
+
+    def q_layout(t: torch.Tensor) -> torch.Tensor:   # back to (batch, seq, heads, dim)
+        return t.permute(0, 3, 1, 2, 4).reshape(batch, sq, heads, t.shape[-1])
+
+    def kv_layout(t: torch.Tensor) -> torch.Tensor:
+        return t.squeeze(2).permute(0, 2, 1, 3)
+
+    if dog is None:
+        return q_layout(out)
+    return q_layout(out), q_layout(dq), kv_layout(dk), kv_layout(dv)
 
 
 def max_errors(got: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     """(max |got − ref|, that divided by max |ref|). The relative figure is norm-wise, not per element:
     per-element ratios blow up on outputs near zero and say nothing about the kernel. NaN/inf in ``got``
     gives inf (a CSV cell that cannot be mistaken for a small error)."""
-    diff = (got.detach().to(ref.dtype) - ref).abs().max().item()
+    diff = torch.linalg.vector_norm(got.detach().to(ref.dtype) - ref, ord=math.inf).item()
     if not math.isfinite(diff):
         return math.inf, math.inf
-    scale = ref.abs().max().item()
+    scale = torch.linalg.vector_norm(ref, ord=math.inf).item()
     return diff, diff / scale if scale > 0 else diff

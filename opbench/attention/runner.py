@@ -1,8 +1,8 @@
 """Runs one (shape, batch size, backend) case: check against the oracle once, then time fwd / bwd / fwdbwd.
 
 Backward is timed alone: the forward runs once, untimed, keeping its graph, and each timed call is
-``torch.autograd.grad(out, (q, k, v), grad_out, retain_graph=True)`` with a fresh ``grad_out`` drawn in the
-harness' untimed ``before`` hook. The forward is timed as in training (inputs require grad, so autograd
+``torch.autograd.grad(out, (q, k, v), grad_out, retain_graph=True)``; the harness' untimed ``before`` hook
+swaps in a different ``grad_out`` for every call. The forward is timed as in training (inputs require grad, so autograd
 records and the kernel saves what backward needs).
 """
 
@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import torch
 
 from opbench.core.device import torch_dtype
-from opbench.core.sweep import STATUS_ERROR, STATUS_OK, STATUS_UNSUPPORTED
+from opbench.core.sweep import STATUS_ERROR, STATUS_OK, STATUS_UNSUPPORTED, Unsupported
 from opbench.core.timing import Stats, TimingConfig, measure
 
 from .backends import BACKENDS, from_layout, to_layout
@@ -118,11 +118,14 @@ def time_passes(fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, passes: S
         stats["fwd"] = measure(lambda: fn(q, k, v), device, config)
     if "bwd" in passes or "fwdbwd" in passes:
         out = fn(q, k, v)
-        grad = {"out": torch.randn_like(out)}
-        like = grad["out"]
+        # Untimed, before each call: the next of two different output gradients, so no call repeats the
+        # previous one's input (drawing a new one per call costs more than the CPU backward itself).
+        pool = [torch.randn_like(out), torch.randn_like(out)]
+        grad = {"out": pool[0], "i": 0}
 
-        def fresh_grad() -> None:  # untimed: a new output gradient for every call
-            grad["out"] = torch.randn_like(like)
+        def fresh_grad() -> None:
+            grad["i"] ^= 1
+            grad["out"] = pool[grad["i"]]
 
         if "bwd" in passes:
             stats["bwd"] = measure(lambda: torch.autograd.grad(out, inputs, grad["out"], retain_graph=True),
@@ -141,7 +144,10 @@ def run_case(case: AttentionCase, device: torch.device, passes: Sequence[str], c
     with_grads = any(p in passes for p in ("bwd", "fwdbwd"))
     with warnings.catch_warnings():  # torch's kernel-selection chatter; reasons that matter land in the row
         warnings.simplefilter("ignore", UserWarning)
-        prepared = backend.build(case.shape, device, case.dtype)  # cheap; raises Unsupported before any work
+        try:
+            prepared = backend.build(case.shape, device, case.dtype)
+        except Unsupported as exc:  # known before any allocation: the row needs no cleanup
+            return {**case.as_row(), "status": STATUS_UNSUPPORTED, "error": str(exc)}
         problem = cache.get(case, device, with_grads)
         errors = check(case, prepared.fn, backend.layout, problem)
     row = {**case.as_row(), "note": prepared.note or None, **errors}
