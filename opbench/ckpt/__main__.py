@@ -1,0 +1,307 @@
+"""Checkpoint save/load benchmark CLI.
+
+    torchrun --nproc-per-node 8 -m opbench.ckpt --model Llama3.1_8B --methods torch_save,dcp,dcp_async \\
+        --storage /nvme/ckpt,s3://bucket/ckpt --thread-count 1,4 --report-dir-path out/ckpt
+    opbench ckpt --nproc-per-node 2 --size-mb 256          # starts the ranks itself on this machine
+    python -m opbench.ckpt --size-mb 64                     # one process (world size 1)
+
+Writes DIR/ckpt_benchmark.csv (one row per state × storage × method × thread count, as each finishes) and
+DIR/ckpt_benchmark.meta.json (environment, every per-iteration and per-rank time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+import time
+from typing import Any, Sequence
+
+from opbench.core.cli import csv_list, positive_int
+from opbench.core.errors import UsageError, run_cli
+
+from .methods import METHODS, get_method
+from .ranks import Ranks, launch_local, under_torchrun
+from .runner import COLUMNS, Case, RunOptions, base_row, case_row, run_case, sidecar_entry, warm_up_state
+from .state import OPTIMIZERS, PARAM_DTYPES, StateSpec, model_state_spec, synthetic_state_spec, with_num_layers
+from .storage import Storage, parse_storage_options, preflight, remove_tree
+
+CSV_NAME = "ckpt_benchmark.csv"
+DEFAULT_SIZE_MB = 256.0
+SUMMARY = ["model", "method", "storage", "thread_count", "save_block_time", "save_total_time", "load_time",
+           "iter_folder_size", "save_bandwidth_in_mbps", "load_bandwidth_in_mbps", "accurate", "verified", "status"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="opbench ckpt", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("state (what is saved)")
+    g.add_argument("--model-config-path", default=None,
+                   help="Primus model_configs.json, one config object or an HF config.json (default: built-in)")
+    g.add_argument("--model", default=None, help="model name(s) from the config file, comma-separated, or 'all'")
+    g.add_argument("--num-layers", type=positive_int, default=None,
+                   help="override the model's decoder layer count (to fit a big model on a small machine)")
+    g.add_argument("--optimizer", choices=OPTIMIZERS, default="adam",
+                   help="adam: exp_avg + exp_avg_sq per parameter; sgd: momentum_buffer (all fp32)")
+    g.add_argument("--param-dtype", choices=PARAM_DTYPES, default="bf16", help="parameter dtype (default bf16)")
+    g.add_argument("--master-weights", action=argparse.BooleanOptionalAction, default=None,
+                   help="fp32 master copy of the parameters (default: on unless --param-dtype fp32)")
+    g.add_argument("--size-mb", type=csv_list(float), default=None,
+                   help=f"instead of a model: total MiB across all ranks, in --param-dtype tensors of realistic "
+                        f"sizes; comma-separated to sweep (default {DEFAULT_SIZE_MB:g} when no model is given)")
+    g = p.add_argument_group("methods and storage (every combination is one CSV row)")
+    g.add_argument("--methods", type=csv_list(str), default=["torch_save", "dcp", "dcp_async"],
+                   help=f"comma-separated from {', '.join(METHODS)} (default torch_save,dcp,dcp_async)")
+    g.add_argument("--storage", type=csv_list(str), default=None,
+                   help="directories and/or fsspec URLs (s3://bucket/prefix, gs://…, file://…, memory://), "
+                        "comma-separated (default REPORT_DIR/ckpt_data)")
+    g.add_argument("--storage-options", default=None,
+                   help='JSON for the fsspec file system, e.g. \'{"endpoint_url": "http://127.0.0.1:9000"}\'')
+    g.add_argument("--thread-count", type=csv_list(positive_int), default=[1],
+                   help="DCP writer threads per rank, comma-separated to sweep (default 1)")
+    g.add_argument("--single-file-per-rank", action=argparse.BooleanOptionalAction, default=True,
+                   help="DCP: one file per rank (default) instead of one per tensor")
+    g.add_argument("--sync-files", action=argparse.BooleanOptionalAction, default=True,
+                   help="fsync every file before a save counts as done (default on)")
+    g = p.add_argument_group("measurement")
+    g.add_argument("--iterations", type=positive_int, default=3,
+                   help="saves per case, each to a new directory, then as many loads (default 3)")
+    g.add_argument("--save-interval", type=float, default=0.0,
+                   help="async methods: seconds of simulated training after each async save returns; a save "
+                        "still running then makes accurate=false (default 0: wait for it at once)")
+    g.add_argument("--drop-cache", action="store_true",
+                   help="evict the saved files from the page cache before each load (local storage)")
+    g.add_argument("--keep", action="store_true", help="keep the checkpoints instead of deleting each case's")
+    g.add_argument("--device", default="auto", help="where the state lives: auto (GPU if present), cpu, cuda")
+    g.add_argument("--report-dir-path", default="out", help=f"where {CSV_NAME} goes (default out)")
+    g.add_argument("--nproc-per-node", type=positive_int, default=None,
+                   help="not under torchrun: start this many ranks on this machine")
+    g.add_argument("--dry-run", action="store_true", help="print the states and cases, save nothing")
+    return p
+
+
+def state_specs(args: argparse.Namespace) -> list[StateSpec]:
+    """The states to sweep: each selected model (with --num-layers), or each --size-mb."""
+    if args.save_interval < 0:
+        raise UsageError(f"must not be negative, got {args.save_interval}", field="--save-interval")
+    if args.size_mb is not None and (args.model or args.model_config_path):
+        raise UsageError("give either --size-mb or a model (--model / --model-config-path), not both",
+                         field="--size-mb")
+    if args.model is None and args.model_config_path is None:
+        sizes = args.size_mb or [DEFAULT_SIZE_MB]
+        if any(s <= 0 for s in sizes):
+            raise UsageError(f"must be positive, got {','.join(f'{s:g}' for s in sizes)}", field="--size-mb")
+        return [synthetic_state_spec(int(s * 2**20), args.param_dtype) for s in sizes]
+    from opbench.models import load_model_configs, select_models
+
+    configs = load_model_configs(args.model_config_path, None)
+    chosen = select_models(configs, args.model) if args.model else configs
+    return [model_state_spec(with_num_layers(cfg, args.num_layers), args.optimizer, args.param_dtype,
+                             args.master_weights) for cfg in chosen]
+
+
+def cases_for(state_index: int, storages: list[Storage], methods: list[str], threads: list[int]) -> list[Case]:
+    """storage × method × thread count; methods without a thread knob get one case, thread_count empty."""
+    cases: list[Case] = []
+    for storage, name in itertools.product(storages, methods):
+        method = get_method(name)
+        for tc in (threads if method.uses_threads else [None]):
+            cases.append(Case(state_index, storage, method, tc))
+    return cases
+
+
+def check_memory(specs: list[StateSpec], world: int, device_type: str) -> None:
+    """Refuse a state this machine cannot hold (state + one copy: a torch.load result or async staging)."""
+    if device_type != "cpu":
+        return
+    try:
+        with open("/proc/meminfo") as fh:
+            avail = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    for spec in specs:
+        need = spec.local_bytes(0, world) * local * 2
+        if need > avail:
+            raise UsageError(f"state '{spec.label}' needs about {need / 2**30:.1f} GiB of memory on this node "
+                             f"({local} ranks × {spec.local_bytes(0, world) / 2**30:.2f} GiB, twice for "
+                             f"load/staging copies) but {avail / 2**30:.1f} GiB is available; use --num-layers or a "
+                             "smaller --size-mb", field="--model" if spec.optimizer else "--size-mb")
+
+
+def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[StateSpec], list[Storage], RunOptions]:
+    args = build_parser().parse_args(argv)
+    specs = state_specs(args)
+    for name in args.methods:
+        get_method(name)
+    options = parse_storage_options(args.storage_options)
+    storages = [Storage(s, options) for s in (args.storage or [os.path.join(args.report_dir_path, "ckpt_data")])]
+    run = RunOptions(args.iterations, args.save_interval, args.drop_cache, args.keep,
+                     args.single_file_per_rank, args.sync_files)
+    return args, specs, storages, run
+
+
+def dry_run(args, specs: list[StateSpec], storages: list[Storage], world: int) -> int:
+    from opbench.core.report import summary_table
+
+    rows = [dict(state=s.label, tensors=len(s.tensors), total_GiB=s.total_bytes / 2**30,
+                 per_rank_GiB=s.local_bytes(0, world) / 2**30, optimizer=s.optimizer, param_dtype=s.param_dtype,
+                 master_weights=s.master_weights, num_layers=s.num_layers) for s in specs]
+    print(summary_table(rows, list(rows[0])))
+    cases = [c for i in range(len(specs)) for c in cases_for(i, storages, args.methods, args.thread_count)]
+    print(f"\n{len(cases)} cases per state × {args.iterations} saves and loads, world size {world}:")
+    print(summary_table([dict(method=c.method.name, storage=c.storage.spec, thread_count=c.thread_count)
+                         for c in cases_for(0, storages, args.methods, args.thread_count)],
+                        ["method", "storage", "thread_count"]))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, specs, storages, run = parse(argv)
+    if under_torchrun():
+        world = int(os.environ["WORLD_SIZE"])
+        per_node = os.environ.get("LOCAL_WORLD_SIZE")
+        if args.nproc_per_node and per_node and args.nproc_per_node != int(per_node):
+            raise UsageError(f"torchrun started {per_node} ranks per node, not {args.nproc_per_node}",
+                             field="--nproc-per-node")
+    else:
+        world = args.nproc_per_node or 1
+    if args.dry_run:
+        return dry_run(args, specs, storages, world) if int(os.environ.get("RANK", "0")) == 0 else 0
+    from opbench.core.device import resolve_device
+
+    check_memory(specs, world, resolve_device(args.device).type)
+    if not under_torchrun() and world > 1:
+        # Check the storage here so a typo fails once, cleanly, before any rank starts.
+        for storage in storages:
+            remove_tree(storage, preflight(storage, world, 0))
+        rest = _without_nproc(argv)
+        return launch_local(world, rest)
+    return _run_ranks(args, specs, storages, run)
+
+
+def _without_nproc(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if a == "--nproc-per-node":
+            skip = True
+            continue
+        if a.startswith("--nproc-per-node="):
+            continue
+        out.append(a)
+    return out
+
+
+def _run_ranks(args, specs: list[StateSpec], storages: list[Storage], run: RunOptions) -> int:
+    from opbench.core.device import resolve_device
+
+    ranks = Ranks.start(resolve_device(args.device))
+    try:
+        return _benchmark(args, specs, storages, run, ranks)
+    except UsageError:
+        if ranks.is_main:
+            raise
+        return 2
+    finally:
+        from .methods import stop_async_daemon
+
+        stop_async_daemon()
+        ranks.stop()
+
+
+def _benchmark(args, specs: list[StateSpec], storages: list[Storage], run: RunOptions, ranks: Ranks) -> int:
+    from opbench.core.report import CsvReport, environment, summary_table
+    from opbench.core.sweep import run_sweep
+
+    from .state import ShardedState
+
+    run_dirs = _preflight_all(ranks, storages, specs, run)
+    report: Any = _NullReport()
+    meta: dict[str, Any] = {}
+    if ranks.is_main:
+        meta = environment(ranks.device, dict(benchmark="ckpt", world_size=ranks.world_size, args=vars(args),
+                                              run_dirs=run_dirs, states=[], cases=[]))
+        report = CsvReport(os.path.join(args.report_dir_path, CSV_NAME), COLUMNS, meta=meta)
+    rows: list[dict[str, Any]] = []
+    tiny = warm_up_state(ranks)
+    try:
+        for index, spec in enumerate(specs):
+            cases = cases_for(index, storages, args.methods, args.thread_count)
+            start = time.perf_counter()
+            state = ShardedState.build(spec, ranks.rank, ranks.world_size, ranks.device)
+            state.dcp_state_dict()   # DTensor views made once, outside every timing
+            if ranks.is_main:
+                meta["states"].append(dict(label=spec.label, tensors=len(spec.tensors), total_bytes=spec.total_bytes,
+                                           rank0_bytes=state.local_bytes, build_s=time.perf_counter() - start))
+
+            def measure(case: Case) -> dict[str, Any]:
+                case_dir = f"{run_dirs[storages.index(case.storage)]}/{case.tag}"
+                result = run_case(ranks, state, case, case_dir, run, tiny)
+                if ranks.is_main:
+                    meta["cases"].append(sidecar_entry(case, result))
+                    report.write_meta(meta)
+                return case_row(case, state, ranks, run, result)
+
+            def failed(case: Case, status: str, message: str) -> dict[str, Any]:
+                return {**base_row(case, state, ranks, run), "status": status, "error": message}
+
+            rows += run_sweep(cases, measure, failed, report, desc=spec.label)
+            del state
+    finally:
+        if ranks.is_main and not run.keep:
+            for storage, run_dir in zip(storages, run_dirs):
+                try:
+                    remove_tree(storage, run_dir)
+                except Exception:  # noqa: BLE001 - leftovers are harmless, the report is what matters
+                    pass
+        report.close()
+    if not ranks.is_main:
+        return 0 if all(r.get("status") == "ok" for r in rows) else 1
+    print(summary_table(rows, SUMMARY))
+    print(f"\nwrote {report.path}")
+    bad = [r for r in rows if r.get("status") != "ok" or r.get("verified") is False]
+    if bad:
+        print(f"opbench ckpt: {len(bad)} of {len(rows)} cases failed or did not verify (see status/error)",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def _preflight_all(ranks: Ranks, storages: list[Storage], specs: list[StateSpec], run: RunOptions) -> list[str]:
+    """Rank 0 checks every storage (exists, writable, room for the biggest state's iterations); every rank
+    gets the same answer, so a bad --storage stops all of them with one message."""
+    needed = max(s.total_bytes for s in specs) * run.iterations
+    outcome: Any = None
+    if ranks.is_main:
+        try:
+            outcome = [preflight(s, ranks.world_size, needed) for s in storages]
+        except UsageError as exc:
+            outcome = exc
+    outcome = ranks.broadcast(outcome)
+    if isinstance(outcome, UsageError):
+        raise outcome
+    return outcome
+
+
+class _NullReport:
+    """Ranks other than 0 measure too but write nothing."""
+
+    path = None
+
+    def append(self, row: Any) -> None:
+        pass
+
+    def write_meta(self, meta: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, prog="python -m opbench.ckpt"))

@@ -1,0 +1,216 @@
+"""The save/load methods, one small class each: torch.save per rank, DCP, and DCP's async_save (thread, process).
+
+Each ``save`` returns when the training loop could go on (``PendingSave``); ``wait`` returns when the bytes are
+stored. Each ``load`` returns this rank's loaded tensors by key so the caller can verify them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+
+from opbench.core.sweep import Unsupported
+
+from .state import ShardedState
+from .storage import Storage
+
+
+@dataclass(frozen=True)
+class SaveOptions:
+    """FileSystemWriter knobs (--thread-count, --single-file-per-rank, --sync-files)."""
+
+    thread_count: int = 1
+    single_file_per_rank: bool = True
+    sync_files: bool = True
+
+
+class PendingSave:
+    """A save handed off by the training loop. ``resolved_at`` is the perf_counter() time it finished."""
+
+    def __init__(self, future: Future | None = None):
+        self._future = future
+        self.resolved_at: float | None = None if future is not None else time.perf_counter()
+        if future is not None:
+            future.add_done_callback(self._mark)
+
+    def _mark(self, _: Future) -> None:
+        if self.resolved_at is None:
+            self.resolved_at = time.perf_counter()
+
+    def done(self) -> bool:
+        return self._future is None or self._future.done()
+
+    def wait(self) -> float:
+        """Block until stored (re-raising the save's error) and return when that happened."""
+        if self._future is not None:
+            self._future.result()
+            self._mark(self._future)
+        assert self.resolved_at is not None
+        return self.resolved_at
+
+
+class Method:
+    name = ""
+    async_type: str | None = None      # 'thread' | 'process' for dcp.async_save
+    uses_threads = False                # whether --thread-count applies
+    loads_in_place = False              # loads into the state's own tensors (scrambled first)
+
+    def save(self, state: ShardedState, storage: Storage, path: str, opts: SaveOptions) -> PendingSave:
+        raise NotImplementedError
+
+    def load(self, state: ShardedState, storage: Storage, path: str) -> Mapping[str, torch.Tensor]:
+        raise NotImplementedError
+
+
+class TorchSave(Method):
+    """One file per rank: torch.save of the rank's local tensors, torch.load(weights_only=True) to read them
+    (Megatron's ``torch`` checkpoint format with the distributed optimizer works this way)."""
+
+    name = "torch_save"
+
+    @staticmethod
+    def _file(path: str, rank: int) -> str:
+        return f"{path}/rank_{rank:05d}.pt"
+
+    def save(self, state, storage, path, opts):
+        target = self._file(path, state.rank)
+        local = storage.local_path(target)
+        if local is not None:
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            with open(local, "wb") as fh:
+                torch.save(state.tensors, fh)
+                if opts.sync_files:
+                    fh.flush()
+                    os.fsync(fh.fileno())
+        else:
+            fs, _ = storage.filesystem()
+            fs.makedirs(path, exist_ok=True)
+            with fs.open(target, "wb") as fh:
+                torch.save(state.tensors, fh)
+        return PendingSave()
+
+    def load(self, state, storage, path):
+        target = self._file(path, state.rank)
+        local = storage.local_path(target)
+        if local is not None:
+            with open(local, "rb") as fh:
+                return torch.load(fh, map_location=state.device, weights_only=True)
+        fs, _ = storage.filesystem()
+        with fs.open(target, "rb") as fh:
+            return torch.load(fh, map_location=state.device, weights_only=True)
+
+
+class Dcp(Method):
+    """torch.distributed.checkpoint.save/load of DTensor shards (FSDP2's layout); FileSystemWriter for paths,
+    FsspecWriter for URLs."""
+
+    name = "dcp"
+    uses_threads = True
+    loads_in_place = True
+
+    @staticmethod
+    def writer(storage: Storage, path: str, opts: SaveOptions):
+        kwargs = dict(single_file_per_rank=opts.single_file_per_rank, sync_files=opts.sync_files,
+                      thread_count=opts.thread_count)
+        if storage.is_url:
+            from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+            return FsspecWriter(path, **kwargs, **dict(storage.options))
+        from torch.distributed.checkpoint import FileSystemWriter
+
+        return FileSystemWriter(path, **kwargs)
+
+    @staticmethod
+    def reader(storage: Storage, path: str):
+        if storage.is_url:
+            from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+            return FsspecReader(path, **dict(storage.options))
+        from torch.distributed.checkpoint import FileSystemReader
+
+        return FileSystemReader(path)
+
+    def save(self, state, storage, path, opts):
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(state.dcp_state_dict(), storage_writer=self.writer(storage, path, opts))
+        return PendingSave()
+
+    def load(self, state, storage, path):
+        import torch.distributed.checkpoint as dcp
+
+        dcp.load(state.dcp_state_dict(), storage_reader=self.reader(storage, path))
+        return state.tensors
+
+
+class DcpAsync(Dcp):
+    """dcp.async_save: returns once the state is staged to host memory; the write finishes in the background
+    (a thread, or with ``process`` a daemon process per rank that DCP starts on first use)."""
+
+    name = "dcp_async"
+    async_type = "thread"
+
+    def checkpointer_type(self):
+        from torch.distributed.checkpoint import state_dict_saver
+
+        kind = getattr(state_dict_saver, "AsyncCheckpointerType", None)
+        member = getattr(kind, self.async_type.upper(), None) if kind is not None else None
+        if member is None:
+            raise Unsupported(f"this torch ({torch.__version__}) has no dcp.async_save "
+                              f"async_checkpointer_type={self.async_type}")
+        return member
+
+    def save(self, state, storage, path, opts):
+        import torch.distributed.checkpoint as dcp
+
+        response = dcp.async_save(state.dcp_state_dict(), storage_writer=self.writer(storage, path, opts),
+                                  async_checkpointer_type=self.checkpointer_type())
+        # Newer torch may return AsyncSaveResponse(staging_completion, upload_completion).
+        return PendingSave(getattr(response, "upload_completion", response))
+
+
+class DcpAsyncProcess(DcpAsync):
+    """Process mode: DCP spawns one daemon per rank on the first save (a fresh Python that joins its own gloo
+    group); the runner's untimed warm-up save pays that start-up."""
+
+    name = "dcp_async_process"
+    async_type = "process"
+
+
+METHODS: dict[str, Method] = {m.name: m for m in (TorchSave(), Dcp(), DcpAsync(), DcpAsyncProcess())}
+
+
+def get_method(name: str) -> Method:
+    from opbench.core.errors import UsageError
+
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise UsageError(f"unknown method '{name}' (choose from {', '.join(METHODS)})", field="--methods") from None
+
+
+def stop_async_daemon(timeout: float = 60.0) -> None:
+    """Stop DCP's checkpoint daemon (process mode) before the process group goes away. Every rank asks its own
+    daemon at about the same time, since the daemons leave their gloo group together. Private torch state, so
+    any surprise here is ignored."""
+    try:
+        from torch.distributed.checkpoint import _async_process_executor as ape
+
+        proc = getattr(ape, "_CHECKPOINT_PROCESS", None)
+        if proc is None:
+            return
+        ape._CHECKPOINT_PROCESS = None
+        worker = proc._save_process
+        if worker.is_alive():
+            proc._send(ape._CheckpointSaveProcessControlOpts.TERMINATE)
+            worker.join(timeout)
+        if worker.is_alive():
+            worker.terminate()
+            worker.join(5)
+    except Exception:  # noqa: BLE001
+        pass

@@ -1,0 +1,220 @@
+"""One benchmark case (state × storage × method × thread count): K timed saves, each into a new directory,
+then K timed loads, each verified; turned into one CSV row with Primus' metric names (REFERENCE §9).
+
+Per iteration a time is the slowest rank's (every rank starts together after a barrier); the row holds the
+median over iterations, with min/max beside it and every per-rank, per-iteration value in the JSON sidecar.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from opbench.core.device import synchronize
+from opbench.core.timing import Stats
+
+from .methods import Method, SaveOptions
+from .ranks import Ranks
+from .state import ShardedState, StateSpec, TensorSpec
+from .storage import Storage, drop_page_cache, folder_size, remove_tree
+
+COLUMNS = [
+    "model", "num_layers", "optimizer", "param_dtype", "state_bytes",
+    "method", "storage", "world_size", "thread_count", "async_save", "async_type",
+    "single_file_per_rank", "sync_files", "drop_cache", "num_saved", "num_loaded",
+    "save_block_time", "save_total_time", "load_time",
+    "save_block_time_max", "save_total_time_min", "save_total_time_max", "load_time_min", "load_time_max",
+    "iter_folder_size", "save_bandwidth_in_mbps", "load_bandwidth_in_mbps",
+    "accurate", "verified", "status", "error",
+]
+
+
+def bandwidth_mibps(size_bytes: float | None, seconds: float | None) -> float | None:
+    """Primus' *_bandwidth_in_mbps: bytes / 2**20 / seconds (MiB/s despite the name)."""
+    if not size_bytes or not seconds:
+        return None
+    return size_bytes / 2**20 / seconds
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    iterations: int = 3
+    save_interval: float = 0.0     # simulated training seconds after an async save returns (0: wait at once)
+    drop_cache: bool = False
+    keep: bool = False
+    single_file_per_rank: bool = True
+    sync_files: bool = True
+
+
+@dataclass(frozen=True)
+class Case:
+    state_index: int
+    storage: Storage
+    method: Method
+    thread_count: int | None       # None where the method has no thread knob (torch_save)
+
+    @property
+    def tag(self) -> str:
+        threads = f"_t{self.thread_count}" if self.thread_count else ""
+        return f"s{self.state_index}_{self.method.name}{threads}"
+
+
+@dataclass
+class CaseResult:
+    """Everything measured for one case; per-iteration lists hold the slowest rank's value, ``per_rank`` keeps
+    each rank's own values for the sidecar."""
+
+    block: list[float] = field(default_factory=list)
+    total: list[float] = field(default_factory=list)
+    load: list[float] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    overlapped: list[bool] = field(default_factory=list)
+    per_rank: dict[str, list[list[float]]] = field(default_factory=lambda: {"block": [], "total": [], "load": []})
+    problems: list[str] = field(default_factory=list)
+    cache_dropped: list[bool] = field(default_factory=list)
+    warmup_s: float | None = None
+
+
+def _save_once(ranks: Ranks, state: ShardedState, case: Case, path: str, opts: SaveOptions,
+               save_interval: float) -> tuple[float, float, bool]:
+    """(block, total, overlapped) on this rank. block: until the call hands control back to the training loop;
+    total: until the bytes are stored. With ``save_interval`` an async save gets that many seconds of simulated
+    training; if it is still running then, the next checkpoint would have overlapped it (Primus' accurate=false)."""
+    ranks.barrier()
+    start = time.perf_counter()
+    pending = case.method.save(state, case.storage, path, opts)
+    synchronize(state.device)
+    block = time.perf_counter() - start
+    overlapped = False
+    if case.method.async_type and save_interval > 0:
+        time.sleep(save_interval)
+        overlapped = not pending.done()
+    total = pending.wait() - start
+    return block, max(total, block), overlapped
+
+
+def _load_once(ranks: Ranks, state: ShardedState, case: Case, path: str) -> tuple[float, list[str]]:
+    """(seconds, verification problems) on this rank; the check runs after the clock stops."""
+    if case.method.loads_in_place:
+        state.scramble()
+    ranks.barrier()
+    start = time.perf_counter()
+    loaded = case.method.load(state, case.storage, path)
+    synchronize(state.device)
+    seconds = time.perf_counter() - start
+    problems = state.verify(loaded)
+    del loaded
+    return seconds, problems
+
+
+def warm_up_state(ranks: Ranks) -> ShardedState:
+    """A tiny state for the untimed warm-up round of each case."""
+    spec = StateSpec("warmup", (TensorSpec("warmup.weight", (2 * ranks.world_size, 64), "fp32"),))
+    return ShardedState.build(spec, ranks.rank, ranks.world_size, ranks.device)
+
+
+def _warm_up(ranks: Ranks, tiny: ShardedState, case: Case, path: str, opts: SaveOptions) -> float:
+    """Save and load a tiny state with the case's method and storage, untimed in the row: first-use costs
+    (imports, DCP planner, fsspec sessions, process mode's daemon start) are paid once per job by a trainer,
+    not per checkpoint. Returns its seconds for the sidecar."""
+    start = time.perf_counter()
+    _save_once(ranks, tiny, case, path, opts, 0.0)
+    _, problems = _load_once(ranks, tiny, case, path)
+    if problems:
+        tiny.regenerate()
+        raise RuntimeError("warm-up checkpoint did not verify: " + "; ".join(problems))
+    return time.perf_counter() - start
+
+
+def run_case(ranks: Ranks, state: ShardedState, case: Case, case_dir: str, run: RunOptions,
+             tiny: ShardedState | None = None) -> CaseResult:
+    """Measure one case on every rank; raises (on every rank) if any rank failed. Leaves ``state`` holding its
+    original contents whatever happens, and removes the case's files unless ``run.keep``."""
+    opts = SaveOptions(case.thread_count or 1, run.single_file_per_rank, run.sync_files)
+    result = CaseResult()
+    paths = [f"{case_dir}/iter_{i:07d}" for i in range(1, run.iterations + 1)]
+    try:
+        if tiny is not None:
+            result.warmup_s = ranks.agree(lambda: _warm_up(ranks, tiny, case, f"{case_dir}/warmup", opts))
+        for path in paths:
+            mine = ranks.agree(lambda: _save_once(ranks, state, case, path, opts, run.save_interval))
+            everyone = ranks.gather(mine)
+            result.per_rank["block"].append([b for b, _, _ in everyone])
+            result.per_rank["total"].append([t for _, t, _ in everyone])
+            result.block.append(max(b for b, _, _ in everyone))
+            result.total.append(max(t for _, t, _ in everyone))
+            result.overlapped.append(any(o for _, _, o in everyone))
+            result.sizes.append(ranks.agree(lambda: folder_size(case.storage, path) if ranks.is_main else 0))
+        for path in paths:
+            if run.drop_cache:
+                dropped = ranks.agree(lambda: drop_page_cache(case.storage, path) if ranks.local_rank == 0 else None)
+                result.cache_dropped.append(all(d for d in ranks.gather(dropped) if d is not None))
+            seconds, problems = ranks.agree(lambda: _load_once(ranks, state, case, path))
+            everyone = ranks.gather((seconds, problems))
+            result.per_rank["load"].append([s for s, _ in everyone])
+            result.load.append(max(s for s, _ in everyone))
+            result.problems += [p for _, ps in everyone for p in ps]
+            if problems:
+                state.regenerate()
+    except BaseException:
+        state.regenerate()
+        raise
+    finally:
+        if not run.keep:
+            _cleanup(ranks, case, case_dir)
+    return result
+
+
+def _cleanup(ranks: Ranks, case: Case, case_dir: str) -> None:
+    """Remove the case's checkpoints (rank 0, after every rank is done with them); a failure here is not the
+    measurement's, so it is only reported."""
+    try:
+        ranks.barrier()
+        if ranks.is_main:
+            remove_tree(case.storage, case_dir)
+    except Exception as exc:  # noqa: BLE001
+        if ranks.is_main:
+            print(f"opbench ckpt: warning: could not remove {case_dir}: {exc}")
+
+
+def case_row(case: Case, state: ShardedState, ranks: Ranks, run: RunOptions, result: CaseResult) -> dict[str, Any]:
+    """The CSV row: medians over iterations of the slowest rank's time; bandwidth from the median time."""
+    block, total, load = (Stats.from_samples(v) for v in (result.block, result.total, result.load))
+    size = int(Stats.from_samples(result.sizes).median)
+    row = base_row(case, state, ranks, run)
+    row.update(
+        num_saved=len(result.total), num_loaded=len(result.load),
+        save_block_time=block.median, save_total_time=total.median, load_time=load.median,
+        save_block_time_max=block.max, save_total_time_min=total.min, save_total_time_max=total.max,
+        load_time_min=load.min, load_time_max=load.max,
+        iter_folder_size=size,
+        save_bandwidth_in_mbps=bandwidth_mibps(size, total.median),
+        load_bandwidth_in_mbps=bandwidth_mibps(size, load.median),
+        accurate=not any(result.overlapped),
+        verified=not result.problems,
+        status="ok" if not result.problems else "error",
+        error=None if not result.problems else "verification failed: " + "; ".join(result.problems[:5]),
+    )
+    if run.drop_cache:
+        row["drop_cache"] = all(result.cache_dropped)
+    return row
+
+
+def base_row(case: Case, state: ShardedState, ranks: Ranks, run: RunOptions) -> dict[str, Any]:
+    """The columns that describe the case, shared by measured and failed rows."""
+    spec = state.spec
+    return dict(
+        model=spec.label, num_layers=spec.num_layers, optimizer=spec.optimizer, param_dtype=spec.param_dtype,
+        state_bytes=spec.total_bytes, method=case.method.name, storage=case.storage.spec,
+        world_size=ranks.world_size, thread_count=case.thread_count, async_save=case.method.async_type is not None,
+        async_type=case.method.async_type,
+        single_file_per_rank=run.single_file_per_rank if case.method.uses_threads else None,
+        sync_files=run.sync_files, drop_cache=run.drop_cache,
+    )
+
+
+def sidecar_entry(case: Case, result: CaseResult) -> dict[str, Any]:
+    """Per-iteration and per-rank values for the JSON sidecar."""
+    return dict(case=case.tag, method=case.method.name, storage=case.storage.spec, thread_count=case.thread_count,
+                **{k: v for k, v in asdict(result).items()})

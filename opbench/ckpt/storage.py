@@ -1,0 +1,171 @@
+"""Where checkpoints go: a local directory or any fsspec URL (s3://, gs://, memory://, file://).
+
+A plain path uses DCP's FileSystemWriter/Reader and the OS directly (the fast path trainers use on local or
+parallel file systems); a URL goes through fsspec (DCP's FsspecWriter/Reader, fsspec.open for torch.save).
+Endpoint and credentials come from the environment and fsspec config as usual (AWS_ENDPOINT_URL,
+AWS_ACCESS_KEY_ID, FSSPEC_S3_ENDPOINT_URL, ~/.config/fsspec) or from --storage-options.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from opbench.core.errors import UsageError
+
+# Checked before anything is written: room for this many iterations of the checkpoint (they are all kept
+# until the loads are done), times a little slack for metadata.
+FREE_SPACE_SLACK = 1.05
+
+
+@dataclass(frozen=True)
+class Storage:
+    """One --storage entry. ``spec`` is what the user typed (the CSV's storage column)."""
+
+    spec: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_url(self) -> bool:
+        return "://" in self.spec
+
+    @property
+    def protocol(self) -> str:
+        return self.spec.split("://", 1)[0].lower() if self.is_url else "local"
+
+    @property
+    def local_root(self) -> str | None:
+        """The directory on this machine's file system, for a path or file:// URL (page-cache eviction)."""
+        if not self.is_url:
+            return os.path.abspath(os.path.expanduser(self.spec))
+        if self.protocol in ("file", "local"):
+            return "/" + self.spec.split("://", 1)[1].lstrip("/")
+        return None
+
+    @property
+    def root(self) -> str:
+        return self.local_root if not self.is_url else self.spec.rstrip("/")
+
+    def join(self, *parts: str) -> str:
+        return "/".join([self.root.rstrip("/"), *parts])
+
+    def filesystem(self):
+        """(fsspec filesystem, path inside it) for this storage; local paths use fsspec's LocalFileSystem."""
+        from fsspec.core import url_to_fs
+
+        try:
+            return url_to_fs(self.root, **dict(self.options))
+        except (ImportError, ValueError) as exc:
+            raise UsageError(f"no fsspec file system for '{self.protocol}://' ({exc})", source=self.spec,
+                             field="--storage") from None
+
+    def local_path(self, url: str) -> str | None:
+        """``url`` (made by join) as a local file name, or None for remote storage."""
+        if self.local_root is None:
+            return None
+        return url.split("://", 1)[1] if "://" in url else url
+
+
+def parse_storage_options(text: str | None) -> dict[str, Any]:
+    """--storage-options: a JSON object passed to the fsspec file system (e.g. endpoint_url, default_block_size)."""
+    import json
+
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"not valid JSON ({exc.msg} at character {exc.pos})", field="--storage-options") from None
+    if not isinstance(value, dict):
+        raise UsageError("must be a JSON object like {\"default_block_size\": 5242880}", field="--storage-options")
+    return value
+
+
+def describe_os_error(exc: BaseException) -> str:
+    """One readable line for the storage failures users hit: disk full, no permission, missing bucket."""
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return f"disk full: {exc.strerror}" + (f" ({exc.filename})" if exc.filename else "")
+    if isinstance(exc, PermissionError):
+        return f"permission denied: {exc}"
+    if isinstance(exc, FileNotFoundError):
+        return f"not found: {exc}"
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
+def preflight(storage: Storage, world_size: int, needed_bytes: int) -> str:
+    """Check, before anything is measured, that the storage exists, is writable and (locally) has room for
+    ``needed_bytes``. Returns the run's root directory; raises UsageError naming the storage otherwise."""
+    if storage.protocol == "memory" and world_size > 1:
+        raise UsageError("memory:// is private to each process, so ranks cannot share a checkpoint there; "
+                         "use it with one process", source=storage.spec, field="--storage")
+    fs, _ = storage.filesystem()
+    run_dir = storage.join(f"opbench_ckpt_{uuid.uuid4().hex[:12]}")
+    probe = run_dir + "/.write_probe"
+    try:
+        if storage.protocol == "s3":
+            bucket = storage.root.split("://", 1)[1].split("/", 1)[0]
+            if not bucket:
+                raise UsageError("an s3:// URL needs a bucket (s3://bucket/prefix)", source=storage.spec,
+                                 field="--storage")
+            if not fs.exists(bucket):
+                raise UsageError(f"bucket '{bucket}' does not exist or is not visible with these credentials",
+                                 source=storage.spec, field="--storage")
+        fs.makedirs(run_dir, exist_ok=True)
+        fs.pipe_file(probe, b"opbench write probe")
+        fs.rm_file(probe)
+    except UsageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure here is the user's storage, reported as one line
+        raise UsageError(f"cannot write there: {describe_os_error(exc)}", source=storage.spec,
+                         field="--storage") from None
+    if storage.local_root is not None:
+        free = shutil.disk_usage(storage.local_path(run_dir)).free
+        if free < needed_bytes * FREE_SPACE_SLACK:
+            remove_tree(storage, run_dir)
+            raise UsageError(f"needs {needed_bytes * FREE_SPACE_SLACK / 2**30:.2f} GiB free for the saved "
+                             f"iterations, has {free / 2**30:.2f} GiB (lower --iterations or the state size)",
+                             source=storage.spec, field="--storage")
+    return run_dir
+
+
+def folder_size(storage: Storage, path: str) -> int:
+    """Bytes of every file under ``path`` (Primus' iter_folder_size)."""
+    fs, _ = storage.filesystem()
+    return int(fs.du(_fs_path(storage, path), total=True))
+
+
+def file_sizes(storage: Storage, path: str) -> dict[str, int]:
+    fs, _ = storage.filesystem()
+    return {name: int(info["size"]) for name, info in fs.find(_fs_path(storage, path), detail=True).items()}
+
+
+def remove_tree(storage: Storage, path: str) -> None:
+    fs, _ = storage.filesystem()
+    target = _fs_path(storage, path)
+    if fs.exists(target):
+        fs.rm(target, recursive=True)
+
+
+def drop_page_cache(storage: Storage, path: str) -> bool:
+    """Evict every file under ``path`` from this machine's page cache (fsync first: dirty pages are not evicted).
+    posix_fadvise(DONTNEED) needs no root. Returns False where it cannot apply (remote storage, no fadvise)."""
+    root = storage.local_path(path)
+    if root is None or not hasattr(os, "posix_fadvise"):
+        return False
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+    return True
+
+
+def _fs_path(storage: Storage, path: str) -> str:
+    return storage.local_path(path) if storage.local_root is not None else path

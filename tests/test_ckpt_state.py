@@ -1,0 +1,104 @@
+"""The checkpoint benchmark's state: exact sizes, FSDP-style dim-0 shards, reproducible contents, verification."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from opbench.ckpt.runner import bandwidth_mibps
+from opbench.ckpt.state import (ShardedState, StateSpec, TensorSpec, deterministic_tensor, model_state_spec,
+                                shard_range, synthetic_state_spec, tensor_seed, with_num_layers)
+from opbench.ckpt.storage import describe_os_error
+from opbench.core.errors import UsageError
+from opbench.models import load_model_configs, select_models
+from opbench.models.params import parameter_shapes
+
+CPU = torch.device("cpu")
+
+
+@given(dim0=st.integers(0, 300), world=st.integers(1, 16))
+def test_shard_range_matches_torch_chunk_and_dtensor(dim0, world):
+    chunks = torch.arange(dim0).chunk(world) if dim0 else []
+    for rank in range(world):
+        start, length = shard_range(dim0, rank, world)
+        if rank < len(chunks):
+            assert (start, length) == (int(chunks[rank][0]) if length else start, len(chunks[rank]))
+        else:
+            assert length == 0
+    assert sum(shard_range(dim0, r, world)[1] for r in range(world)) == dim0
+
+
+@settings(max_examples=40, deadline=None)
+@given(mib=st.floats(0.001, 2048), dtype=st.sampled_from(["bf16", "fp32"]))
+def test_size_mb_state_is_exact_and_made_of_layers(mib, dtype):
+    elt = 2 if dtype == "bf16" else 4
+    total = int(mib * 2**20) // elt * elt
+    spec = synthetic_state_spec(total, dtype)
+    assert spec.total_bytes == total
+    if total >= 4 * 2**20:      # big enough for whole decoder layers: realistic 2-D projections dominate
+        assert any(t.key.endswith("mlp.down_proj.weight") for t in spec.tensors)
+        two_d = sum(t.nbytes for t in spec.tensors if len(t.shape) == 2)
+        assert two_d / total > 0.99
+
+
+def test_model_state_has_params_master_weights_and_adam_moments():
+    cfg = with_num_layers(select_models(load_model_configs(), "Llama2_7B")[0], 1)
+    params = parameter_shapes(cfg)
+    n = sum(math.prod(p.shape) for p in params)
+    spec = model_state_spec(cfg, "adam", "bf16")
+    assert spec.master_weights and spec.num_layers == 1
+    assert len(spec.tensors) == 4 * len(params)
+    assert spec.total_bytes == n * (2 + 4 + 4 + 4)
+    keys = {t.key for t in spec.tensors}
+    assert "model.model.layers.0.mlp.down_proj.weight" in keys
+    assert "optim.state.model.layers.0.mlp.down_proj.weight.exp_avg_sq" in keys
+    sgd = model_state_spec(cfg, "sgd", "fp32")        # fp32 params: no separate master copy
+    assert not sgd.master_weights and sgd.total_bytes == n * (4 + 4)
+    with pytest.raises(UsageError, match="optimizer"):
+        model_state_spec(cfg, "lion", "bf16")
+
+
+def test_world_shards_add_up_to_the_whole_state():
+    spec = synthetic_state_spec(3 * 2**20 + 6, "bf16")
+    for world in (1, 2, 3, 8):
+        assert sum(spec.local_bytes(r, world) for r in range(world)) == spec.total_bytes
+
+
+def test_contents_are_reproducible_per_key_and_rank():
+    a = deterministic_tensor((7, 5), "bf16", tensor_seed("w", 0), CPU)
+    b = deterministic_tensor((7, 5), "bf16", tensor_seed("w", 0), CPU)
+    c = deterministic_tensor((7, 5), "bf16", tensor_seed("w", 1), CPU)
+    assert a.dtype == torch.bfloat16 and torch.equal(a, b) and not torch.equal(a, c)
+    assert a.abs().max() <= 1
+
+
+def test_verify_catches_one_flipped_bit_a_missing_tensor_and_a_wrong_shape():
+    spec = StateSpec("t", (TensorSpec("a", (6, 4), "fp32"), TensorSpec("b", (3,), "bf16")))
+    state = ShardedState.build(spec, 1, 2, CPU)
+    assert state.tensors["a"].shape == (3, 4) and state.tensors["b"].shape == (1,)
+    good = {k: v.clone() for k, v in state.tensors.items()}
+    assert state.verify(good) == []
+    flipped = dict(good, a=good["a"].clone())
+    flipped["a"].view(torch.int32)[2, 3] ^= 1
+    assert "contents differ" in state.verify(flipped)[0]
+    assert "missing" in state.verify({"a": good["a"]})[0]
+    assert "loaded as" in state.verify(dict(good, b=torch.zeros(2, dtype=torch.bfloat16)))[0]
+    state.scramble()
+    assert len(state.verify(state.tensors)) == 2
+    state.regenerate()
+    assert state.verify(state.tensors) == []
+
+
+def test_bandwidth_is_mib_per_second_and_empty_without_data():
+    assert bandwidth_mibps(3 * 2**20, 1.5) == 2.0
+    assert bandwidth_mibps(None, 1.0) is None and bandwidth_mibps(10, 0.0) is None
+
+
+def test_disk_full_reads_as_disk_full():
+    import errno
+
+    assert describe_os_error(OSError(errno.ENOSPC, "No space left on device", "/x/y")).startswith("disk full")
