@@ -125,8 +125,11 @@ def main() -> int:
         with open(path, "rb") as fh:                     # warm the page cache once for everyone
             while fh.read(1 << 24):
                 pass
-        for method in METHODS:
-            runs = [spawn(method, path) for _ in range(args.repeats)]
+        runs_by: dict[str, list[dict]] = {m: [] for m in METHODS}
+        for _ in range(args.repeats):                    # interleaved, so machine load hits every method alike
+            for method in METHODS:
+                runs_by[method].append(spawn(method, path))
+        for method, runs in runs_by.items():
             traced = spawn(method, path, trace=True)
             rates = [mb / r["seconds"] for r in runs]
             results.append({

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+from collections import Counter
 import sys
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
@@ -84,7 +85,7 @@ def analyze(paths: Sequence[str], raw_p2p: bool = False) -> tuple[TraceSummary, 
     """Parse logs into a TraceSummary: calls are tallied at regex speed; blocks with Send/Recv go through
     CallRecords so all-to-all recognition (trace_p2p) sees them in log order."""
     parser, summary = LogParser(), TraceSummary()
-    raw: dict[tuple, int] = {}
+    raw: Counter[tuple] = Counter()
     grouper = None if raw_p2p else P2pGrouper()
 
     def sink(rec: CallRecord) -> None:

@@ -28,6 +28,7 @@ import gzip
 import io
 import re
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import BinaryIO, Callable, Iterator
 
@@ -39,21 +40,30 @@ MAX_LINE = 1 << 20       # a "line" longer than this without a newline is cut (g
 _OPS = rb"AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|Send|Recv|AlltoAll|AllToAll|AllToAllPivot|Gather|Scatter"
 # Optional prefix "host:pid:tid [dev] [µs] NCCL INFO ", then the call body. No \s, so never across a newline.
 _FULL = re.compile(
-    rb"(?:(?P<host>[^\s:\[\]<>()]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>-?\d+)\] (?:[0-9.]+ )?NCCL INFO )?"
+    rb"(?:(?P<prefix>(?P<host>[^\s:\[\]<>()]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>-?\d+)\]) (?:[0-9.]+ )?NCCL INFO )?"
     rb"(?P<op>(?<![A-Za-z0-9])[A-Za-z][A-Za-z0-9]*|" + _OPS + rb"): "
     rb"opCount (?P<opcount>[0-9a-fA-F]+) sendbuff (?P<sendbuff>\S+) recvbuff (?P<recvbuff>\S+) "
-    rb"(?:acc (?P<acc>\S+) )?count (?P<count>\d+) datatype (?P<datatype>\d+) op (?P<redop>\d+) "
-    rb"root (?P<root>-?\d+) comm (?P<comm>\S+) \[nranks=(?P<nranks>\d+)\] "
+    rb"(?:acc (?P<acc>\S+) )?(?P<args>count (?P<count>\d+) datatype (?P<datatype>\d+) op (?P<redop>\d+) "
+    rb"root (?P<root>-?\d+) comm (?P<comm>\S+) \[nranks=(?P<nranks>\d+)\]) "
     rb"stream (?P<stream>0x[0-9a-fA-F]+|\(nil\)|\S+)"
     rb"(?: task (?P<task>-?\d+) globalrank (?P<globalrank>-?\d+))?"
 )
+# The two spans a tally is keyed on, re-parsed once per distinct key (TraceSummary.add_raw)
+PREFIX = re.compile(rb"(?P<host>[^\s:\[\]<>()]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>-?\d+)\]")
+ARGS = re.compile(rb"count (?P<count>\d+) datatype (?P<datatype>\d+) op (?P<redop>\d+) root (?P<root>-?\d+) "
+                  rb"comm (?P<comm>\S+) \[nranks=(?P<nranks>\d+)\]")
 # "comm 0x… rank 3 nranks 8 cudaDev 3 [nvmlDev 3] busId … [commId 0x…] - Init COMPLETE" (INIT subsystem)
 _INIT = re.compile(rb"(?:(?P<host>[^\s:\[\]<>()]+):(?P<pid>\d+):\d+ \[(?P<dev>-?\d+)\] (?:[0-9.]+ )?NCCL INFO )?"
                    rb"(?:\w+ )?comm (?P<comm>\S+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev -?\d+"
                    rb"[^\n]*?(?:commId (?P<commid>0x[0-9a-fA-F]+)[^\n]*?)?Init COMPLETE")
 # Fields a tally is keyed on (everything but per-call pointers and opCount)
-TALLY_FIELDS = ("op", "count", "datatype", "redop", "nranks", "host", "pid", "dev", "comm", "globalrank")
-_TALLY_INDEX = tuple(_FULL.groupindex[f] for f in TALLY_FIELDS)   # m.group(*ints) is cheaper than names
+# A tally key is 4 spans (prefix, op, args, globalrank: findall returns groups in pattern order); _KEYED is
+# _FULL capturing only those.
+TALLY_FIELDS = ("prefix", "op", "args", "globalrank")
+_TALLY_INDEX = tuple(_FULL.groupindex[f] for f in TALLY_FIELDS)
+_KEYED = re.compile(re.sub(rb"\(\?P<(\w+)>", lambda m: m.group(0) if m.group(1).decode() in TALLY_FIELDS else b"(?:",
+                           _FULL.pattern))
+_TWO_ON_A_LINE = re.compile(rb"opCount [^\n]*opCount ")
 P2P_OPS = frozenset({"Send", "Recv"})
 _ROOTED = frozenset({"Broadcast", "Reduce", "Gather", "Scatter"})
 # Op names this package synthesises (trace_p2p): an uneven all-to-all is timed as the even one moving as many bytes.
@@ -205,8 +215,8 @@ def _i(b: bytes | None) -> int | None:
 
 def record_from_match(m: re.Match[bytes], torn: bool = False) -> CallRecord:
     """The CallRecord for one ``_FULL`` match (every field the line has)."""
-    (host, pid, tid, dev, op, opcount, sendbuff, recvbuff, acc, count, datatype, redop, root, comm, nranks, stream,
-     task, globalrank) = m.groups()
+    (_prefix, host, pid, tid, dev, op, opcount, sendbuff, recvbuff, acc, _args, count, datatype, redop, root, comm,
+     nranks, stream, task, globalrank) = m.groups()
     return CallRecord(op.decode("ascii"), int(opcount, 16), int(count), int(datatype), int(redop), int(root),
                       _s(comm), int(nranks), _s(stream), _s(sendbuff), _s(recvbuff), _s(acc), _i(task),
                       _i(globalrank), _s(host), _i(pid), _i(tid), _i(dev), torn=torn)
@@ -224,8 +234,8 @@ def _calls_with_flags(block: bytes) -> Iterator[tuple[re.Match[bytes], bool, boo
         yield m, first, torn
 
 
-# (op, count, datatype, redop, nranks, host, pid, dev, comm, globalrank, torn) -> calls; fields are bytes
-RawTally = dict[tuple, int]
+# (prefix, op, args, globalrank[, True if torn]) -> calls; fields are bytes spans of the line, b"" if absent
+RawTally = Counter
 RecordSink = Callable[[CallRecord], None]
 P2P_MARKERS = (b"Send: opCount", b"Recv: opCount")
 
@@ -258,40 +268,36 @@ class LogParser:
 
     def tally(self, path: str, counts: RawTally, sink: RecordSink | None = None,
               busy: Callable[[], bool] = lambda: False) -> None:
-        stats = self.stats
-        fields = _TALLY_INDEX
-        get = counts.get
+        """Add each call's key spans (TALLY_FIELDS) to ``counts``.
+
+        Counting is all C (``findall`` + ``Counter.update``); only a line holding two 'opCount ' (a torn
+        line) is looked at again, to move its torn calls to keys flagged torn.
+        """
         for block in self._blocks(path):
             if sink is not None and (busy() or P2P_MARKERS[0] in block or P2P_MARKERS[1] in block):
                 for rec in self._records(block):
                     sink(rec)
                 continue
-            find = block.find
-            prev_end = -1
-            calls = 0
-            lines_before = stats.call_lines
-            for m in _FULL.finditer(block):
-                key = m.group(*fields) + (False,)
-                counts[key] = get(key, 0) + 1
-                if prev_end < 0 or find(b"\n", prev_end, m.start()) >= 0:
-                    stats.call_lines += 1
-                prev_end = m.end()
-                calls += 1
-            if block.count(b"opCount ") > calls or stats.call_lines - lines_before < calls:
-                self._flag_torn(block, counts)           # torn lines (rare): re-key those calls as torn
-            self._block_stats(block, calls)
+            found = _KEYED.findall(block)
+            counts.update(found)
+            self.stats.call_lines += len(found)
+            for m in _TWO_ON_A_LINE.finditer(block):     # rare: torn lines; re-key their torn calls
+                self._flag_torn_line(block, m.start(), counts)
+            self._block_stats(block, len(found))
 
     # -- internals ----------------------------------------------------------------------------------
-    @staticmethod
-    def _flag_torn(block: bytes, counts: RawTally) -> None:
-        for m, _first, torn in _calls_with_flags(block):
+    def _flag_torn_line(self, block: bytes, pos: int, counts: RawTally) -> None:
+        start = block.rfind(b"\n", 0, pos) + 1
+        end = block.find(b"\n", pos)
+        for m, first, torn in _calls_with_flags(block[start:] if end < 0 else block[start:end]):
             if torn:
-                key = m.group(*_TALLY_INDEX)
-                clean, flagged = key + (False,), key + (True,)
-                counts[clean] -= 1
-                if counts[clean] == 0:
-                    del counts[clean]
-                counts[flagged] = counts.get(flagged, 0) + 1
+                key = tuple(g or b"" for g in m.group(*_TALLY_INDEX))   # findall's b"" for a missing group
+                counts[key] -= 1
+                if not counts[key]:
+                    del counts[key]
+                counts[key + (True,)] += 1
+            if not first:
+                self.stats.call_lines -= 1
 
     def _records(self, block: bytes) -> list[CallRecord]:
         out = []

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from .conventions import COLLECTIVES, NCCL_DTYPES, NCCL_OP_TO_COLLECTIVE
-from .trace_parse import INFERRED_OPS, CallRecord, HostFixer, InitRecord, RawTally, redop_for
+from .trace_parse import ARGS, INFERRED_OPS, PREFIX, CallRecord, HostFixer, InitRecord, RawTally, redop_for
 
 SUMMARY_COLUMNS = ["op", "collective", "count", "datatype", "dtype", "redop", "nranks", "calls", "bytes",
                    "nccl_tests_bytes", "total_bytes", "note"]
@@ -89,10 +89,15 @@ class TraceSummary:
         return self
 
     def add_raw(self, raw: RawTally) -> None:
-        """Merge a LogParser.tally (bytes fields, see trace_parse.TALLY_FIELDS)."""
-        for (op, count, datatype, redop, nranks, host, pid, dev, comm, grank, torn), n in raw.items():
-            self.counts[Key(op.decode("ascii"), int(count), int(datatype), int(redop), int(nranks), _dec(host),
-                            _int(pid), _int(dev), _dec(comm) or "", _int(grank), None, torn)] += n
+        """Merge a LogParser.tally: its keys are raw spans (trace_parse.TALLY_FIELDS), parsed here once each."""
+        for key, n in raw.items():
+            prefix, op, args, grank = key[:4]
+            a = ARGS.match(args)
+            p = PREFIX.match(prefix) if prefix else None
+            host, pid, dev = (_dec(p.group("host")), _int(p.group("pid")), _int(p.group("dev"))) if p else (None,) * 3
+            self.counts[Key(op.decode("ascii"), int(a.group("count")), int(a.group("datatype")),
+                            int(a.group("redop")), int(a.group("nranks")), host, pid, dev,
+                            _dec(a.group("comm")) or "", _int(grank or None), None, len(key) > 4)] += n
 
     def repair_hosts(self) -> None:
         """Hosts from torn lines ('0x7fdgx07') become the host of the same pid seen on clean lines
