@@ -17,6 +17,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from opbench.core.errors import UsageError
 from opbench.models import ModelConfig
+from opbench.models.config import _read_json as read_json
 
 BUILTIN_SHAPES = Path(__file__).resolve().parent.parent / "shapes" / "attention_shapes.json"
 
@@ -85,16 +86,7 @@ def parse_shape(obj: Any, where: str) -> AttentionShape:
 def load_attention_shapes(path: str | Path | None = None) -> list[AttentionShape]:
     """Read a Primus attention-shapes list (``None`` = the shipped shapes/attention_shapes.json)."""
     p = Path(path) if path else BUILTIN_SHAPES
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError("file not found", source=str(p)) from None
-    except IsADirectoryError:
-        raise UsageError("is a directory, expected a JSON file", source=str(p)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read: {exc}", source=str(p)) from None
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", source=str(p)) from None
+    data = read_json(p)  # the model loader's reader: same one-line errors for missing/malformed files
     if isinstance(data, Mapping):
         data = [data]
     if not isinstance(data, list):

@@ -31,165 +31,12 @@ def interpreter_enabled() -> bool:
 
 @lru_cache(maxsize=None)
 def _kernels() -> dict[str, Any]:
-    """Define the @triton.jit kernels on first use (needs triton; the decorator reads TRITON_INTERPRET)."""
+    """Import the kernels on first use (needs triton; the decorators read TRITON_INTERPRET then)."""
     import triton
-    import triton.language as tl
 
-    @triton.jit
-    def _fwd(Q, K, V, O, LSE, qk_scale,
-             sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh,
-             H, GROUP, SQ, SKV,
-             D_QK: tl.constexpr, D_V: tl.constexpr, BD_QK: tl.constexpr, BD_V: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-        pid_m = tl.program_id(0)
-        pid_bh = tl.program_id(1)
-        b = pid_bh // H
-        h = pid_bh % H
-        hk = h // GROUP
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = tl.arange(0, BLOCK_N)
-        d_qk = tl.arange(0, BD_QK)
-        d_v = tl.arange(0, BD_V)
-        row_ok = offs_m < SQ
-        q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqs + d_qk[None, :],
-                    mask=row_ok[:, None] & (d_qk[None, :] < D_QK), other=0.0)
-        k_base = K + b * skb + hk * skh
-        v_base = V + b * svb + hk * svh
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, BD_V], dtype=tl.float32)
-        shift = SKV - SQ  # bottom-right alignment: row i sees key j iff j <= i + shift
-        hi = SKV
-        if CAUSAL:
-            hi = tl.minimum(SKV, (pid_m + 1) * BLOCK_M + shift)
-        for start_n in range(0, hi, BLOCK_N):
-            cols = start_n + offs_n
-            col_ok = cols < SKV
-            kt = tl.load(k_base + cols[None, :] * sks + d_qk[:, None],
-                         mask=col_ok[None, :] & (d_qk[:, None] < D_QK), other=0.0)
-            s = tl.dot(q, kt) * qk_scale
-            ok = col_ok[None, :]
-            if CAUSAL:
-                ok = ok & (cols[None, :] <= offs_m[:, None] + shift)
-            s = tl.where(ok, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
-            p = tl.math.exp2(s - m_safe[:, None])
-            alpha = tl.math.exp2(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            vb = tl.load(v_base + cols[:, None] * svs + d_v[None, :],
-                         mask=col_ok[:, None] & (d_v[None, :] < D_V), other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)
-            m_i = m_new
-        empty = l_i == 0.0
-        acc = acc / tl.where(empty, 1.0, l_i)[:, None]
-        # log2-domain LSE; +inf for empty rows makes the backward's exp2(s - lse) zero there.
-        lse = tl.where(empty, float("inf"), m_i + tl.math.log2(tl.where(empty, 1.0, l_i)))
-        tl.store(LSE + pid_bh * SQ + offs_m, lse, mask=row_ok)
-        tl.store(O + b * sob + h * soh + offs_m[:, None] * sos + d_v[None, :], acc.to(O.dtype.element_ty),
-                 mask=row_ok[:, None] & (d_v[None, :] < D_V))
+    from . import triton_kernels as k
 
-    @triton.jit
-    def _bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale,
-                  sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sdob, sdos, sdoh,
-                  sdkb, sdks, sdkh, sdvb, sdvs, sdvh,
-                  H, HKV, GROUP, SQ, SKV,
-                  D_QK: tl.constexpr, D_V: tl.constexpr, BD_QK: tl.constexpr, BD_V: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-        pid_n = tl.program_id(0)
-        pid_bhk = tl.program_id(1)
-        b = pid_bhk // HKV
-        hk = pid_bhk % HKV
-        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        col_ok = cols < SKV
-        d_qk = tl.arange(0, BD_QK)
-        d_v = tl.arange(0, BD_V)
-        k = tl.load(K + b * skb + hk * skh + cols[:, None] * sks + d_qk[None, :],
-                    mask=col_ok[:, None] & (d_qk[None, :] < D_QK), other=0.0)
-        v = tl.load(V + b * svb + hk * svh + cols[:, None] * svs + d_v[None, :],
-                    mask=col_ok[:, None] & (d_v[None, :] < D_V), other=0.0)
-        dk = tl.zeros([BLOCK_N, BD_QK], dtype=tl.float32)
-        dv = tl.zeros([BLOCK_N, BD_V], dtype=tl.float32)
-        shift = SKV - SQ
-        lo = 0
-        if CAUSAL:  # rows before (first key − shift) cannot see this block
-            lo = tl.maximum(0, pid_n * BLOCK_N - shift)
-            lo = (lo // BLOCK_M) * BLOCK_M
-        for g in range(0, GROUP):
-            h = hk * GROUP + g
-            for start_m in range(lo, SQ, BLOCK_M):
-                rows = start_m + tl.arange(0, BLOCK_M)
-                row_ok = rows < SQ
-                q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqs + d_qk[None, :],
-                            mask=row_ok[:, None] & (d_qk[None, :] < D_QK), other=0.0)
-                do = tl.load(DO + b * sdob + h * sdoh + rows[:, None] * sdos + d_v[None, :],
-                             mask=row_ok[:, None] & (d_v[None, :] < D_V), other=0.0)
-                lse = tl.load(LSE + (b * H + h) * SQ + rows, mask=row_ok, other=float("inf"))
-                delta = tl.load(DELTA + (b * H + h) * SQ + rows, mask=row_ok, other=0.0)
-                st = tl.dot(k, tl.trans(q)) * qk_scale                      # (BLOCK_N, BLOCK_M)
-                pt = tl.math.exp2(st - lse[None, :])
-                ok = col_ok[:, None] & row_ok[None, :]
-                if CAUSAL:
-                    ok = ok & (cols[:, None] <= rows[None, :] + shift)
-                pt = tl.where(ok, pt, 0.0)
-                dv += tl.dot(pt.to(do.dtype), do)
-                dpt = tl.dot(v, tl.trans(do))
-                dst = pt * (dpt - delta[None, :])
-                dk += tl.dot(dst.to(q.dtype), q)
-        dk = dk * sm_scale
-        tl.store(DK + b * sdkb + hk * sdkh + cols[:, None] * sdks + d_qk[None, :], dk.to(DK.dtype.element_ty),
-                 mask=col_ok[:, None] & (d_qk[None, :] < D_QK))
-        tl.store(DV + b * sdvb + hk * sdvh + cols[:, None] * sdvs + d_v[None, :], dv.to(DV.dtype.element_ty),
-                 mask=col_ok[:, None] & (d_v[None, :] < D_V))
-
-    @triton.jit
-    def _bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, qk_scale, sm_scale,
-                sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sdob, sdos, sdoh, sdqb, sdqs, sdqh,
-                H, GROUP, SQ, SKV,
-                D_QK: tl.constexpr, D_V: tl.constexpr, BD_QK: tl.constexpr, BD_V: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-        pid_m = tl.program_id(0)
-        pid_bh = tl.program_id(1)
-        b = pid_bh // H
-        h = pid_bh % H
-        hk = h // GROUP
-        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_ok = rows < SQ
-        d_qk = tl.arange(0, BD_QK)
-        d_v = tl.arange(0, BD_V)
-        q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqs + d_qk[None, :],
-                    mask=row_ok[:, None] & (d_qk[None, :] < D_QK), other=0.0)
-        do = tl.load(DO + b * sdob + h * sdoh + rows[:, None] * sdos + d_v[None, :],
-                     mask=row_ok[:, None] & (d_v[None, :] < D_V), other=0.0)
-        lse = tl.load(LSE + pid_bh * SQ + rows, mask=row_ok, other=float("inf"))
-        delta = tl.load(DELTA + pid_bh * SQ + rows, mask=row_ok, other=0.0)
-        dq = tl.zeros([BLOCK_M, BD_QK], dtype=tl.float32)
-        shift = SKV - SQ
-        hi = SKV
-        if CAUSAL:
-            hi = tl.minimum(SKV, (pid_m + 1) * BLOCK_M + shift)
-        for start_n in range(0, hi, BLOCK_N):
-            cols = start_n + tl.arange(0, BLOCK_N)
-            col_ok = cols < SKV
-            kt = tl.load(K + b * skb + hk * skh + cols[None, :] * sks + d_qk[:, None],
-                         mask=col_ok[None, :] & (d_qk[:, None] < D_QK), other=0.0)
-            vt = tl.load(V + b * svb + hk * svh + cols[None, :] * svs + d_v[:, None],
-                         mask=col_ok[None, :] & (d_v[:, None] < D_V), other=0.0)
-            s = tl.dot(q, kt) * qk_scale
-            p = tl.math.exp2(s - lse[:, None])
-            ok = row_ok[:, None] & col_ok[None, :]
-            if CAUSAL:
-                ok = ok & (cols[None, :] <= rows[:, None] + shift)
-            p = tl.where(ok, p, 0.0)
-            dp = tl.dot(do, vt)
-            ds = p * (dp - delta[:, None])
-            dq += tl.dot(ds.to(kt.dtype), tl.trans(kt))
-        dq = dq * sm_scale
-        tl.store(DQ + b * sdqb + h * sdqh + rows[:, None] * sdqs + d_qk[None, :], dq.to(DQ.dtype.element_ty),
-                 mask=row_ok[:, None] & (d_qk[None, :] < D_QK))
-
-    return {"fwd": _fwd, "dkdv": _bwd_dkdv, "dq": _bwd_dq, "cdiv": triton.cdiv,
-            "next_pow2": triton.next_power_of_2}
+    return {"fwd": k.attn_fwd, "dkdv": k.attn_bwd_dkdv, "dq": k.attn_bwd_dq, "cdiv": triton.cdiv}
 
 
 def _pad_dim(d: int) -> int:
@@ -197,30 +44,33 @@ def _pad_dim(d: int) -> int:
     return max(16, 1 << (d - 1).bit_length())
 
 
-def block_config(bd_qk: int, bd_v: int, kind: str, device: torch.device,
-                 blocks: tuple[int, int] | None = None) -> dict[str, int]:
-    """Heuristic tile sizes: big tiles for small head dims, smaller for MLA's padded 256; tiny under the
-    interpreter (speed there is numpy's, and it is only for correctness). ``blocks`` = (BLOCK_M, BLOCK_N)
-    overrides the heuristic (tests use it to exercise uneven tiles)."""
+# (BLOCK_M, BLOCK_N, num_warps) per kernel for padded head dims ≤ 64, ≤ 128 and ≤ 256 (MLA's 192), 2-byte types.
+TILES = {
+    "fwd": ((128, 64, 4), (128, 64, 8), (64, 32, 4)),
+    "dkdv": ((32, 64, 4), (32, 64, 4), (16, 32, 4)),
+    "dq": ((64, 32, 4), (64, 32, 4), (32, 16, 4)),
+}
+
+
+def block_config(bd_qk: int, bd_v: int, kind: str, device: torch.device, blocks: tuple[int, int] | None = None,
+                 itemsize: int = 2, rocm: bool | None = None) -> dict[str, int]:
+    """Heuristic tile sizes (not autotuned): big tiles for small head dims, smaller for MLA's padded 256 and
+    for 4-byte types; software pipelining on NVIDIA, none on ROCm (64 KiB LDS on MI300). Tiny tiles under the
+    interpreter (its speed is numpy's; it is only for correctness). ``blocks`` = (BLOCK_M, BLOCK_N) overrides
+    the heuristic (tests use it to exercise uneven tiles). Shared-memory use of every entry was checked by
+    compiling for sm90 and gfx942 (bench/attention_triton_compile.py)."""
     if blocks is not None:
         return {"BLOCK_M": blocks[0], "BLOCK_N": blocks[1], "num_warps": 4, "num_stages": 1}
     if interpreter_enabled() or device.type != "cuda":
         return {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 1, "num_stages": 1}
+    rocm = bool(getattr(torch.version, "hip", None)) if rocm is None else rocm
     widest = max(bd_qk, bd_v)
-    rocm = bool(getattr(torch.version, "hip", None))
-    stages = 1 if rocm else (3 if widest <= 128 else 2)
-    if kind == "fwd":
-        if widest <= 64:
-            return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": stages}
-        if widest <= 128:
-            return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": stages}
-        return {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": stages}
-    # backward: both kernels hold a (BLOCK_N or BLOCK_M) × head_dim fp32 accumulator per operand
-    if widest <= 128:
-        return {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": stages} if kind == "dkdv" else \
-            {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": stages}
-    return {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1} if kind == "dkdv" else \
-        {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
+    size_class = 0 if widest <= 64 else 1 if widest <= 128 else 2
+    block_m, block_n, warps = TILES[kind][size_class]
+    if itemsize >= 4 and kind == "fwd":
+        block_m //= 2  # fp32 tiles take twice the shared memory
+    stages = 1 if rocm or (size_class == 2 and kind != "fwd") else 2 if size_class == 2 or itemsize >= 4 else 3
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages}
 
 
 def _strides(t: torch.Tensor) -> tuple[int, int, int]:
@@ -245,7 +95,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     n = _dims(q, k, v)
     out = torch.empty(n["batch"], n["sq"], n["heads"], n["D_V"], dtype=q.dtype, device=q.device)
     lse = torch.empty(n["batch"] * n["heads"], n["sq"], dtype=torch.float32, device=q.device)
-    cfg = block_config(n["BD_QK"], n["BD_V"], "fwd", q.device, blocks)
+    cfg = block_config(n["BD_QK"], n["BD_V"], "fwd", q.device, blocks, q.element_size())
     grid = (kern["cdiv"](n["sq"], cfg["BLOCK_M"]), n["batch"] * n["heads"])
     kern["fwd"][grid](q, k, v, out, lse, sm_scale * LOG2E, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
                       n["heads"], n["group"], n["sq"], n["skv"], n["D_QK"], n["D_V"], n["BD_QK"], n["BD_V"],
@@ -265,12 +115,12 @@ def attention_backward(q, k, v, out, lse, grad_out, causal: bool, sm_scale: floa
     delta = delta.contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     common = (n["D_QK"], n["D_V"], n["BD_QK"], n["BD_V"])
-    cfg = block_config(n["BD_QK"], n["BD_V"], "dkdv", q.device, blocks)
+    cfg = block_config(n["BD_QK"], n["BD_V"], "dkdv", q.device, blocks, q.element_size())
     grid = (kern["cdiv"](n["skv"], cfg["BLOCK_N"]), n["batch"] * n["kv_heads"])
     kern["dkdv"][grid](q, k, v, grad_out, lse, delta, dk, dv, sm_scale * LOG2E, sm_scale,
                        *_strides(q), *_strides(k), *_strides(v), *_strides(grad_out), *_strides(dk), *_strides(dv),
                        n["heads"], n["kv_heads"], n["group"], n["sq"], n["skv"], *common, CAUSAL=causal, **cfg)
-    cfg = block_config(n["BD_QK"], n["BD_V"], "dq", q.device, blocks)
+    cfg = block_config(n["BD_QK"], n["BD_V"], "dq", q.device, blocks, q.element_size())
     grid = (kern["cdiv"](n["sq"], cfg["BLOCK_M"]), n["batch"] * n["heads"])
     kern["dq"][grid](q, k, v, grad_out, lse, delta, dq, sm_scale * LOG2E, sm_scale,
                      *_strides(q), *_strides(k), *_strides(v), *_strides(grad_out), *_strides(dq),

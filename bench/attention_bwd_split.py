@@ -1,0 +1,53 @@
+"""Does the backward-only measurement add up? For a few shapes, compare bwd timed alone (retained graph) with
+fwdbwd − fwd, the subtraction Primus' scripts use, and report fwd + bwd against fwdbwd.
+
+    python bench/attention_bwd_split.py [--device cpu] [--backends sdpa,math] [--seqlen 256] [--budget 1.0]
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+import torch
+from tabulate import tabulate
+
+from opbench.attention.backends import BACKENDS, to_layout
+from opbench.attention.runner import AttentionCase, make_problem, time_passes
+from opbench.attention.shapes import AttentionShape
+from opbench.core.device import default_dtype_name, device_info, resolve_device
+from opbench.core.timing import TimingConfig
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--backends", default="sdpa,math")
+    p.add_argument("--seqlen", type=int, default=256)
+    p.add_argument("--budget", type=float, default=1.0)
+    args = p.parse_args()
+    device = resolve_device(args.device)
+    dtype = default_dtype_name(device)
+    config = replace(TimingConfig(), budget_s=args.budget)
+    s = args.seqlen
+    shapes = [AttentionShape("llama-gqa", s, s, 32, 8, 128, 128, True),
+              AttentionShape("mla", s, s, 16, 16, 192, 128, True),
+              AttentionShape("cp-tail", s // 4, s, 32, 8, 128, 128, True)]
+    rows = []
+    for shape in shapes:
+        for name in args.backends.split(","):
+            backend = BACKENDS[name]
+            prepared = backend.build(shape, device, dtype)
+            problem = make_problem(AttentionCase(shape, 1, name, dtype), device, with_grads=False)
+            q, k, v = (to_layout(t, backend.layout).detach().requires_grad_() for t in (problem.q, problem.k, problem.v))
+            st = time_passes(prepared.fn, q, k, v, ["fwd", "bwd", "fwdbwd"], device, config)
+            fwd, bwd, both = st["fwd"].median, st["bwd"].median, st["fwdbwd"].median
+            rows.append([shape.model, f"{shape.seqlen_q}x{shape.seqlen_kv}", name, fwd * 1e3, bwd * 1e3, both * 1e3,
+                         (both - fwd) * 1e3, (fwd + bwd) / both, st["bwd"].iters])
+    print(f"{device_info(device).name}, {dtype}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(tabulate(rows, headers=["shape", "sq x skv", "backend", "fwd ms", "bwd ms (alone)", "fwdbwd ms",
+                                  "fwdbwd-fwd ms", "(fwd+bwd)/fwdbwd", "bwd iters"], floatfmt=".3g"))
+
+
+if __name__ == "__main__":
+    main()
