@@ -102,3 +102,37 @@ def test_disk_full_reads_as_disk_full():
     import errno
 
     assert describe_os_error(OSError(errno.ENOSPC, "No space left on device", "/x/y")).startswith("disk full")
+
+
+class _NoRanks:
+    def barrier(self) -> None:
+        pass
+
+
+class _SlowAsync:
+    """An async method whose background write takes 0.3 s."""
+
+    name, async_type = "fake_async", "thread"
+
+    def save(self, state, storage, path, opts):
+        import threading
+        from concurrent.futures import Future
+
+        from opbench.ckpt.methods import PendingSave
+
+        fut: Future = Future()
+        threading.Timer(0.3, fut.set_result, args=(None,)).start()
+        return PendingSave(fut)
+
+
+@pytest.mark.parametrize("interval, overlapped", [(0.0, False), (0.05, True), (0.8, False)])
+def test_async_total_time_is_when_the_save_finished_and_overlap_sets_accurate(interval, overlapped):
+    from opbench.ckpt.methods import SaveOptions
+    from opbench.ckpt.runner import Case, _save_once
+    from opbench.ckpt.storage import Storage
+
+    state = ShardedState.build(StateSpec("t", (TensorSpec("a", (2, 2), "fp32"),)), 0, 1, CPU)
+    case = Case(0, Storage("/tmp"), _SlowAsync(), 1)
+    block, total, over = _save_once(_NoRanks(), state, case, "/tmp/x", SaveOptions(), interval)
+    assert block < 0.25 and 0.29 < total < 0.7      # not the 0.8 s of simulated training
+    assert over is overlapped

@@ -149,11 +149,10 @@ def dry_run(args, specs: list[StateSpec], storages: list[Storage], world: int) -
                  per_rank_GiB=s.local_bytes(0, world) / 2**30, optimizer=s.optimizer, param_dtype=s.param_dtype,
                  master_weights=s.master_weights, num_layers=s.num_layers) for s in specs]
     print(summary_table(rows, list(rows[0])))
-    cases = [c for i in range(len(specs)) for c in cases_for(i, storages, args.methods, args.thread_count)]
-    print(f"\n{len(cases)} cases per state × {args.iterations} saves and loads, world size {world}:")
+    cases = cases_for(0, storages, args.methods, args.thread_count)
+    print(f"\n{len(cases)} cases per state, {args.iterations} saves and loads each, world size {world}:")
     print(summary_table([dict(method=c.method.name, storage=c.storage.spec, thread_count=c.thread_count)
-                         for c in cases_for(0, storages, args.methods, args.thread_count)],
-                        ["method", "storage", "thread_count"]))
+                         for c in cases], ["method", "storage", "thread_count"]))
     return 0
 
 
@@ -176,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not under_torchrun() and world > 1:
         # Check the storage here so a typo fails once, cleanly, before any rank starts.
         for storage in storages:
-            remove_tree(storage, preflight(storage, world, 0))
+            remove_tree(storage, preflight(storage, world, needed_bytes(specs, run)))
         rest = _without_nproc(argv)
         return launch_local(world, rest)
     return _run_ranks(args, specs, storages, run)
@@ -272,14 +271,18 @@ def _benchmark(args, specs: list[StateSpec], storages: list[Storage], run: RunOp
     return 0
 
 
+def needed_bytes(specs: list[StateSpec], run: RunOptions) -> int:
+    """Storage one case needs at its peak: every iteration of the biggest state is kept until the loads."""
+    return max(s.total_bytes for s in specs) * run.iterations
+
+
 def _preflight_all(ranks: Ranks, storages: list[Storage], specs: list[StateSpec], run: RunOptions) -> list[str]:
     """Rank 0 checks every storage (exists, writable, room for the biggest state's iterations); every rank
     gets the same answer, so a bad --storage stops all of them with one message."""
-    needed = max(s.total_bytes for s in specs) * run.iterations
     outcome: Any = None
     if ranks.is_main:
         try:
-            outcome = [preflight(s, ranks.world_size, needed) for s in storages]
+            outcome = [preflight(s, ranks.world_size, needed_bytes(specs, run)) for s in storages]
         except UsageError as exc:
             outcome = exc
     outcome = ranks.broadcast(outcome)

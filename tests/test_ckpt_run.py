@@ -1,0 +1,185 @@
+"""Real runs: two gloo ranks under torchrun save and load a model-shaped state with every method, on local disk
+and on a real S3 server (moto, started here) with multipart uploads; failures on one rank become error rows."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from opbench.ckpt.state import deterministic_tensor, model_state_spec, shard_range, tensor_seed
+from opbench.models import load_model_configs
+
+pytestmark = pytest.mark.slow
+BUCKET = "opbench-ckpt"
+PART = 5 * 2**20                       # S3's smallest multipart part; s3fs uploads in blocks of this size
+TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 352,
+              "vocab_size": 2048, "num_hidden_layers": 2, "tie_word_embeddings": False}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def s3_env():
+    """A moto S3 server in this process, one bucket, and the environment that points boto/s3fs at it."""
+    from moto.server import ThreadedMotoServer
+
+    port = _free_port()
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    env = dict(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1",
+               AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}")
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    import s3fs
+
+    fs = s3fs.S3FileSystem(endpoint_url=env["AWS_ENDPOINT_URL"], skip_instance_cache=True)
+    fs.mkdir(BUCKET)
+    yield env, fs
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    server.stop()
+
+
+def _run(cmd: list[str], env: dict[str, str], timeout: float = 420) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, env={**os.environ, **env, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                          text=True, timeout=timeout)
+    return proc
+
+
+def test_every_method_on_local_disk_and_s3_with_two_ranks(tmp_path, s3_env):
+    env, fs = s3_env
+    cfg_path = tmp_path / "tiny_llama.json"
+    cfg_path.write_text(json.dumps(TINY_LLAMA))
+    local = tmp_path / "local"
+    out = tmp_path / "out"
+    s3_url = f"s3://{BUCKET}/run1"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "opbench.ckpt", "--model-config-path", str(cfg_path), "--param-dtype", "bf16",
+           "--methods", "torch_save,dcp,dcp_async,dcp_async_process", "--thread-count", "1,2",
+           "--storage", f"{local},{s3_url}", "--storage-options", json.dumps({"default_block_size": PART}),
+           "--iterations", "2", "--drop-cache", "--keep", "--report-dir-path", str(out)]
+    proc = _run(cmd, env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+    rows = pd.read_csv(out / "ckpt_benchmark.csv")
+    meta = json.loads((out / "ckpt_benchmark.meta.json").read_text())
+    spec = model_state_spec(load_model_configs(str(cfg_path))[0], "adam", "bf16")
+    assert len(rows) == 14 and set(rows["status"]) == {"ok"} and rows["verified"].all() and rows["accurate"].all()
+    assert set(rows["world_size"]) == {2} and set(rows["num_saved"]) == {2} and set(rows["num_loaded"]) == {2}
+    assert set(rows["method"]) == {"torch_save", "dcp", "dcp_async", "dcp_async_process"}
+    assert (rows["state_bytes"] == spec.total_bytes).all() and (rows["iter_folder_size"] >= spec.total_bytes).all()
+    for _, r in rows.iterrows():
+        # bandwidth = iter_folder_size / 2^20 / median time (CSV keeps 6 significant digits)
+        assert r.save_bandwidth_in_mbps == pytest.approx(r.iter_folder_size / 2**20 / r.save_total_time, rel=2e-5)
+        assert r.load_bandwidth_in_mbps == pytest.approx(r.iter_folder_size / 2**20 / r.load_time, rel=2e-5)
+        assert 0 < r.save_block_time <= r.save_total_time
+        if not r.async_save:
+            assert r.save_block_time == r.save_total_time
+        assert r.drop_cache == (not r.storage.startswith("s3://"))    # evicted where the files are local
+
+    cases = {(c["method"], c["storage"], c["thread_count"]): c for c in meta["cases"]}
+    assert len(cases) == 14
+    for case in cases.values():
+        assert len(case["total"]) == 2 and all(len(per) == 2 for per in case["per_rank"]["total"])
+        assert all(b <= t for b, t in zip(case["block"], case["total"]))
+        assert case["total"] == [max(per) for per in case["per_rank"]["total"]]
+        assert case["warmup_s"] > 0
+
+    # Sizes in the CSV are the files really written (--keep left them in place).
+    run_dir = Path(meta["run_dirs"][0])
+    torch_iter = run_dir / "s0_torch_save" / "iter_0000001"
+    assert sorted(p.name for p in torch_iter.iterdir()) == ["rank_00000.pt", "rank_00001.pt"]
+    on_disk = sum(p.stat().st_size for p in torch_iter.iterdir())
+    assert cases[("torch_save", str(local), None)]["sizes"][0] == on_disk
+    dcp_iter = run_dir / "s0_dcp_t2" / "iter_0000002"
+    # thread_count=2: each rank's single-file-per-rank data is split over one file per writer thread
+    assert {p.name for p in dcp_iter.iterdir()} == {".metadata", "__0_0.distcp", "__0_1.distcp", "__1_0.distcp",
+                                                    "__1_1.distcp"}
+
+    # The DCP checkpoint is a real sharded one: consolidated offline, each tensor's dim-0 chunk r is rank r's.
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(dcp_iter, tmp_path / "full.pt")
+    full = torch.load(tmp_path / "full.pt", weights_only=True)
+    assert set(full) == {t.key for t in spec.tensors}
+    for t in spec.tensors:
+        assert tuple(full[t.key].shape) == t.shape
+        for rank in range(2):
+            start, length = shard_range(t.shape[0], rank, 2)
+            want = deterministic_tensor(t.local_shape(rank, 2), t.dtype, tensor_seed(t.key, rank), torch.device("cpu"))
+            assert torch.equal(full[t.key][start:start + length], want), t.key
+
+    # On S3 the ~6 MiB per-rank files (torch_save, DCP with one thread) went up in 5 MiB parts (multipart ETags end in -<parts>).
+    s3_run = meta["run_dirs"][1].split("://", 1)[1]
+    fs.invalidate_cache()
+    objects = fs.find(s3_run, detail=True)
+    big = {k: v for k, v in objects.items() if v["size"] > PART}
+    assert big and all(v["ETag"].strip('"').endswith("-2") for v in big.values()), big
+    assert any(k.endswith("rank_00001.pt") for k in big) and any(k.endswith("__1_0.distcp") for k in big)
+    s3_dcp = f"{s3_run}/s0_dcp_async_process_t2/iter_0000001"
+    assert cases[("dcp_async_process", s3_url, 2)]["sizes"][0] == sum(
+        v["size"] for k, v in objects.items() if k.startswith(s3_dcp + "/"))
+
+
+INJECT = textwrap.dedent('''
+    """Test-only: rank 1 finds the disk full when torch.save writes its file; DCP loads come back corrupted."""
+    import builtins, errno, os
+    if os.environ.get("OPBENCH_CKPT_INJECT") == "1":
+        _open = builtins.open
+        def _full_disk_open(file, mode="r", *args, **kwargs):
+            if os.environ.get("RANK") == "1" and "w" in mode and str(file).endswith("rank_00001.pt") \\
+                    and "warmup" not in str(file):
+                raise OSError(errno.ENOSPC, "No space left on device", str(file))
+            return _open(file, mode, *args, **kwargs)
+        builtins.open = _full_disk_open
+        import torch.distributed.checkpoint as dcp
+        _load = dcp.load
+        def _corrupt_load(state_dict, *args, **kwargs):
+            result = _load(state_dict, *args, **kwargs)
+            victim = [v for k, v in state_dict.items() if not k.startswith("warmup")]
+            if victim and os.environ.get("RANK") == "0":
+                victim[0].to_local().view(-1)[0] += 1
+            return result
+        dcp.load = _corrupt_load
+''')
+
+
+def test_failures_on_one_rank_become_rows_and_a_nonzero_exit(tmp_path):
+    (tmp_path / "inject").mkdir()
+    (tmp_path / "inject" / "sitecustomize.py").write_text(INJECT)
+    env = {"OPBENCH_CKPT_INJECT": "1",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path / "inject"), os.environ.get("PYTHONPATH", "")])}
+    out = tmp_path / "out"
+    proc = _run([sys.executable, "-m", "opbench.ckpt", "--nproc-per-node", "2", "--size-mb", "2",
+                 "--param-dtype", "fp32", "--methods", "torch_save,dcp", "--iterations", "1",
+                 "--storage", str(tmp_path / "data"), "--report-dir-path", str(out)], env, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "2 of 2 cases failed or did not verify" in proc.stderr
+    rows = pd.read_csv(out / "ckpt_benchmark.csv").set_index("method")
+    full = rows.loc["torch_save"]
+    assert full.status == "error" and "rank 1: disk full" in full.error
+    assert pd.isna(full.save_total_time) and pd.isna(full.iter_folder_size) and pd.isna(full.verified)
+    bad = rows.loc["dcp"]                                    # the sweep went on after the failed case
+    assert bad.status == "error" and not bad.verified and "contents differ" in bad.error
+    assert bad.save_total_time > 0 and bad.iter_folder_size > 2 * 2**20
+    assert not list((tmp_path / "data").iterdir())           # checkpoints cleaned up after the run
