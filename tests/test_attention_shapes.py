@@ -136,4 +136,5 @@ def test_dry_run_writes_planned_rows(tmp_path):
     assert len(df) == 2 * 2 * 2 and set(df.status) == {"planned"}
     mla = df[df.model == "DeepSeek_V2_Lite"].iloc[0]
     assert (mla.seqlen_q, mla.num_head_q, mla.num_head_kv, mla.head_dim_qk, mla.head_dim_v) == (2048, 8, 8, 192, 128)
+    assert mla.batch_size == 1 and mla.fwd_flops == pytest.approx(2 * 8 * 2048 * 1024 * (192 + 128), rel=1e-5)
     assert df.fwd_time.isna().all()

@@ -25,12 +25,13 @@ from .runner import PASS_COLUMNS, PASSES, AttentionCase, ProblemCache, run_case
 from .shapes import AttentionShape, cap_seqlen, load_attention_shapes, model_attention_shape, select_shapes
 
 SHAPE_COLUMNS = ["model", "batch_size", "seqlen_q", "seqlen_kv", "num_head_q", "num_head_kv", "head_dim_qk",
-                 "head_dim_v", "causal", "dtype", "backend"]
+                 "head_dim_v", "causal", "dtype", "backend", "fwd_flops"]
 COLUMNS = [*SHAPE_COLUMNS, *PASS_COLUMNS, "max_abs_err", "max_rel_err", "grad_max_abs_err", "grad_max_rel_err",
            "status", "error", "note", "tp", "cp", "device"]
 SUMMARY = ["model", "batch_size", "seqlen_q", "seqlen_kv", "num_head_q", "num_head_kv", "head_dim_qk",
            "head_dim_v", "backend", "fwd_time", "fwd_tflops", "bwd_time", "bwd_tflops", "fwdbwd_time",
            "max_abs_err", "status"]
+PLAN_SUMMARY = [*SHAPE_COLUMNS[:8], "backend", "fwd_flops", "status"]
 CPU_MAX_SEQLEN = 128      # CPU attention at 4k-8k tokens takes minutes per case; GPUs run the real lengths
 CPU_BUDGET_S = 0.2        # per pass on CPU unless a timing flag is given: the default sweep ends in minutes
 TIMING_FLAGS = ("warmup", "min_iters", "max_iters", "rel_tol", "budget", "quick")
@@ -112,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     dtype = args.dtype or default_dtype_name(device)
     timing = timing_config(args)
     max_seqlen = args.max_seqlen
-    if device.type == "cpu":
+    if device.type == "cpu" and not args.dry_run:
         if max_seqlen is None:
             max_seqlen = CPU_MAX_SEQLEN
             print(f"note: CPU run: seqlens scaled down to at most {CPU_MAX_SEQLEN} (--max-seqlen 0 for the real "
@@ -141,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows = run_sweep(cases, lambda c: {**run_case(c, device, args.passes, timing, cache), **extra},
                              failed, report, desc="attention")
     print(f"attention on {info.name} ({dtype}, passes {','.join(args.passes)})")
-    print(summary_table(rows, SUMMARY))
+    print(summary_table(rows, PLAN_SUMMARY if args.dry_run else SUMMARY))
     reasons = unsupported_reasons(rows)
     if reasons:
         print("not run:\n" + "\n".join(reasons))

@@ -43,7 +43,8 @@ class AttentionCase:
     dtype: str
 
     def as_row(self) -> dict[str, Any]:
-        return {**self.shape.as_row(), "batch_size": self.batch_size, "dtype": self.dtype, "backend": self.backend}
+        return {**self.shape.as_row(), "batch_size": self.batch_size, "dtype": self.dtype, "backend": self.backend,
+                "fwd_flops": attention_flops(self.shape, self.batch_size, "fwd")}
 
 
 @dataclass
