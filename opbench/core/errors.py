@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Callable, Sequence
 
@@ -27,3 +28,10 @@ def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[s
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; rows finished so far are in the report", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # `opbench … | head`: the reader went away; not an error worth a traceback.
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return 0
