@@ -137,6 +137,7 @@ def main() -> int:
                 "mb_per_s_median": round(statistics.median(rates), 1),
                 "mb_per_s_min": round(min(rates), 1), "mb_per_s_max": round(max(rates), 1),
                 "seconds_median": round(statistics.median(r["seconds"] for r in runs), 3),
+                "rss_peak_mib": round(max(r["rss_peak_kib"] for r in runs) / 1024, 1),
                 "rss_growth_mib": round(max(r["rss_peak_kib"] - r["rss_base_kib"] for r in runs) / 1024, 1),
                 "tracemalloc_peak_mib": round(traced["tracemalloc_peak_bytes"] / 2**20, 2),
             })

@@ -38,9 +38,11 @@ BLOCK = 1 << 20          # bytes read per step
 MAX_LINE = 1 << 20       # a "line" longer than this without a newline is cut (garbage)
 
 _OPS = rb"AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|Send|Recv|AlltoAll|AllToAll|AllToAllPivot|Gather|Scatter"
+# "host:pid:tid [dev]" — the host may be glued to a launcher tag ('[1,0]<stdout>:host'), hence the excluded chars
+_WHO = rb"(?P<host>[^\s:\[\]<>()]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>-?\d+)\]"
 # Optional prefix "host:pid:tid [dev] [µs] NCCL INFO ", then the call body. No \s, so never across a newline.
 _FULL = re.compile(
-    rb"(?:(?P<prefix>(?P<host>[^\s:\[\]<>()]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>-?\d+)\]) (?:[0-9.]+ )?NCCL INFO )?"
+    rb"(?:(?P<prefix>" + _WHO + rb") (?:[0-9.]+ )?NCCL INFO )?"
     rb"(?P<op>(?<![A-Za-z0-9])[A-Za-z][A-Za-z0-9]*|" + _OPS + rb"): "
     rb"opCount (?P<opcount>[0-9a-fA-F]+) sendbuff (?P<sendbuff>\S+) recvbuff (?P<recvbuff>\S+) "
     rb"(?:acc (?P<acc>\S+) )?(?P<args>count (?P<count>\d+) datatype (?P<datatype>\d+) op (?P<redop>\d+) "
@@ -48,22 +50,21 @@ _FULL = re.compile(
     rb"stream (?P<stream>0x[0-9a-fA-F]+|\(nil\)|\S+)"
     rb"(?: task (?P<task>-?\d+) globalrank (?P<globalrank>-?\d+))?"
 )
-# The two spans a tally is keyed on, re-parsed once per distinct key (TraceSummary.add_raw)
-PREFIX = re.compile(rb"(?P<host>[^\s:\[\]<>()]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>-?\d+)\]")
-ARGS = re.compile(rb"count (?P<count>\d+) datatype (?P<datatype>\d+) op (?P<redop>\d+) root (?P<root>-?\d+) "
-                  rb"comm (?P<comm>\S+) \[nranks=(?P<nranks>\d+)\]")
-# "comm 0x… rank 3 nranks 8 cudaDev 3 [nvmlDev 3] busId … [commId 0x…] - Init COMPLETE" (INIT subsystem)
-_INIT = re.compile(rb"(?:(?P<host>[^\s:\[\]<>()]+):(?P<pid>\d+):\d+ \[(?P<dev>-?\d+)\] (?:[0-9.]+ )?NCCL INFO )?"
-                   rb"(?:\w+ )?comm (?P<comm>\S+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev -?\d+"
-                   rb"[^\n]*?(?:commId (?P<commid>0x[0-9a-fA-F]+)[^\n]*?)?Init COMPLETE")
-# Fields a tally is keyed on (everything but per-call pointers and opCount)
-# A tally key is 4 spans (prefix, op, args, globalrank: findall returns groups in pattern order); _KEYED is
-# _FULL capturing only those.
+# A tally key is 4 spans (prefix, op, args, globalrank — findall returns groups in pattern order); _KEYED is
+# _FULL capturing only those; PREFIX and ARGS re-parse the spans once per distinct key (TraceSummary.add_raw).
 TALLY_FIELDS = ("prefix", "op", "args", "globalrank")
 _TALLY_INDEX = tuple(_FULL.groupindex[f] for f in TALLY_FIELDS)
 _KEYED = re.compile(re.sub(rb"\(\?P<(\w+)>", lambda m: m.group(0) if m.group(1).decode() in TALLY_FIELDS else b"(?:",
                            _FULL.pattern))
+PREFIX = re.compile(_WHO)
+ARGS = re.compile(rb"count (?P<count>\d+) datatype (?P<datatype>\d+) op (?P<redop>\d+) root (?P<root>-?\d+) "
+                  rb"comm (?P<comm>\S+) \[nranks=(?P<nranks>\d+)\]")
 _TWO_ON_A_LINE = re.compile(rb"opCount [^\n]*opCount ")
+# "comm 0x… rank 3 nranks 8 cudaDev 3 [nvmlDev 3] busId … [commId 0x…] - Init COMPLETE" (INIT subsystem)
+_INIT = re.compile(rb"(?:" + _WHO + rb" (?:[0-9.]+ )?NCCL INFO )?"
+                   rb"(?:\w+ )?comm (?P<comm>\S+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev -?\d+"
+                   rb"[^\n]*?(?:commId (?P<commid>0x[0-9a-fA-F]+)[^\n]*?)?Init COMPLETE")
+_RCCL_MARKERS = (b" globalrank ", b" acc 0x", b" acc (nil)")
 P2P_OPS = frozenset({"Send", "Recv"})
 _ROOTED = frozenset({"Broadcast", "Reduce", "Gather", "Scatter"})
 # Op names this package synthesises (trace_p2p): an uneven all-to-all is timed as the even one moving as many bytes.
@@ -311,7 +312,7 @@ class LogParser:
         stats = self.stats
         stats.calls += calls
         stats.fragments += block.count(b"opCount ") - calls
-        if not stats.rccl_fields and calls and (b" globalrank " in block or b" acc " in block):
+        if not stats.rccl_fields and calls and any(marker in block for marker in _RCCL_MARKERS):
             stats.rccl_fields = True
         if b"Init COMPLETE" in block:
             self._inits(block)

@@ -66,7 +66,7 @@ def job_ranks(nranks: int, gpus_per_node: int = 8) -> list[RankProc]:
                      f"0x55{r:02x}c0a1b2c0", f"0x55{r:02x}c0d3e4f0", r) for r in range(nranks)]
 
 
-def fsdp_job_lines(nranks: int = 8, layers: int = 80, layer_count: int = 106956800, root_count: int = 131334144,
+def fsdp_job_lines(nranks: int = 8, layers: int = 80, layer_count: int = 106956800, root_count: int = 262669312,
                    seed: int = 0, rccl: bool = False, noise_every: int = 40, torn_every: int = 5000,
                    prefix: bool = True) -> Iterator[str]:
     """An endless FSDP2-like job log (Llama-3-70B-ish sizes at 8 ranks), step after step.
