@@ -16,6 +16,7 @@ def _tile(ptr, rows, row_ok, stride_s, D: tl.constexpr, BD: tl.constexpr):
     return tl.load(ptr + rows[:, None] * stride_s + d[None, :], mask=row_ok[:, None] & (d[None, :] < D),
                    other=0.0)
 
+
 @triton.jit
 def _tile_t(ptr, cols, col_ok, stride_s, D: tl.constexpr, BD: tl.constexpr):
     """The same block transposed, (BD, cols), for q·kᵀ-style products."""
@@ -23,11 +24,13 @@ def _tile_t(ptr, cols, col_ok, stride_s, D: tl.constexpr, BD: tl.constexpr):
     return tl.load(ptr + cols[None, :] * stride_s + d[:, None], mask=col_ok[None, :] & (d[:, None] < D),
                    other=0.0)
 
+
 @triton.jit
 def _store_tile(ptr, rows, row_ok, stride_s, value, D: tl.constexpr, BD: tl.constexpr):
     d = tl.arange(0, BD)
     tl.store(ptr + rows[:, None] * stride_s + d[None, :], value.to(ptr.dtype.element_ty),
              mask=row_ok[:, None] & (d[None, :] < D))
+
 
 @triton.jit
 def _visible(q_idx, k_idx, q_ok, k_ok, shift, CAUSAL: tl.constexpr):
@@ -38,6 +41,7 @@ def _visible(q_idx, k_idx, q_ok, k_ok, shift, CAUSAL: tl.constexpr):
         ok = ok & (k_idx <= q_idx + shift)
     return ok
 
+
 @triton.jit
 def _kv_end(pid_m, SQ, SKV, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
     """One past the last key any row of query block pid_m can see."""
@@ -45,12 +49,13 @@ def _kv_end(pid_m, SQ, SKV, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
         return tl.minimum(SKV, (pid_m + 1) * BLOCK_M + SKV - SQ)
     return SKV
 
+
 @triton.jit
 def attn_fwd(Q, K, V, O, LSE, qk_scale,
-         sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh,
-         H, GROUP, SQ, SKV,
-         D_QK: tl.constexpr, D_V: tl.constexpr, BD_QK: tl.constexpr, BD_V: tl.constexpr,
-         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+             sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh,
+             H, GROUP, SQ, SKV,
+             D_QK: tl.constexpr, D_V: tl.constexpr, BD_QK: tl.constexpr, BD_V: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
@@ -85,13 +90,14 @@ def attn_fwd(Q, K, V, O, LSE, qk_scale,
     tl.store(LSE + pid_bh * SQ + rows, lse, mask=row_ok)
     _store_tile(O + b * sob + h * soh, rows, row_ok, sos, acc, D_V, BD_V)
 
+
 @triton.jit
 def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale,
-              sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sdob, sdos, sdoh,
-              sdkb, sdks, sdkh, sdvb, sdvs, sdvh,
-              H, HKV, GROUP, SQ, SKV,
-              D_QK: tl.constexpr, D_V: tl.constexpr, BD_QK: tl.constexpr, BD_V: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+                  sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sdob, sdos, sdoh,
+                  sdkb, sdks, sdkh, sdvb, sdvs, sdvh,
+                  H, HKV, GROUP, SQ, SKV,
+                  D_QK: tl.constexpr, D_V: tl.constexpr, BD_QK: tl.constexpr, BD_V: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_bhk = tl.program_id(1)
     b = pid_bhk // HKV
@@ -125,12 +131,13 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale,
     _store_tile(DK + b * sdkb + hk * sdkh, cols, col_ok, sdks, dk * sm_scale, D_QK, BD_QK)
     _store_tile(DV + b * sdvb + hk * sdvh, cols, col_ok, sdvs, dv, D_V, BD_V)
 
+
 @triton.jit
 def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, qk_scale, sm_scale,
-            sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sdob, sdos, sdoh, sdqb, sdqs, sdqh,
-            H, GROUP, SQ, SKV,
-            D_QK: tl.constexpr, D_V: tl.constexpr, BD_QK: tl.constexpr, BD_V: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+                sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sdob, sdos, sdoh, sdqb, sdqs, sdqh,
+                H, GROUP, SQ, SKV,
+                D_QK: tl.constexpr, D_V: tl.constexpr, BD_QK: tl.constexpr, BD_V: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
