@@ -131,4 +131,5 @@ def test_fast_tally_equals_record_path(text, raw_p2p):
         os.remove(fh.name)
     assert fast.summary_rows() == slow.summary_rows()
     assert fast.per_rank_rows([]) == slow.per_rank_rows([])
-    assert parser.stats.calls == sum(text.count("opCount ") for _ in [0]) - parser.stats.fragments
+    assert fast.total_calls <= parser.stats.calls            # grouped Send/Recv lines fold into one AlltoAll
+    assert fast.total_calls == parser.stats.calls or not raw_p2p
