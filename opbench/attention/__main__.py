@@ -16,7 +16,7 @@ from opbench.core.cli import add_device_args, add_timing_args, csv_list, positiv
 from opbench.core.device import default_dtype_name, device_info, resolve_device
 from opbench.core.errors import UsageError, run_cli
 from opbench.core.report import CsvReport, environment, summary_table
-from opbench.core.sweep import STATUS_PLANNED, run_sweep
+from opbench.core.sweep import run_sweep
 from opbench.core.timing import TimingConfig
 from opbench.models import load_model_configs, select_models
 
@@ -135,12 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         def failed(case: AttentionCase, status: str, message: str) -> dict[str, Any]:
             return {**case.as_row(), "status": status, "error": message or None, **extra}
 
-        if args.dry_run:
-            rows = [failed(c, STATUS_PLANNED, "") for c in cases]
-            report.extend(rows)
-        else:
-            rows = run_sweep(cases, lambda c: {**run_case(c, device, args.passes, timing, cache), **extra},
-                             failed, report, desc="attention")
+        rows = run_sweep(cases, lambda c: {**run_case(c, device, args.passes, timing, cache), **extra},
+                         failed, report, desc="attention", dry_run=args.dry_run)
     print(f"attention on {info.name} ({dtype}, passes {','.join(args.passes)})")
     print(summary_table(rows, PLAN_SUMMARY if args.dry_run else SUMMARY))
     reasons = unsupported_reasons(rows)

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from opbench.core.errors import UsageError
 from opbench.models import ModelConfig
-from opbench.models.config import _read_json as read_json
+from opbench.models.config import read_json
 
 BUILTIN_SHAPES = Path(__file__).resolve().parent.parent / "shapes" / "attention_shapes.json"
 

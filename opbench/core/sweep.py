@@ -51,10 +51,15 @@ def run_sweep(
     report: CsvReport,
     desc: str = "",
     total: int | None = None,
+    dry_run: bool = False,
 ) -> list[dict[str, Any]]:
     """Measure each item and append its row; returns the rows in order. KeyboardInterrupt propagates after
-    every finished row is on disk."""
+    every finished row is on disk. ``dry_run`` writes every item as a ``planned`` row and measures nothing."""
     rows: list[dict[str, Any]] = []
+    if dry_run:
+        rows = [dict(failed_row(item, STATUS_PLANNED, "")) for item in items]
+        report.extend(rows)
+        return rows
     if total is None and hasattr(items, "__len__"):
         total = len(items)  # type: ignore[arg-type]
     for item in progress(items, total=total, desc=desc):
@@ -65,7 +70,8 @@ def run_sweep(
         except Exception as exc:  # noqa: BLE001 - every failure becomes a row, the sweep goes on
             status, message = classify_failure(exc)
             row = dict(failed_row(item, status, message))
-            release_memory()
+            if status != STATUS_UNSUPPORTED:  # gc takes ~0.4 s; only a real failure may have left memory behind
+                release_memory()
         report.append(row)
         rows.append(row)
     return rows

@@ -12,7 +12,7 @@ from opbench.core.cli import add_device_args, add_timing_args, csv_list, positiv
 from opbench.core.device import default_dtype_name, device_info, resolve_device
 from opbench.core.errors import UsageError, run_cli
 from opbench.core.report import CsvReport, environment, summary_table
-from opbench.core.sweep import STATUS_PLANNED, run_sweep
+from opbench.core.sweep import run_sweep
 from opbench.models import load_model_configs, select_models
 
 from .backends import BACKENDS
@@ -103,14 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return {**case.shape.as_row(), "dtype": case.effective_dtype, "backend": case.backend,
                         "status": status, "error": message, **extra_cols}
 
-            if args.dry_run:
-                rows = [failed(c, STATUS_PLANNED, "") for c in cases]
-                report.extend(rows)
-            else:
-                rows = run_sweep(
-                    cases,
-                    lambda c: {**run_case(c, info, timing, cold=args.cache == "cold"), **extra_cols},
-                    failed, report, desc=f"gemm {cfg.name}")
+            rows = run_sweep(cases, lambda c: {**run_case(c, info, timing, cold=args.cache == "cold"), **extra_cols},
+                             failed, report, desc=f"gemm {cfg.name}", dry_run=args.dry_run)
         print(f"\n{cfg.name} on {info.name} ({dtype}, tp={par.tp} ep={par.ep} cp={par.cp}, seqlen={seqlen})")
         print(summary_table(rows, SUMMARY))
         print(f"wrote {path} ({len(rows)} rows)")

@@ -100,7 +100,6 @@ def run_case(case: GemmCase, info: DeviceInfo, timing: TimingConfig, cold: bool 
         stats = measure(fns[0], info.device, timing)
     else:
         stats = measure(lambda: fns[state["i"]](), info.device, timing, before=rotate)
-    del operands, fns, fns_impls, c
     tflops = shape.flops / stats.median / 1e12
     peak = info.peak_tflops(dtype)
     return {

@@ -228,7 +228,8 @@ def parse_model_config(obj: Mapping[str, Any], source: str, default_name: str | 
     )
 
 
-def _read_json(path: Path) -> Any:
+def read_json(path: Path) -> Any:
+    """Parse a JSON file; a missing/unreadable/malformed file is a UsageError naming it (and line/column)."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -246,7 +247,7 @@ def _read_json(path: Path) -> Any:
 def load_model_configs(path: str | os.PathLike | None = None, model_name: str | None = None) -> list[ModelConfig]:
     """Load a Primus list, a single Primus object or an HF config.json; ``None`` loads the built-in list."""
     p = Path(path) if path else BUILTIN_CONFIGS
-    data = _read_json(p)
+    data = read_json(p)
     if isinstance(data, list):
         if not data:
             raise UsageError("the model list is empty", source=str(p))
