@@ -108,7 +108,10 @@ fi
 if [ "$NODE_RANK" = 0 ] && wanted fsdp; then
     if has_module opbench.fsdp_model.__main__; then
         # shellcheck disable=SC2086
-        stage fsdp "$PYTHON" -m opbench.fsdp_model "${model_flags[@]}" --report-dir-path "$REPORT_DIR/fsdp" $FSDP_ARGS
+        # exact FSDP2 sizes for this job's world size, with the nccl-tests/rccl-tests lines that replay them
+        mkdir -p "$REPORT_DIR/fsdp"
+        stage fsdp "$PYTHON" -m opbench.fsdp_model "${model_flags[@]}" --world-size $((NNODES * NPROC_PER_NODE)) \
+            --nnodes "$NNODES" --csv "$REPORT_DIR/fsdp/fsdp_model.csv" --commands $FSDP_ARGS
     else
         echo "=== fsdp: opbench.fsdp_model has no command line in this install; skipped"
     fi
