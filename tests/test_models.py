@@ -102,3 +102,7 @@ def test_unknown_model_lists_available():
     with pytest.raises(UsageError) as exc:
         select_models(load_model_configs(), "Llama9")
     assert "'Llama9'" in str(exc.value) and "Llama3.1_8B" in str(exc.value)
+
+
+def test_builtin_keyword_and_none_load_the_shipped_list():
+    assert [c.name for c in load_model_configs("builtin")] == [c.name for c in load_model_configs()]

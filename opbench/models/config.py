@@ -245,8 +245,8 @@ def read_json(path: Path) -> Any:
 
 
 def load_model_configs(path: str | os.PathLike | None = None, model_name: str | None = None) -> list[ModelConfig]:
-    """Load a Primus list, a single Primus object or an HF config.json; ``None`` loads the built-in list."""
-    p = Path(path) if path else BUILTIN_CONFIGS
+    """Load a Primus list, a single Primus object or an HF config.json; ``None`` or 'builtin' loads the built-in list."""
+    p = Path(path) if path and str(path) != "builtin" else BUILTIN_CONFIGS
     data = read_json(p)
     if isinstance(data, list):
         if not data:
