@@ -1,8 +1,8 @@
 """opbench report on a results folder built from real small benchmark runs.
 
-The GEMM and attention benchmarks run in this process (their real ``main``), the collective benchmark under
-torchrun with 2 gloo ranks, the nccl-tests parser on an nccl-tests output in the documented v2.13 format
-(there is no GPU here to run nccl-tests itself). The report's tables are parsed back and compared with the CSVs.
+The GEMM, attention and FSDP-model CLIs run in this process (their real ``main``), the collective and
+checkpoint benchmarks under torchrun with 2 gloo ranks, the NCCL-log and nccl-tests parsers on text in the
+documented formats (there is no GPU here to run nccl-tests or NCCL itself). The report's tables are parsed back and compared with the CSVs.
 """
 
 from __future__ import annotations
@@ -73,10 +73,14 @@ def results(tmp_path_factory) -> Path:
     from opbench.fsdp_model.__main__ import main as fsdp_main
 
     res = tmp_path_factory.mktemp("results")
-    comm = subprocess.Popen(  # in the background while the single-process benchmarks run
-        [sys.executable, "-m", "opbench", "comm", "--nproc-per-node", "2", "--collectives", "all_reduce,all_gather",
-         "-b", "1K", "-e", "16K", "-f", "4", "-w", "1", "-n", "3", "--report-dir-path", str(res / "comm")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    launched = [  # torchrun jobs, in the background while the single-process benchmarks run
+        ["comm", "--nproc-per-node", "2", "--collectives", "all_reduce,all_gather", "-b", "1K", "-e", "16K", "-f", "4",
+         "-w", "1", "-n", "3", "--report-dir-path", str(res / "comm")],
+        ["ckpt", "--nproc-per-node", "2", "--size-mb", "4", "--iterations", "1", "--methods", "torch_save,dcp",
+         "--storage", str(res.parent / "ckpt_data"), "--report-dir-path", str(res / "ckpt")],
+    ]
+    jobs = [subprocess.Popen([sys.executable, "-m", "opbench", *args], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, cwd=ROOT) for args in launched]
     try:
         run_gemm(res)
         shapes = res.parent / "attention_shapes.json"
@@ -91,10 +95,12 @@ def results(tmp_path_factory) -> Path:
         log.write_text(NCCL_LOG)
         assert trace_main([str(log), "--csv", str(res / "trace" / "sizes.csv")]) == 0
         (res / "notes.csv").write_text("a,b\n1,2\n")
-        output, _ = comm.communicate(timeout=300)
+        for job in jobs:
+            output, _ = job.communicate(timeout=300)
+            assert job.returncode == 0, output[-3000:]
     finally:
-        comm.kill()
-    assert comm.returncode == 0, output[-3000:]
+        for job in jobs:
+            job.kill()
     return res
 
 
@@ -242,6 +248,17 @@ def test_trace_summary_most_bytes_first(results, report):
         assert (int(row["calls"]), int(row["nccl_tests_bytes"])) == (src["calls"], src["nccl_tests_bytes"])
 
 
+def test_checkpoint_slowest_save_first(results, report):
+    table, ok = shown_and_csv(report[1], "Checkpoint", results / "ckpt" / "ckpt_benchmark.csv", 2)
+    shown = [float(v) for v in table["save_bandwidth_in_mbps"]]
+    assert shown == pytest.approx(sorted(ok["save_bandwidth_in_mbps"]), rel=1e-3)  # table shows 4 digits
+    for _, row in table.iterrows():
+        src = one(ok, method=row["method"])
+        for col in ("save_total_time", "load_time", "save_bandwidth_in_mbps", "load_bandwidth_in_mbps"):
+            assert close(row[col], src[col])
+        assert row["verified"] == "True"
+
+
 def test_environment_and_skipped_files(results, report):
     built, text = report
     env = md_tables(section(text, "Environment"))["Environment"][0]
@@ -249,10 +266,12 @@ def test_environment_and_skipped_files(results, report):
     gemm_row = env[env["file"] == "benchmark_gemm_Qwen3_0.6B.csv"].iloc[0]
     assert gemm_row["device"] == meta_device and gemm_row["benchmark"] == "GEMM"
     assert set(env["file"]) == {"benchmark_gemm_Qwen3_0.6B.csv", "attn_tiny.csv", "nccl_tests.csv", "fsdp_qwen.csv",
-                                "trace/sizes.csv", "comm/all_reduce_benchmark.csv", "comm/all_gather_benchmark.csv"}
+                                "trace/sizes.csv", "comm/all_reduce_benchmark.csv", "comm/all_gather_benchmark.csv",
+                                "ckpt/ckpt_benchmark.csv"}
     assert "-b 1K -e 16K -f 4" in section(text, "Environment")     # the comm run's command line, from its sidecar
     assert "- `notes.csv`: columns match no opbench benchmark" in section(text, "Skipped files")
-    assert {f.kind.name for f in built.found.files} == {"gemm", "attention", "comm", "nccl_tests", "fsdp", "trace"}
+    assert {f.kind.name for f in built.found.files} == {"gemm", "attention", "comm", "nccl_tests", "fsdp", "trace",
+                                                        "ckpt"}
 
 
 # ---- plots --------------------------------------------------------------------------------------------------
@@ -263,7 +282,7 @@ def test_plots_are_real_images_and_linked(report):
     built, text = report
     names = {p.filename for p in built.plots}
     assert names == {"busbw_all_reduce.png", "busbw_all_gather.png", "gemm_tflops_Qwen3_0.6B.png",
-                     "attention_tflops_tiny.png"}
+                     "attention_tflops_tiny.png", "ckpt_bandwidth.png"}
     assert not built.missing
     for name in names:
         path = built.path.parent / name
@@ -283,7 +302,7 @@ def test_without_matplotlib_the_report_names_missing_plots(results, tmp_path, mo
     text = built.path.read_text()
     assert not list(tmp_path.glob("*.png")) and not built.plots
     assert set(built.missing) == {"busbw_all_reduce.png", "busbw_all_gather.png", "gemm_tflops_Qwen3_0.6B.png",
-                                  "attention_tflops_tiny.png"}
+                                  "attention_tflops_tiny.png", "ckpt_bandwidth.png"}
     missing = section(text, "Plots not made")
     for name in built.missing:
         assert f"- `{name}`" in missing and "pip install 'opbench[plot]'" in missing

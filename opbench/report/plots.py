@@ -124,9 +124,9 @@ def _draw_attention(model: str, frame: pd.DataFrame) -> Callable[[Any], None]:
         axes = fig.subplots(1, max(1, len(passes)), sharey=True, squeeze=False)[0]
         for ax, p in zip(axes, passes):
             for key, part in frame.groupby(["backend", *extra], sort=True):
-                part = part.sort_values("seqlen_q")
+                points = part.groupby("seqlen_q")[f"{p}_tflops"].median()     # repeated shapes: one point
                 label = " ".join(str(k) for k in (key if isinstance(key, tuple) else (key,)))
-                ax.plot(part["seqlen_q"], part[f"{p}_tflops"], marker="o", label=label)
+                ax.plot(points.index, points.values, marker="o", label=label)
             ax.set_xscale("log", base=2)
             ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
             ax.set_xlabel("seqlen_q")
@@ -143,7 +143,8 @@ def _draw_attention(model: str, frame: pd.DataFrame) -> Callable[[Any], None]:
 def _draw_ckpt(frame: pd.DataFrame) -> Callable[[Any], None]:
     def draw(fig: Any) -> None:
         ax = fig.add_subplot()
-        extra = _varying(frame, ("storage_kind", "world_size", "thread_count", "async_save"))
+        extra = _varying(frame, ("model", "storage_kind", "world_size", "thread_count", "single_file_per_rank",
+                                 "drop_cache"))
         labels = frame.apply(lambda r: " ".join([str(r["method"]), *[f"{c}={r[c]}" for c in extra]]), axis=1)
         x = range(len(frame))
         ax.bar([i - 0.2 for i in x], frame["save_bandwidth_in_mbps"], 0.4, label="save")
