@@ -112,6 +112,18 @@ def test_dead_or_hung_rank_fails_survivors_cleanly(tmp_path, kind):
     assert elapsed < 90
 
 
+def test_one_rank_failing_to_allocate_becomes_a_row(tmp_path):
+    """Rank 1 alone runs out of memory on the first size: every rank skips that case (no rank is left inside a
+    collective its peer never joins), the row says oom, and the next size is measured normally."""
+    out = tmp_path / "r"
+    proc = torchrun(2, "-b", "1K", "-e", "4K", "-f", "4", "--collectives", "all_reduce", "--timeout", "20",
+                    "--fault", "oom:1", "--report-dir-path", str(out), *QUICK, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first, second = rows(out, "all_reduce")
+    assert first["status"] == "oom" and first["time_us"] == "" and first["busbw_gbs"] == ""
+    assert second["status"] == "ok" and float(second["time_us"]) > 0
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

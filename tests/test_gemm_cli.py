@@ -73,6 +73,8 @@ def test_dry_run_plans_every_row(run, tmp_path):
     (["--model", "Llama2_7B", "--tp", "3"], "field '--tp'"),
     (["--model", "Llama2_7B", "--backends", "cublas"], "unknown backend"),
     (["--model", "Llama2_7B", "--mbs", "0"], "field '--mbs': must be positive"),
+    (["--model", "Llama2_7B", "--max-iters", "0"], "field '--max-iters': must be at least 1"),
+    (["--model", "Llama2_7B", "--min-iters", "9", "--max-iters", "3"], "exceeds --max-iters 3"),
 ])
 def test_bad_input_is_one_line_exit_2(run, tmp_path, args, needle):
     r = run("opbench.gemm", *args, "--dry-run", "--report-dir-path", str(tmp_path))

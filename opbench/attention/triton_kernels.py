@@ -56,8 +56,8 @@ def attn_fwd(Q, K, V, O, LSE, qk_scale,
              H, GROUP, SQ, SKV,
              D_QK: tl.constexpr, D_V: tl.constexpr, BD_QK: tl.constexpr, BD_V: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_m = tl.program_id(0).to(tl.int64)  # int64: offsets exceed 2**31 on large shapes
+    pid_bh = tl.program_id(1).to(tl.int64)  # int64: offsets exceed 2**31 on large shapes
     b = pid_bh // H
     h = pid_bh % H
     hk = h // GROUP
@@ -98,8 +98,8 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale,
                   H, HKV, GROUP, SQ, SKV,
                   D_QK: tl.constexpr, D_V: tl.constexpr, BD_QK: tl.constexpr, BD_V: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    pid_n = tl.program_id(0)
-    pid_bhk = tl.program_id(1)
+    pid_n = tl.program_id(0).to(tl.int64)  # int64: offsets exceed 2**31 on large shapes
+    pid_bhk = tl.program_id(1).to(tl.int64)  # int64: offsets exceed 2**31 on large shapes
     b = pid_bhk // HKV
     hk = pid_bhk % HKV
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -138,8 +138,8 @@ def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, qk_scale, sm_scale,
                 H, GROUP, SQ, SKV,
                 D_QK: tl.constexpr, D_V: tl.constexpr, BD_QK: tl.constexpr, BD_V: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_m = tl.program_id(0).to(tl.int64)  # int64: offsets exceed 2**31 on large shapes
+    pid_bh = tl.program_id(1).to(tl.int64)  # int64: offsets exceed 2**31 on large shapes
     b = pid_bh // H
     hk = (pid_bh % H) // GROUP
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)

@@ -114,7 +114,7 @@ def _validate(args: argparse.Namespace) -> None:
             raise UsageError("no such file", source=path, field="--sizes-from-trace")
     if args.fault is not None:
         kind, _, rank = args.fault.partition(":")
-        if kind not in ("corrupt", "exit", "hang") or not rank.isdigit():
+        if kind not in ("corrupt", "exit", "hang", "oom") or not rank.isdigit():
             raise UsageError("expected corrupt:RANK, exit:RANK or hang:RANK", field="--fault")
     _sweep(args)
 

@@ -38,7 +38,12 @@ COLUMNS = [
     "inplace", "pattern", "iters", "trials", "time_us", "time_us_max", "time_us_trial_min", "time_us_trial_max",
     "algbw_gbs", "busbw_gbs", "wrong", "source", "status", "error",
 ]
-_STATUS_CODES = [STATUS_OK, STATUS_UNSUPPORTED, STATUS_OOM, STATUS_ERROR]
+_PEER_FAILED = "peer_failed"  # this rank was fine; another rank could not prepare the case (never in a row)
+_STATUS_CODES = [STATUS_OK, _PEER_FAILED, STATUS_UNSUPPORTED, STATUS_OOM, STATUS_ERROR]  # worst last
+
+
+class _PeerFailed(Exception):
+    pass
 # Errors that mean the job itself is broken (a peer died or hung): no row, stop every survivor.
 _FATAL = re.compile(r"timed out|timeout|connection (closed|reset|refused)|broken pipe|watchdog|abort|"
                     r"remote worker|peer", re.IGNORECASE)
@@ -52,7 +57,7 @@ class CommFailure(Exception):
 class Fault:
     """Test hook (hidden ``--fault KIND:RANK``): ``corrupt`` adds 1 to that rank's first send element before
     each checked call; ``exit`` ends that rank (exit code 0, as a lost node) and ``hang`` stalls it, both
-    just before the first timed collective."""
+    just before the first timed collective; ``oom`` makes that rank alone fail to allocate the first case."""
 
     kind: str
     rank: int
@@ -171,6 +176,7 @@ class Bench:
         status, message, wrong = STATUS_OK, "", 0
         times = [math.nan] * cfg.trials
         bufs = None
+        agreed = False
         try:
             if count == 0:
                 raise Unsupported(f"{case.size_bytes} B is less than one element per rank")
@@ -179,7 +185,14 @@ class Bench:
                 raise Unsupported("gloo cannot send to itself; send_recv needs 2 or more ranks")
             if pattern == "pingpong" and nranks % 2:
                 raise Unsupported(f"ping-pong pairs ranks; a group of {nranks} is odd")
+            f = self.cfg.fault
+            if f and f.kind == "oom" and f.rank == self.rank and not self._fault_fired:
+                self._fault_fired = True
+                raise torch.OutOfMemoryError("test fault: injected allocation failure")
             bufs = op.alloc(ctx, inplace)
+            agreed = True
+            if not self._all_ready(True):
+                raise _PeerFailed("another rank could not prepare this case")
             self._fire_fault()
             times = self._time(op.bind(ctx, bufs))
             if pattern == "pingpong":            # one iteration is a round trip; report one way (osu_latency)
@@ -187,17 +200,27 @@ class Bench:
             if cfg.check:
                 wrong = self._check(op, ctx, bufs)
         except Exception as exc:  # noqa: BLE001 - a case that fails becomes a row; a broken job stops
+            if not agreed and not is_fatal(exc):
+                agreed = True
+                self._all_ready(False)   # peers are waiting in _all_ready: tell them, then every rank skips
             if is_fatal(exc):
                 raise CommFailure(f"rank {self.rank}/{self.world}: {case.collective} at {size} B failed "
                                   f"(--timeout {cfg.timeout_s:g} s): {' '.join(str(exc).split())[:300]} "
                                   f"(a peer rank probably exited or hung)") from exc
-            status, message = classify_failure(exc)
+            status, message = (_PEER_FAILED, str(exc)) if isinstance(exc, _PeerFailed) else classify_failure(exc)
             print(f"[rank {self.rank}] {case.collective} {size} B: {status}: {message}", file=sys.stderr, flush=True)
         finally:
             del bufs
             if status != STATUS_OK:
                 release_memory()
         return self._agree(row, status, message, wrong, times, coll, size, nranks)
+
+    def _all_ready(self, ok: bool) -> bool:
+        """Whether every rank prepared the case (buffers allocated). A rank that fails alone (an OOM on a shared
+        GPU) must not leave its peers inside a collective it never joins: that hangs gloo and is undefined in NCCL."""
+        flag = torch.tensor([0.0 if ok else 1.0], dtype=torch.float32, device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return flag.item() == 0.0
 
     def _agree(self, row, status, message, wrong, times, coll, size, nranks) -> dict[str, Any]:
         """One gather of (status, wrong, trial times) from every rank; every rank computes the same row."""
@@ -212,9 +235,11 @@ class Bench:
         table = every.view(self.world, -1).cpu()
         codes = table[:, 0].long().tolist()
         if any(codes):
-            failed = [r for r, c in enumerate(codes) if c]
-            row["status"] = _STATUS_CODES[max(codes)]
-            row["error"] = message or f"failed on rank(s) {failed}; see their stderr"
+            worst = max(codes)
+            failed = [r for r, c in enumerate(codes) if c == worst]
+            row["status"] = _STATUS_CODES[worst]
+            mine = codes[self.rank] == worst and message
+            row["error"] = message if mine else f"{row['status']} on rank(s) {failed}; see their stderr"
             return row
         per_trial = table[:, 2:]
         avg, slowest = per_trial.mean(dim=0).tolist(), per_trial.max(dim=0).values.tolist()

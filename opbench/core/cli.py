@@ -53,6 +53,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)\s*$", re.IGNORECASE)
 
 
@@ -94,7 +104,12 @@ def timing_config(args: argparse.Namespace):
     for key, value in overrides.items():
         if value is not None and value < 0:
             raise UsageError(f"must not be negative, got {value}", field="--" + key.replace("_", "-"))
-    return replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+    cfg = replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+    if cfg.max_iters < 1:
+        raise UsageError(f"must be at least 1, got {cfg.max_iters}", field="--max-iters")
+    if cfg.min_iters > cfg.max_iters:
+        raise UsageError(f"--min-iters {cfg.min_iters} exceeds --max-iters {cfg.max_iters}", field="--min-iters")
+    return cfg
 
 
 def main(argv: Sequence[str] | None = None) -> int:

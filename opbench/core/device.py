@@ -75,6 +75,8 @@ def resolve_device(spec: str | None = None) -> torch.device:
         raise UsageError(f"unknown device '{spec}' ({exc})", field="--device") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UsageError("a GPU was asked for but torch sees none (CPU-only build or no driver)", field="--device")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise UsageError(f"GPU {dev.index} does not exist (torch sees {torch.cuda.device_count()})", field="--device")
     if dev.type not in ("cpu", "cuda"):
         raise UsageError(f"device type '{dev.type}' is not supported (use cpu or cuda)", field="--device")
     return dev

@@ -36,9 +36,10 @@ def make_operands(shape: GemmShape, dtype: str, device: torch.device, generator:
     a_store = (*g, shape.k, shape.m) if shape.trans_a else (*g, shape.m, shape.k)
     b_store = (*g, shape.n, shape.k) if shape.trans_b else (*g, shape.k, shape.n)
     work = torch.float32 if dtype == "fp8" else torch_dtype(dtype)
-    # Scale so C has unit-order entries in every dtype (fp16 would overflow on raw randn for large k).
-    a = torch.randn(a_store, generator=generator, dtype=torch.float32).to(device=device, dtype=work)
-    b = (torch.randn(b_store, generator=generator, dtype=torch.float32) / shape.k ** 0.5).to(device=device, dtype=work)
+    # Drawn on the device (generator's device) in the working dtype: no multi-GB host copies for lm_head.
+    # Scaled so C has unit-order entries in every dtype (fp16 would overflow on raw randn for large k).
+    a = torch.randn(a_store, generator=generator, dtype=work, device=device)
+    b = torch.randn(b_store, generator=generator, dtype=work, device=device).mul_(shape.k ** -0.5)
     if dtype == "fp8":
         fp8 = torch_dtype("fp8")
         a, b = a.to(fp8), b.to(fp8)
@@ -79,7 +80,8 @@ def run_case(case: GemmCase, info: DeviceInfo, timing: TimingConfig, cold: bool 
     elt = element_size(dtype)
     per_set = shape.bytes_moved(elt)
     n_sets = rotation_count(per_set, info.device) if cold else 1
-    operands = [make_operands(shape, dtype, info.device, gen) for _ in range(n_sets)]
+    dev_gen = torch.Generator(device=info.device).manual_seed(gen.initial_seed())
+    operands = [make_operands(shape, dtype, info.device, dev_gen) for _ in range(n_sets)]
     fns_impls = [backend.build(a, b, dtype) for a, b in operands]
     impl = fns_impls[0][1]
     fns = [fi[0] for fi in fns_impls]

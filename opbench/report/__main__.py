@@ -7,6 +7,7 @@ import argparse
 import sys
 from typing import Sequence
 
+from opbench.core.cli import non_negative_int
 from opbench.core.errors import run_cli
 
 from . import build_report
@@ -20,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", default=None, metavar="OTHER_RESULTS_DIR",
                    help="a second results folder (e.g. before an upgrade): tables gain <metric>_other and "
                         "<metric>_ratio = this / other")
-    p.add_argument("--top", type=int, default=40, metavar="N",
+    p.add_argument("--top", type=non_negative_int, default=40, metavar="N",
                    help="rows per table (0 = all; default 40); rows left out are counted, failed rows always listed")
     p.add_argument("--no-plots", action="store_true", help="write only report.md")
     return p
