@@ -14,6 +14,8 @@
 #   STAGES ["gemm attention comm fsdp ckpt report"]   PYTHON [python]
 #   QUICK [1 on CPU, 0 on GPU]: short timing budgets and small sizes
 #   GEMM_ARGS / ATTN_ARGS / COMM_ARGS / FSDP_ARGS / CKPT_ARGS: replace a stage's default size/timing flags
+#   With NNODES>1 the ckpt stage needs storage every node sees: CKPT_ARGS="--storage /shared/fs/path" (or s3://…);
+#   the default REPORT_DIR/ckpt/ckpt_data is usually node-local, and DCP's loads would fail on the other nodes.
 #
 # Collective library settings are left to you; set them before calling this script. Common ones:
 #   NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL      log every call (feed the log to `opbench trace`)

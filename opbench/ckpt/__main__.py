@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "still running then makes accurate=false (default 0: wait for it at once)")
     g.add_argument("--drop-cache", action="store_true",
                    help="evict the saved files from the page cache before each load (local storage)")
+    g.add_argument("--timeout", type=float, default=1800.0,
+                   help="seconds any collective may take, DCP's included; a dead rank fails the others after it")
     g.add_argument("--keep", action="store_true", help="keep the checkpoints instead of deleting each case's")
     g.add_argument("--device", default="auto", help="where the state lives: auto (GPU if present), cpu, cuda")
     g.add_argument("--report-dir-path", default="out", help=f"where {CSV_NAME} goes (default out)")
@@ -85,6 +87,8 @@ def state_specs(args: argparse.Namespace) -> list[StateSpec]:
     """The states to sweep: each selected model (with --num-layers), or each --size-mb."""
     if args.save_interval < 0:
         raise UsageError(f"must not be negative, got {args.save_interval}", field="--save-interval")
+    if args.timeout <= 0:
+        raise UsageError(f"must be positive, got {args.timeout:g}", field="--timeout")
     if args.size_mb is not None and (args.model or args.model_config_path):
         raise UsageError("give either --size-mb or a model (--model / --model-config-path), not both",
                          field="--size-mb")
@@ -199,7 +203,7 @@ def _without_nproc(argv: list[str]) -> list[str]:
 def _run_ranks(args, specs: list[StateSpec], storages: list[Storage], run: RunOptions) -> int:
     from opbench.core.device import resolve_device
 
-    ranks = Ranks.start(resolve_device(args.device))
+    ranks = Ranks.start(resolve_device(args.device), args.timeout)
     try:
         return _benchmark(args, specs, storages, run, ranks)
     except UsageError:

@@ -7,6 +7,7 @@ on every rank, so no rank waits forever in a collective its peer never reaches.
 
 from __future__ import annotations
 
+import datetime
 import os
 import sys
 import time
@@ -46,7 +47,7 @@ class Ranks:
         return self.rank == 0
 
     @classmethod
-    def start(cls, device: torch.device) -> "Ranks":
+    def start(cls, device: torch.device, timeout_s: float = 1800.0) -> "Ranks":
         """Join (or create) the process group; sets the GPU of this local rank."""
         if under_torchrun():
             rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -62,10 +63,12 @@ class Ranks:
         else:
             backend = "gloo"
         if not dist.is_initialized():
+            # Bounds every collective (and DCP's), so a dead rank fails its peers instead of holding them.
+            timeout = datetime.timedelta(seconds=timeout_s)
             if store is None:
-                dist.init_process_group(backend)
+                dist.init_process_group(backend, timeout=timeout)
             else:
-                dist.init_process_group(backend, store=store, rank=0, world_size=1)
+                dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
         return cls(rank, world, local_rank, device)
 
     def stop(self) -> None:
