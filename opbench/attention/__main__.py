@@ -75,8 +75,7 @@ def resolve_shapes(args: argparse.Namespace) -> list[AttentionShape]:
     if args.shapes_json_path and args.model_config_path:
         raise UsageError("give --shapes-json-path or --model-config-path, not both", field="--model-config-path")
     if args.model_config_path:
-        path = None if args.model_config_path == "builtin" else args.model_config_path
-        configs = select_models(load_model_configs(path, args.model_name), args.model)
+        configs = select_models(load_model_configs(args.model_config_path, args.model_name), args.model)
         return [model_attention_shape(c, args.seqlen, args.tp, args.cp) for c in configs]
     for flag, value, default in (("--seqlen", args.seqlen, None), ("--tp", args.tp, 1), ("--cp", args.cp, 1)):
         if value != default:
