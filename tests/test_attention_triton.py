@@ -77,3 +77,16 @@ def test_cli_checks_triton_on_cpu_but_never_times_it(tmp_path):
     assert 0 < tri.max_abs_err < 1e-5 and 0 < tri.grad_max_abs_err < 1e-5   # checked against the oracle
     assert pd.isna(tri.fwd_time) and pd.isna(tri.bwd_time) and pd.isna(tri.fwdbwd_time)
     assert df.loc["math"].status == "ok" and df.loc["math"].fwd_time > 0
+
+
+@pytest.mark.parametrize("target,kind,causal", [("cuda:90", "fwd", True), ("cuda:90", "fwd", False),
+                                                ("cuda:90", "dkdv", True), ("cuda:90", "dq", False),
+                                                ("hip:gfx942", "dq", True)])
+def test_kernels_compile_for_gpu_targets(target, kind, causal):
+    """The interpreter does no type checking, so compile the kernels for real targets (MLA head dims; the bench
+    script compiles every configuration). A helper whose two returns differed in integer width passed the
+    interpreter and failed on an H100."""
+    from opbench.attention.triton_aot import compile_kernel
+
+    compiled = compile_kernel(target, kind, "bf16", 192, 128, causal)
+    assert compiled.fits(target), compiled

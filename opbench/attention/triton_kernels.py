@@ -44,10 +44,13 @@ def _visible(q_idx, k_idx, q_ok, k_ok, shift, CAUSAL: tl.constexpr):
 
 @triton.jit
 def _kv_end(pid_m, SQ, SKV, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
-    """One past the last key any row of query block pid_m can see."""
+    """One past the last key any row of query block pid_m can see. One return, int64 on both branches: the
+    compiler rejects a helper whose returns differ in type (a constexpr ``if`` still visits the code after it)."""
     if CAUSAL:
-        return tl.minimum(SKV, (pid_m + 1) * BLOCK_M + SKV - SQ)
-    return SKV
+        end = tl.minimum(SKV, (pid_m + 1) * BLOCK_M + SKV - SQ)
+    else:
+        end = SKV + 0 * pid_m
+    return end
 
 
 @triton.jit
@@ -108,10 +111,11 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale,
     v = _tile(V + b * svb + hk * svh, cols, col_ok, svs, D_V, BD_V)
     dk = tl.zeros([BLOCK_N, BD_QK], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BD_V], dtype=tl.float32)
-    lo = 0
     if CAUSAL:  # rows before (first key − shift) cannot see this block
         lo = tl.maximum(0, pid_n * BLOCK_N - (SKV - SQ))
         lo = (lo // BLOCK_M) * BLOCK_M
+    else:
+        lo = 0 * pid_n
     for g in range(0, GROUP):
         h = hk * GROUP + g
         for start_m in range(lo, SQ, BLOCK_M):

@@ -1,7 +1,9 @@
 """The one timing harness every benchmark uses.
 
-Per call: device events on GPU (recorded back to back, one synchronisation per batch, so the host never
-drains the queue), ``perf_counter_ns`` around a synchronised call on CPU. Calls run in batches after a
+Per call: device events on GPU (recorded back to back, one synchronisation per batch), ``perf_counter_ns``
+around a synchronised call on CPU. On GPU each batch starts behind a short device-side sleep long enough for
+the host to enqueue the whole batch, so the events bracket back-to-back kernels and not the host's launch
+latency (without it a 20 µs GEMM read 50 % slow on an H100: docs/conventions.md, "Timing"). Calls run in batches after a
 warm-up until the median is stable to ``rel_tol`` between batches, or the time budget / iteration cap is
 reached. Cache-cold measurement is the caller's ``before`` hook (operand rotation, or ``CacheFlusher``),
 which runs outside the timed region.
@@ -12,7 +14,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -88,18 +90,61 @@ def rotation_count(bytes_per_set: int, device: torch.device, cap: int = 64) -> i
     return min(cap, math.ceil(target / max(1, bytes_per_set)) + 1)
 
 
-def _run_batch(fn: Callable[[], Any], n: int, device: torch.device, before: Callable[[], Any] | None) -> list[float]:
+# A GPU batch is at most this many calls and its hold at most this long: the launch queue holds about a
+# thousand entries, and a batch that overflows it would block the host until the GPU has caught up.
+GPU_BATCH_CAP = 256
+MAX_HOLD_S = 0.05
+# A pair of events costs the GPU a few microseconds between kernels (3 µs per 1024³ bf16 GEMM on an H100), so
+# calls shorter than this are timed in groups, one event pair per group: each sample is a group's mean.
+MIN_SAMPLE_S = 50e-6
+MAX_CALLS_PER_SAMPLE = 64
+_sleep_rate: dict[int, float] = {}
+
+
+def _sleep_cycles_per_s(device: torch.device) -> float | None:
+    """Clock cycles per second of ``torch.cuda._sleep`` on this device, measured once (None: not available)."""
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is None:
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _sleep_rate:
+        cycles = 2_000_000
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        sleep(cycles)  # first call loads the kernel
+        start.record()
+        sleep(cycles)
+        end.record()
+        end.synchronize()
+        _sleep_rate[index] = cycles / max(start.elapsed_time(end) * 1e-3, 1e-6)
+    return _sleep_rate[index]
+
+
+def _hold_stream(device: torch.device, seconds: float) -> None:
+    """Keep the GPU busy for ``seconds`` so the host can enqueue a batch ahead of it."""
+    rate = _sleep_cycles_per_s(device)
+    if rate is not None and seconds > 0:
+        torch.cuda._sleep(int(min(seconds, MAX_HOLD_S) * rate))
+
+
+def _run_batch(fn: Callable[[], Any], n: int, device: torch.device, before: Callable[[], Any] | None,
+               hold_s: float = 0.0, calls_per_sample: int = 1) -> tuple[list[float], float]:
+    """Time ``n`` samples of ``calls_per_sample`` calls each; returns the per-call time of each sample and the
+    host's seconds per call spent enqueueing them."""
     if device.type == "cuda":
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        _hold_stream(device, hold_s)
+        t0 = time.perf_counter()
         for i in range(n):
-            if before is not None:
-                before()
             starts[i].record()
-            fn()
+            for _ in range(calls_per_sample):
+                if before is not None:
+                    before()
+                fn()
             ends[i].record()
+        host_s = (time.perf_counter() - t0) / (n * calls_per_sample)
         torch.cuda.synchronize(device)
-        return [s.elapsed_time(e) * 1e-3 for s, e in zip(starts, ends)]
+        return [s.elapsed_time(e) * 1e-3 / calls_per_sample for s, e in zip(starts, ends)], host_s
     out = []
     clock = time.perf_counter_ns
     for _ in range(n):
@@ -109,7 +154,7 @@ def _run_batch(fn: Callable[[], Any], n: int, device: torch.device, before: Call
         fn()
         synchronize(device)
         out.append((clock() - t0) * 1e-9)
-    return out
+    return out, 0.0
 
 
 def measure(
@@ -118,7 +163,9 @@ def measure(
     config: TimingConfig = TimingConfig(),
     before: Callable[[], Any] | None = None,
 ) -> Stats:
-    """Time ``fn`` per call. ``before`` runs ahead of every call, untimed (rotation, cache flush, grad reset)."""
+    """Time ``fn`` per call. ``before`` runs ahead of every call, untimed, and must be host-side only (operand
+    rotation, picking the next gradient): GPU calls shorter than ``MIN_SAMPLE_S`` are timed in groups, and
+    device work in ``before`` would then be timed with them."""
     # Warm-up: compile/autotune/allocate; also gives the first estimate of the per-call time.
     synchronize(device)
     t0 = time.perf_counter()
@@ -139,9 +186,24 @@ def measure(
     # Batches of ~1/5 of the budget, so the stability check runs a handful of times.
     batch = int(min(max(config.min_iters, config.budget_s / 5 / est), config.max_iters))
     batch = max(1, batch)
+    host_per_call = est  # the warm-up's wall time per call bounds the host's enqueue time from above
+    gpu_per_call = 0.0   # unknown until the first batch: hold for the whole batch then
+    group = 1
     while True:
         n = min(batch, config.max_iters - len(samples))
-        got = _run_batch(fn, n, device, before)
+        # Hold the GPU only for the host's lag behind it: kernels longer than their launch keep the queue full
+        # by themselves, and idle gaps between batches would let the clocks recover and flatter the result.
+        lag = max(0.0, host_per_call - gpu_per_call)
+        if device.type == "cuda" and lag > 0:
+            n = min(n, GPU_BATCH_CAP)
+        got, host_per_call = _run_batch(fn, n, device, before, calls_per_sample=group,
+                                        hold_s=1.25 * lag * n * group + 2e-4 if lag > 0 else 0.0)
+        gpu_per_call = statistics.median(got)
+        if device.type == "cuda" and group == 1 and gpu_per_call < MIN_SAMPLE_S:
+            # The first batch only calibrated: time groups from now on, and keep only grouped samples.
+            group = min(MAX_CALLS_PER_SAMPLE, math.ceil(MIN_SAMPLE_S / max(gpu_per_call, 1e-9)))
+            batch = max(config.min_iters, batch // group)
+            continue
         samples.extend(got)
         spent += sum(got)
         median = statistics.median(samples)
@@ -153,4 +215,5 @@ def measure(
             if prev_median is not None and abs(median - prev_median) <= config.rel_tol * median:
                 break
         prev_median = median
-    return Stats.from_samples(samples)
+    stats = Stats.from_samples(samples)
+    return replace(stats, iters=stats.iters * group) if group > 1 else stats

@@ -99,6 +99,9 @@ def _fp8(a: torch.Tensor, b: torch.Tensor, dtype: str) -> tuple[GemmFn, str]:
         raise Unsupported(reason)
     if a.dim() == 3:
         raise Unsupported("grouped fp8 GEMM is not implemented")
+    k, n = b.shape
+    if k % 16 or n % 16:
+        raise Unsupported(f"torch._scaled_mm needs K and N divisible by 16 (K={k}, N={n})")
     relaid = not (a.is_contiguous() and b.t().is_contiguous())
     a2 = a.contiguous()
     b2 = b.t().contiguous().t()
