@@ -19,12 +19,12 @@ import time
 import torch
 
 from opbench.ckpt.methods import Dcp, SaveOptions, TorchSave
-from opbench.ckpt.ranks import Ranks
 from opbench.ckpt.runner import bandwidth_mibps
 from opbench.ckpt.state import ShardedState, synthetic_state_spec
 from opbench.ckpt.storage import Storage, folder_size
 from opbench.core.cli import csv_list, positive_int
-from opbench.core.report import summary_table
+from opbench.core.dist import Ranks, single
+from opbench.core.results import summary_table
 from opbench.core.timing import Stats
 
 
@@ -47,7 +47,7 @@ def main() -> None:
 
     root = tempfile.mkdtemp(prefix="opbench_dcp_vs_raw_", dir=args.dir)
     storage = Storage(root)
-    ranks = Ranks.start(torch.device("cpu"))
+    ranks = Ranks.join(single(), "cpu", 1800.0)
     try:
         state = ShardedState.build(synthetic_state_spec(int(args.size_mb * 2**20), "fp32"), 0, 1, ranks.device)
         state.dcp_state_dict()

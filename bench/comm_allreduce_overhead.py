@@ -69,28 +69,25 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=15)
     args = p.parse_args()
 
-    from opbench.comm import launch
+    from opbench.core import dist as opdist
 
-    env = launch.detect()
+    env = opdist.detect()
     if env is None:
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.nproc_per_node}", "--standalone",
                os.path.abspath(__file__), *sys.argv[1:]]
-        return launch.relaunch(cmd)
+        return opdist.relaunch(cmd)
 
     from opbench.comm.bench import Bench, RunConfig, dtype_of
     from opbench.comm.ops import OPS
     from opbench.comm.sizes import CommCase, count_for
     from opbench.core.cli import parse_bytes
-    from opbench.core.device import default_dtype_name, resolve_device
+    from opbench.core.device import default_dtype_name
 
-    device = resolve_device("auto")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    backend = launch.pick_backend(device.type, None)
+    ranks = opdist.Ranks.join(env, "auto", 300)
+    device, backend = ranks.device, ranks.backend
     dtype_name = args.dtype or default_dtype_name(device)
-    launch.init_process_group(env, backend, device, 300)
     cfg = RunConfig(iters=args.iters, warmup=args.warmup, trials=1)
-    bench = Bench(cfg, device, backend, env.nnodes)
+    bench = Bench(cfg, ranks)
     world = dist.get_world_size()
     if dist.get_rank() == 0:
         print(f"# all_reduce, {backend}, world {world}, {dtype_name}, {args.iters} iters x {args.rounds} rounds, "

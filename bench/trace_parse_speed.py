@@ -3,7 +3,7 @@
 Generates a realistic NCCL_DEBUG=INFO COLL log (FSDP2 Llama-3-70B-like sizes on 8 ranks, launcher prefixes,
 training output every 40 lines, a torn line every 5000) of --size-mb, then times on the same file:
 
-* ``opbench``  : trace_parse.LogParser + Send/Recv grouping + summary tallies (what ``opbench trace`` runs);
+* ``opbench``  : trace.parse.LogParser + Send/Recv grouping + summary tallies (what ``opbench trace`` runs);
 * ``parse``    : LogParser alone (records built, nothing kept);
 * ``naive``    : the per-line loop people write first: text mode, one regex (prefix + body) ``search`` per line,
                  a dict of fields per match, a Counter of sizes.
@@ -48,14 +48,14 @@ def run_naive(path: str) -> int:
 
 
 def run_opbench(path: str) -> int:
-    from opbench.comm.trace import analyze
+    from opbench.trace.analyze import analyze
 
     summary, _ = analyze([path])
     return summary.total_calls
 
 
 def run_parse(path: str) -> int:
-    from opbench.comm.trace_parse import LogParser
+    from opbench.trace.parse import LogParser
 
     p = LogParser()
     for _ in p.calls(path):
@@ -70,8 +70,8 @@ def child(method: str, path: str, trace: bool) -> None:
     """One timed run in this (fresh) process; prints a JSON line."""
     import resource
 
-    import opbench.comm.trace  # noqa: F401  same imports for every method, so the RSS baseline is comparable
-    import opbench.comm.trace_summary  # noqa: F401
+    import opbench.trace.analyze  # noqa: F401  same imports for every method, so the RSS baseline is comparable
+    import opbench.trace.summary  # noqa: F401
 
     if trace:
         import tracemalloc
@@ -110,7 +110,8 @@ def main() -> int:
         child(args.child[0], args.child[1], args.trace)
         return 0
 
-    from opbench.comm.trace_synth import write_log
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    from synth_trace import write_log  # the tests' log generator
 
     tmp = tempfile.mkdtemp(prefix="opbench-trace-bench-")
     logs = []

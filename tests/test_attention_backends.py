@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from opbench.attention import backends as B
-from opbench.attention.__main__ import COLUMNS, main
+from opbench.attention.__main__ import main
+from opbench.attention.schema import SCHEMA
 from opbench.attention.flops import attention_flops
 from opbench.attention.reference import reference_attention
 from opbench.attention.runner import AttentionCase, ProblemCache, check, make_problem, run_case, time_passes
@@ -170,7 +171,7 @@ def test_cli_cpu_rows(tmp_path):
                  "--batch-sizes", "1,2", "--device", "cpu", "--min-iters", "3", "--max-iters", "4",
                  "--budget", "0.02", "--report-csv-path", str(out)]) == 0
     df = pd.read_csv(out, keep_default_na=True)
-    assert list(df.columns) == COLUMNS
+    assert tuple(df.columns) == SCHEMA.columns
     for col in ["model", "batch_size", "seqlen_q", "seqlen_kv", "num_head_q", "num_head_kv", "head_dim_qk",
                 "head_dim_v", "causal", "dtype", "backend", "fwd_time", "fwd_tflops", "bwd_time", "bwd_tflops",
                 "fwdbwd_time", "max_abs_err", "status", "error"]:

@@ -183,3 +183,28 @@ def test_failures_on_one_rank_become_rows_and_a_nonzero_exit(tmp_path):
     assert bad.status == "error" and not bad.verified and "contents differ" in bad.error
     assert bad.save_total_time > 0 and bad.iter_folder_size > 2 * 2**20
     assert not list((tmp_path / "data").iterdir())           # checkpoints cleaned up after the run
+
+
+def test_srun_environment_is_one_world_and_a_corrupt_rank_is_caught(tmp_path):
+    """Two plain processes with only srun's variables form ONE 2-rank world (not two 1-rank worlds): rank 0
+    alone writes the CSV with world_size 2. OPBENCH_FAULTS=corrupt:1 damages what rank 1 saved, and every
+    method's verified load catches it on rank 1."""
+    port = _free_port()
+    out = tmp_path / "out"
+    base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    procs = []
+    for rank in (0, 1):
+        env = {**base, "OMP_NUM_THREADS": "1", "SLURM_PROCID": str(rank), "SLURM_NTASKS": "2",
+               "SLURM_LOCALID": str(rank), "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_STEP_ID": "0",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OPBENCH_FAULTS": "corrupt:1"}
+        cmd = [sys.executable, "-m", "opbench.ckpt", "--size-mb", "1", "--methods", "torch_save,dcp",
+               "--iterations", "1", "--storage", str(tmp_path / "data"), "--report-dir-path", str(out), "--timeout",
+               "120"]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [1, 1], results[0][1][-3000:] + results[1][1][-3000:]
+    rows = pd.read_csv(out / "ckpt_benchmark.csv")
+    assert list(rows["method"]) == ["torch_save", "dcp"] and set(rows["world_size"]) == {2}
+    assert set(rows["status"]) == {"error"}
+    assert all("rank 1" in e and "rank 0" not in e for e in rows["error"]), list(rows["error"])
+    assert json.loads((out / "ckpt_benchmark.meta.json").read_text())["launcher"] == "slurm"

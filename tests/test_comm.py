@@ -9,12 +9,11 @@ import types
 import pytest
 import torch
 
-from opbench.comm import launch
 from opbench.comm.__main__ import main
 from opbench.comm.ops import OPS, Buffers, Ctx, count_wrong, fill_for_check
-from opbench.comm.sizes import CommCase, Parallel, actual_size, count_for, group_layout, model_cases, \
+from opbench.comm.sizes import CommCase, CommGroups, actual_size, count_for, group_layout, model_cases, \
     sweep_bytes, trace_cases
-from opbench.comm.trace import TraceSize
+from opbench.trace.analyze import TraceSize
 from opbench.core.errors import UsageError, run_cli
 from opbench.models import load_model_configs
 
@@ -58,7 +57,7 @@ def test_group_layout_tiles_the_world():
 def test_model_sizes_dense_and_moe():
     llama = load_model_configs(None, None)
     by = {m.name: m for m in llama}
-    par = Parallel.resolve(16, tp=8, ep=None, pp=2)
+    par = CommGroups.resolve(16, tp=8, ep=None, pp=2)
     cases = {c.collective: c for c in model_cases(by["Llama3.1_8B"], ["all_reduce", "all_gather", "reduce_scatter",
                                                                       "all_to_all", "send_recv"],
                                                   16, par, mbs=2, seqlen=4096, dtype="bf16")}
@@ -70,12 +69,12 @@ def test_model_sizes_dense_and_moe():
     assert "Llama3.1_8B" in cases["all_reduce"].source and "tp=8" in cases["all_reduce"].source
 
     mixtral = by["Mixtral_8x7B"]
-    par = Parallel.resolve(64, tp=8, ep=8, pp=1)
+    par = CommGroups.resolve(64, tp=8, ep=8, pp=1)
     (a2a,) = model_cases(mixtral, ["all_to_all", "send_recv"], 64, par, mbs=1, seqlen=None, dtype="bf16")
     assert a2a.size_bytes == 1 * mixtral.seqlen * mixtral.num_experts_per_tok * mixtral.hidden_size * 2
     assert (a2a.group_size, a2a.group_stride) == (8, 8)                       # EP ranks tp apart (Megatron order)
     with pytest.raises(UsageError, match="--tp"):
-        Parallel.resolve(6, tp=4, ep=None, pp=None)
+        CommGroups.resolve(6, tp=4, ep=None, pp=None)
 
 
 def test_trace_cases_keep_per_rank_count():
@@ -88,32 +87,6 @@ def test_trace_cases_keep_per_rank_count():
     assert rs.group_size == 2 and count_for(rs, 2) == 10
     assert ar.redop == "sum" and "premulsum timed as sum" in ar.source
     assert any("reduce" in n for n in notes)
-
-
-# -- launch ---------------------------------------------------------------------------------------------------
-def test_detect_torchrun_slurm_and_none():
-    env = {"RANK": "3", "WORLD_SIZE": "16", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "8", "GROUP_WORLD_SIZE": "2"}
-    assert launch.detect(env) == launch.DistEnv(3, 16, 3, 2, "torchrun")
-    slurm = {"SLURM_PROCID": "9", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1", "SLURM_NNODES": "2", "SLURM_STEP_ID": "0"}
-    assert launch.detect(slurm) == launch.DistEnv(9, 16, 1, 2, "slurm")
-    assert launch.detect({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) is None     # a batch script's own shell
-    assert launch.detect({}) is None
-    exported = {"MASTER_ADDR": "node0"}
-    launch.export_slurm_rendezvous(launch.DistEnv(9, 16, 1, 2, "slurm"), exported)
-    assert exported == {"MASTER_ADDR": "node0", "MASTER_PORT": "29500", "RANK": "9", "WORLD_SIZE": "16",
-                        "LOCAL_RANK": "1"}
-    with pytest.raises(UsageError, match="MASTER_ADDR"):
-        launch.export_slurm_rendezvous(launch.DistEnv(0, 2, 0, 1, "slurm"), {})
-
-
-def test_torchrun_command():
-    one = launch.torchrun_command(["-b", "1K"], 4)
-    assert one[1:4] == ["-m", "torch.distributed.run", "--nproc-per-node=4"] and "--standalone" in one
-    assert one[-4:] == ["-m", "opbench.comm", "-b", "1K"]
-    two = launch.torchrun_command([], 8, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29400,
-                                  timeout_s=60)
-    assert "--master-addr=10.0.0.1" in two and "--master-port=29400" in two and "--node-rank=1" in two
-    assert "--rdzv-conf=timeout=60" in two and "--standalone" not in two
 
 
 # -- check values: simulate each collective on 3 "ranks" with plain tensor ops -------------------------------------
@@ -195,7 +168,7 @@ def test_sizes_from_trace_uses_trace_sizes_interface(tmp_path, monkeypatch):
         seen["paths"] = paths
         return [TraceSize("all_reduce", 300, 7, 1, "sum", 12), TraceSize("broadcast", 64, 9, 1, None, 2)]
 
-    monkeypatch.setitem(sys.modules, "opbench.comm.trace", types.SimpleNamespace(trace_sizes=trace_sizes))
+    monkeypatch.setitem(sys.modules, "opbench.trace.analyze", types.SimpleNamespace(trace_sizes=trace_sizes))
     rc = main(["--sizes-from-trace", str(log), "-n", "2", "-w", "0", "--trials", "1", "--check",
                "--report-dir-path", str(tmp_path)])
     assert rc == 0 and seen["paths"] == [str(log)]

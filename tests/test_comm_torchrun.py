@@ -27,10 +27,12 @@ FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 
 PER_RANK_CHUNKS = {"all_gather", "reduce_scatter", "all_to_all"}
 
 
-def torchrun(nproc: int, *args: str, timeout: float = 240, extra: list[str] | None = None):
+def torchrun(nproc: int, *args: str, timeout: float = 240, extra: list[str] | None = None, faults: str = ""):
+    """``torchrun … -m opbench.comm args``; ``faults`` is OPBENCH_FAULTS (core.faults) for every rank."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", *(extra or ["--standalone"]),
            "-m", "opbench.comm", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV, cwd=ROOT)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**ENV, "OPBENCH_FAULTS": faults},
+                          cwd=ROOT)
 
 
 def rows(report: Path, collective: str) -> list[dict[str, str]]:
@@ -80,8 +82,8 @@ def test_three_ranks_check_catches_a_corrupted_buffer(tmp_path):
     """Rank 1 adds 1 to its first send element before each checked call: every collective that carries that
     element reports exactly the elements it spoils (a broadcast from rank 0 carries none of rank 1's)."""
     out = tmp_path / "r"
-    proc = torchrun(3, "--sizes", "1000,3K", "--source-label", "fsdp", "--check", "--fault", "corrupt:1",
-                    "--report-dir-path", str(out), *QUICK)
+    proc = torchrun(3, "--sizes", "1000,3K", "--source-label", "fsdp", "--check",
+                    "--report-dir-path", str(out), *QUICK, faults="corrupt:1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     spoiled = {"all_reduce": 3, "all_gather": 3, "reduce_scatter": 1, "all_to_all": 1, "send_recv": 1, "broadcast": 0}
     for coll, wrong in spoiled.items():
@@ -101,8 +103,8 @@ def test_dead_or_hung_rank_fails_survivors_cleanly(tmp_path, kind):
     """A rank that exits (as a lost node) or stalls: the survivor prints one clear error and the job exits
     non-zero within about --timeout, instead of hanging."""
     t0 = time.monotonic()
-    proc = torchrun(2, "-b", "1K", "--collectives", "all_reduce", "--timeout", "4", "--fault", f"{kind}:1",
-                    "--report-dir-path", str(tmp_path / "r"), timeout=120)
+    proc = torchrun(2, "-b", "1K", "--collectives", "all_reduce", "--timeout", "4",
+                    "--report-dir-path", str(tmp_path / "r"), timeout=120, faults=f"{kind}:1")
     elapsed = time.monotonic() - t0
     assert proc.returncode != 0
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("opbench comm: error: rank 0/2")]
@@ -117,10 +119,11 @@ def test_one_rank_failing_to_allocate_becomes_a_row(tmp_path):
     collective its peer never joins), the row says oom, and the next size is measured normally."""
     out = tmp_path / "r"
     proc = torchrun(2, "-b", "1K", "-e", "4K", "-f", "4", "--collectives", "all_reduce", "--timeout", "20",
-                    "--fault", "oom:1", "--report-dir-path", str(out), *QUICK, timeout=120)
+                    "--report-dir-path", str(out), *QUICK, timeout=120, faults="oom:1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     first, second = rows(out, "all_reduce")
     assert first["status"] == "oom" and first["time_us"] == "" and first["busbw_gbs"] == ""
+    assert first["error"].startswith("rank 1: out of memory (injected by OPBENCH_FAULTS oom:1)")
     assert second["status"] == "ok" and float(second["time_us"]) > 0
 
 

@@ -30,14 +30,14 @@ def by_key(rows):
 
 def test_llama3_70b_8_ranks_matches_the_nccl_trace():
     rows = by_key(fsdp_collectives(builtin("Llama3.1_70B"), 8))
-    ag = rows[("layers.0", "AllGather")]
+    ag = rows[("layers.0", "all_gather")]
     assert ag.count == 106956800                      # REFERENCE §6, real NCCL trace
     assert (ag.dtype, ag.nranks, ag.calls_per_step) == ("bf16", 8, 2)
     assert ag.bytes_per_rank == 106956800 * 2
     assert ag.nccl_tests_bytes == 106956800 * 2 * 8   # the gathered buffer, not the shard
-    rs = rows[("layers.79", "ReduceScatter")]
+    rs = rows[("layers.79", "reduce_scatter")]
     assert (rs.count, rs.dtype, rs.calls_per_step, rs.nccl_tests_bytes) == (106956800, "fp32", 1, 106956800 * 4 * 8)
-    root = rows[("root", "AllGather")]
+    root = rows[("root", "all_gather")]
     assert root.count == (2 * 128256 * 8192 + 8192) // 8 and root.calls_per_step == 1
     assert len(rows) == 2 * 81
 
@@ -46,12 +46,12 @@ def test_approx_is_primus_formula_and_difference_is_the_norms():
     cfg = builtin("Llama3.1_70B")
     approx = by_key(approx_collectives(cfg, 8))
     h, ff, heads, kv, hd = 8192, 28672, 64, 8, 128
-    assert approx[("layers.0", "AllGather")].count == (3 * h * ff + 2 * h * heads * hd + 2 * h * kv * hd) // 8
-    assert approx[("layers.0", "AllGather")].count == 106954752
-    assert ("root", "AllGather") not in approx
+    assert approx[("layers.0", "all_gather")].count == (3 * h * ff + 2 * h * heads * hd + 2 * h * kv * hd) // 8
+    assert approx[("layers.0", "all_gather")].count == 106954752
+    assert ("root", "all_gather") not in approx
     diff = {(r["unit"], r["collective"]): r for r in compare(fsdp_collectives(cfg, 8), list(approx.values()))}
-    assert diff[("layers.0-79", "AllGather")]["missing_elements"] == 2 * h // 8
-    assert diff[("root", "AllGather")]["approx_count"] == 0
+    assert diff[("layers.0-79", "all_gather")]["missing_elements"] == 2 * h // 8
+    assert diff[("root", "all_gather")]["approx_count"] == 0
 
 
 def test_fsdp2_padding_is_per_parameter():
@@ -73,17 +73,17 @@ def test_fsdp1_flat_parameter_padding():
 def test_reshard_hsdp_and_totals():
     cfg = builtin("Llama3.1_8B")
     no_reshard = by_key(fsdp_collectives(cfg, 8, reshard_after_forward=False))
-    assert no_reshard[("layers.3", "AllGather")].calls_per_step == 1
+    assert no_reshard[("layers.3", "all_gather")].calls_per_step == 1
     hsdp = by_key(fsdp_collectives(cfg, 16, replicate=2, nnodes=2))
-    ag, ar = hsdp[("layers.0", "AllGather")], hsdp[("layers.0", "AllReduce")]
+    ag, ar = hsdp[("layers.0", "all_gather")], hsdp[("layers.0", "all_reduce")]
     assert (ag.nranks, ag.nnodes) == (8, 1)
     assert (ar.count, ar.nranks, ar.nnodes, ar.dtype, ar.redop) == (ag.count, 2, 2, "fp32", "avg")
     assert ar.nccl_tests_bytes == ag.count * 4
     only_replicas = fsdp_collectives(cfg, 4, replicate=4)     # shard groups of 1: FSDP skips AG/RS
-    assert {r.collective for r in only_replicas} == {"AllReduce"}
+    assert {r.collective for r in only_replicas} == {"all_reduce"}
     totals = {t["collective"]: t for t in step_totals(list(hsdp.values()))}
     assert totals["total"]["bytes_per_step"] == sum(r.bytes_per_step for r in hsdp.values())
-    assert totals["AllGather"]["busbw_bytes_per_step"] == round(totals["AllGather"]["bytes_per_step"] * 7 / 8)
+    assert totals["all_gather"]["busbw_bytes_per_step"] == round(totals["all_gather"]["bytes_per_step"] * 7 / 8)
 
 
 def test_commands_use_nccl_tests_sizes_and_runs_group_by_dtype():
@@ -119,7 +119,7 @@ def test_cli_csv_contract(run, tmp_path):
     assert "./build/all_gather_perf -b 1711308800" in res.stdout
     rows = list(csv.DictReader(out.open()))
     assert len(rows) == 162
-    layer = next(r for r in rows if r["unit"] == "layers.0" and r["collective"] == "AllGather")
+    layer = next(r for r in rows if r["unit"] == "layers.0" and r["collective"] == "all_gather")
     assert (layer["count"], layer["dtype"], layer["bytes_per_rank"], layer["calls_per_step"],
             layer["nccl_tests_bytes"]) == ("106956800", "bf16", "213913600", "2", "1711308800")
     assert json.loads(out.with_suffix(".meta.json").read_text())["world_size"] == 8
@@ -165,7 +165,7 @@ def test_cli_run_times_the_sizes_with_opbench_comm(run, tmp_path):
     res = run("opbench.fsdp_model", "--model-config-path", str(cfg), "--world-size", "2", "--run",
               "--param-dtype", "fp32", "--reduce-dtype", "fp32", "--report-dir-path", str(report), timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    expected = {(r.comm_name, r.nccl_tests_bytes) for r in fsdp_collectives(
+    expected = {(r.collective, r.nccl_tests_bytes) for r in fsdp_collectives(
         load_model_configs(cfg)[0], 2, param_dtype="fp32", reduce_dtype="fp32")}
     measured = set()
     for name in ("all_gather", "reduce_scatter"):

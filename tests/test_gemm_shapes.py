@@ -5,7 +5,7 @@ import json
 import pytest
 
 from opbench.core.errors import UsageError
-from opbench.gemm.shapes import Parallel, gemm_shapes, padded_vocab
+from opbench.gemm.shapes import ModelParallel, gemm_shapes, padded_vocab
 from opbench.models import load_model_configs, select_models
 
 
@@ -41,7 +41,7 @@ def test_passes_layouts():
 
 
 def test_llama3_70b_tp8_and_vocab_padding():
-    got = fwd(gemm_shapes(model("Llama3.1_70B"), [1], 8192, Parallel(tp=8)))
+    got = fwd(gemm_shapes(model("Llama3.1_70B"), [1], 8192, ModelParallel(tp=8)))
     assert got["qkv"] == (8192, (8 + 2 * 1) * 128, 8192, 1)       # 64/8 q heads, 8/8 kv heads
     assert got["attn_out"] == (8192, 8192, 1024, 1)
     assert got["mlp_gate_up"] == (8192, 2 * 3584, 8192, 1)
@@ -52,19 +52,19 @@ def test_llama3_70b_tp8_and_vocab_padding():
 
 
 def test_qwen3_attn_out_k_differs_from_hidden():
-    got = fwd(gemm_shapes(model("Qwen3_32B"), [1], 4096, Parallel(tp=2)))
+    got = fwd(gemm_shapes(model("Qwen3_32B"), [1], 4096, ModelParallel(tp=2)))
     assert got["attn_out"] == (4096, 5120, 64 * 128 // 2, 1)  # 4096 ≠ hidden 5120
     assert got["qkv"] == (4096, (32 + 2 * 4) * 128, 5120, 1)
 
 
 def test_context_parallel_divides_tokens():
-    got = fwd(gemm_shapes(model("Llama2_7B"), [1], 4096, Parallel(cp=4)))
+    got = fwd(gemm_shapes(model("Llama2_7B"), [1], 4096, ModelParallel(cp=4)))
     assert got["qkv"][0] == 1024
 
 
 def test_mixtral_moe_with_ep():
     # T = 4096, top-2 of 8 experts, ep=4: each rank holds 2 experts; each expert sees T·ep·top_k/E = 4096 rows.
-    shapes = gemm_shapes(model("Mixtral_8x7B"), [1], 4096, Parallel(ep=4))
+    shapes = gemm_shapes(model("Mixtral_8x7B"), [1], 4096, ModelParallel(ep=4))
     got = fwd(shapes)
     assert "mlp_gate_up" not in got  # Mixtral has no dense MLP layers
     assert got["router"] == (4096, 8, 4096, 1)
@@ -83,7 +83,7 @@ def test_moe_without_ep_is_balance_seq():
 
 
 def test_deepseek_v3_mla_dense_first_and_shared():
-    got = fwd(gemm_shapes(model("DeepSeek_V3"), [1], 4096, Parallel(tp=4, ep=8)))
+    got = fwd(gemm_shapes(model("DeepSeek_V3"), [1], 4096, ModelParallel(tp=4, ep=8)))
     assert got["mla_q_down"] == (4096, 1536, 7168, 1)
     assert got["mla_q_up"] == (4096, 32 * (128 + 64), 1536, 1)
     assert got["mla_kv_down"] == (4096, 512 + 64, 7168, 1)
@@ -108,8 +108,8 @@ def test_mbs_list_and_layer_filter():
     assert [(s.mbs, s.m) for s in shapes] == [(1, 128), (2, 256)]
 
 
-@pytest.mark.parametrize("par,field", [(Parallel(tp=3), "--tp"), (Parallel(ep=3), "--ep"), (Parallel(cp=3), "--cp"),
-                                       (Parallel(tp=0), "--tp")])
+@pytest.mark.parametrize("par,field", [(ModelParallel(tp=3), "--tp"), (ModelParallel(ep=3), "--ep"), (ModelParallel(cp=3), "--cp"),
+                                       (ModelParallel(tp=0), "--tp")])
 def test_impossible_parallel_sizes(par, field):
     cfg = model("Mixtral_8x7B")
     with pytest.raises(UsageError, match=field):

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from opbench.core.report import CsvReport, environment, sidecar_path
+from opbench.core.results import CsvReport, environment, sidecar_path
+from opbench.core.schema import Schema
 from opbench.core.timing import Stats, TimingConfig, measure, rotation_count
 
 CPU = torch.device("cpu")
@@ -57,7 +58,8 @@ def test_rotation_count_covers_cache():
 
 def test_csv_rows_are_on_disk_as_they_finish(tmp_path):
     path = tmp_path / "r.csv"
-    rep = CsvReport(path, ["a", "b", "status"], meta=environment(CPU, {"x": 1}))
+    schema = Schema("toy", "Toy", 3, ("a", "b", "status"), keys=("a",), metrics={"b": "s"})
+    rep = CsvReport(path, schema, meta=environment(CPU, {"x": 1, "benchmark": "overridden"}))
     with open(path) as fh:
         assert fh.read().strip() == "a,b,status"
     rep.append({"a": 1, "b": 0.123456789, "status": "ok"})
@@ -71,3 +73,9 @@ def test_csv_rows_are_on_disk_as_they_finish(tmp_path):
     meta = json.loads(sidecar_path(path).read_text())
     for key in ("opbench", "torch", "device", "host", "command", "utc_time", "x"):
         assert key in meta
+    assert (meta["benchmark"], meta["schema_version"]) == ("toy", 3)     # the schema's, whatever meta said
+
+
+def test_schema_rejects_keys_that_are_not_columns():
+    with pytest.raises(ValueError, match="not columns"):
+        Schema("toy", "Toy", 1, ("a", "b"), keys=("a", "c"), metrics={})

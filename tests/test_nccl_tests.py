@@ -11,8 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from opbench.comm import nccl_tests
-from opbench.comm.nccl_tests import COLUMNS, parse_lines
+from opbench.trace import nccl_tests
+from opbench.trace.nccl_tests import parse_lines
+from opbench.trace.schema import NCCL_TESTS
 from opbench.core.errors import run_cli
 
 CONTRACT = ["size_bytes", "count", "type", "redop", "root", "oop_time_us", "oop_algbw_gbs", "oop_busbw_gbs",
@@ -237,14 +238,14 @@ def test_cli_csv_gz_and_contract(tmp_path):
     assert run_cli(nccl_tests.main, [str(gz), "--csv", str(out)]) == 0
     [row] = list(csv.DictReader(out.open()))
     assert list(row)[:1] == ["collective"] and set(CONTRACT) <= set(row) and "avg_busbw" in row
-    assert list(row) == COLUMNS
+    assert tuple(row) == NCCL_TESTS.columns
     assert (row["collective"], row["size_bytes"], row["count"], row["type"], row["redop"], row["root"]) == \
         ("all_gather", str(1 << 20), str(1 << 15), "bfloat16", "", "-1")
     assert (row["oop_busbw_gbs"], row["ip_busbw_gbs"], row["oop_wrong"], row["avg_busbw"]) == ("45.9", "48.3", "0", "47.1")
 
 
 def test_cli_missing_file_exit_2_and_no_rows_exit_1(tmp_path, run):
-    res = run("opbench.comm.nccl_tests", str(tmp_path / "missing.out"))
+    res = run("opbench.trace.nccl_tests", str(tmp_path / "missing.out"))
     assert res.returncode == 2 and "missing.out" in res.stderr and "Traceback" not in res.stderr
     empty = tmp_path / "empty.out"
     empty.write_text("# nThread 1 nGpus 1\nsomething else\n")
@@ -257,7 +258,7 @@ def test_cli_missing_file_exit_2_and_no_rows_exit_1(tmp_path, run):
                      "#  Rank  0", "1 2 float", "8 2 float sum -1 1 2 3 N/A", "size count time"])), max_size=40))
 def test_parser_never_raises(lines):
     rows = parse_lines(lines)
-    assert all(set(r) <= set(COLUMNS) for r in rows)
+    assert all(set(r) <= set(NCCL_TESTS.columns) for r in rows)
 
 
 def test_stdin(tmp_path):

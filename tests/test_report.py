@@ -68,8 +68,8 @@ def run_gemm(out: Path) -> None:
 def results(tmp_path_factory) -> Path:
     """A results folder as a user would have it after a small run of each benchmark (plus one foreign CSV)."""
     from opbench.attention.__main__ import main as attention_main
-    from opbench.comm.nccl_tests import main as nccl_tests_main
-    from opbench.comm.trace import main as trace_main
+    from opbench.trace.nccl_tests import main as nccl_tests_main
+    from opbench.trace.__main__ import main as trace_main
     from opbench.fsdp_model.__main__ import main as fsdp_main
 
     res = tmp_path_factory.mktemp("results")
@@ -270,7 +270,7 @@ def test_environment_and_skipped_files(results, report):
                                 "ckpt/ckpt_benchmark.csv"}
     assert "-b 1K -e 16K -f 4" in section(text, "Environment")     # the comm run's command line, from its sidecar
     assert "- `notes.csv`: columns match no opbench benchmark" in section(text, "Skipped files")
-    assert {f.kind.name for f in built.found.files} == {"gemm", "attention", "comm", "nccl_tests", "fsdp", "trace",
+    assert {f.kind.benchmark for f in built.found.files} == {"gemm", "attention", "comm", "nccl_tests", "fsdp", "trace",
                                                         "ckpt"}
 
 
@@ -357,11 +357,46 @@ def test_cli_entry_point_runs(results, tmp_path):
 
 
 def test_interrupted_run_with_header_only_is_reported_not_dropped(tmp_path):
-    from opbench.core.report import CsvReport
-    from opbench.gemm.__main__ import COLUMNS
+    from opbench.core.results import CsvReport
+    from opbench.gemm.schema import SCHEMA
 
-    CsvReport(tmp_path / "res" / "benchmark_gemm_X.csv", COLUMNS).close()   # what a run killed at once leaves
+    CsvReport(tmp_path / "res" / "benchmark_gemm_X.csv", SCHEMA).close()   # what a run killed at once leaves
     built = build_report(tmp_path / "res", tmp_path / "out")
     gemm = section(built.path.read_text(), "GEMM")
     assert "`benchmark_gemm_X.csv`" in gemm and "No successful rows." in gemm
     assert not built.plots and not built.missing
+
+
+# ---- schemas: declared once, by the benchmarks; the report must agree with them -----------------------------
+
+def test_report_tables_use_only_schema_or_derived_columns():
+    """Every column a report table shows, orders by or compares exists in the benchmark's declared schema or
+    is one the report derives itself; a renamed CSV column fails here, not silently in a blank table."""
+    from opbench.report.tables import ALWAYS_DERIVED, SPECS, keys_of, metrics_of
+    from opbench.report.discover import SCHEMAS
+
+    assert set(SPECS) == set(SCHEMAS)
+    for kind, schema in SCHEMAS.items():
+        spec = SPECS[kind]
+        known = set(schema.columns) | set(spec.derived) | set(ALWAYS_DERIVED)
+        assert set(spec.columns) <= known, (kind, set(spec.columns) - known)
+        assert set(spec.optional) | set(spec.sparse) <= set(spec.columns), kind
+        assert not spec.split or spec.split in schema.columns, kind
+        assert {a for a, _ in spec.key_map} <= set(schema.keys) and {b for _, b in spec.key_map} <= set(spec.derived)
+        assert set(keys_of(kind)) <= known and set(metrics_of(kind)) <= set(schema.columns), kind
+        ordered = pd.DataFrame(columns=list(schema.columns) + list(spec.derived))
+        assert {c for c, _ in spec.order(ordered)} <= known, kind
+
+
+def test_every_csv_is_identified_by_its_sidecar_and_matches_its_schema(results, report):
+    """Each tool wrote its schema's header and a sidecar naming benchmark and schema version; the report read
+    the sidecar, not the header. Without the sidecar the header alone still identifies the same kind."""
+    from opbench.report.discover import SCHEMAS, identify
+
+    built, _ = report
+    for f in built.found.files:
+        schema = SCHEMAS[f.kind.benchmark]
+        assert f.identified_by == "sidecar", f.rel
+        assert (f.meta["benchmark"], f.meta["schema_version"]) == (schema.benchmark, schema.version), f.rel
+        assert tuple(f.frame.columns) == schema.columns, f.rel
+        assert identify(set(f.frame.columns), f.path.name) is schema, f.rel

@@ -10,12 +10,14 @@ import sys
 
 import pytest
 
-from opbench.comm import trace, trace_parse
-from opbench.comm.conventions import NCCL_DTYPES
-from opbench.comm.trace import trace_sizes
+from opbench.trace import analyze as trace
+from opbench.trace.__main__ import main as trace_main
+from opbench.trace import parse as trace_parse
+from opbench.core.dtypes import BY_ENUM as NCCL_DTYPES
+from opbench.trace.analyze import trace_sizes
 from opbench.core.errors import run_cli
-from opbench.comm.trace_parse import LogParser
-from opbench.comm.trace_synth import LineStyle, call_line, init_line
+from opbench.trace.parse import LogParser
+from synth_trace import LineStyle, call_line, init_line
 
 # The figure REFERENCE §6 quotes from a real Llama-3-70B trace at 8 ranks.
 LAYER = 106956800
@@ -26,7 +28,7 @@ def cli(capsys):
     """Run ``opbench trace`` in-process (a subprocess costs seconds of torch import per call)."""
 
     def call(*argv: str):
-        rc = run_cli(trace.main, list(argv), prog="opbench trace")
+        rc = run_cli(trace_main, list(argv), prog="opbench trace")
         out, err = capsys.readouterr()
         return subprocess.CompletedProcess(argv, rc, out, err)
 
@@ -43,7 +45,7 @@ def test_reference_line_all_fields():
     line = ("node07:52341:52980 [3] NCCL INFO AllGather: opCount c97 sendbuff 0x7f2a3c000000 recvbuff 0x7f2a10000000 "
             f"count {LAYER} datatype 9 op 0 root 0 comm 0x55f1e8d0a2b0 [nranks=8] stream 0x55f1e8a91c40")
     [rec], stats = parse(line + "\n")
-    assert (rec.op, rec.opcount, rec.count, rec.datatype, rec.dtype) == ("AllGather", 0xC97, LAYER, 9, "bfloat16")
+    assert (rec.op, rec.opcount, rec.count, rec.datatype, rec.dtype) == ("AllGather", 0xC97, LAYER, 9, "bf16")
     assert (rec.host, rec.pid, rec.tid, rec.device) == ("node07", 52341, 52980, 3)
     assert (rec.comm, rec.nranks, rec.stream) == ("0x55f1e8d0a2b0", 8, "0x55f1e8a91c40")
     assert rec.collective == "all_gather" and rec.redop is None and rec.bytes == LAYER * 2
@@ -260,7 +262,7 @@ def test_summary_csv_contract(tmp_path, cli):
         assert col in rows["AllGather"]
     ag, rs, ar = rows["AllGather"], rows["ReduceScatter"], rows["AllReduce"]
     assert (ag["count"], ag["datatype"], ag["dtype"], ag["redop"], ag["nranks"], ag["calls"]) == \
-        (str(LAYER), "9", "bfloat16", "", "8", "24")
+        (str(LAYER), "9", "bf16", "", "8", "24")
     assert int(ag["bytes"]) == LAYER * 2 and int(ag["nccl_tests_bytes"]) == LAYER * 2 * 8
     assert int(rs["bytes"]) == LAYER * 4 and int(rs["nccl_tests_bytes"]) == LAYER * 4 * 8 and rs["redop"] == "avg"
     assert int(ar["nccl_tests_bytes"]) == 4 and ar["redop"] == "max"
@@ -297,13 +299,13 @@ def test_fp8_rccl_name_and_premulsum_flag(tmp_path, cli):
 
 def test_stdin_input(run, tmp_path):
     text = call_line("AllReduce", 1, 256, 7) + "\n"
-    res = subprocess.run([sys.executable, "-m", "opbench.comm.trace", "-"], input=text, capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "opbench.trace", "-"], input=text, capture_output=True,
                          text=True, timeout=120)
     assert res.returncode == 0 and "AllReduce" in res.stdout, res.stderr
 
 
 def test_missing_file_is_usage_error(run, tmp_path):
-    res = run("opbench.comm.trace", str(tmp_path / "nope.log"))
+    res = run("opbench.trace", str(tmp_path / "nope.log"))
     assert res.returncode == 2
     assert "nope.log" in res.stderr and "Traceback" not in res.stderr
     res = run("opbench", "trace", str(tmp_path))           # a directory, via the opbench dispatcher
@@ -334,7 +336,7 @@ def test_compare_fsdp_matches_reference_llama3_70b_layer_count(cli, tmp_path):
     with that layer count (and a root count the model does not predict) against the FSDP2 model."""
     import itertools
 
-    from opbench.comm.trace_synth import fsdp_job_lines
+    from synth_trace import fsdp_job_lines
 
     per_step = 8 * (1 + 80 + 160 + 2)
     lines = itertools.islice(fsdp_job_lines(nranks=8, layers=80, layer_count=LAYER, root_count=131334144,
@@ -369,7 +371,7 @@ def test_replay_runs_the_torchrun_comm_benchmark(tmp_path):
     log = tmp_path / "job.log"
     log.write_text("\n".join(lines) + "\n")
     rep = tmp_path / "rep"
-    res = subprocess.run([sys.executable, "-m", "opbench.comm.trace", str(log), "--replay",
+    res = subprocess.run([sys.executable, "-m", "opbench.trace", str(log), "--replay",
                           f"--replay-arg=--report-dir-path={rep}", "--replay-arg=--iters=2", "--replay-arg=--trials=1"],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]

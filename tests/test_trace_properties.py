@@ -7,9 +7,9 @@ from unittest import mock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from opbench.comm import trace_parse
-from opbench.comm.trace_parse import LogParser
-from opbench.comm.trace_synth import LineStyle, call_line
+from opbench.trace import parse as trace_parse
+from opbench.trace.parse import LogParser
+from synth_trace import LineStyle, call_line
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 FEW = settings(SETTINGS, max_examples=50)   # the slow-to-generate ones (keeps this file well under a minute)
@@ -118,8 +118,8 @@ def test_fast_tally_equals_record_path(text, raw_p2p):
     import os
     import tempfile
 
-    from opbench.comm.trace import analyze, iter_records
-    from opbench.comm.trace_summary import TraceSummary
+    from opbench.trace.analyze import analyze, iter_records
+    from opbench.trace.summary import TraceSummary
 
     with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as fh:
         fh.write(text)

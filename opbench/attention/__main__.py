@@ -15,19 +15,16 @@ from typing import Any, Sequence
 from opbench.core.cli import add_device_args, add_timing_args, csv_list, positive_int, timing_config
 from opbench.core.device import default_dtype_name, device_info, resolve_device
 from opbench.core.errors import UsageError, run_cli
-from opbench.core.report import CsvReport, environment, summary_table
+from opbench.core.results import CsvReport, environment, summary_table
 from opbench.core.sweep import run_sweep
 from opbench.core.timing import TimingConfig
 from opbench.models import load_model_configs, select_models
 
 from .backends import BACKENDS
-from .runner import PASS_COLUMNS, PASSES, AttentionCase, ProblemCache, run_case
+from .runner import AttentionCase, ProblemCache, run_case
+from .schema import PASSES, SCHEMA, SHAPE_COLUMNS
 from .shapes import AttentionShape, cap_seqlen, load_attention_shapes, model_attention_shape, select_shapes
 
-SHAPE_COLUMNS = ["model", "batch_size", "seqlen_q", "seqlen_kv", "num_head_q", "num_head_kv", "head_dim_qk",
-                 "head_dim_v", "causal", "dtype", "backend", "fwd_flops"]
-COLUMNS = [*SHAPE_COLUMNS, *PASS_COLUMNS, "max_abs_err", "max_rel_err", "grad_max_abs_err", "grad_max_rel_err",
-           "status", "error", "note", "tp", "cp", "device"]
 SUMMARY = ["model", "batch_size", "seqlen_q", "seqlen_kv", "num_head_q", "num_head_kv", "head_dim_qk",
            "head_dim_v", "backend", "fwd_time", "fwd_tflops", "bwd_time", "bwd_tflops", "fwdbwd_time",
            "max_abs_err", "status"]
@@ -130,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 or args.shapes_json_path or "builtin shapes/attention_shapes.json",
                                 "passes": args.passes, "max_seqlen": max_seqlen, "timing": vars(timing)})
     cache = ProblemCache()
-    with CsvReport(args.report_csv_path, COLUMNS, meta) as report:
+    with CsvReport(args.report_csv_path, SCHEMA, meta) as report:
         def failed(case: AttentionCase, status: str, message: str) -> dict[str, Any]:
             return {**case.as_row(), "status": status, "error": message or None, **extra}
 

@@ -23,12 +23,9 @@ from opbench.core.timing import Stats, TimingConfig, measure
 from .backends import BACKENDS, from_layout, to_layout
 from .flops import attention_flops
 from .reference import max_errors, reference_attention
+from .schema import PASSES, STAT_SUFFIXES
 from .shapes import AttentionShape
 
-PASSES = ("fwd", "bwd", "fwdbwd")
-STAT_SUFFIXES = {"time": "median", "time_min": "min", "time_p10": "p10", "time_p90": "p90", "time_max": "max",
-                 "time_std": "std", "iters": "iters"}
-PASS_COLUMNS = [f"{p}_{s}" for p in PASSES for s in (*STAT_SUFFIXES, "tflops")]
 
 # Norm-wise relative error (max|err| / max|ref|) above which a result is wrong, not rounding. fp32 leaves room
 # for TF32 tensor-core math on GPUs; gradients get twice the output's allowance.

@@ -2,7 +2,8 @@
 
     torchrun --nproc-per-node 8 -m opbench.ckpt --model Llama3.1_8B --methods torch_save,dcp,dcp_async \\
         --storage /nvme/ckpt,s3://bucket/ckpt --thread-count 1,4 --report-dir-path out/ckpt
-    opbench ckpt --nproc-per-node 2 --size-mb 256          # starts the ranks itself on this machine
+    srun --ntasks-per-node 8 python -m opbench.ckpt ...     # one world; the job script exports MASTER_ADDR
+    opbench ckpt --nproc-per-node 2 --size-mb 256          # starts torchrun itself on this machine
     python -m opbench.ckpt --size-mb 64                     # one process (world size 1)
 
 Writes DIR/ckpt_benchmark.csv (one row per state × storage × method × thread count, as each finishes) and
@@ -18,12 +19,14 @@ import sys
 import time
 from typing import Any, Sequence
 
+from opbench.core import dist
 from opbench.core.cli import csv_list, positive_int
 from opbench.core.errors import UsageError, run_cli
+from opbench.core.faults import Faults
 
 from .methods import METHODS, get_method
-from .ranks import Ranks, launch_local, under_torchrun
-from .runner import COLUMNS, Case, RunOptions, base_row, case_row, run_case, sidecar_entry, warm_up_state
+from .runner import Case, RunOptions, base_row, case_row, run_case, sidecar_entry, warm_up_state
+from .schema import SCHEMA
 from .state import OPTIMIZERS, PARAM_DTYPES, StateSpec, model_state_spec, synthetic_state_spec, with_num_layers
 from .storage import Storage, parse_storage_options, preflight, remove_tree
 
@@ -142,12 +145,12 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[StateSpe
     options = parse_storage_options(args.storage_options)
     storages = [Storage(s, options) for s in (args.storage or [os.path.join(args.report_dir_path, "ckpt_data")])]
     run = RunOptions(args.iterations, args.save_interval, args.drop_cache, args.keep,
-                     args.single_file_per_rank, args.sync_files)
+                     args.single_file_per_rank, args.sync_files, Faults.from_env(), args.timeout)
     return args, specs, storages, run
 
 
 def dry_run(args, specs: list[StateSpec], storages: list[Storage], world: int) -> int:
-    from opbench.core.report import summary_table
+    from opbench.core.results import summary_table
 
     rows = [dict(state=s.label, tensors=len(s.tensors), total_GiB=s.total_bytes / 2**30,
                  per_rank_GiB=s.local_bytes(0, world) / 2**30, optimizer=s.optimizer, param_dtype=s.param_dtype,
@@ -163,47 +166,32 @@ def dry_run(args, specs: list[StateSpec], storages: list[Storage], world: int) -
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args, specs, storages, run = parse(argv)
-    if under_torchrun():
-        world = int(os.environ["WORLD_SIZE"])
+    dist_env = dist.detect()
+    if dist_env is not None:
+        world = dist_env.world_size
         per_node = os.environ.get("LOCAL_WORLD_SIZE")
         if args.nproc_per_node and per_node and args.nproc_per_node != int(per_node):
-            raise UsageError(f"torchrun started {per_node} ranks per node, not {args.nproc_per_node}",
+            raise UsageError(f"the launcher started {per_node} ranks per node, not {args.nproc_per_node}",
                              field="--nproc-per-node")
     else:
         world = args.nproc_per_node or 1
     if args.dry_run:
-        return dry_run(args, specs, storages, world) if int(os.environ.get("RANK", "0")) == 0 else 0
+        return dry_run(args, specs, storages, world) if dist_env is None or dist_env.is_main else 0
     from opbench.core.device import resolve_device
 
     check_memory(specs, world, resolve_device(args.device).type)
-    if not under_torchrun() and world > 1:
+    if dist_env is None and world > 1:
         # Check the storage here so a typo fails once, cleanly, before any rank starts.
         for storage in storages:
             remove_tree(storage, preflight(storage, world, needed_bytes(specs, run)))
-        rest = _without_nproc(argv)
-        return launch_local(world, rest)
-    return _run_ranks(args, specs, storages, run)
+        return dist.relaunch(dist.torchrun_command(dist.without_flag(argv, "--nproc-per-node"), world,
+                                                   "opbench.ckpt", timeout_s=args.timeout))
+    return _run_ranks(args, specs, storages, run, dist_env or dist.single())
 
 
-def _without_nproc(argv: list[str]) -> list[str]:
-    out, skip = [], False
-    for i, a in enumerate(argv):
-        if skip:
-            skip = False
-            continue
-        if a == "--nproc-per-node":
-            skip = True
-            continue
-        if a.startswith("--nproc-per-node="):
-            continue
-        out.append(a)
-    return out
-
-
-def _run_ranks(args, specs: list[StateSpec], storages: list[Storage], run: RunOptions) -> int:
-    from opbench.core.device import resolve_device
-
-    ranks = Ranks.start(resolve_device(args.device), args.timeout)
+def _run_ranks(args, specs: list[StateSpec], storages: list[Storage], run: RunOptions,
+               dist_env: dist.DistEnv) -> int:
+    ranks = dist.Ranks.join(dist_env, args.device, args.timeout, cpu_group=True)
     try:
         return _benchmark(args, specs, storages, run, ranks)
     except UsageError:
@@ -217,19 +205,19 @@ def _run_ranks(args, specs: list[StateSpec], storages: list[Storage], run: RunOp
         ranks.stop()
 
 
-def _benchmark(args, specs: list[StateSpec], storages: list[Storage], run: RunOptions, ranks: Ranks) -> int:
-    from opbench.core.report import CsvReport, environment, summary_table
+def _benchmark(args, specs: list[StateSpec], storages: list[Storage], run: RunOptions, ranks: dist.Ranks) -> int:
+    from opbench.core.results import environment, summary_table
     from opbench.core.sweep import run_sweep
 
     from .state import ShardedState
 
     run_dirs = _preflight_all(ranks, storages, specs, run)
-    report: Any = _NullReport()
     meta: dict[str, Any] = {}
     if ranks.is_main:
-        meta = environment(ranks.device, dict(benchmark="ckpt", world_size=ranks.world_size, args=vars(args),
-                                              run_dirs=run_dirs, states=[], cases=[]))
-        report = CsvReport(os.path.join(args.report_dir_path, CSV_NAME), COLUMNS, meta=meta)
+        meta = environment(ranks.device, dict(world_size=ranks.world_size, launcher=ranks.env.launcher,
+                                              nnodes=ranks.env.nnodes, args=vars(args), run_dirs=run_dirs,
+                                              states=[], cases=[]))
+    report = ranks.open_report(os.path.join(args.report_dir_path, CSV_NAME), SCHEMA, meta)
     rows: list[dict[str, Any]] = []
     tiny = warm_up_state(ranks)
     try:
@@ -280,7 +268,7 @@ def needed_bytes(specs: list[StateSpec], run: RunOptions) -> int:
     return max(s.total_bytes for s in specs) * run.iterations
 
 
-def _preflight_all(ranks: Ranks, storages: list[Storage], specs: list[StateSpec], run: RunOptions) -> list[str]:
+def _preflight_all(ranks: dist.Ranks, storages: list[Storage], specs: list[StateSpec], run: RunOptions) -> list[str]:
     """Rank 0 checks every storage (exists, writable, room for the biggest state's iterations); every rank
     gets the same answer, so a bad --storage stops all of them with one message."""
     outcome: Any = None
@@ -293,21 +281,6 @@ def _preflight_all(ranks: Ranks, storages: list[Storage], specs: list[StateSpec]
     if isinstance(outcome, UsageError):
         raise outcome
     return outcome
-
-
-class _NullReport:
-    """Ranks other than 0 measure too but write nothing."""
-
-    path = None
-
-    def append(self, row: Any) -> None:
-        pass
-
-    def write_meta(self, meta: Any) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 if __name__ == "__main__":

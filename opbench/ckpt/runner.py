@@ -1,5 +1,6 @@
 """One benchmark case (state × storage × method × thread count): K timed saves, each into a new directory,
-then K timed loads, each verified; turned into one CSV row with Primus' metric names (REFERENCE §9).
+then K timed loads, each verified; turned into one CSV row with Primus' metric names (docs/conventions.md,
+"Checkpoint metrics").
 
 Per iteration a time is the slowest rank's (every rank starts together after a barrier); the row holds the
 median over iterations, with min/max beside it and every per-rank, per-iteration value in the JSON sidecar.
@@ -9,25 +10,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from opbench.core.device import synchronize
+from opbench.core.dist import Ranks
+from opbench.core.faults import Faults
 from opbench.core.timing import Stats
 
 from .methods import Method, SaveOptions
-from .ranks import Ranks
 from .state import ShardedState, StateSpec, TensorSpec
-from .storage import Storage, drop_page_cache, folder_size, remove_tree
-
-COLUMNS = [
-    "model", "num_layers", "optimizer", "param_dtype", "state_bytes",
-    "method", "storage", "world_size", "thread_count", "async_save", "async_type",
-    "single_file_per_rank", "sync_files", "drop_cache", "num_saved", "num_loaded",
-    "save_block_time", "save_total_time", "load_time",
-    "save_block_time_max", "save_total_time_min", "save_total_time_max", "load_time_min", "load_time_max",
-    "iter_folder_size", "save_bandwidth_in_mbps", "load_bandwidth_in_mbps",
-    "accurate", "verified", "status", "error",
-]
+from .storage import Storage, corrupt_rank_files, drop_page_cache, folder_size, remove_tree
 
 
 def bandwidth_mibps(size_bytes: float | None, seconds: float | None) -> float | None:
@@ -45,6 +37,8 @@ class RunOptions:
     keep: bool = False
     single_file_per_rank: bool = True
     sync_files: bool = True
+    faults: Faults = field(default_factory=Faults)   # OPBENCH_FAULTS (core.faults); none by default
+    timeout_s: float = 1800.0
 
 
 @dataclass(frozen=True)
@@ -77,13 +71,13 @@ class CaseResult:
 
 
 def _save_once(ranks: Ranks, state: ShardedState, case: Case, path: str, opts: SaveOptions,
-               save_interval: float) -> tuple[float, float, bool]:
+               save_interval: float, save: Callable[[], Any] | None = None) -> tuple[float, float, bool]:
     """(block, total, overlapped) on this rank. block: until the call hands control back to the training loop;
     total: until the bytes are stored. With ``save_interval`` an async save gets that many seconds of simulated
     training; if it is still running then, the next checkpoint would have overlapped it (Primus' accurate=false)."""
     ranks.barrier()
     start = time.perf_counter()
-    pending = case.method.save(state, case.storage, path, opts)
+    pending = save() if save else case.method.save(state, case.storage, path, opts)
     synchronize(state.device)
     block = time.perf_counter() - start
     overlapped = False
@@ -94,13 +88,14 @@ def _save_once(ranks: Ranks, state: ShardedState, case: Case, path: str, opts: S
     return block, max(total, block), overlapped
 
 
-def _load_once(ranks: Ranks, state: ShardedState, case: Case, path: str) -> tuple[float, list[str]]:
+def _load_once(ranks: Ranks, state: ShardedState, case: Case, path: str,
+               load: Callable[[], Any] | None = None) -> tuple[float, list[str]]:
     """(seconds, verification problems) on this rank; the check runs after the clock stops."""
     if case.method.loads_in_place:
         state.scramble()
     ranks.barrier()
     start = time.perf_counter()
-    loaded = case.method.load(state, case.storage, path)
+    loaded = load() if load else case.method.load(state, case.storage, path)
     synchronize(state.device)
     seconds = time.perf_counter() - start
     problems = state.verify(loaded)
@@ -134,11 +129,15 @@ def run_case(ranks: Ranks, state: ShardedState, case: Case, case_dir: str, run: 
     opts = SaveOptions(case.thread_count or 1, run.single_file_per_rank, run.sync_files)
     result = CaseResult()
     paths = [f"{case_dir}/iter_{i:07d}" for i in range(1, run.iterations + 1)]
+    faults, rank = run.faults, ranks.rank
     try:
+        ranks.agree(lambda: faults.prepare(rank))
         if tiny is not None:
             result.warmup_s = ranks.agree(lambda: _warm_up(ranks, tiny, case, f"{case_dir}/warmup", opts))
+        faults.before_timing(rank, run.timeout_s)
         for path in paths:
-            mine = ranks.agree(lambda: _save_once(ranks, state, case, path, opts, run.save_interval))
+            save = faults.timed(lambda p=path: case.method.save(state, case.storage, p, opts), rank, state.device)
+            mine = ranks.agree(lambda: _save_once(ranks, state, case, path, opts, run.save_interval, save))
             everyone = ranks.gather(mine)
             result.per_rank["block"].append([b for b, _, _ in everyone])
             result.per_rank["total"].append([t for _, t, _ in everyone])
@@ -146,11 +145,14 @@ def run_case(ranks: Ranks, state: ShardedState, case: Case, case_dir: str, run: 
             result.total.append(max(t for _, t, _ in everyone))
             result.overlapped.append(any(o for _, _, o in everyone))
             result.sizes.append(ranks.agree(lambda: folder_size(case.storage, path) if ranks.is_main else 0))
+        # The corrupt fault damages what this rank saved, after every save and before any load.
+        ranks.agree(lambda: [corrupt_rank_files(case.storage, p, rank) for p in paths if faults.corrupts(rank)])
         for path in paths:
             if run.drop_cache:
                 dropped = ranks.agree(lambda: drop_page_cache(case.storage, path) if ranks.local_rank == 0 else None)
                 result.cache_dropped.append(all(d for d in ranks.gather(dropped) if d is not None))
-            seconds, problems = ranks.agree(lambda: _load_once(ranks, state, case, path))
+            load = faults.timed(lambda p=path: case.method.load(state, case.storage, p), rank, state.device)
+            seconds, problems = ranks.agree(lambda: _load_once(ranks, state, case, path, load))
             everyone = ranks.gather((seconds, problems))
             result.per_rank["load"].append([s for s, _ in everyone])
             result.load.append(max(s for s, _ in everyone))

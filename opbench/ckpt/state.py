@@ -18,7 +18,8 @@ from typing import Mapping, Sequence
 
 import torch
 
-from opbench.core.device import element_size, torch_dtype
+from opbench.core.device import torch_dtype
+from opbench.core.dtypes import element_size
 from opbench.core.errors import UsageError
 
 OPTIMIZERS = ("adam", "sgd")

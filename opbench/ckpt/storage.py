@@ -8,14 +8,13 @@ AWS_ACCESS_KEY_ID, FSSPEC_S3_ENDPOINT_URL, ~/.config/fsspec) or from --storage-o
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from opbench.core.errors import UsageError
+from opbench.core.errors import UsageError, describe_os_error
 
 # Checked before anything is written: room for this many iterations of the checkpoint (they are all kept
 # until the loads are done), times a little slack for metadata.
@@ -85,17 +84,6 @@ def parse_storage_options(text: str | None) -> dict[str, Any]:
     return value
 
 
-def describe_os_error(exc: BaseException) -> str:
-    """One readable line for the storage failures users hit: disk full, no permission, missing bucket."""
-    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        return f"disk full: {exc.strerror}" + (f" ({exc.filename})" if exc.filename else "")
-    if isinstance(exc, PermissionError):
-        return f"permission denied: {exc}"
-    if isinstance(exc, FileNotFoundError):
-        return f"not found: {exc}"
-    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
-
-
 def preflight(storage: Storage, world_size: int, needed_bytes: int) -> str:
     """Check, before anything is measured, that the storage exists, is writable and (locally) has room for
     ``needed_bytes``. Returns the run's root directory; raises UsageError naming the storage otherwise."""
@@ -138,9 +126,20 @@ def folder_size(storage: Storage, path: str) -> int:
     return int(fs.du(_fs_path(storage, path), total=True))
 
 
-def file_sizes(storage: Storage, path: str) -> dict[str, int]:
+def corrupt_rank_files(storage: Storage, path: str, rank: int) -> list[str]:
+    """Flip one byte in the middle of each file ``rank`` saved under ``path`` (torch_save's rank_NNNNN.pt,
+    DCP's __RANK_*.distcp): the ``corrupt`` fault of core.faults. Returns the files changed."""
     fs, _ = storage.filesystem()
-    return {name: int(info["size"]) for name, info in fs.find(_fs_path(storage, path), detail=True).items()}
+    changed = []
+    for name in sorted(fs.find(_fs_path(storage, path))):
+        base = name.rsplit("/", 1)[-1]
+        if base == f"rank_{rank:05d}.pt" or base.startswith(f"__{rank}_"):
+            data = bytearray(fs.cat_file(name))
+            if data:
+                data[len(data) // 2] ^= 0xFF
+                fs.pipe_file(name, bytes(data))
+                changed.append(name)
+    return changed
 
 
 def remove_tree(storage: Storage, path: str) -> None:

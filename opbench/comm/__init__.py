@@ -1,1 +1,2 @@
-"""Collective communication: nccl-tests conventions, torchrun benchmark, NCCL log and nccl-tests output parsing."""
+"""The collective benchmark (``opbench comm``): nccl-tests semantics under torchrun, srun or self-launch.
+The collective vocabulary it shares with trace, fsdp_model and report is ``opbench.core.collectives``."""

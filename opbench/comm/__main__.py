@@ -11,12 +11,13 @@ import os
 import sys
 from typing import Sequence
 
+from opbench.core import dist
 from opbench.core.cli import add_device_args, csv_list, parse_bytes, positive_int
+from opbench.core.dtypes import COMM_DTYPES
 from opbench.core.errors import UsageError, run_cli
+from opbench.core.faults import Faults
 
-from .sizes import RUNNABLE, CommCase, Parallel, cases_for_sizes, model_cases, sweep_bytes, trace_cases
-
-DTYPES = ("bf16", "fp16", "fp32", "fp64", "fp8", "fp8_e5m2", "int8", "uint8", "int32", "int64")
+from .sizes import RUNNABLE, CommCase, CommGroups, cases_for_sizes, model_cases, sweep_bytes, trace_cases
 
 EXAMPLES = """\
 examples:
@@ -48,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "ROCm — and gloo on CPU)")
     g.add_argument("--timeout", type=float, default=300.0,
                    help="seconds any collective (and the rendezvous) may take before the run fails (default 300)")
-    add_device_args(p, DTYPES)
+    add_device_args(p, COMM_DTYPES)
 
     g = p.add_argument_group("what to run")
     g.add_argument("--collectives", type=csv_list(str), default=list(RUNNABLE),
@@ -74,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tp", type=positive_int, default=None, help="tensor-parallel size (default: world size)")
     g.add_argument("--ep", type=positive_int, default=None, help="expert-parallel size (default: world size)")
     g.add_argument("--pp", type=positive_int, default=None, help="pipeline-parallel size (default: world size)")
-    g.add_argument("--mbs", type=positive_int, default=1, help="micro-batch size for model sizes (default 1)")
+    g.add_argument("--mbs", type=csv_list(positive_int), default=[1],
+                   help="micro-batch sizes for model sizes, e.g. 1,2,4,8 (default 1)")
     g.add_argument("--seqlen", type=positive_int, default=None, help="sequence length (default: the model's)")
     g.add_argument("--sizes-from-trace", type=csv_list(str), default=None, metavar="LOG[,LOG]",
                    help="replay the (collective, count, dtype, nranks) an NCCL_DEBUG=INFO log recorded")
@@ -92,7 +94,6 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("output")
     g.add_argument("--report-dir-path", default="out", help="where <collective>_benchmark.csv go (default out)")
     g.add_argument("--append", action="store_true", help="append to existing CSVs instead of replacing them")
-    p.add_argument("--fault", default=None, help=argparse.SUPPRESS)    # tests: corrupt:R | exit:R | hang:R
     return p
 
 
@@ -112,10 +113,7 @@ def _validate(args: argparse.Namespace) -> None:
     for path in args.sizes_from_trace or []:
         if path != "-" and not os.path.isfile(path):
             raise UsageError("no such file", source=path, field="--sizes-from-trace")
-    if args.fault is not None:
-        kind, _, rank = args.fault.partition(":")
-        if kind not in ("corrupt", "exit", "hang", "oom") or not rank.isdigit():
-            raise UsageError("expected corrupt:RANK, exit:RANK or hang:RANK", field="--fault")
+    Faults.from_env()      # a malformed OPBENCH_FAULTS fails here, once, before any rank starts
     _sweep(args)
 
 
@@ -139,16 +137,17 @@ def build_cases(args: argparse.Namespace, world_size: int, dtype: str) -> tuple[
     if modelled:
         from opbench.models import load_model_configs, select_models
 
-        par = Parallel.resolve(world_size, args.tp, args.ep, args.pp)
+        par = CommGroups.resolve(world_size, args.tp, args.ep, args.pp)
         models = select_models(load_model_configs(args.model_config_path), args.model)
         for model in models:
-            found = model_cases(model, args.collectives, world_size, par, args.mbs, args.seqlen, dtype)
+            found = [c for mbs in args.mbs
+                     for c in model_cases(model, args.collectives, world_size, par, mbs, args.seqlen, dtype)]
             cases += found
             if not found:
                 notes.append(f"{model.name}: no traffic for {','.join(args.collectives)} at tp={par.tp} "
                              f"ep={par.ep} pp={par.pp} (dimensions of 1 have none; all_to_all needs a MoE model)")
     if args.sizes_from_trace:
-        from .trace import trace_sizes          # lazy: the log parser is only needed here
+        from opbench.trace.analyze import trace_sizes          # lazy: the log parser is only needed here
 
         label = "trace:" + ",".join(os.path.basename(p) for p in args.sizes_from_trace)
         found, skipped = trace_cases(trace_sizes(list(args.sizes_from_trace)), args.collectives, world_size, label)
@@ -163,16 +162,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _validate(args)
 
-    from . import launch
-
-    dist_env = launch.detect()
+    dist_env = dist.detect()
     if dist_env is None:
         nproc = args.nproc_per_node or _local_gpus(args.device) or 1
         if nproc > 1 or args.nnodes > 1:
             port = args.master_port or (int(os.environ["MASTER_PORT"]) if "MASTER_PORT" in os.environ else None)
-            return launch.relaunch(launch.torchrun_command(argv, nproc, args.nnodes, args.node_rank,
-                                                           args.master_addr, port, args.timeout))
-        dist_env = launch.DistEnv(0, 1, 0, 1, "single")
+            return dist.relaunch(dist.torchrun_command(argv, nproc, "opbench.comm", args.nnodes, args.node_rank,
+                                                       args.master_addr, port, args.timeout))
+        dist_env = dist.single()
     return run(args, dist_env)
 
 
@@ -184,63 +181,36 @@ def _local_gpus(device: str) -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def _device(spec: str, local_rank: int):
-    """The launcher's LOCAL_RANK picks the GPU ('auto' or a bare 'cuda'); 'cuda:N' is taken as given."""
-    import torch
-
-    from opbench.core.device import resolve_device
-
-    dev = resolve_device(spec)
-    if dev.type == "cuda":
-        if spec in (None, "", "auto", "cuda"):
-            dev = torch.device("cuda", local_rank % torch.cuda.device_count())
-        torch.cuda.set_device(dev)
-    return dev
-
-
-def run(args: argparse.Namespace, dist_env) -> int:
+def run(args: argparse.Namespace, dist_env: dist.DistEnv) -> int:
     """This rank's part of the job: join, build the cases, time them, write (rank 0) and leave."""
-    import torch.distributed as dist
-
     from opbench.core.device import default_dtype_name
 
-    from . import launch
-    from .bench import Bench, CommFailure, Fault, Output, RunConfig, run_meta
+    from .bench import Bench, CommFailure, Output, RunConfig, run_meta
 
-    device = _device(args.device, dist_env.local_rank)
-    backend = launch.pick_backend(device.type, args.backend)
-    dtype = args.dtype or default_dtype_name(device)
-    launch.init_process_group(dist_env, backend, device, args.timeout)
-    rank = dist.get_rank()
+    ranks = dist.Ranks.join(dist_env, args.device, args.timeout, args.backend)
+    dtype = args.dtype or default_dtype_name(ranks.device)
     try:
-        cases, notes = build_cases(args, dist.get_world_size(), dtype)
-        if rank == 0:
+        cases, notes = build_cases(args, ranks.world_size, dtype)
+        if ranks.is_main:
             for note in notes:
                 print(f"# note: {note}", file=sys.stderr)
         if not cases:
             raise UsageError("nothing to run: no sizes for the chosen collectives", field="--collectives")
-        fault = None
-        if args.fault:
-            kind, _, r = args.fault.partition(":")
-            fault = Fault(kind, int(r))
         cfg = RunConfig(iters=args.iters, warmup=args.warmup_iters, trials=args.trials, blocking=bool(args.blocking),
                         check=bool(args.check), root=args.root, p2p_mode=args.p2p_mode, timeout_s=args.timeout,
-                        fault=fault)
+                        faults=Faults.from_env())
         out = None
-        if rank == 0:
-            meta = run_meta(device, {"world_size": dist.get_world_size(), "nnodes": dist_env.nnodes,
-                                     "launcher": dist_env.launcher, "backend": backend, "dtype": dtype,
-                                     "iters": cfg.iters, "warmup_iters": cfg.warmup, "trials": cfg.trials,
-                                     "blocking": cfg.blocking, "check": cfg.check, "timeout_s": cfg.timeout_s})
+        if ranks.is_main:
+            meta = run_meta(ranks.device, {"world_size": ranks.world_size, "nnodes": dist_env.nnodes,
+                                           "launcher": dist_env.launcher, "backend": ranks.backend, "dtype": dtype,
+                                           "iters": cfg.iters, "warmup_iters": cfg.warmup, "trials": cfg.trials,
+                                           "blocking": cfg.blocking, "check": cfg.check, "timeout_s": cfg.timeout_s})
             out = Output(args.report_dir_path, meta, append=args.append)
-        Bench(cfg, device, backend, dist_env.nnodes).run(cases, out)
+        Bench(cfg, ranks).run(cases, out)
     except CommFailure as exc:
-        print(f"opbench comm: error: {exc}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(1)      # the group is broken: tearing it down could block on the dead peer
+        dist.fail_job("opbench comm", str(exc))
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        ranks.stop()
     return 0
 
 

@@ -18,32 +18,27 @@ import re
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
 
-from opbench.core.device import synchronize
-from opbench.core.report import CsvReport, environment, progress
+from opbench.core.collectives import COLLECTIVES
+from opbench.core.device import synchronize, torch_dtype
+from opbench.core.dist import RankFailure, Ranks
+from opbench.core.dtypes import dtype as dtype_info
+from opbench.core.dtypes import element_size
+from opbench.core.faults import Faults
+from opbench.core.results import CsvReport, environment, progress
 from opbench.core.sweep import STATUS_ERROR, STATUS_OK, STATUS_OOM, STATUS_UNSUPPORTED, Unsupported, \
     classify_failure, release_memory
 
-from .conventions import COLLECTIVES, nccl_dtype
 from .ops import OPS, Buffers, CommOp, Ctx, all_gather_fn, corrupt, count_wrong, fill_for_check
+from .schema import SCHEMA
 from .sizes import CommCase, count_for, group_layout
 
-COLUMNS = [
-    "collective", "backend", "world_size", "nnodes", "nranks", "dtype", "redop", "root", "size_bytes", "count",
-    "inplace", "pattern", "iters", "trials", "time_us", "time_us_max", "time_us_trial_min", "time_us_trial_max",
-    "algbw_gbs", "busbw_gbs", "wrong", "source", "status", "error",
-]
-_PEER_FAILED = "peer_failed"  # this rank was fine; another rank could not prepare the case (never in a row)
-_STATUS_CODES = [STATUS_OK, _PEER_FAILED, STATUS_UNSUPPORTED, STATUS_OOM, STATUS_ERROR]  # worst last
-
-
-class _PeerFailed(Exception):
-    pass
+_STATUS_CODES = [STATUS_OK, STATUS_UNSUPPORTED, STATUS_OOM, STATUS_ERROR]  # worst last
 # Errors that mean the job itself is broken (a peer died or hung): no row, stop every survivor.
 _FATAL = re.compile(r"timed out|timeout|connection (closed|reset|refused)|broken pipe|watchdog|abort|"
                     r"remote worker|peer", re.IGNORECASE)
@@ -51,16 +46,6 @@ _FATAL = re.compile(r"timed out|timeout|connection (closed|reset|refused)|broken
 
 class CommFailure(Exception):
     """A collective could not complete: a peer rank exited, hung past --timeout, or the network failed."""
-
-
-@dataclass(frozen=True)
-class Fault:
-    """Test hook (hidden ``--fault KIND:RANK``): ``corrupt`` adds 1 to that rank's first send element before
-    each checked call; ``exit`` ends that rank (exit code 0, as a lost node) and ``hang`` stalls it, both
-    just before the first timed collective; ``oom`` makes that rank alone fail to allocate the first case."""
-
-    kind: str
-    rank: int
 
 
 @dataclass(frozen=True)
@@ -73,7 +58,7 @@ class RunConfig:
     root: int = 0
     p2p_mode: str = "ring"
     timeout_s: float = 300.0
-    fault: Fault | None = None
+    faults: Faults = field(default_factory=Faults)   # OPBENCH_FAULTS (core.faults); none by default
 
 
 def is_fatal(exc: BaseException) -> bool:
@@ -102,11 +87,11 @@ def timed_loop(call, iters: int, device: torch.device, blocking: bool) -> float:
 class Bench:
     """Runs cases on every rank; every rank returns the same rows."""
 
-    def __init__(self, cfg: RunConfig, device: torch.device, backend: str, nnodes: int):
-        self.cfg, self.device, self.backend, self.nnodes = cfg, device, backend, nnodes
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+    def __init__(self, cfg: RunConfig, ranks: Ranks):
+        self.cfg, self.ranks = cfg, ranks
+        self.device, self.backend, self.nnodes = ranks.device, ranks.backend, ranks.env.nnodes
+        self.rank, self.world = ranks.rank, ranks.world_size
         self._groups: dict[tuple[int, int], tuple[Any, tuple[int, ...]]] = {}
-        self._fault_fired = False
 
     # -- groups ----------------------------------------------------------------------------------------
     def group(self, size: int, stride: int) -> tuple[Any, tuple[int, ...]]:
@@ -130,15 +115,6 @@ class Bench:
                    case.redop, self.cfg.root, self.cfg.p2p_mode)
 
     # -- one case ------------------------------------------------------------------------------------------
-    def _fire_fault(self) -> None:
-        f = self.cfg.fault
-        if f and f.rank == self.rank and f.kind in ("exit", "hang") and not self._fault_fired:
-            self._fault_fired = True
-            print(f"[rank {self.rank}] test fault: {f.kind}", file=sys.stderr, flush=True)
-            if f.kind == "exit":
-                os._exit(0)
-            time.sleep(10 * self.cfg.timeout_s + 60)
-
     def _time(self, call) -> list[float]:
         cfg = self.cfg
         for _ in range(cfg.warmup):
@@ -152,19 +128,30 @@ class Bench:
 
     def _check(self, op: CommOp, ctx: Ctx, bufs: Buffers) -> int:
         fill_for_check(op, ctx, bufs)
-        f = self.cfg.fault
-        if f and f.kind == "corrupt" and f.rank == self.rank:
+        if self.cfg.faults.corrupts(self.rank):
             corrupt(bufs)
         op.bind(ctx, bufs)()
         synchronize(self.device)
         return count_wrong(op, ctx, bufs)
+
+    def _prepare(self, case: CommCase, op: CommOp, inplace: bool) -> tuple[Ctx, Buffers]:
+        """This rank's context and buffers for the case; raises Unsupported / OOM like any allocation."""
+        self.cfg.faults.prepare(self.rank)
+        ctx = self.context(case)
+        if ctx.count == 0:
+            raise Unsupported(f"{case.size_bytes} B is less than one element per rank")
+        if case.collective == "send_recv" and len(ctx.ranks) == 1 and self.backend == "gloo":
+            raise Unsupported("gloo cannot send to itself; send_recv needs 2 or more ranks")
+        if ctx.pattern == "pingpong" and case.collective == "send_recv" and len(ctx.ranks) % 2:
+            raise Unsupported(f"ping-pong pairs ranks; a group of {len(ctx.ranks)} is odd")
+        return ctx, op.alloc(ctx, inplace)
 
     def run_variant(self, case: CommCase, op: CommOp, inplace: bool) -> dict[str, Any]:
         coll = COLLECTIVES[case.collective]
         cfg = self.cfg
         nranks = len(self.group(case.group_size or self.world, case.group_stride)[1])
         count = count_for(case, nranks)
-        size = coll.size_bytes(count, nranks, nccl_dtype(case.dtype).size)
+        size = coll.size_bytes(count, nranks, element_size(case.dtype))
         pattern = cfg.p2p_mode if case.collective == "send_recv" else ""
         row: dict[str, Any] = {
             "collective": case.collective, "backend": self.backend, "world_size": self.world,
@@ -176,51 +163,28 @@ class Bench:
         status, message, wrong = STATUS_OK, "", 0
         times = [math.nan] * cfg.trials
         bufs = None
-        agreed = False
         try:
-            if count == 0:
-                raise Unsupported(f"{case.size_bytes} B is less than one element per rank")
-            ctx = self.context(case)
-            if case.collective == "send_recv" and nranks == 1 and self.backend == "gloo":
-                raise Unsupported("gloo cannot send to itself; send_recv needs 2 or more ranks")
-            if pattern == "pingpong" and nranks % 2:
-                raise Unsupported(f"ping-pong pairs ranks; a group of {nranks} is odd")
-            f = self.cfg.fault
-            if f and f.kind == "oom" and f.rank == self.rank and not self._fault_fired:
-                self._fault_fired = True
-                raise torch.OutOfMemoryError("test fault: injected allocation failure")
-            bufs = op.alloc(ctx, inplace)
-            agreed = True
-            if not self._all_ready(True):
-                raise _PeerFailed("another rank could not prepare this case")
-            self._fire_fault()
-            times = self._time(op.bind(ctx, bufs))
+            # Every rank must have prepared the case before any rank enters a collective: one that fails alone
+            # (an OOM on a shared GPU) would leave its peers inside a call it never joins.
+            ctx, bufs = self.ranks.agree(lambda: self._prepare(case, op, inplace))
+            cfg.faults.before_timing(self.rank, cfg.timeout_s)
+            times = self._time(cfg.faults.timed(op.bind(ctx, bufs), self.rank, self.device))
             if pattern == "pingpong":            # one iteration is a round trip; report one way (osu_latency)
                 times = [t / 2 for t in times]
             if cfg.check:
                 wrong = self._check(op, ctx, bufs)
         except Exception as exc:  # noqa: BLE001 - a case that fails becomes a row; a broken job stops
-            if not agreed and not is_fatal(exc):
-                agreed = True
-                self._all_ready(False)   # peers are waiting in _all_ready: tell them, then every rank skips
             if is_fatal(exc):
                 raise CommFailure(f"rank {self.rank}/{self.world}: {case.collective} at {size} B failed "
                                   f"(--timeout {cfg.timeout_s:g} s): {' '.join(str(exc).split())[:300]} "
                                   f"(a peer rank probably exited or hung)") from exc
-            status, message = (_PEER_FAILED, str(exc)) if isinstance(exc, _PeerFailed) else classify_failure(exc)
+            status, message = (exc.status, str(exc)) if isinstance(exc, RankFailure) else classify_failure(exc)
             print(f"[rank {self.rank}] {case.collective} {size} B: {status}: {message}", file=sys.stderr, flush=True)
         finally:
             del bufs
             if status != STATUS_OK:
                 release_memory()
         return self._agree(row, status, message, wrong, times, coll, size, nranks)
-
-    def _all_ready(self, ok: bool) -> bool:
-        """Whether every rank prepared the case (buffers allocated). A rank that fails alone (an OOM on a shared
-        GPU) must not leave its peers inside a collective it never joins: that hangs gloo and is undefined in NCCL."""
-        flag = torch.tensor([0.0 if ok else 1.0], dtype=torch.float32, device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return flag.item() == 0.0
 
     def _agree(self, row, status, message, wrong, times, coll, size, nranks) -> dict[str, Any]:
         """One gather of (status, wrong, trial times) from every rank; every rank computes the same row."""
@@ -269,12 +233,8 @@ class Bench:
 
 
 def dtype_of(name: str) -> torch.dtype:
-    """torch dtype of an opbench/NCCL dtype name; fp8 goes through the core (fnuz on MI300)."""
-    from opbench.core.device import DTYPES, torch_dtype
-
-    if name in DTYPES or name == "fp8":
-        return torch_dtype(name)
-    return getattr(torch, nccl_dtype(name).torch_name)
+    """torch dtype of an opbench dtype name (fp8 resolves to MI300's fnuz flavour there)."""
+    return torch_dtype(name)
 
 
 # -- rank 0's output: one CSV per collective, and an nccl-tests style console table ------------------------
@@ -295,7 +255,7 @@ class Output:
     def add(self, row: dict[str, Any]) -> None:
         name = row["collective"]
         if name not in self.reports:
-            self.reports[name] = CsvReport(self.path(name), COLUMNS, meta=self.meta, append=self.append)
+            self.reports[name] = CsvReport(self.path(name), SCHEMA, meta=self.meta, append=self.append)
         self.reports[name].append(row)
 
     def _print(self, text: str) -> None:
@@ -329,7 +289,7 @@ class Output:
             self.current = first["collective"]
             self._header(first)
         by_variant = {r["inplace"]: r for r in rows}
-        type_name = nccl_dtype(first["dtype"]).nccl_tests
+        type_name = dtype_info(first["dtype"]).nccl_tests
         line = (f" {first['size_bytes']:>11}  {first['count']:>12}  {type_name:>8}  {first['redop']:>6}  "
                 f"{first['root']:>6}" + self._half(by_variant.get(False)) + self._half(by_variant.get(True)))
         extra = [first["source"]] if first["source"] != "sweep" else []

@@ -3,7 +3,7 @@
 Like nccl-tests' per-collective files, a row only says what differs: how big the send/receive buffers are
 (and how the in-place variant aliases them, as nccl-tests' in-place offsets do), which single-tensor
 torch.distributed call runs it, and what every received element must be after the check fill. Sizes,
-counts and bandwidth factors come from ``conventions``; timing and reporting live in ``bench``.
+counts and bandwidth factors come from ``opbench.core.collectives``; timing and reporting live in ``bench``.
 
 Check values are small integers, exact in every dtype down to fp8, so a check compares exactly:
 - data-moving collectives send ``h(rank, i) = (5·rank + i) mod M + 1`` — a wrong source rank or offset shows;

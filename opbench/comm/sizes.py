@@ -13,17 +13,14 @@ from typing import TYPE_CHECKING, Iterable, Protocol, Sequence
 
 from opbench.core.errors import UsageError
 
-from .conventions import COLLECTIVES, nccl_dtype
+from opbench.core.collectives import COLLECTIVES
+from opbench.core.dtypes import BY_ENUM, element_size
 
 if TYPE_CHECKING:
-    from .trace import TraceSize     # the log parser's record: collective, count, dtype_enum, nranks, redop, calls
+    from opbench.trace.analyze import TraceSize     # the log parser's record: collective, count, dtype_enum, nranks, redop, calls
 
-# The collectives this benchmark runs (conventions also knows `reduce`, which the torchrun driver does not time).
+# The collectives this benchmark runs (core.collectives also knows `reduce`, which the torchrun driver does not time).
 RUNNABLE = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast")
-
-# opbench dtype names for NCCL datatype enums (the short names the CLI takes; the rest use NCCL's own name).
-_SHORT_DTYPE = {6: "fp16", 7: "fp32", 8: "fp64", 9: "bf16", 10: "fp8", 11: "fp8_e5m2"}
-
 
 @dataclass(frozen=True)
 class CommCase:
@@ -39,23 +36,14 @@ class CommCase:
     redop: str = "sum"
 
 
-def dtype_name_for_enum(enum: int) -> str:
-    """opbench dtype name of an NCCL ``ncclDataType_t`` value (9 → 'bf16')."""
-    return _SHORT_DTYPE.get(enum, nccl_dtype(enum).name)
-
-
-def element_bytes(dtype: str) -> int:
-    return nccl_dtype(dtype).size
-
-
 def count_for(case: CommCase, nranks: int) -> int:
     """Per-rank NCCL count for the case's size on ``nranks`` ranks (nccl-tests rounds down)."""
-    return COLLECTIVES[case.collective].count_for_size(case.size_bytes, nranks, element_bytes(case.dtype))
+    return COLLECTIVES[case.collective].count_for_size(case.size_bytes, nranks, element_size(case.dtype))
 
 
 def actual_size(case: CommCase, nranks: int) -> int:
     """The size nccl-tests prints for this case: max(send, recv) bytes after rounding the count down."""
-    return COLLECTIVES[case.collective].size_bytes(count_for(case, nranks), nranks, element_bytes(case.dtype))
+    return COLLECTIVES[case.collective].size_bytes(count_for(case, nranks), nranks, element_size(case.dtype))
 
 
 def sweep_bytes(minbytes: int, maxbytes: int, stepbytes: int, stepfactor: int) -> list[int]:
@@ -105,15 +93,15 @@ def _check_divides(value: int, world_size: int, flag: str) -> None:
 
 # -- model-derived sizes ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Parallel:
-    """Parallel sizes; each defaults to the whole world (one group spanning every rank)."""
+class CommGroups:
+    """Sizes of the TP, EP and PP groups a model's traffic runs over; each defaults to the whole world."""
 
     tp: int
     ep: int
     pp: int
 
     @classmethod
-    def resolve(cls, world_size: int, tp: int | None, ep: int | None, pp: int | None) -> "Parallel":
+    def resolve(cls, world_size: int, tp: int | None, ep: int | None, pp: int | None) -> "CommGroups":
         p = cls(tp or world_size, ep or world_size, pp or world_size)
         for value, flag in ((p.tp, "--tp"), (p.ep, "--ep"), (p.pp, "--pp")):
             _check_divides(value, world_size, flag)
@@ -134,7 +122,7 @@ class ModelDims(Protocol):
     def is_moe(self) -> bool: ...
 
 
-def model_cases(model: ModelDims, collectives: Sequence[str], world_size: int, par: Parallel, mbs: int,
+def model_cases(model: ModelDims, collectives: Sequence[str], world_size: int, par: CommGroups, mbs: int,
                 seqlen: int | None, dtype: str) -> list[CommCase]:
     """The activation-sized collectives of one training step of ``model`` (REFERENCE §1 tokens T = mbs·seq).
 
@@ -149,7 +137,7 @@ def model_cases(model: ModelDims, collectives: Sequence[str], world_size: int, p
     if mbs < 1:
         raise UsageError(f"must be positive, got {mbs}", field="--mbs")
     tokens, hidden = mbs * seq, model.hidden_size
-    elt = element_bytes(dtype)
+    elt = element_size(dtype)
     act = f"mbs·seq·hidden={mbs}·{seq}·{hidden}"
     plan: dict[str, tuple[int, int, int, str]] = {}   # collective -> (elements, group, stride, label)
     if par.tp > 1:
@@ -184,8 +172,8 @@ def trace_cases(sizes: Iterable["TraceSize"], collectives: Sequence[str], world_
         redop = t.redop if t.redop in ("sum", "prod", "max", "min", "avg") else "sum"
         if t.redop and t.redop != redop:
             where += f", {t.redop} timed as sum"
-        dtype = dtype_name_for_enum(t.dtype_enum)
-        size = COLLECTIVES[t.collective].size_bytes(t.count, group, element_bytes(dtype))
+        dtype = BY_ENUM[t.dtype_enum].name
+        size = COLLECTIVES[t.collective].size_bytes(t.count, group, element_size(dtype))
         cases.append(CommCase(t.collective, size, dtype, where, group, 1, redop))
     cases.sort(key=lambda c: RUNNABLE.index(c.collective))   # stable: keeps the log's order within one
     return cases, notes

@@ -21,8 +21,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "attention": ("opbench.attention.__main__", "attention forward/backward on model-derived shapes"),
     "comm": ("opbench.comm.__main__", "collective sweeps under torchrun (nccl-tests semantics)"),
     "fsdp": ("opbench.fsdp_model.__main__", "exact FSDP collective sizes and nccl-tests commands"),
-    "trace": ("opbench.comm.trace", "NCCL/RCCL debug-log analysis"),
-    "nccl-tests": ("opbench.comm.nccl_tests", "parse nccl-tests / rccl-tests output"),
+    "trace": ("opbench.trace.__main__", "NCCL/RCCL debug-log analysis"),
+    "nccl-tests": ("opbench.trace.nccl_tests", "parse nccl-tests / rccl-tests output"),
     "ckpt": ("opbench.ckpt.__main__", "checkpoint save/load benchmark"),
     "report": ("opbench.report.__main__", "turn a results folder into a summary with plots"),
 }

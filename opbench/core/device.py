@@ -10,6 +10,7 @@ from functools import lru_cache
 
 import torch
 
+from . import dtypes
 from .errors import UsageError
 
 
@@ -148,27 +149,13 @@ def default_dtype_name(device: torch.device) -> str:
     return "bf16" if device.type == "cuda" else "fp32"
 
 
-DTYPES: dict[str, torch.dtype] = {
-    "fp32": torch.float32,
-    "fp16": torch.float16,
-    "bf16": torch.bfloat16,
-    "fp64": torch.float64,
-}
-
-
 def torch_dtype(name: str) -> torch.dtype:
-    """Map a CLI dtype name to torch; fp8 resolves to the platform's e4m3 flavour (fnuz on MI300)."""
-    if name == "fp8":
-        if gpu_backend() == "rocm" and hasattr(torch, "float8_e4m3fnuz"):
-            props = torch.cuda.get_device_properties(0)
-            if "gfx94" in getattr(props, "gcnArchName", ""):
-                return torch.float8_e4m3fnuz
-        return torch.float8_e4m3fn
-    try:
-        return DTYPES[name]
-    except KeyError:
-        raise UsageError(f"unknown dtype '{name}' (choose from {', '.join([*DTYPES, 'fp8'])})", field="--dtype") from None
-
-
-def element_size(dtype_name: str) -> int:
-    return 1 if dtype_name == "fp8" else torch.tensor([], dtype=DTYPES[dtype_name]).element_size()
+    """The torch dtype of an opbench dtype name (core.dtypes); fp8 is the platform's e4m3 flavour (fnuz on MI300)."""
+    found = dtypes.lookup(name)
+    if found is None:
+        raise UsageError(f"unknown dtype '{name}' (choose from {', '.join(dtypes.DTYPES)})", field="--dtype")
+    if found.name == "fp8" and gpu_backend() == "rocm" and hasattr(torch, "float8_e4m3fnuz"):
+        props = torch.cuda.get_device_properties(0)
+        if "gfx94" in getattr(props, "gcnArchName", ""):
+            return torch.float8_e4m3fnuz
+    return getattr(torch, found.torch_name)

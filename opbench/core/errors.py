@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from typing import Callable, Sequence
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+
+
+def describe_os_error(exc: BaseException) -> str:
+    """One readable line for the storage failures users hit: disk full, no permission, missing file or bucket."""
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return f"disk full: {exc.strerror}" + (f" ({exc.filename})" if exc.filename else "")
+    if isinstance(exc, PermissionError):
+        return f"permission denied: {exc}"
+    if isinstance(exc, FileNotFoundError):
+        return f"not found: {exc}"
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
 
 class UsageError(Exception):

@@ -5,11 +5,11 @@ stopping the sweep or writing a silent zero."""
 from __future__ import annotations
 
 import gc
+import sys
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
-import torch
-
-from .report import CsvReport, progress
+from .errors import describe_os_error
+from .results import CsvReport, progress
 
 T = TypeVar("T")
 
@@ -28,19 +28,27 @@ def classify_failure(exc: BaseException) -> tuple[str, str]:
     """(status, one-line message) for an exception raised while measuring one item."""
     if isinstance(exc, Unsupported):
         status = STATUS_UNSUPPORTED
-    elif isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
+    elif isinstance(exc, MemoryError) or _is_torch_oom(exc) or "out of memory" in str(exc).lower():
         status = STATUS_OOM
     else:
         status = STATUS_ERROR
+    if isinstance(exc, OSError) and status == STATUS_ERROR:
+        return status, describe_os_error(exc)[:500]
     msg = " ".join(str(exc).split()) or type(exc).__name__
     if status == STATUS_ERROR:
         msg = f"{type(exc).__name__}: {msg}"
     return status, msg[:500]
 
 
+def _is_torch_oom(exc: BaseException) -> bool:
+    torch = sys.modules.get("torch")      # no torch loaded: the exception cannot be torch's
+    return torch is not None and isinstance(exc, torch.OutOfMemoryError)
+
+
 def release_memory() -> None:
     gc.collect()
-    if torch.cuda.is_available():
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
         torch.cuda.empty_cache()
 
 

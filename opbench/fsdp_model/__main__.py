@@ -13,16 +13,15 @@ import sys
 from typing import Any, Sequence
 
 from opbench.core.cli import positive_int
+from opbench.core.dtypes import FLOAT_DTYPES
 from opbench.core.errors import UsageError, run_cli
 from opbench.models import ModelConfig, load_model_configs, select_models
 
 from .approx import approx_collectives, compare, compare_totals
 from .commands import commands_text, run_comm
-from .model import FSDP_DTYPES, FsdpCollective, fsdp_collectives, grouped, step_totals
+from .model import FsdpCollective, fsdp_collectives, grouped, step_totals
+from .schema import SCHEMA
 
-COLUMNS = ["model", "mode", "fsdp_version", "world_size", "replicate", "unit", "collective", "count", "dtype", "redop",
-           "nranks", "nnodes", "calls_per_step", "bytes_per_rank", "nccl_tests_bytes", "bytes_per_step",
-           "busbw_bytes_per_step", "unit_numel", "exact_count"]
 TABLE = ["unit", "units", "collective", "count", "dtype", "nranks", "calls_per_step", "bytes_per_rank",
          "nccl_tests_bytes", "bytes_per_step"]
 
@@ -51,9 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="HSDP: shard within world_size/N contiguous ranks, all-reduce across N replicas (default 1)")
     g.add_argument("--fsdp-version", type=int, choices=[1, 2], default=2,
                    help="2: fully_shard, per-parameter padding; 1: FlatParameter padding (default 2)")
-    g.add_argument("--param-dtype", choices=FSDP_DTYPES, default="bf16",
+    g.add_argument("--param-dtype", choices=FLOAT_DTYPES, default="bf16",
                    help="all-gather dtype, MixedPrecisionPolicy.param_dtype (default bf16)")
-    g.add_argument("--reduce-dtype", choices=FSDP_DTYPES, default="fp32",
+    g.add_argument("--reduce-dtype", choices=FLOAT_DTYPES, default="fp32",
                    help="reduce-scatter / all-reduce dtype, MixedPrecisionPolicy.reduce_dtype (default fp32)")
     g.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction, default=True,
                    help="layers all-gather again in backward (default on; the root never does)")
@@ -81,7 +80,7 @@ def model_rows(cfg: ModelConfig, args: argparse.Namespace) -> tuple[list[FsdpCol
 
 
 def csv_row(cfg: ModelConfig, args: argparse.Namespace, c: FsdpCollective, exact_count: int | None) -> dict[str, Any]:
-    row = {k: v for k, v in c.to_row().items() if k in COLUMNS}
+    row = {k: v for k, v in c.to_row().items() if k in SCHEMA.columns}
     return {**row, "model": cfg.name, "mode": args.mode, "fsdp_version": args.fsdp_version,
             "world_size": args.world_size, "replicate": args.replicate, "exact_count": exact_count}
 
@@ -106,10 +105,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configs = select_models(load_model_configs(args.model_config_path, args.model_name), args.model)
     results = [(cfg, *model_rows(cfg, args)) for cfg in configs]   # all errors surface before any output
-    from opbench.core.report import CsvReport, environment, summary_table   # imports torch: after validation
+    from opbench.core.results import CsvReport, environment, summary_table   # imports torch: after validation
     report = None
     if args.csv:
-        report = CsvReport(args.csv, COLUMNS, meta=environment(None, extra={k: v for k, v in vars(args).items()}))
+        report = CsvReport(args.csv, SCHEMA, meta=environment(None, extra={k: v for k, v in vars(args).items()}))
     worst = 0
     for cfg, rows, exact in results:
         print(header(cfg, args))

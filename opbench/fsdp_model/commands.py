@@ -1,7 +1,7 @@
 """nccl-tests / rccl-tests lines and opbench comm runs that reproduce an FSDP step's collectives.
 
-The ``-b`` value is nccl-tests' size (total gathered / scattered bytes per rank, REFERENCE §4) as computed by
-``opbench.comm.conventions`` — not the per-rank shard that Primus' generator passed, which moved 1/n of the data.
+The ``-b`` value is nccl-tests' size (total gathered / scattered bytes per rank; docs/conventions.md,
+"Collectives") as computed by ``opbench.core.collectives`` — not the per-rank shard that Primus' generator passed, which moved 1/n of the data.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from typing import Sequence
 
-from opbench.comm.conventions import nccl_tests_command
+from opbench.core.collectives import nccl_tests_command
 
 from .model import FsdpCollective, unique_sizes
 
@@ -27,8 +27,8 @@ def tests_lines(c: FsdpCollective, flavour: str) -> list[str]:
     kw = dict(flavour=flavour, redop=c.redop)
     lines = []
     if c.nnodes == 1:
-        lines.append(nccl_tests_command(c.comm_name, c.nccl_tests_bytes, c.nranks, c.dtype, launcher="single", **kw))
-    lines.append(nccl_tests_command(c.comm_name, c.nccl_tests_bytes, c.nranks, c.dtype, launcher="mpi",
+        lines.append(nccl_tests_command(c.collective, c.nccl_tests_bytes, c.nranks, c.dtype, launcher="single", **kw))
+    lines.append(nccl_tests_command(c.collective, c.nccl_tests_bytes, c.nranks, c.dtype, launcher="mpi",
                                     nnodes=c.nnodes, **kw))
     return lines
 
@@ -63,7 +63,7 @@ def comm_runs(collectives: Sequence[FsdpCollective]) -> list[CommRun]:
     groups: dict[tuple[str, int, int], tuple[list[str], list[int], list[str]]] = {}
     for c in unique_sizes(collectives):
         names, sizes, redops = groups.setdefault((c.dtype, c.nranks, c.nnodes), ([], [], []))
-        for value, bucket in ((c.comm_name, names), (c.nccl_tests_bytes, sizes), (c.redop, redops)):
+        for value, bucket in ((c.collective, names), (c.nccl_tests_bytes, sizes), (c.redop, redops)):
             if value is not None and value not in bucket:
                 bucket.append(value)
     return [CommRun(tuple(names), tuple(sizes), dtype, nranks, nnodes, redops[0] if redops else None)

@@ -21,18 +21,18 @@ from dataclasses import asdict, dataclass, field
 from math import ceil, prod
 from typing import Any, Iterable, Sequence
 
-from opbench.comm.conventions import COLLECTIVES, NCCL_OP_TO_COLLECTIVE, nccl_dtype
+from opbench.core.collectives import COLLECTIVES
+from opbench.core.dtypes import FLOAT_DTYPES, element_size
 from opbench.core.errors import UsageError
 from opbench.models import ModelConfig
 from opbench.models.params import ROOT, ParamSpec, parameter_shapes, units
 
-FSDP_DTYPES = ("bf16", "fp16", "fp32")
 ALIGNMENT_BYTES = 16  # FSDP1 _get_aligned_numel: "This alignment constraint comes from TorchInductor"
 
 
 @dataclass(frozen=True)
 class FsdpCollective:
-    """One (unit, collective) of a training step, in NCCL terms.
+    """One (unit, collective) of a training step.
 
     ``count`` is the per-rank count an NCCL_DEBUG line shows (AllGather sendcount, ReduceScatter recvcount,
     AllReduce count); ``nccl_tests_bytes`` the nccl-tests ``-b`` size for the same call (total gathered /
@@ -40,7 +40,7 @@ class FsdpCollective:
     """
 
     unit: str
-    collective: str          # NCCL op name: AllGather | ReduceScatter | AllReduce
+    collective: str          # opbench name: all_gather | reduce_scatter | all_reduce
     count: int
     dtype: str               # opbench dtype name (bf16, fp32, …)
     nranks: int
@@ -54,8 +54,8 @@ class FsdpCollective:
     busbw_bytes_per_step: int = field(init=False)   # bytes_per_step × busbw factor, rounded
 
     def __post_init__(self) -> None:
-        coll = COLLECTIVES[NCCL_OP_TO_COLLECTIVE[self.collective]]
-        elt = nccl_dtype(self.dtype).size
+        coll = COLLECTIVES[self.collective]
+        elt = element_size(self.dtype)
         size = coll.size_bytes(self.count, self.nranks, elt)
         object.__setattr__(self, "bytes_per_rank", self.count * elt)
         object.__setattr__(self, "nccl_tests_bytes", size)
@@ -64,12 +64,12 @@ class FsdpCollective:
                            round(size * self.calls_per_step * coll.busbw_factor(self.nranks)))
 
     @property
-    def comm_name(self) -> str:
-        """opbench.comm / conventions name (all_gather, …)."""
-        return NCCL_OP_TO_COLLECTIVE[self.collective]
+    def nccl_op(self) -> str:
+        """The op name NCCL logs for this collective (AllGather, …)."""
+        return COLLECTIVES[self.collective].nccl_op
 
     def to_row(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "nccl_op": self.nccl_op}
 
 
 # ---- padding formulas (one function each) --------------------------------------------------------------------
@@ -81,7 +81,7 @@ def fsdp2_shard_numel(shape: Sequence[int], shard: int) -> int:
 
 def fsdp1_alignment_numel(param_dtype: str, use_orig_params: bool) -> int:
     """Elements per 16-byte boundary in the forward/backward dtype (0 = no alignment, use_orig_params=False)."""
-    return ALIGNMENT_BYTES // nccl_dtype(param_dtype).size if use_orig_params else 0
+    return ALIGNMENT_BYTES // element_size(param_dtype) if use_orig_params else 0
 
 
 def fsdp1_shard_numel(numels: Iterable[int], shard: int, aligned_numel: int) -> int:
@@ -137,8 +137,8 @@ def check_layout(world_size: int, replicate: int = 1, nnodes: int = 1) -> Layout
 
 
 def check_dtype(name: str, flag: str) -> str:
-    if name not in FSDP_DTYPES:
-        raise UsageError(f"unsupported dtype '{name}' (choose from {', '.join(FSDP_DTYPES)})", field=flag)
+    if name not in FLOAT_DTYPES:
+        raise UsageError(f"unsupported dtype '{name}' (choose from {', '.join(FLOAT_DTYPES)})", field=flag)
     return name
 
 
@@ -178,13 +178,13 @@ def unit_collectives(unit: str, count: int, numel: int, layout: Layout, *, param
     redop = gradient_redop(version, reduce_dtype)
     if layout.shard > 1:   # FSDP skips both collectives on a 1-rank shard group
         common = dict(unit=unit, count=count, nranks=layout.shard, unit_numel=numel, nnodes=layout.shard_group_nodes)
-        rows.append(FsdpCollective(collective="AllGather", dtype=param_dtype,
+        rows.append(FsdpCollective(collective="all_gather", dtype=param_dtype,
                                    calls_per_step=all_gathers_per_step(unit, reshard_after_forward, reshard_root),
                                    **common))
-        rows.append(FsdpCollective(collective="ReduceScatter", dtype=reduce_dtype, calls_per_step=1, redop=redop,
+        rows.append(FsdpCollective(collective="reduce_scatter", dtype=reduce_dtype, calls_per_step=1, redop=redop,
                                    **common))
     if layout.replicate > 1:
-        rows.append(FsdpCollective(unit=unit, collective="AllReduce", count=count, dtype=reduce_dtype,
+        rows.append(FsdpCollective(unit=unit, collective="all_reduce", count=count, dtype=reduce_dtype,
                                    nranks=layout.replicate, calls_per_step=1, unit_numel=numel,
                                    nnodes=layout.replicate_group_nodes, redop=redop))
     return rows
@@ -224,7 +224,7 @@ def step_totals(collectives: Sequence[FsdpCollective]) -> list[dict[str, Any]]:
             t["calls_per_step"] += c.calls_per_step
             t["bytes_per_step"] += c.bytes_per_step
             t["busbw_bytes_per_step"] += c.busbw_bytes_per_step
-    order = ["AllGather", "ReduceScatter", "AllReduce", "total"]
+    order = ["all_gather", "reduce_scatter", "all_reduce", "total"]
     return [totals[k] for k in order if k in totals]
 
 

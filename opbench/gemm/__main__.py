@@ -11,19 +11,15 @@ from typing import Any, Sequence
 from opbench.core.cli import add_device_args, add_timing_args, csv_list, positive_int, timing_config
 from opbench.core.device import default_dtype_name, device_info, resolve_device
 from opbench.core.errors import UsageError, run_cli
-from opbench.core.report import CsvReport, environment, summary_table
+from opbench.core.results import CsvReport, environment, summary_table
 from opbench.core.sweep import run_sweep
 from opbench.models import load_model_configs, select_models
 
 from .backends import BACKENDS
 from .runner import GemmCase, run_case
-from .shapes import ALL_LAYERS, PASSES, GemmShape, Parallel, gemm_shapes
+from .schema import SCHEMA
+from .shapes import ALL_LAYERS, PASSES, GemmShape, ModelParallel, gemm_shapes
 
-COLUMNS = [
-    "model", "layer", "pass", "mbs", "m", "n", "k", "groups", "transA", "transB", "dtype", "backend", "impl",
-    "time_s", "time_min_s", "time_p10_s", "time_p90_s", "time_max_s", "time_std_s", "iters", "tflops",
-    "bandwidth_gbs", "pct_of_peak", "max_rel_err", "status", "error", "seqlen", "tp", "ep", "cp", "device",
-]
 SUMMARY = ["layer", "pass", "mbs", "m", "n", "k", "groups", "backend", "time_s", "tflops", "pct_of_peak", "status"]
 
 
@@ -83,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if bad_passes:
         raise UsageError(f"unknown pass(es) {bad_passes}; choose from {','.join(PASSES)}", field="--passes")
     configs = select_models(load_model_configs(args.model_config_path, args.model_name), args.model)
-    par = Parallel(tp=args.tp, ep=args.ep, cp=args.cp, etp=args.etp)
+    par = ModelParallel(tp=args.tp, ep=args.ep, cp=args.cp, etp=args.etp)
     # Derive every model's shapes first: bad input fails before anything is timed or written.
     plans = [(cfg, gemm_shapes(cfg, args.mbs, args.seqlen, par, args.layers, args.passes)) for cfg in configs]
 
@@ -95,10 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         seqlen = args.seqlen or cfg.seqlen
         cases = expand_cases(shapes, args.backends, dtype)
         extra_cols = {"seqlen": seqlen, "tp": par.tp, "ep": par.ep, "cp": par.cp, "device": info.name}
-        meta = environment(device, {"benchmark": "gemm", "model": cfg.name, "model_config": cfg.to_dict(),
+        meta = environment(device, {"model": cfg.name, "model_config": cfg.to_dict(),
                                     "parallel": vars(par), "timing": vars(timing), "cache": args.cache})
         path = report_path(args.report_dir_path, cfg.name)
-        with CsvReport(path, COLUMNS, meta) as report:
+        with CsvReport(path, SCHEMA, meta) as report:
             def failed(case: GemmCase, status: str, message: str) -> dict[str, Any]:
                 return {**case.shape.as_row(), "dtype": case.effective_dtype, "backend": case.backend,
                         "status": status, "error": message, **extra_cols}

@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-from opbench.core.device import DeviceInfo, element_size, torch_dtype
+from opbench.core.device import DeviceInfo, torch_dtype
+from opbench.core.dtypes import element_size
 from opbench.core.sweep import STATUS_OK, Unsupported
 from opbench.core.timing import TimingConfig, measure, rotation_count
 

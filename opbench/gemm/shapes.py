@@ -23,7 +23,7 @@ VOCAB_PAD = 128  # Megatron's --make-vocab-size-divisible-by default
 
 
 @dataclass(frozen=True)
-class Parallel:
+class ModelParallel:
     tp: int = 1
     ep: int = 1
     cp: int = 1
@@ -115,7 +115,7 @@ def tokens_per_expert(tokens: int, top_k: int, n_experts: int, ep: int) -> int:
     return math.ceil(tokens * ep * top_k / n_experts)
 
 
-def model_layers(cfg: ModelConfig, tokens: int, par: Parallel) -> list[LinearLayer]:
+def model_layers(cfg: ModelConfig, tokens: int, par: ModelParallel) -> list[LinearLayer]:
     """The distinct linear layers of one decoder layer (+ lm_head) as one TP/EP rank sees them."""
     tp = par.tp
     name = cfg.name
@@ -159,7 +159,7 @@ def gemm_shapes(
     cfg: ModelConfig,
     mbs_list: Sequence[int] = (1,),
     seqlen: int | None = None,
-    par: Parallel = Parallel(),
+    par: ModelParallel = ModelParallel(),
     layers: Iterable[str] | None = None,
     passes: Iterable[str] = PASSES,
 ) -> list[GemmShape]:

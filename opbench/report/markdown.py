@@ -92,7 +92,7 @@ def section_md(section: Section, planned: Sequence[Plot], missing: dict[str, str
     """Title, files, what the order means, notes, each table with its plot, other plots, rows not measured."""
     out = [f"## {section.kind.title}", "", "Files: " + ", ".join(f"`{r}`" for r in section.files), ""]
     out += [line for text in (about, *section.notes) if text for line in (text, "")]
-    mine = [p for p in planned if p.kind == section.kind.name]
+    mine = [p for p in planned if p.kind == section.kind.benchmark]
     for table in section.tables:
         out += table_md(table)
         out += [line for p in mine if p.group is not None and p.group == table.title for line in plot_md(p, missing)]
@@ -114,7 +114,7 @@ def report_markdown(found: Discovery, sections: Sequence[Section], planned: Sequ
     if other is not None:
         out += environment_md(other, "Environment of the compared run")
     for section in sections:
-        out += section_md(section, planned, missing, SPECS[section.kind.name].about)
+        out += section_md(section, planned, missing, SPECS[section.kind.benchmark].about)
     if missing:
         out += ["## Plots not made", ""]
         titles = {p.filename: p.title for p in planned}

@@ -14,7 +14,9 @@ from typing import Any, Callable, Sequence
 
 import pandas as pd
 
-from .tables import Section, human_bytes
+from opbench.core.units import human_bytes
+
+from .tables import Section
 
 PLOT_EXTRA_HINT = "matplotlib is not installed (pip install 'opbench[plot]')"
 PASS_ORDER = ("fwd", "dgrad", "wgrad")
@@ -161,7 +163,7 @@ def _draw_ckpt(frame: pd.DataFrame) -> Callable[[Any], None]:
 
 def plan_plots(sections: Sequence[Section]) -> list[Plot]:
     """Every plot the sections call for, in section order (no matplotlib needed)."""
-    by_kind = {s.kind.name: s.ok for s in sections}
+    by_kind = {s.kind.benchmark: s.ok for s in sections}
     tests = by_kind.get("nccl_tests", pd.DataFrame())
     plots: list[Plot] = []
     comm = by_kind.get("comm", pd.DataFrame())

@@ -1,8 +1,9 @@
 """Turn each benchmark's rows into the few columns a reader needs, in a useful order.
 
-Every kind has one declarative ``TableSpec``: the columns shown, the columns that identify a row across runs
-(``--compare``), the metrics compared as this / other, and how rows are ordered (least efficient first for
-GEMM and checkpoints, top bytes first for traces). Rows whose ``status`` is not ``ok`` never reach the main
+Every kind has one declarative ``TableSpec``: the columns shown (the schema's own, or display columns derived
+from them here) and how rows are ordered (least efficient first for GEMM and checkpoints, top bytes first for
+traces). Which columns identify a row across runs (``--compare``) and which metrics are compared as
+this / other come from the benchmark's declared schema; tests/test_report.py fails when the two disagree. Rows whose ``status`` is not ``ok`` never reach the main
 table; they are returned separately so the report lists them with their error.
 """
 
@@ -17,9 +18,12 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from opbench.comm.conventions import COLLECTIVES, DTYPE_ENUM_BY_NAME
+from opbench.core.collectives import collective_from_path
+from opbench.core.dtypes import lookup as lookup_dtype
+from opbench.core.schema import Schema
+from opbench.core.units import human_bytes
 
-from .discover import KINDS, Discovery, Kind
+from .discover import SCHEMAS, Discovery
 
 Order = Callable[[pd.DataFrame], list[tuple[str, bool]]]
 
@@ -27,8 +31,8 @@ Order = Callable[[pd.DataFrame], list[tuple[str, bool]]]
 @dataclass(frozen=True)
 class TableSpec:
     columns: tuple[str, ...]                 # shown, in this order (absent ones are left out)
-    keys: tuple[str, ...]                    # identify a row across runs and in the failed-rows list
-    metrics: tuple[str, ...] = ()            # compared as this / other
+    derived: tuple[str, ...] = ()            # display columns made here from the schema's (DERIVE)
+    key_map: tuple[tuple[str, str], ...] = ()  # schema key -> derived column compared across runs instead
     order: Order = lambda frame: []          # (column, ascending) pairs
     optional: tuple[str, ...] = ()           # shown only when they vary
     sparse: tuple[str, ...] = ()             # shown only when some row has a value
@@ -45,7 +49,7 @@ class Table:
 
 @dataclass
 class Section:
-    kind: Kind
+    kind: Schema
     files: list[str]
     tables: list[Table]
     failed: pd.DataFrame                     # rows with status != ok: keys + status + error
@@ -69,23 +73,20 @@ _SHAPE = ("model", "batch_size", "seqlen_q", "seqlen_kv", "num_head_q", "num_hea
 SPECS: dict[str, TableSpec] = {
     "gemm": TableSpec(
         columns=("model", "layer", "pass", "mbs", "m", "n", "k", "groups", "tp", "ep", "cp", "dtype", "backend",
-                 "time_ms", "tflops", "pct_of_peak"),
-        keys=("model", "layer", "pass", "mbs", "m", "n", "k", "groups", "dtype", "backend", "tp", "ep", "cp"),
-        metrics=("tflops",), order=_gemm_order, optional=("groups", "tp", "ep", "cp"),
+                 "time_ms", "tflops", "pct_of_peak"), derived=("time_ms",), order=_gemm_order, optional=("groups", "tp", "ep", "cp"),
         about="Least efficient first: by % of peak where the device's peak is known, else by TFLOPS."),
     "attention": TableSpec(
         columns=("model", "batch_size", "seqlen q/kv", "heads q/kv", "head_dim qk/v", "causal", "tp", "cp", "dtype",
                  "backend", "fwd_ms", "fwd_tflops", "bwd_ms", "bwd_tflops", "fwdbwd_ms"),
-        keys=(*_SHAPE, "backend", "tp", "cp"),
-        metrics=("fwd_tflops", "bwd_tflops"),
+        derived=("seqlen q/kv", "heads q/kv", "head_dim qk/v", "fwd_ms", "bwd_ms", "fwdbwd_ms"),
         order=lambda f: [(c, True) for c in _SHAPE] + [("fwd_tflops", False)], optional=("tp", "cp"),
-        about="Per shape, the fastest forward backend first. Times are medians; TFLOPS per REFERENCE §3."),
+        about="Per shape, the fastest forward backend first. Times are medians; TFLOPS as docs/conventions.md "
+              "counts them (causal masks count the visible half)."),
     "comm": TableSpec(
         columns=("backend", "world_size", "nnodes", "dtype", "redop", "source", "size", "size_bytes", "count",
                  "inplace", "time_us", "time_us_max", "algbw_gbs", "busbw_gbs", "wrong", "tests_busbw_gbs",
                  "busbw_vs_tests"),
-        keys=("collective", "backend", "world_size", "nnodes", "dtype", "redop", "source", "size_bytes", "inplace"),
-        metrics=("busbw_gbs",),
+        derived=("size", "tests_busbw_gbs", "busbw_vs_tests"),
         order=_by("backend", "world_size", "nnodes", "dtype", "source", "size_bytes", "inplace"),
         optional=("nnodes", "redop", "source", "wrong"), sparse=("tests_busbw_gbs", "busbw_vs_tests"),
         split="collective",
@@ -94,73 +95,66 @@ SPECS: dict[str, TableSpec] = {
     "nccl_tests": TableSpec(
         columns=("type", "redop", "nranks", "size", "size_bytes", "count", "oop_time_us", "oop_busbw_gbs",
                  "oop_wrong", "ip_time_us", "ip_busbw_gbs", "ip_wrong", "file"),
-        keys=("collective", "size_bytes", "type", "redop", "nranks"),
-        metrics=("oop_busbw_gbs", "ip_busbw_gbs"),
-        order=_by("type", "redop", "nranks", "size_bytes"),
+        derived=("size",), order=_by("type", "redop", "nranks", "size_bytes"),
         optional=("redop", "nranks", "oop_wrong", "ip_wrong", "file"), split="collective",
         about="Parsed nccl-tests / rccl-tests output (oop = out-of-place, ip = in-place)."),
     "fsdp": TableSpec(
         columns=("model", "mode", "fsdp_version", "world_size", "replicate", "unit", "units", "collective", "count",
                  "dtype", "nranks", "calls_per_step", "bytes_per_rank", "nccl_tests_bytes", "size", "bytes_per_step"),
-        keys=("model", "mode", "fsdp_version", "world_size", "replicate", "unit", "collective", "dtype", "nranks"),
-        metrics=("count",), optional=("mode", "fsdp_version", "world_size", "replicate", "units"),
+        derived=("units", "size"), optional=("mode", "fsdp_version", "world_size", "replicate", "units"),
         about="Per-rank NCCL counts per FSDP unit; identical layers are one row; nccl_tests_bytes is the -b value."),
     "trace": TableSpec(
         columns=("op", "count", "dtype", "redop", "nranks", "calls", "bytes", "nccl_tests_bytes", "total_bytes",
                  "total", "note"),
-        keys=("op", "count", "datatype", "redop", "nranks"), metrics=("calls",),
-        order=lambda f: [("total_bytes" if "total_bytes" in f else "bytes", False)], optional=("note",),
+        derived=("total",), order=lambda f: [("total_bytes" if "total_bytes" in f else "bytes", False)], optional=("note",),
         about="Distinct collectives of the logged job, most bytes first."),
     "trace_per_rank": TableSpec(
-        columns=("rank", "host", "pid", "device", "globalrank", "op", "calls", "bytes", "distinct_sizes"),
-        keys=("host", "pid", "device", "op"), metrics=("bytes",), order=_by("bytes", ascending=False),
+        columns=("rank", "host", "pid", "device", "globalrank", "op", "calls", "bytes", "distinct_sizes"), order=_by("bytes", ascending=False),
         optional=("rank", "globalrank"), about="Calls and bytes per logging process, most bytes first."),
     "trace_per_comm": TableSpec(
-        columns=("comm", "nranks", "ranks_logged", "calls", "bytes", "ops"),
-        keys=("comm", "nranks"), order=_by("bytes", ascending=False),
+        columns=("comm", "nranks", "ranks_logged", "calls", "bytes", "ops"), order=_by("bytes", ascending=False),
         about="Calls and bytes per NCCL communicator, most bytes first."),
     "trace_fsdp": TableSpec(
         columns=("unit", "collective", "count", "dtype", "nranks", "calls_per_step", "log_calls", "log_dtype",
-                 "matched"),
-        keys=("unit", "collective", "dtype", "nranks"), order=_by("matched"),
+                 "matched"), order=_by("matched"),
         about="Logged FSDP collectives against the FSDP model's prediction, mismatches first."),
     "ckpt": TableSpec(
         columns=("model", "method", "async_type", "storage", "world_size", "thread_count", "async_save",
                  "single_file_per_rank", "sync_files", "drop_cache", "num_saved", "size", "save_block_time",
                  "save_total_time", "load_time", "save_bandwidth_in_mbps", "load_bandwidth_in_mbps", "accurate",
                  "verified"),
-        keys=("model", "method", "async_type", "storage_kind", "world_size", "thread_count", "async_save",
-              "single_file_per_rank", "sync_files", "drop_cache"),
+        derived=("size", "storage_kind"), key_map=(("storage", "storage_kind"),),
         optional=("async_type", "single_file_per_rank", "sync_files", "drop_cache"),
-        metrics=("save_bandwidth_in_mbps", "load_bandwidth_in_mbps"),
         order=_by("save_bandwidth_in_mbps"),
         about="Slowest save first; bandwidths are MiB/s (Primus' *_in_mbps names), times are seconds."),
 }
-assert set(SPECS) == set(KINDS)
+assert set(SPECS) == set(SCHEMAS)
+ALWAYS_DERIVED = ("file",)          # Discovery.frame adds the file each row came from
+
+
+def keys_of(kind: str) -> tuple[str, ...]:
+    """The schema's key columns, with the spec's substitutes (ckpt compares storage kinds, not paths)."""
+    swap = dict(SPECS[kind].key_map)
+    return tuple(swap.get(k, k) for k in SCHEMAS[kind].keys)
+
+
+def metrics_of(kind: str) -> tuple[str, ...]:
+    return tuple(SCHEMAS[kind].metrics)
 
 
 # ---- small helpers -----------------------------------------------------------------------------------------
-
-def human_bytes(value: object) -> str:
-    """1024-based sizes as nccl-tests users read them (64 KiB, 1.5 GiB); empty for a missing value."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    size, units = float(value), ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
-    step = min(int(math.log(size, 1024)) if size >= 1 else 0, len(units) - 1)
-    scaled = size / 1024 ** step
-    return f"{scaled:.0f} {units[step]}" if scaled == int(scaled) else f"{scaled:.3g} {units[step]}"
-
 
 def ok_rows(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[frame["status"] == "ok"] if "status" in frame else frame
 
 
-def failed_rows(frame: pd.DataFrame, spec: TableSpec) -> pd.DataFrame:
+def failed_rows(frame: pd.DataFrame, kind: str) -> pd.DataFrame:
     """Rows that were not measured (unsupported, oom, error, planned …), with what identifies them."""
     if "status" not in frame:
         return frame.iloc[0:0]
+    spec = SPECS[kind]
     bad = frame[frame["status"] != "ok"]
-    keys = tuple(c for c in spec.keys if c in bad and (c not in spec.optional or bad[c].nunique(dropna=True) > 1))
+    keys = tuple(c for c in SCHEMAS[kind].keys if c in bad and (c not in spec.optional or bad[c].nunique(dropna=True) > 1))
     cols = [*keys, *(c for c in ("status", "error", "file") if c in bad)]
     return bad[cols].assign(status=bad["status"].fillna("(missing)"))
 
@@ -214,22 +208,6 @@ def _derive_fsdp(f: pd.DataFrame) -> pd.DataFrame:
     return _with_size(pd.DataFrame(rows), "nccl_tests_bytes")
 
 
-# Names a file of nccl-tests output may carry (binary or collective), longest first so 'reduce' is tried last.
-_NAME_HINTS = sorted(((hint, name) for name, c in COLLECTIVES.items()
-                      for hint in {name, c.binary.removesuffix("_perf"), c.nccl_op.lower()}),
-                     key=lambda pair: -len(pair[0]))
-
-
-def collective_from_path(*paths: object) -> str | None:
-    """Older nccl-tests never print the binary's name: take the collective from the output's file name."""
-    for path in paths:
-        name = str(path).rsplit("/", 1)[-1].lower()
-        for hint, collective in _NAME_HINTS:
-            if hint in name:
-                return collective
-    return None
-
-
 def _derive_nccl_tests(f: pd.DataFrame) -> pd.DataFrame:
     known = f["collective"] if "collective" in f else pd.Series(None, index=f.index, dtype=object)
     guessed = f.apply(lambda r: collective_from_path(r.get("source", ""), r.get("file", "")), axis=1)
@@ -237,7 +215,8 @@ def _derive_nccl_tests(f: pd.DataFrame) -> pd.DataFrame:
 
 
 def _dtype_enum(name: object) -> float:
-    return DTYPE_ENUM_BY_NAME.get(str(name).lower(), math.nan)
+    found = lookup_dtype(str(name))
+    return found.nccl_enum if found is not None else math.nan
 
 
 def attach_tests(comm: pd.DataFrame, tests: pd.DataFrame) -> pd.DataFrame:
@@ -308,11 +287,11 @@ def _key_text(value: object) -> str:
     return str(value)
 
 
-def compare(this: pd.DataFrame, other: pd.DataFrame, spec: TableSpec) -> tuple[pd.DataFrame, int]:
-    """Add ``<metric>_other`` and ``<metric>_ratio`` (this / other) for rows matched on the spec's keys;
+def compare(this: pd.DataFrame, other: pd.DataFrame, kind: str) -> tuple[pd.DataFrame, int]:
+    """Add ``<metric>_other`` and ``<metric>_ratio`` (this / other) for rows matched on the schema's keys;
     returns the frame and how many of the other run's rows found no partner."""
-    keys = [k for k in spec.keys if k in this or k in other]
-    metrics = [m for m in spec.metrics if m in this and m in other]
+    keys = [k for k in keys_of(kind) if k in this or k in other]
+    metrics = [m for m in metrics_of(kind) if m in this and m in other]
     if this.empty or not metrics:
         return this, 0
 
@@ -331,12 +310,12 @@ def compare(this: pd.DataFrame, other: pd.DataFrame, spec: TableSpec) -> tuple[p
     return merged.drop(columns=kcols), unmatched
 
 
-def compare_columns(spec: TableSpec, frame: pd.DataFrame) -> tuple[str, ...]:
+def compare_columns(kind: str, frame: pd.DataFrame) -> tuple[str, ...]:
     """The spec's columns with each compared metric followed by its other-run value and ratio."""
     out: list[str] = []
-    for c in spec.columns:
+    for c in SPECS[kind].columns:
         out.append(c)
-        if c in spec.metrics and f"{c}_ratio" in frame:
+        if c in metrics_of(kind) and f"{c}_ratio" in frame:
             out += [f"{c}_other", f"{c}_ratio"]
     return tuple(out)
 
@@ -366,12 +345,12 @@ def build_section(found: Discovery, kind: str, top: int | None, other: Discovery
         return None
     spec = SPECS[kind]
     ok = prepared(found, kind)
-    section = Section(KINDS[kind], files, [], failed_rows(found.frame(kind), spec), ok)
+    section = Section(SCHEMAS[kind], files, [], failed_rows(found.frame(kind), kind), ok)
     columns = spec.columns
-    if other is not None and spec.metrics:
+    if other is not None and metrics_of(kind):
         if other.of_kind(kind):
-            ok, unmatched = compare(ok, prepared(other, kind), spec)
-            columns = compare_columns(spec, ok)
+            ok, unmatched = compare(ok, prepared(other, kind), kind)
+            columns = compare_columns(kind, ok)
             if unmatched:
                 section.notes.append(f"{unmatched} row(s) of the other run have no match in this run.")
         else:
@@ -389,8 +368,8 @@ def build_section(found: Discovery, kind: str, top: int | None, other: Discovery
 
 
 def build_sections(found: Discovery, top: int | None = None, other: Discovery | None = None) -> list[Section]:
-    """One section per kind present, in KINDS order."""
-    return [s for kind in KINDS if (s := build_section(found, kind, top, other)) is not None]
+    """One section per kind present, in SCHEMAS order."""
+    return [s for kind in SCHEMAS if (s := build_section(found, kind, top, other)) is not None]
 
 
 # ---- cell formatting ---------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Hashable, Iterable, Iterator
 
-from .trace_parse import P2P_OPS, CallRecord
+from .parse import P2P_OPS, CallRecord
 
 GROUPED_NOTE = "grouped Send/Recv"
 

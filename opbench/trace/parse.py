@@ -32,7 +32,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import BinaryIO, Callable, Iterator
 
-from .conventions import COLLECTIVES, NCCL_DTYPES, NCCL_OP_TO_COLLECTIVE, redop_name
+from opbench.core.collectives import COLLECTIVES, NCCL_OP_TO_COLLECTIVE, redop_name
+from opbench.core.dtypes import BY_ENUM
 
 BLOCK = 1 << 20          # bytes read per step
 MAX_LINE = 1 << 20       # a "line" longer than this without a newline is cut (garbage)
@@ -67,7 +68,7 @@ _INIT = re.compile(rb"(?:" + _WHO + rb" (?:[0-9.]+ )?NCCL INFO )?"
 _RCCL_MARKERS = (b" globalrank ", b" acc 0x", b" acc (nil)")
 P2P_OPS = frozenset({"Send", "Recv"})
 _ROOTED = frozenset({"Broadcast", "Reduce", "Gather", "Scatter"})
-# Op names this package synthesises (trace_p2p): an uneven all-to-all is timed as the even one moving as many bytes.
+# Op names this package synthesises (p2p): an uneven all-to-all is timed as the even one moving as many bytes.
 INFERRED_OPS = {"AlltoAllv": "all_to_all"}
 
 
@@ -98,17 +99,17 @@ class CallRecord:
 
     @property
     def collective(self) -> str | None:
-        """opbench collective name (conventions.NCCL_OP_TO_COLLECTIVE); None for ops nccl-tests has no row for."""
+        """opbench collective name (core.collectives.NCCL_OP_TO_COLLECTIVE); None for ops nccl-tests has no row for."""
         return NCCL_OP_TO_COLLECTIVE.get(self.op) or INFERRED_OPS.get(self.op)
 
     @property
     def dtype(self) -> str:
-        d = NCCL_DTYPES.get(self.datatype)
+        d = BY_ENUM.get(self.datatype)
         return d.name if d else f"dtype{self.datatype}"
 
     @property
     def elt_size(self) -> int | None:
-        d = NCCL_DTYPES.get(self.datatype)
+        d = BY_ENUM.get(self.datatype)
         return d.size if d else None
 
     @property
@@ -248,7 +249,7 @@ class LogParser:
     road: it only counts TALLY_FIELDS tuples per call, at regex speed; blocks holding Send/Recv (or any block
     while ``busy()`` says a Send/Recv group is still open) go to ``sink`` as records instead, so all-to-all
     recognition sees them in log order. Both stream: memory never grows with the log. Hosts are kept as
-    logged, with ``torn`` set where a torn line may have glued junk to them (trace_summary repairs them).
+    logged, with ``torn`` set where a torn line may have glued junk to them (summary repairs them).
     """
 
     def __init__(self) -> None:

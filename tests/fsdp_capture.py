@@ -16,18 +16,18 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
-from opbench.comm.conventions import nccl_dtype
+from opbench.core.dtypes import dtype as opbench_dtype
 
 
 @dataclass(frozen=True)
 class CapturedCall:
-    collective: str   # NCCL op name
+    collective: str   # opbench name: all_gather | reduce_scatter | all_reduce
     count: int        # per-rank count as an NCCL_DEBUG line shows it
-    dtype: str        # NCCL dtype name (bfloat16, float32, …)
+    dtype: str        # opbench dtype name (bf16, fp32, …)
     nranks: int
 
 
-# attribute -> (NCCL op, function(args, kwargs) -> (count tensor, group))
+# attribute -> (collective, function(args, kwargs) -> (count tensor, group))
 def _arg(args: tuple, kwargs: dict, index: int, *names: str):
     for name in names:
         if name in kwargs:
@@ -37,21 +37,21 @@ def _arg(args: tuple, kwargs: dict, index: int, *names: str):
 
 _PATCHED = {
     # all-gather: count = per-rank input (sendcount)
-    "all_gather_single": ("AllGather", lambda a, k: (_arg(a, k, 1, "input_tensor", "input"), _arg(a, k, 2, "group"))),
-    "all_gather_into_tensor": ("AllGather", lambda a, k: (_arg(a, k, 1, "input_tensor"), _arg(a, k, 2, "group"))),
-    "all_gather": ("AllGather", lambda a, k: (_arg(a, k, 1, "tensor"), _arg(a, k, 2, "group"))),  # FSDP1 on CPU
+    "all_gather_single": ("all_gather", lambda a, k: (_arg(a, k, 1, "input_tensor", "input"), _arg(a, k, 2, "group"))),
+    "all_gather_into_tensor": ("all_gather", lambda a, k: (_arg(a, k, 1, "input_tensor"), _arg(a, k, 2, "group"))),
+    "all_gather": ("all_gather", lambda a, k: (_arg(a, k, 1, "tensor"), _arg(a, k, 2, "group"))),  # FSDP1 on CPU
     # reduce-scatter: count = per-rank output (recvcount)
-    "reduce_scatter_single": ("ReduceScatter",
+    "reduce_scatter_single": ("reduce_scatter",
                               lambda a, k: (_arg(a, k, 0, "output", "output_tensor"), _arg(a, k, 3, "group"))),
-    "reduce_scatter_tensor": ("ReduceScatter", lambda a, k: (_arg(a, k, 0, "output"), _arg(a, k, 3, "group"))),
-    "reduce_scatter": ("ReduceScatter", lambda a, k: (_arg(a, k, 0, "output"), _arg(a, k, 3, "group"))),
+    "reduce_scatter_tensor": ("reduce_scatter", lambda a, k: (_arg(a, k, 0, "output"), _arg(a, k, 3, "group"))),
+    "reduce_scatter": ("reduce_scatter", lambda a, k: (_arg(a, k, 0, "output"), _arg(a, k, 3, "group"))),
     # all-reduce: count = the tensor
-    "all_reduce": ("AllReduce", lambda a, k: (_arg(a, k, 0, "tensor"), _arg(a, k, 2, "group"))),
+    "all_reduce": ("all_reduce", lambda a, k: (_arg(a, k, 0, "tensor"), _arg(a, k, 2, "group"))),
 }
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
-    return nccl_dtype(str(dtype).removeprefix("torch.")).name
+    return opbench_dtype(str(dtype).removeprefix("torch.")).name
 
 
 @contextlib.contextmanager

@@ -1,6 +1,8 @@
-"""The one report writer: CSV rows appended (and flushed) as they finish, plus a JSON sidecar of the environment.
+"""The one results writer: CSV rows appended (and flushed) as they finish, plus a JSON sidecar of the environment.
 
-A crash or Ctrl-C keeps every row already written. The sidecar sits beside the CSV as ``<stem>.meta.json``.
+A crash or Ctrl-C keeps every row already written. The sidecar sits beside the CSV as ``<stem>.meta.json`` and
+always says which benchmark and schema version wrote the CSV. Importing this module does not import torch
+(the log parsers and the report use it); ``environment`` imports it only when a device is named.
 """
 
 from __future__ import annotations
@@ -14,36 +16,39 @@ import platform
 import socket
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import opbench
 
 from .errors import UsageError
+from .schema import Schema
+
+if TYPE_CHECKING:
+    import torch
 
 
-def environment(device: torch.device | None = None, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """What a reader of the CSV needs to trust it: versions, device, host, command line, UTC time."""
-    from .device import device_info
-
+def environment(device: "torch.device | None" = None, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What a reader of the CSV needs to trust it: versions, device, host, command line, UTC time. torch's
+    versions are recorded when torch is loaded already (always, for the benchmarks that time something)."""
     meta: dict[str, Any] = {
         "opbench": opbench.__version__,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "hip": getattr(torch.version, "hip", None),
         "python": platform.python_version(),
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "command": " ".join(getattr(sys, "orig_argv", sys.argv)),
         "utc_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "cpu_threads": torch.get_num_threads(),
     }
+    torch_mod = sys.modules.get("torch")
+    if torch_mod is not None:
+        meta.update(torch=torch_mod.__version__, cuda=torch_mod.version.cuda,
+                    hip=getattr(torch_mod.version, "hip", None), cpu_threads=torch_mod.get_num_threads())
     if device is not None:
+        from .device import device_info
+
         info = device_info(device)
         meta.update(device=str(device), device_kind=info.kind, device_name=info.name)
-        if info.is_gpu:
-            meta["device_count"] = torch.cuda.device_count()
+        if info.is_gpu and torch_mod is not None:
+            meta["device_count"] = torch_mod.cuda.device_count()
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "NCCL_DEBUG"):
         if key in os.environ:
             meta[key.lower()] = os.environ[key]
@@ -68,12 +73,13 @@ def sidecar_path(csv_path: Path) -> Path:
 
 
 class CsvReport:
-    """Append-only CSV with a fixed column contract; extra keys in a row are an error (catches typos)."""
+    """Append-only CSV whose header is a benchmark's schema; keys outside it are an error (catches typos)."""
 
-    def __init__(self, path: str | os.PathLike, columns: Sequence[str], meta: Mapping[str, Any] | None = None,
+    def __init__(self, path: str | os.PathLike, schema: Schema, meta: Mapping[str, Any] | None = None,
                  append: bool = False):
         self.path = Path(path)
-        self.columns = list(columns)
+        self.schema = schema
+        self.columns = list(schema.columns)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fresh = not (append and self.path.exists() and self.path.stat().st_size > 0)
@@ -85,12 +91,12 @@ class CsvReport:
             self._writer.writeheader()
             self._fh.flush()
         self.rows: list[dict[str, Any]] = []
-        if meta is not None:
-            self.write_meta(meta)
+        self.write_meta(meta or {})
 
     def write_meta(self, meta: Mapping[str, Any]) -> None:
+        """(Re)write the sidecar; ``benchmark`` and ``schema_version`` always come from the schema."""
         with open(sidecar_path(self.path), "w", encoding="utf-8") as fh:
-            json.dump(dict(meta), fh, indent=2, default=str)
+            json.dump({**meta, **self.schema.sidecar()}, fh, indent=2, default=str)
             fh.write("\n")
 
     def append(self, row: Mapping[str, Any]) -> None:
@@ -115,6 +121,31 @@ class CsvReport:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class NullReport:
+    """What ranks other than 0 write to: nothing. The one rank-0 writer is ``Ranks.open_report``."""
+
+    path = None
+    rows: list[dict[str, Any]] = []
+
+    def append(self, row: Mapping[str, Any]) -> None:
+        pass
+
+    def extend(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        pass
+
+    def write_meta(self, meta: Mapping[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "NullReport":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
 
 
 def summary_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], floatfmt: str = ".4g",

@@ -12,13 +12,10 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from .conventions import COLLECTIVES, NCCL_DTYPES, NCCL_OP_TO_COLLECTIVE
-from .trace_parse import ARGS, INFERRED_OPS, PREFIX, CallRecord, HostFixer, InitRecord, RawTally, redop_for
+from opbench.core.collectives import COLLECTIVES, NCCL_OP_TO_COLLECTIVE
+from opbench.core.dtypes import BY_ENUM
+from .parse import ARGS, INFERRED_OPS, PREFIX, CallRecord, HostFixer, InitRecord, RawTally, redop_for
 
-SUMMARY_COLUMNS = ["op", "collective", "count", "datatype", "dtype", "redop", "nranks", "calls", "bytes",
-                   "nccl_tests_bytes", "total_bytes", "note"]
-PER_RANK_COLUMNS = ["rank", "host", "pid", "device", "globalrank", "op", "calls", "bytes", "distinct_sizes"]
-PER_COMM_COLUMNS = ["comm", "commid", "nranks", "ranks_logged", "calls", "bytes", "ops"]
 
 ProcKey = tuple["str | None", "int | None", "int | None"]  # (host, pid, device)
 
@@ -44,14 +41,14 @@ class Key:
 
     @property
     def nbytes(self) -> int | None:
-        dt = NCCL_DTYPES.get(self.datatype)
+        dt = BY_ENUM.get(self.datatype)
         return self.count * dt.size if dt else None
 
 
 def nccl_tests_bytes(collective: str | None, count: int, nranks: int, datatype: int) -> int | None:
-    """The nccl-tests ``-b`` for one logged call (conventions.Collective.size_bytes); None if unknown."""
+    """The nccl-tests ``-b`` for one logged call (core.collectives.Collective.size_bytes); None if unknown."""
     coll = COLLECTIVES.get(collective or "")
-    dt = NCCL_DTYPES.get(datatype)
+    dt = BY_ENUM.get(datatype)
     if coll is None or dt is None:
         return None
     return coll.size_bytes(count, nranks, dt.size)
@@ -89,7 +86,7 @@ class TraceSummary:
         return self
 
     def add_raw(self, raw: RawTally) -> None:
-        """Merge a LogParser.tally: its keys are raw spans (trace_parse.TALLY_FIELDS), parsed here once each."""
+        """Merge a LogParser.tally: its keys are raw spans (parse.TALLY_FIELDS), parsed here once each."""
         for key, n in raw.items():
             prefix, op, args, grank = key[:4]
             a = ARGS.match(args)
@@ -101,7 +98,7 @@ class TraceSummary:
 
     def repair_hosts(self) -> None:
         """Hosts from torn lines ('0x7fdgx07') become the host of the same pid seen on clean lines
-        (trace_parse.HostFixer); call once, after all logs are in."""
+        (parse.HostFixer); call once, after all logs are in."""
         fixer = HostFixer()
         for k, n in self.counts.items():
             if k.host and not k.torn:
@@ -127,7 +124,7 @@ class TraceSummary:
                 entry[1].add(k.note)
         rows = []
         for (op, count, datatype, redop, nranks), (calls, notes) in sizes.items():
-            dt = NCCL_DTYPES.get(datatype)
+            dt = BY_ENUM.get(datatype)
             collective = NCCL_OP_TO_COLLECTIVE.get(op) or INFERRED_OPS.get(op)
             nbytes = count * dt.size if dt else None
             rows.append({

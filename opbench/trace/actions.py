@@ -1,6 +1,6 @@
 """What ``opbench trace`` does with a parsed log: console summary, CSVs, nccl-tests commands, replay, FSDP check.
 
-Kept apart from trace.py so the parser API stays import-light (no pandas/tabulate/torch on the hot path).
+Kept apart from analyze.py so the parser API stays import-light (no pandas/tabulate/torch on the hot path).
 """
 
 from __future__ import annotations
@@ -14,16 +14,17 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..core.errors import UsageError
-from ..core.report import CsvReport, summary_table
-from .conventions import COLLECTIVES, nccl_tests_command
-from .trace_parse import LogParser
-from .trace_summary import PER_COMM_COLUMNS, PER_RANK_COLUMNS, SUMMARY_COLUMNS, TraceSummary
+from opbench.core.errors import UsageError
+from opbench.core.results import CsvReport, environment, summary_table
+from opbench.core.schema import Schema
+from opbench.core.units import human_bytes
+from opbench.core.collectives import COLLECTIVES, nccl_tests_command
+from .parse import LogParser
+from .schema import TRACE, TRACE_FSDP, TRACE_PER_COMM, TRACE_PER_RANK
+from .summary import TraceSummary
 
 # nccl-tests / rccl-tests -o values; PreMulSum (what FSDP's gradient pre-divide logs as op >= 5) is 'mulsum'.
 _TESTS_REDOP = {"sum": "sum", "prod": "prod", "max": "max", "min": "min", "avg": "avg", "premulsum": "mulsum"}
-FSDP_COLUMNS = ["unit", "collective", "count", "dtype", "nranks", "calls_per_step", "nccl_tests_bytes",
-                "log_calls", "log_dtype", "matched", "steps_in_log"]
 
 
 def add_action_args(p: argparse.ArgumentParser) -> None:
@@ -53,16 +54,6 @@ def add_action_args(p: argparse.ArgumentParser) -> None:
     f.add_argument("--reduce-dtype", default=None, help="reduce-scatter dtype (default: the log's ReduceScatter dtype)")
 
 
-def human_bytes(n: int | None) -> str:
-    if n is None:
-        return ""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
-
-
 def side_csv(csv_path: str | None, suffix: str) -> str | None:
     """'sizes.csv' + '_per_rank' → 'sizes_per_rank.csv' (breakdowns live beside the summary)."""
     if not csv_path:
@@ -71,10 +62,10 @@ def side_csv(csv_path: str | None, suffix: str) -> str | None:
     return str(p.with_name(f"{p.stem}_{suffix}{p.suffix or '.csv'}"))
 
 
-def write_csv(path: str | None, columns: list[str], rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+def write_csv(path: str | None, schema: Schema, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
     if not path:
         return
-    with CsvReport(path, columns, meta=meta) as report:
+    with CsvReport(path, schema, meta=meta) as report:
         report.extend(rows)
     print(f"wrote {path} ({len(rows)} rows)")
 
@@ -90,23 +81,23 @@ def run(args: argparse.Namespace, summary: TraceSummary, parser: LogParser) -> i
     if not rows:
         print("no NCCL calls found (was the job run with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL?)", file=sys.stderr)
         return 1
-    meta = {"tool": "opbench trace", "logs": list(args.logs), **st.as_dict()}
+    meta = environment(None, {"logs": list(args.logs), **st.as_dict()})
     print_top(rows, args.top)
-    write_csv(args.csv, SUMMARY_COLUMNS, rows, meta)
+    write_csv(args.csv, TRACE, rows, meta)
     if args.per_rank:
         rank_rows = summary.per_rank_rows(parser.inits)
         print("\nper rank:")
-        print(summary_table(rank_rows, [c for c in PER_RANK_COLUMNS if c != "globalrank" or summary.rccl_fields],
+        print(summary_table(rank_rows, [c for c in TRACE_PER_RANK.columns if c != "globalrank" or summary.rccl_fields],
                             max_rows=max(args.top, 64)))
         for note in summary.rank_mismatch():
             print(f"warning: ranks disagree: {note}")
-        write_csv(side_csv(args.csv, "per_rank"), PER_RANK_COLUMNS, rank_rows, meta)
+        write_csv(side_csv(args.csv, "per_rank"), TRACE_PER_RANK, rank_rows, meta)
     if args.per_comm:
         comm_rows = summary.per_comm_rows(parser.inits)
         print("\nper communicator:")
         shown = [{**r, "bytes": human_bytes(r["bytes"])} for r in comm_rows]
-        print(summary_table(shown, [c for c in PER_COMM_COLUMNS if c != "commid"], max_rows=max(args.top, 32)))
-        write_csv(side_csv(args.csv, "per_comm"), PER_COMM_COLUMNS, comm_rows, meta)
+        print(summary_table(shown, [c for c in TRACE_PER_COMM.columns if c != "commid"], max_rows=max(args.top, 32)))
+        write_csv(side_csv(args.csv, "per_comm"), TRACE_PER_COMM, comm_rows, meta)
     if args.commands:
         print()
         print("\n".join(benchmark_commands(rows, flavour(args.flavour, summary), args.launcher, args.gpus_per_node)))
@@ -149,7 +140,7 @@ def flavour(choice: str, summary: TraceSummary) -> str:
 def benchmark_commands(rows: list[dict[str, Any]], flav: str, launcher: str, gpus_per_node: int) -> list[str]:
     """One nccl-tests/rccl-tests line per distinct (collective, -b, dtype, redop, nranks), biggest total first.
 
-    ``-b`` follows nccl-tests semantics (conventions.Collective.size_bytes): AllGather/ReduceScatter/AlltoAll
+    ``-b`` follows nccl-tests semantics (core.collectives.Collective.size_bytes): AllGather/ReduceScatter/AlltoAll
     use count·nranks·elt, not the per-rank shard. Ops nccl-tests cannot run are listed as comments."""
     lines = [f"# {flav}-tests commands for the logged sizes (-b = -e = nccl-tests size, REFERENCE §4)"]
     seen: set[str] = set()
@@ -211,9 +202,9 @@ def _dominant(rows: list[dict[str, Any]], op: str, key: str) -> Any:
 
 def compare_fsdp(args: argparse.Namespace, rows: list[dict[str, Any]], meta: dict[str, Any]) -> list[dict[str, Any]]:
     """Match the log's AllGather/ReduceScatter counts against fsdp_collectives() for the same world size."""
-    from ..fsdp_model.model import FSDP_DTYPES, fsdp_collectives
-    from ..models import load_model_configs, select_models
-    from .conventions import DTYPE_ENUM_BY_NAME
+    from opbench.core.dtypes import BY_ENUM, FLOAT_DTYPES
+    from opbench.fsdp_model.model import fsdp_collectives
+    from opbench.models import load_model_configs, select_models
 
     cfg_arg = args.compare_fsdp
     if os.path.exists(cfg_arg):
@@ -230,7 +221,8 @@ def compare_fsdp(args: argparse.Namespace, rows: list[dict[str, Any]], meta: dic
 
     def opbench_dtype(enum: int | None, fallback: str) -> str:
         """The FSDP model's dtype name for the log's NCCL datatype (9 → 'bf16'); fallback if none fits."""
-        return next((n for n in FSDP_DTYPES if DTYPE_ENUM_BY_NAME[n] == enum), fallback)
+        found = BY_ENUM.get(enum) if enum is not None else None
+        return found.name if found is not None and found.name in FLOAT_DTYPES else fallback
 
     param = args.param_dtype or opbench_dtype(_dominant(rows, "AllGather", "datatype"), "bf16")
     reduce = args.reduce_dtype or opbench_dtype(_dominant(rows, "ReduceScatter", "datatype"), "fp32")
@@ -244,11 +236,11 @@ def compare_fsdp(args: argparse.Namespace, rows: list[dict[str, Any]], meta: dic
             entry["dtypes"].add(r["dtype"])
     out, matched_keys = [], set()
     for c in predicted:
-        if c.collective not in ("AllGather", "ReduceScatter"):
+        if c.nccl_op not in ("AllGather", "ReduceScatter"):
             continue
-        hit = log_by_key.get((c.collective, c.count))
+        hit = log_by_key.get((c.nccl_op, c.count))
         if hit:
-            matched_keys.add((c.collective, c.count))
+            matched_keys.add((c.nccl_op, c.count))
         out.append({"unit": c.unit, "collective": c.collective, "count": c.count, "dtype": c.dtype,
                     "nranks": c.nranks, "calls_per_step": c.calls_per_step, "nccl_tests_bytes": c.nccl_tests_bytes,
                     "log_calls": hit["calls"] if hit else 0,
@@ -265,7 +257,7 @@ def compare_fsdp(args: argparse.Namespace, rows: list[dict[str, Any]], meta: dic
     if extra:
         shown = ", ".join(f"{op} {count} (x{log_by_key[(op, count)]['calls']})" for op, count in extra[:10])
         print(f"log sizes the model does not predict ({len(extra)}): {shown}")
-    write_csv(side_csv(args.csv, "fsdp"), FSDP_COLUMNS, out, {**meta, "model": cfg.name, "world_size": world})
+    write_csv(side_csv(args.csv, "fsdp"), TRACE_FSDP, out, {**meta, "model": cfg.name, "world_size": world})
     return out
 
 

@@ -1,13 +1,15 @@
-"""nccl-tests / rccl-tests conventions (REFERENCE §4, §5): the one place for byte counts, bus-bandwidth
-factors, NCCL datatype/redop enums and benchmark command lines.
-
-Every other module (the torchrun benchmark, the FSDP model, the log parser, the output parser) asks this one.
+"""The one collective vocabulary: opbench's names, NCCL's op names, nccl-tests binaries, bus-bandwidth factors,
+size/count semantics, reduction names and the nccl-tests / rccl-tests command builder. No torch import: the
+torchrun benchmark (comm), the log parser (trace), the FSDP model and the report all ask this module.
+The semantics are written out in docs/conventions.md, "Collectives: sizes, counts and bus bandwidth".
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
+
+from .dtypes import dtype as _dtype
 
 
 @dataclass(frozen=True)
@@ -18,8 +20,8 @@ class Collective:
     ``count`` is the per-rank NCCL count (what an NCCL_DEBUG line and nccl-tests' count column show).
     """
 
-    name: str                    # opbench name
-    nccl_op: str                 # name in NCCL logs
+    name: str                    # opbench name: what every CSV's `collective` column holds
+    nccl_op: str                 # name in NCCL logs and NCCL's API
     binary: str                  # nccl-tests / rccl-tests binary
     busbw_factor: Callable[[int], float]
     count_scales_with_ranks: bool  # size = count·n·elt (gathers, scatters, all-to-all) vs count·elt
@@ -68,53 +70,39 @@ NCCL_OP_TO_COLLECTIVE: dict[str, str] = {
     "Broadcast": "broadcast", "Reduce": "reduce", "AlltoAll": "all_to_all", "AllToAll": "all_to_all",
     "AllToAllPivot": "all_to_all", "Send": "send_recv", "Recv": "send_recv", "SendRecv": "send_recv",
 }
+# Every op name an NCCL/RCCL COLL line may carry; Gather and Scatter (NCCL 2.28) have no nccl-tests binary.
+NCCL_OPS: tuple[str, ...] = (*NCCL_OP_TO_COLLECTIVE, "Gather", "Scatter")
 
-
-@dataclass(frozen=True)
-class NcclDtype:
-    enum: int
-    name: str          # NCCL's name
-    size: int          # bytes per element
-    nccl_tests: str    # -d value for nccl-tests
-    rccl_tests: str    # -d value for rccl-tests
-    torch_name: str | None
-
-
-NCCL_DTYPES: dict[int, NcclDtype] = {d.enum: d for d in (
-    NcclDtype(0, "int8", 1, "int8", "int8", "int8"),
-    NcclDtype(1, "uint8", 1, "uint8", "uint8", "uint8"),
-    NcclDtype(2, "int32", 4, "int32", "int32", "int32"),
-    NcclDtype(3, "uint32", 4, "uint32", "uint32", "uint32"),
-    NcclDtype(4, "int64", 8, "int64", "int64", "int64"),
-    NcclDtype(5, "uint64", 8, "uint64", "uint64", "uint64"),
-    NcclDtype(6, "float16", 2, "half", "half", "float16"),
-    NcclDtype(7, "float32", 4, "float", "float", "float32"),
-    NcclDtype(8, "float64", 8, "double", "double", "float64"),
-    NcclDtype(9, "bfloat16", 2, "bfloat16", "bfloat16", "bfloat16"),
-    NcclDtype(10, "float8e4m3", 1, "f8e4m3", "fp8_e4m3", "float8_e4m3fn"),
-    NcclDtype(11, "float8e5m2", 1, "f8e5m2", "fp8_e5m2", "float8_e5m2"),
-)}
-
-# opbench CLI dtype names -> NCCL enum
-DTYPE_ENUM_BY_NAME: dict[str, int] = {
-    "int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4, "uint64": 5,
-    "fp16": 6, "float16": 6, "half": 6, "fp32": 7, "float32": 7, "float": 7, "fp64": 8, "float64": 8,
-    "double": 8, "bf16": 9, "bfloat16": 9, "fp8": 10, "float8e4m3": 10, "fp8_e4m3": 10, "f8e4m3": 10,
-    "float8e5m2": 11, "fp8_e5m2": 11, "f8e5m2": 11,
-}
-
+# ncclRedOp_t values; >= 5 are PreMulSum / user-defined ops (FSDP's gradient pre-divide logs as one).
 REDOPS: dict[int, str] = {0: "sum", 1: "prod", 2: "max", 3: "min", 4: "avg"}
-
-
-def nccl_dtype(name_or_enum: str | int) -> NcclDtype:
-    if isinstance(name_or_enum, int):
-        return NCCL_DTYPES[name_or_enum]
-    return NCCL_DTYPES[DTYPE_ENUM_BY_NAME[name_or_enum.lower()]]
+# nccl-tests / rccl-tests -o values for opbench's redop names.
+TESTS_REDOP = {"sum": "sum", "prod": "prod", "max": "max", "min": "min", "avg": "avg", "premulsum": "mulsum"}
 
 
 def redop_name(op: int) -> str:
-    """NCCL ncclRedOp_t value to name; values >= 5 are PreMulSum/user-defined ops (ncclRedOpCreatePreMulSum)."""
+    """NCCL ncclRedOp_t value to name."""
     return REDOPS.get(op, "premulsum" if op >= 5 else f"op{op}")
+
+
+def collective_for_op(nccl_op: str) -> str | None:
+    """opbench name for an NCCL op name ('AllGather' -> 'all_gather'); None for ops nccl-tests cannot run."""
+    return NCCL_OP_TO_COLLECTIVE.get(nccl_op)
+
+
+# Names a file of nccl-tests output may carry (binary or collective), longest first so 'reduce' is tried last.
+_NAME_HINTS = sorted(((hint, name) for name, c in COLLECTIVES.items()
+                      for hint in {name, c.binary.removesuffix("_perf"), c.nccl_op.lower()}),
+                     key=lambda pair: -len(pair[0]))
+
+
+def collective_from_path(*paths: object) -> str | None:
+    """Older nccl-tests never print the binary's name: take the collective from an output file's name."""
+    for path in paths:
+        name = str(path).rsplit("/", 1)[-1].lower()
+        for hint, collective in _NAME_HINTS:
+            if hint in name:
+                return collective
+    return None
 
 
 def nccl_tests_command(collective: str, size_bytes: int, nranks: int, dtype: str | int, *,
@@ -126,7 +114,7 @@ def nccl_tests_command(collective: str, size_bytes: int, nranks: int, dtype: str
     ``launcher='mpi'``: ``mpirun -np nranks … -g 1`` (one rank per GPU, any node count).
     """
     coll = COLLECTIVES[collective]
-    dt = nccl_dtype(dtype)
+    dt = _dtype(dtype)
     d = dt.rccl_tests if flavour == "rccl" else dt.nccl_tests
     args = [f"./build/{coll.binary}", "-b", str(size_bytes), "-e", str(size_bytes), "-d", d]
     if coll.has_redop and redop:

@@ -1,0 +1,24 @@
+"""The CSV schema of ``opbench attention`` (``attention_benchmark.csv``). No torch import."""
+
+from opbench.core.schema import Schema
+
+PASSES = ("fwd", "bwd", "fwdbwd")
+# Per pass: the median time and its spread (the timing harness' Stats), calls timed, TFLOP/s from the median.
+STAT_SUFFIXES = {"time": "median", "time_min": "min", "time_p10": "p10", "time_p90": "p90", "time_max": "max",
+                 "time_std": "std", "iters": "iters"}
+PASS_COLUMNS = tuple(f"{p}_{s}" for p in PASSES for s in (*STAT_SUFFIXES, "tflops"))
+SHAPE_COLUMNS = ("model", "batch_size", "seqlen_q", "seqlen_kv", "num_head_q", "num_head_kv", "head_dim_qk",
+                 "head_dim_v", "causal", "dtype", "backend", "fwd_flops")
+
+SCHEMA = Schema(
+    benchmark="attention", title="Attention", version=1,
+    columns=(*SHAPE_COLUMNS, *PASS_COLUMNS, "max_abs_err", "max_rel_err", "grad_max_abs_err", "grad_max_rel_err",
+             "status", "error", "note", "tp", "cp", "device"),
+    keys=("model", "batch_size", "seqlen_q", "seqlen_kv", "num_head_q", "num_head_kv", "head_dim_qk", "head_dim_v",
+          "causal", "dtype", "backend", "tp", "cp"),
+    metrics={"fwd_tflops": "TFLOP/s", "bwd_tflops": "TFLOP/s"},
+    signature=("seqlen_q", "seqlen_kv", "num_head_q", "num_head_kv", "head_dim_qk", "head_dim_v", "backend",
+               "fwd_time", "fwd_tflops", "bwd_time", "bwd_tflops", "status"),
+    file_hint=r"attn|attention",
+    units={"fwd_flops": "FLOP", "fwdbwd_tflops": "TFLOP/s", **{c: "s" for c in PASS_COLUMNS if "_time" in c}},
+)

@@ -1,0 +1,302 @@
+"""The one distributed layer: where this process sits in a job, how to start one, and how ranks agree.
+
+Three ways in, detected from the environment:
+- torchrun (``RANK``/``WORLD_SIZE``/``LOCAL_RANK``, node rank in ``GROUP_RANK``), env:// rendezvous;
+- Slurm ``srun`` (``SLURM_PROCID``/``SLURM_NTASKS``/``SLURM_LOCALID``/``SLURM_NODEID``; the job script exports
+  ``MASTER_ADDR``/``MASTER_PORT``): every task joins ONE world;
+- nothing: a one-rank world in this process, or, when the user asks for ``--nproc-per-node N`` (or several
+  nodes), a self-launch through ``python -m torch.distributed.run`` that re-runs the same command per rank.
+
+The rest is shared by every multi-rank tool: the one LOCAL_RANK → GPU rule, joining the process group with a
+timeout that bounds every collective, ``Ranks.agree`` ("did every rank manage this step?"), and one rank-0
+writer. Importing this module does not import torch; the functions that need it import it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
+
+from .errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """This process's place in the job, as its launcher described it."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    nnodes: int
+    launcher: str                   # "torchrun" | "slurm" | "single"
+    node_rank: int | None = None    # torchrun GROUP_RANK or SLURM_NODEID; None when the launcher gives none
+    host: str = ""
+
+    @property
+    def node(self) -> str:
+        """Which node this rank is on: the launcher's node rank, else the host name. Two torchrun agents on one
+        machine (``--nnodes 2`` on loopback) are two nodes, as they are to NCCL's topology."""
+        return f"node{self.node_rank}" if self.node_rank is not None else (self.host or socket.gethostname())
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _env_int(env: Mapping[str, str], key: str) -> int:
+    try:
+        return int(env[key])
+    except ValueError:
+        raise UsageError(f"environment variable {key}={env[key]!r} is not an integer", field=key) from None
+
+
+def _optional_int(env: Mapping[str, str], key: str) -> int | None:
+    return _env_int(env, key) if key in env else None
+
+
+def detect(env: Mapping[str, str] | None = None) -> DistEnv | None:
+    """The launcher's view of this process, or None when no launcher started it."""
+    env = os.environ if env is None else env
+    host = socket.gethostname()
+    if "RANK" in env and "WORLD_SIZE" in env:
+        world = _env_int(env, "WORLD_SIZE")
+        local_world = _optional_int(env, "LOCAL_WORLD_SIZE")
+        if "GROUP_WORLD_SIZE" in env:            # torchrun: one agent (worker group) per node
+            nnodes = _env_int(env, "GROUP_WORLD_SIZE")
+        elif local_world:
+            nnodes = max(1, world // local_world)
+        else:
+            nnodes = _optional_int(env, "SLURM_NNODES") or 1
+        node_rank = _optional_int(env, "GROUP_RANK")
+        if node_rank is None:
+            node_rank = _optional_int(env, "SLURM_NODEID")
+        return DistEnv(_env_int(env, "RANK"), world, _optional_int(env, "LOCAL_RANK") or 0, nnodes, "torchrun",
+                       node_rank, host)
+    # Inside `srun` (a job step); a batch script's own shell has SLURM_PROCID too but no SLURM_STEP_ID.
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and "SLURM_STEP_ID" in env:
+        return DistEnv(_env_int(env, "SLURM_PROCID"), _env_int(env, "SLURM_NTASKS"),
+                       _optional_int(env, "SLURM_LOCALID") or 0, _optional_int(env, "SLURM_NNODES") or 1, "slurm",
+                       _optional_int(env, "SLURM_NODEID"), host)
+    return None
+
+
+def single() -> DistEnv:
+    """A one-rank world in this process."""
+    return DistEnv(0, 1, 0, 1, "single", 0, socket.gethostname())
+
+
+def export_slurm_rendezvous(dist_env: DistEnv, env: dict[str, str] | None = None) -> None:
+    """Make env:// work under srun: RANK/WORLD_SIZE/LOCAL_RANK from Slurm, MASTER_ADDR from the job script."""
+    env = os.environ if env is None else env  # type: ignore[assignment]
+    assert env is not None
+    if "MASTER_ADDR" not in env:
+        raise UsageError("running under srun needs MASTER_ADDR (e.g. export MASTER_ADDR=$(scontrol show "
+                         "hostnames $SLURM_JOB_NODELIST | head -n1))", field="MASTER_ADDR")
+    env.setdefault("MASTER_PORT", "29500")
+    env.update(RANK=str(dist_env.rank), WORLD_SIZE=str(dist_env.world_size), LOCAL_RANK=str(dist_env.local_rank))
+
+
+# -- self-launch ---------------------------------------------------------------------------------------------
+def torchrun_command(argv: Sequence[str], nproc_per_node: int, module: str, nnodes: int = 1, node_rank: int = 0,
+                     master_addr: str | None = None, master_port: int | None = None,
+                     timeout_s: float | None = None) -> list[str]:
+    """``python -m torch.distributed.run … -m <module> <argv>`` for this machine's share of the job.
+
+    One node: ``--standalone`` (torchrun picks a free port) unless a port is given. Several nodes: the static
+    rendezvous at MASTER_ADDR:MASTER_PORT, with its join timeout bounded by ``timeout_s`` so a node that never
+    arrives ends the job instead of hanging it.
+    """
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}",
+           f"--nnodes={nnodes}", f"--node-rank={node_rank}"]
+    if nnodes == 1 and master_port is None:
+        cmd.append("--standalone")
+    else:
+        cmd += [f"--master-addr={master_addr or '127.0.0.1'}", f"--master-port={master_port or 29500}"]
+        if timeout_s:
+            cmd.append(f"--rdzv-conf=timeout={int(timeout_s)}")
+    return [*cmd, "-m", module, *argv]
+
+
+def relaunch(cmd: Sequence[str]) -> int:
+    """Run torchrun in the foreground and hand back its exit status (Ctrl-C reaches the whole job)."""
+    print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
+    return subprocess.call(list(cmd))
+
+
+def without_flag(argv: Sequence[str], flag: str) -> list[str]:
+    """argv with ``flag VALUE`` / ``flag=VALUE`` removed (what the self-launched ranks must not see again)."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == flag:
+            skip = True
+        elif not arg.startswith(flag + "="):
+            out.append(arg)
+    return out
+
+
+# -- devices and the process group ----------------------------------------------------------------------------
+def local_device(spec: str | None, local_rank: int) -> "torch.device":
+    """The one LOCAL_RANK → device rule: 'auto' or a bare 'cuda' takes GPU ``local_rank`` (mod the GPUs this
+    node has) and makes it current; 'cuda:N' and 'cpu' are taken as given."""
+    import torch
+
+    from .device import resolve_device
+
+    dev = resolve_device(spec)
+    if dev.type == "cuda":
+        if spec in (None, "", "auto", "cuda"):
+            dev = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+    return dev
+
+
+def pick_backend(device_type: str, override: str | None = None) -> str:
+    """NCCL on GPUs (torch names RCCL 'nccl' too), gloo on the CPU, unless told otherwise."""
+    if override:
+        return override
+    return "nccl" if device_type == "cuda" else "gloo"
+
+
+def init_process_group(dist_env: DistEnv, backend: str, device: Any, timeout_s: float) -> None:
+    """Join the job. ``timeout_s`` bounds the rendezvous and every collective (gloo raises after it; NCCL's
+    watchdog aborts the communicator), so a dead or missing rank ends the run instead of hanging it."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    timeout = datetime.timedelta(seconds=timeout_s)
+    # Binding the GPU makes NCCL create its communicator now (a bad rank fails here, not mid-sweep).
+    kwargs: dict[str, Any] = {}
+    if "nccl" in backend and getattr(device, "type", "cpu") == "cuda":
+        kwargs["device_id"] = device
+    if dist_env.launcher == "single":
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout, **kwargs)
+        return
+    if dist_env.launcher == "slurm" and "RANK" not in os.environ:
+        export_slurm_rendezvous(dist_env)
+    dist.init_process_group(backend, init_method="env://", rank=dist_env.rank, world_size=dist_env.world_size,
+                            timeout=timeout, **kwargs)
+
+
+class RankFailure(Exception):
+    """Raised on every rank when any rank failed a step; carries the first failing rank's status and message."""
+
+    def __init__(self, status: str, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Ranks:
+    """The joined job as the benchmarks use it: who am I, where is my device, and the few object collectives
+    that keep every rank in step."""
+
+    env: DistEnv
+    device: "torch.device"
+    backend: str
+
+    @property
+    def rank(self) -> int:
+        return self.env.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.env.world_size
+
+    @property
+    def local_rank(self) -> int:
+        return self.env.local_rank
+
+    @property
+    def is_main(self) -> bool:
+        return self.env.rank == 0
+
+    @classmethod
+    def join(cls, dist_env: DistEnv, device_spec: str | None, timeout_s: float, backend: str | None = None,
+             cpu_group: bool = False) -> "Ranks":
+        """Pick this rank's device, join the process group. ``cpu_group`` adds a gloo backend beside NCCL
+        (``cpu:gloo,cuda:nccl``) for tools that also move CPU tensors (DCP's async save)."""
+        device = local_device(device_spec, dist_env.local_rank)
+        chosen = pick_backend(device.type, backend)
+        if cpu_group and chosen == "nccl":
+            chosen = "cpu:gloo,cuda:nccl"
+        init_process_group(dist_env, chosen, device, timeout_s)
+        return cls(dist_env, device, chosen)
+
+    def stop(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's (picklable) value, on every rank, in rank order."""
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, value)
+        return out
+
+    def broadcast(self, value: Any) -> Any:
+        """Rank 0's value on every rank."""
+        import torch.distributed as dist
+
+        box = [value if self.is_main else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def open_report(self, path: str, schema: Any, meta: Mapping[str, Any] | None = None, append: bool = False) -> Any:
+        """The one rank-0 writer: a CsvReport on rank 0, a NullReport (writes nothing) on every other rank."""
+        from .results import CsvReport, NullReport
+
+        return CsvReport(path, schema, meta, append) if self.is_main else NullReport()
+
+    def agree(self, fn: Callable[[], T], describe: Callable[[Exception], tuple[str, str]] | None = None) -> T:
+        """Run ``fn`` on every rank; if it raised anywhere, raise the first failure on every rank, so no rank
+        goes on into a collective its peer will never join. ``describe`` turns an exception into
+        (status, message); the default is the sweep's classification (ok / unsupported / oom / error).
+        Unsupported anywhere is re-raised as Unsupported, anything else as RankFailure."""
+        from .sweep import STATUS_UNSUPPORTED, Unsupported, classify_failure
+
+        failure: tuple[str, str] | None = None
+        result: Any = None
+        try:
+            result = fn()
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # noqa: BLE001 - shared with the peers below, then re-raised
+            status, message = (describe or classify_failure)(exc)
+            failure = (status, message if self.world_size == 1 else f"rank {self.rank}: {message}")
+        failures = [f for f in self.gather(failure) if f is not None]
+        if failures:
+            status, message = failures[0]
+            if status == STATUS_UNSUPPORTED:
+                raise Unsupported(message)
+            raise RankFailure(status, message)
+        return result
+
+
+def fail_job(prog: str, message: str) -> None:
+    """The group is broken (a peer died or hung past the timeout): one line, exit 1 at once. Tearing the group
+    down properly could block on the dead peer."""
+    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(1)

@@ -1,0 +1,17 @@
+"""One convention for sizes shown to people: powers of 1024 with IEC names (KiB, MiB, GiB), as nccl-tests
+users read message sizes. CSVs keep raw bytes in columns whose names end in ``bytes``; only console tables
+and the report turn them into text with this function."""
+
+from __future__ import annotations
+
+import math
+
+
+def human_bytes(value: object) -> str:
+    """64 KiB, 1.5 GiB, 28 GiB; empty for a missing value (never a fake zero)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    size, units = float(value), ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]   # type: ignore[arg-type]
+    step = min(int(math.log(abs(size), 1024)) if abs(size) >= 1 else 0, len(units) - 1)
+    scaled = size / 1024 ** step
+    return f"{scaled:.0f} {units[step]}" if scaled == int(scaled) else f"{scaled:.3g} {units[step]}"

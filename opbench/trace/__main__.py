@@ -1,0 +1,48 @@
+"""``opbench trace`` / ``python -m opbench.trace``: what did a real job send? NCCL/RCCL debug-log analysis.
+
+Run a job with ``NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL`` (add ``INIT`` to get ranks and commIds), then::
+
+    opbench trace job.log[.gz] [--report-csv-path sizes.csv] [--per-rank] [--per-comm] [--commands] [--replay]
+                                [--compare-fsdp CFG --model NAME]
+
+Parsing lives in ``parse`` (streaming, constant memory), all-to-all recognition in ``p2p``, tallies in
+``summary``, the optional actions in ``actions``. No torch import on this path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from opbench.core.errors import run_cli
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .actions import add_action_args
+
+    p = argparse.ArgumentParser(
+        prog="opbench trace",
+        description="Summarise the collectives in NCCL/RCCL debug logs (NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL).")
+    p.add_argument("logs", nargs="+", metavar="LOG", help="log files (plain or .gz); '-' reads stdin")
+    p.add_argument("--csv", metavar="FILE", help="summary CSV: one row per distinct (op, count, datatype, redop, nranks)")
+    p.add_argument("--per-rank", action="store_true", help="calls and bytes per rank and op (CSV: <stem>_per_rank.csv)")
+    p.add_argument("--per-comm", action="store_true", help="calls and bytes per communicator (CSV: <stem>_per_comm.csv)")
+    p.add_argument("--top", type=int, default=15, help="rows in the console table (default 15)")
+    p.add_argument("--raw-p2p", action="store_true",
+                   help="keep Send/Recv lines as logged instead of merging grouped ones into AlltoAll")
+    add_action_args(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from . import actions
+    from .analyze import analyze
+
+    args = build_parser().parse_args(argv)
+    summary, parser = analyze(args.logs, raw_p2p=args.raw_p2p)
+    return actions.run(args, summary, parser)
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, prog="python -m opbench.trace"))
