@@ -12,7 +12,9 @@ import sys
 from dataclasses import replace
 from typing import Any, Sequence
 
+from opbench.core import cli
 from opbench.core.cli import add_device_args, add_timing_args, csv_list, positive_int, timing_config
+from opbench.core.dtypes import FLOAT_DTYPES
 from opbench.core.device import default_dtype_name, device_info, resolve_device
 from opbench.core.errors import UsageError, run_cli
 from opbench.core.results import CsvReport, environment, summary_table
@@ -29,23 +31,21 @@ SUMMARY = ["model", "batch_size", "seqlen_q", "seqlen_kv", "num_head_q", "num_he
            "head_dim_v", "backend", "fwd_time", "fwd_tflops", "bwd_time", "bwd_tflops", "fwdbwd_time",
            "max_abs_err", "status"]
 PLAN_SUMMARY = [*SHAPE_COLUMNS[:8], "backend", "fwd_flops", "status"]
+CSV_NAME = "attention_benchmark.csv"
 CPU_MAX_SEQLEN = 128      # CPU attention at 4k-8k tokens takes minutes per case; GPUs run the real lengths
 CPU_BUDGET_S = 0.2        # per pass on CPU unless a timing flag is given: the default sweep ends in minutes
 TIMING_FLAGS = ("warmup", "min_iters", "max_iters", "rel_tol", "budget", "quick")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="opbench attention", description=__doc__,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = cli.parser("opbench attention", __doc__)
     src = p.add_argument_group("shapes")
     src.add_argument("--shapes-json-path", default=None,
                      help="Primus attention shapes: a list of {model, seqlen_q, seqlen_kv, num_head_q, num_head_kv, "
                           "head_dim_qk, head_dim_v, causal} (default: shapes/attention_shapes.json)")
-    src.add_argument("--model-config-path", default=None,
-                     help="derive shapes from model configs instead (Primus model_configs.json, one object or an "
-                          "HF config.json; 'builtin' = shapes/model_configs.json)")
-    src.add_argument("--model", default="all", help="model name(s), comma-separated, or 'all'")
-    src.add_argument("--model-name", default=None, help="name for an HF config.json (default: the file's stem)")
+    cli.add_model_args(src, model_default="all",
+                       config_help="derive shapes from model configs instead (Primus model_configs.json, one object "
+                                   "or an HF config.json; 'builtin' = the built-in configs)")
     src.add_argument("--seqlen", type=positive_int, default=None, help="sequence length (model configs only; "
                      "default: each config's seqlen)")
     src.add_argument("--tp", type=positive_int, default=1, help="tensor parallel: divides query and KV heads")
@@ -55,15 +55,17 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"scale seqlen_q and seqlen_kv down together so neither exceeds this; 0 = no cap "
                           f"(default: {CPU_MAX_SEQLEN} on CPU, no cap on GPU)")
     run = p.add_argument_group("run")
-    run.add_argument("--batch-sizes", type=csv_list(positive_int), default=[1], help="batch sizes, e.g. 1,2,4")
+    cli.add_mbs_arg(run, "--batch-sizes", dest="batch_sizes", help="micro-batch sizes, e.g. 1,2,4 (CSV: batch_size)")
     run.add_argument("--backends", type=csv_list(), default=list(BACKENDS),
-                     help=f"any of {','.join(BACKENDS)}")
+                     help=f"any of {','.join(BACKENDS)} (default: all)")
     run.add_argument("--passes", type=csv_list(), default=list(PASSES), help="any of fwd,bwd,fwdbwd")
-    run.add_argument("--report-csv-path", default="out/attention_benchmark.csv", help="CSV written row by row")
-    run.add_argument("--dry-run", action="store_true", help="write the planned rows (status=planned), run nothing")
+    cli.add_output_args(run, dir_help=f"write DIR/{CSV_NAME} (default: out/{CSV_NAME})",
+                        csv_help="the CSV itself, written row by row (wins over --report-dir-path)")
+    cli.add_dry_run_arg(run, "write the planned rows (status=planned)")
+    cli.add_top_arg(run, None)
     run.add_argument("--list-backends", action="store_true", help="print the backends and exit")
-    add_device_args(p, dtypes=("bf16", "fp16", "fp32"))
-    add_timing_args(p)
+    add_device_args(p, dtypes=FLOAT_DTYPES)
+    add_timing_args(p, f"on CPU, without any of these flags: {CPU_BUDGET_S:g} s of quick timing per pass")
     return p
 
 
@@ -123,22 +125,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     par = {"tp": args.tp, "cp": args.cp} if args.model_config_path else {}
     extra = {**par, "device": info.name}
-    meta = environment(device, {"benchmark": "attention", "shapes_source": args.model_config_path
+    meta = environment(device, {"shapes_source": args.model_config_path
                                 or args.shapes_json_path or "builtin shapes/attention_shapes.json",
                                 "passes": args.passes, "max_seqlen": max_seqlen, "timing": vars(timing)})
     cache = ProblemCache()
-    with CsvReport(args.report_csv_path, SCHEMA, meta) as report:
+    csv_path = cli.output_csv(args, CSV_NAME) or f"out/{CSV_NAME}"
+    with CsvReport(csv_path, SCHEMA, meta) as report:
         def failed(case: AttentionCase, status: str, message: str) -> dict[str, Any]:
             return {**case.as_row(), "status": status, "error": message or None, **extra}
 
         rows = run_sweep(cases, lambda c: {**run_case(c, device, args.passes, timing, cache), **extra},
                          failed, report, desc="attention", dry_run=args.dry_run)
     print(f"attention on {info.name} ({dtype}, passes {','.join(args.passes)})")
-    print(summary_table(rows, PLAN_SUMMARY if args.dry_run else SUMMARY))
+    print(summary_table(rows, PLAN_SUMMARY if args.dry_run else SUMMARY, max_rows=args.top))
     reasons = unsupported_reasons(rows)
     if reasons:
         print("not run:\n" + "\n".join(reasons))
-    print(f"wrote {args.report_csv_path} ({len(rows)} rows)")
+    print(f"wrote {csv_path} ({len(rows)} rows)")
     return 0
 
 

@@ -156,9 +156,3 @@ def select_shapes(shapes: Iterable[AttentionShape], models: str | Sequence[str] 
         raise UsageError(f"no shapes for model(s) {', '.join(missing)}; the shapes list has: {names}", field="--model")
     keep = {w.lower() for w in wanted}
     return [s for s in shapes if s.model.lower() in keep]
-
-
-def shapes_to_json(shapes: Sequence[AttentionShape]) -> str:
-    """Primus' schema, one object per line (how shapes/attention_shapes.json is written)."""
-    lines = [json.dumps(s.as_row()) for s in shapes]
-    return "[\n  " + ",\n  ".join(lines) + "\n]\n"

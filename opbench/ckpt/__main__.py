@@ -20,14 +20,16 @@ import time
 from typing import Any, Sequence
 
 from opbench.core import dist
+from opbench.core import cli
 from opbench.core.cli import csv_list, positive_int
+from opbench.core.dtypes import FLOAT_DTYPES
 from opbench.core.errors import UsageError, run_cli
 from opbench.core.faults import Faults
 
 from .methods import METHODS, get_method
 from .runner import Case, RunOptions, base_row, case_row, run_case, sidecar_entry, warm_up_state
 from .schema import SCHEMA
-from .state import OPTIMIZERS, PARAM_DTYPES, StateSpec, model_state_spec, synthetic_state_spec, with_num_layers
+from .state import OPTIMIZERS, StateSpec, model_state_spec, synthetic_state_spec, with_num_layers
 from .storage import Storage, parse_storage_options, preflight, remove_tree
 
 CSV_NAME = "ckpt_benchmark.csv"
@@ -37,52 +39,48 @@ SUMMARY = ["model", "method", "storage", "thread_count", "save_block_time", "sav
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="opbench ckpt", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.parser("opbench ckpt", __doc__)
     g = p.add_argument_group("state (what is saved)")
-    g.add_argument("--model-config-path", default=None,
-                   help="Primus model_configs.json, one config object or an HF config.json (default: built-in)")
-    g.add_argument("--model", default=None, help="model name(s) from the config file, comma-separated, or 'all'")
+    cli.add_model_args(g, with_name=False)
     g.add_argument("--num-layers", type=positive_int, default=None,
                    help="override the model's decoder layer count (to fit a big model on a small machine)")
     g.add_argument("--optimizer", choices=OPTIMIZERS, default="adam",
                    help="adam: exp_avg + exp_avg_sq per parameter; sgd: momentum_buffer (all fp32)")
-    g.add_argument("--param-dtype", choices=PARAM_DTYPES, default="bf16", help="parameter dtype (default bf16)")
+    g.add_argument("--param-dtype", choices=FLOAT_DTYPES, default="bf16", help="parameter dtype")
     g.add_argument("--master-weights", action=argparse.BooleanOptionalAction, default=None,
                    help="fp32 master copy of the parameters (default: on unless --param-dtype fp32)")
     g.add_argument("--size-mb", type=csv_list(float), default=None,
                    help=f"instead of a model: total MiB across all ranks, in --param-dtype tensors of realistic "
-                        f"sizes; comma-separated to sweep (default {DEFAULT_SIZE_MB:g} when no model is given)")
+                        f"sizes; comma-separated to sweep (default: {DEFAULT_SIZE_MB:g} when no model is given)")
     g = p.add_argument_group("methods and storage (every combination is one CSV row)")
     g.add_argument("--methods", type=csv_list(str), default=["torch_save", "dcp", "dcp_async"],
-                   help=f"comma-separated from {', '.join(METHODS)} (default torch_save,dcp,dcp_async)")
+                   help=f"comma-separated from {','.join(METHODS)}")
     g.add_argument("--storage", type=csv_list(str), default=None,
                    help="directories and/or fsspec URLs (s3://bucket/prefix, gs://…, file://…, memory://), "
-                        "comma-separated (default REPORT_DIR/ckpt_data)")
+                        "comma-separated (default: REPORT_DIR/ckpt_data)")
     g.add_argument("--storage-options", default=None,
                    help='JSON for the fsspec file system, e.g. \'{"endpoint_url": "http://127.0.0.1:9000"}\'')
     g.add_argument("--thread-count", type=csv_list(positive_int), default=[1],
-                   help="DCP writer threads per rank, comma-separated to sweep (default 1)")
+                   help="DCP writer threads per rank, comma-separated to sweep")
     g.add_argument("--single-file-per-rank", action=argparse.BooleanOptionalAction, default=True,
-                   help="DCP: one file per rank (default) instead of one per tensor")
+                   help="DCP: one file per rank instead of one per tensor")
     g.add_argument("--sync-files", action=argparse.BooleanOptionalAction, default=True,
-                   help="fsync every file before a save counts as done (default on)")
+                   help="fsync every file before a save counts as done")
     g = p.add_argument_group("measurement")
     g.add_argument("--iterations", type=positive_int, default=3,
-                   help="saves per case, each to a new directory, then as many loads (default 3)")
+                   help="saves per case, each to a new directory, then as many loads")
     g.add_argument("--save-interval", type=float, default=0.0,
                    help="async methods: seconds of simulated training after each async save returns; a save "
-                        "still running then makes accurate=false (default 0: wait for it at once)")
+                        "still running then makes accurate=false (default: 0, wait for it at once)")
     g.add_argument("--drop-cache", action="store_true",
                    help="evict the saved files from the page cache before each load (local storage)")
-    g.add_argument("--timeout", type=float, default=1800.0,
-                   help="seconds any collective may take, DCP's included; a dead rank fails the others after it")
+    cli.add_timeout_arg(g, 1800.0)
     g.add_argument("--keep", action="store_true", help="keep the checkpoints instead of deleting each case's")
     g.add_argument("--device", default="auto", help="where the state lives: auto (GPU if present), cpu, cuda")
-    g.add_argument("--report-dir-path", default="out", help=f"where {CSV_NAME} goes (default out)")
+    cli.add_output_args(g, dir_default="out", dir_help=f"where {CSV_NAME} goes")
     g.add_argument("--nproc-per-node", type=positive_int, default=None,
-                   help="not under torchrun: start this many ranks on this machine")
-    g.add_argument("--dry-run", action="store_true", help="print the states and cases, save nothing")
+                   help="not under torchrun/srun: start torchrun with this many ranks on this machine")
+    cli.add_dry_run_arg(g, "print the states and the cases, save nothing")
     return p
 
 

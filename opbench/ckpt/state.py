@@ -23,7 +23,6 @@ from opbench.core.dtypes import element_size
 from opbench.core.errors import UsageError
 
 OPTIMIZERS = ("adam", "sgd")
-PARAM_DTYPES = ("bf16", "fp16", "fp32")
 # Per-parameter optimizer tensors (fp32), named like torch.distributed.checkpoint's optimizer state dict.
 OPTIMIZER_MOMENTS = {"adam": ("exp_avg", "exp_avg_sq"), "sgd": ("momentum_buffer",)}
 # Candidate hidden sizes for --size-mb states: the largest whose decoder layer fits four times is used.

@@ -1,13 +1,18 @@
-"""Command-line plumbing shared by every benchmark, and the ``opbench`` dispatcher.
+"""Command-line plumbing shared by every tool, and the ``opbench`` dispatcher.
 
-Each benchmark module exposes ``main(argv) -> int``; ``opbench <sub>`` imports it lazily, so a missing
-optional dependency of one benchmark never breaks another.
+Each tool's module exposes ``main(argv) -> int``; ``opbench <sub>`` imports it lazily, so a missing optional
+dependency of one tool never breaks another. The argument groups here give every flag one meaning across
+tools: where output goes (``--report-dir-path`` / ``--report-csv-path``), which model (``--model``,
+``--model-config-path``), ``--mbs`` (always a list), ``--dry-run`` (plan only: write the planned rows or print
+the planned commands, time nothing), ``--top`` (console rows), ``--timeout``; and one help style
+(``HelpFormatter``: each true default once, lists comma-joined). Nothing here imports torch.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import re
 import sys
 from typing import Callable, Sequence, TypeVar
@@ -26,6 +31,44 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "ckpt": ("opbench.ckpt.__main__", "checkpoint save/load benchmark"),
     "report": ("opbench.report.__main__", "turn a results folder into a summary with plots"),
 }
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and epilogs as written; every option's default shown once, as the user would type it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if ("default" in text or default in (None, False, argparse.SUPPRESS) or action.option_strings == []
+                or isinstance(action, (argparse._HelpAction, argparse._VersionAction))):
+            return text
+        if isinstance(default, (list, tuple)):
+            if not default:
+                return text
+            shown = ",".join(str(v) for v in default)
+        elif isinstance(default, float):
+            shown = f"{default:g}"
+        else:
+            shown = str(default)
+        return f"{text} (default: {shown.replace('%', '%%')})"
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with opbench's error contract: a bad flag is ONE line naming it, exit code 2 (via run_cli),
+    not argparse's usage block."""
+
+    def error(self, message: str):  # type: ignore[override]
+        m = re.match(r"argument ([^:]+): (.*)", message, re.DOTALL)
+        if m:
+            names = m.group(1).split("/")
+            flag = next((n for n in names if n.startswith("--")), names[0])
+            raise UsageError(" ".join(m.group(2).split()), field=flag)
+        raise UsageError(f"{' '.join(message.split())} (see --help)")
+
+
+def parser(prog: str, description: str | None, epilog: str | None = None) -> ArgumentParser:
+    """An ArgumentParser in the one opbench help style and error contract."""
+    return ArgumentParser(prog=prog, description=description, epilog=epilog, formatter_class=HelpFormatter)
 
 
 def csv_list(kind: Callable[[str], T] = str) -> Callable[[str], list[T]]:
@@ -81,14 +124,77 @@ def add_device_args(parser: argparse.ArgumentParser, dtypes: Sequence[str] = ("b
                         help="element type (default: bf16 on GPU, fp32 on CPU)")
 
 
-def add_timing_args(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("timing")
-    g.add_argument("--warmup", type=int, default=None, help="minimum warm-up calls per shape")
-    g.add_argument("--min-iters", type=int, default=None, help="minimum timed calls per shape")
-    g.add_argument("--max-iters", type=int, default=None, help="maximum timed calls per shape")
-    g.add_argument("--rel-tol", type=float, default=None, help="stop when the median is stable to this fraction")
-    g.add_argument("--budget", type=float, default=None, help="seconds of timed calls per shape")
-    g.add_argument("--quick", action="store_true", help="few calls per shape (smoke runs)")
+def add_timing_args(parser: argparse.ArgumentParser, note: str = "") -> None:
+    """The harness' knobs; help shows TimingConfig's real values (the flags themselves default to None, so a
+    tool can tell 'not given' from 'given the default')."""
+    from .timing import TimingConfig
+
+    d, q = TimingConfig(), TimingConfig.quick()
+    g = parser.add_argument_group("timing", note or None)
+    g.add_argument("--warmup", type=int, default=None, help=f"minimum warm-up calls per shape (default: {d.warmup_iters})")
+    g.add_argument("--min-iters", type=int, default=None, help=f"minimum timed calls per shape (default: {d.min_iters})")
+    g.add_argument("--max-iters", type=int, default=None, help=f"maximum timed calls per shape (default: {d.max_iters})")
+    g.add_argument("--rel-tol", type=float, default=None,
+                   help=f"stop when the median is stable to this fraction (default: {d.rel_tol:g})")
+    g.add_argument("--budget", type=float, default=None,
+                   help=f"seconds of timed calls per shape (default: {d.budget_s:g})")
+    g.add_argument("--quick", action="store_true",
+                   help=f"smoke runs: {q.min_iters}-{q.max_iters} calls, {q.budget_s:g} s per shape")
+
+
+def add_model_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, model_default: str | None = None,
+                   model_help: str = "model name(s) from the configs, comma-separated, or 'all'",
+                   config_help: str = "", with_name: bool = True) -> None:
+    """--model-config-path / --model (/ --model-name): the same flags, the same meaning, in every tool."""
+    parser.add_argument("--model-config-path", default=None, metavar="PATH",
+                        help=config_help or "Primus model_configs.json list, one object, or a Hugging Face "
+                             "config.json (default: the built-in configs; 'builtin' names them explicitly)")
+    parser.add_argument("--model", default=model_default, help=model_help)
+    if with_name:
+        parser.add_argument("--model-name", default=None, help="name for an HF config.json (default: the file's stem)")
+
+
+def add_mbs_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *aliases: str, dest: str = "mbs",
+                help: str = "micro-batch sizes, e.g. 1,2,4,8") -> None:
+    """--mbs is always a list."""
+    parser.add_argument("--mbs", *aliases, dest=dest, type=csv_list(positive_int), default=[1], metavar="N[,N...]",
+                        help=help)
+
+
+def add_output_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, dir_default: str | None = None,
+                    dir_help: str = "folder the CSVs (and their .meta.json sidecars) go to",
+                    csv_help: str | None = None, csv_default: str | None = None,
+                    csv_aliases: Sequence[str] = ()) -> None:
+    """Where output goes, in every tool: ``--report-dir-path DIR`` (the tool's standard file names inside), and
+    for single-CSV tools ``--report-csv-path FILE`` to name the file itself (it wins over the folder)."""
+    parser.add_argument("--report-dir-path", default=dir_default, metavar="DIR", help=dir_help)
+    if csv_help is not None:
+        parser.add_argument("--report-csv-path", *csv_aliases, dest="report_csv_path", default=csv_default,
+                            metavar="FILE", help=csv_help)
+
+
+def output_csv(args: argparse.Namespace, file_name: str) -> str | None:
+    """The CSV a single-CSV tool writes: --report-csv-path if given, else DIR/file_name, else None (console only)."""
+    if getattr(args, "report_csv_path", None):
+        return str(args.report_csv_path)
+    if args.report_dir_path:
+        return os.path.join(args.report_dir_path, file_name)
+    return None
+
+
+def add_top_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, default: int | None, *aliases: str) -> None:
+    parser.add_argument("--top", *aliases, dest="top", type=non_negative_int, default=default, metavar="N",
+                        help="rows shown in each console table" + (" (default: all)" if default is None else ""))
+
+
+def add_dry_run_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, what: str) -> None:
+    parser.add_argument("--dry-run", action="store_true", help=f"plan only, time nothing: {what}")
+
+
+def add_timeout_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, default: float) -> None:
+    parser.add_argument("--timeout", type=float, default=default, metavar="SECONDS",
+                        help="seconds the rendezvous or any collective may take before the job fails with one "
+                             "clear error (a dead or hung rank)")
 
 
 def timing_config(args: argparse.Namespace):

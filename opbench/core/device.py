@@ -52,9 +52,6 @@ class DeviceInfo:
     def peak_tflops(self, dtype: str) -> float | None:
         return self.peak.tflops(dtype) if self.peak else None
 
-    def peak_bandwidth_gbs(self) -> float | None:
-        return self.peak.hbm_tbs * 1000 if self.peak else None
-
 
 def gpu_backend() -> str | None:
     """'rocm' when torch was built for HIP (ROCm reuses the torch.cuda API), 'cuda' for CUDA, else None."""

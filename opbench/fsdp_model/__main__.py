@@ -12,6 +12,7 @@ import argparse
 import sys
 from typing import Any, Sequence
 
+from opbench.core import cli
 from opbench.core.cli import positive_int
 from opbench.core.dtypes import FLOAT_DTYPES
 from opbench.core.errors import UsageError, run_cli
@@ -25,6 +26,7 @@ from .schema import SCHEMA
 TABLE = ["unit", "units", "collective", "count", "dtype", "nranks", "calls_per_step", "bytes_per_rank",
          "nccl_tests_bytes", "bytes_per_step"]
 
+CSV_NAME = "fsdp_collectives.csv"
 EXAMPLES = """\
 examples:
   opbench fsdp --model Llama3.1_70B --world-size 8 --commands
@@ -35,38 +37,34 @@ examples:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="opbench fsdp", description=__doc__, epilog=EXAMPLES,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.parser("opbench fsdp", __doc__, EXAMPLES)
     g = p.add_argument_group("model")
-    g.add_argument("--model-config-path", default=None,
-                   help="Primus model_configs.json list, one object, or a Hugging Face config.json "
-                        "(default: the built-in shapes/model_configs.json)")
-    g.add_argument("--model", default=None, help="model name(s) from the list, comma-separated, or 'all' (default)")
-    g.add_argument("--model-name", default=None, help="name for an HF config.json (default: the file's stem)")
+    cli.add_model_args(g, model_help="model name(s) from the configs, comma-separated, or 'all' (default: all)")
     g = p.add_argument_group("FSDP")
     g.add_argument("--world-size", type=positive_int, required=True, help="ranks in the data-parallel job")
-    g.add_argument("--nnodes", type=positive_int, default=1, help="nodes the ranks are spread over (default 1)")
+    g.add_argument("--nnodes", type=positive_int, default=1, help="nodes the ranks are spread over")
     g.add_argument("--replicate", type=positive_int, default=1,
-                   help="HSDP: shard within world_size/N contiguous ranks, all-reduce across N replicas (default 1)")
+                   help="HSDP: shard within world_size/N contiguous ranks, all-reduce across N replicas")
     g.add_argument("--fsdp-version", type=int, choices=[1, 2], default=2,
-                   help="2: fully_shard, per-parameter padding; 1: FlatParameter padding (default 2)")
+                   help="2: fully_shard, per-parameter padding; 1: FlatParameter padding")
     g.add_argument("--param-dtype", choices=FLOAT_DTYPES, default="bf16",
-                   help="all-gather dtype, MixedPrecisionPolicy.param_dtype (default bf16)")
+                   help="all-gather dtype, MixedPrecisionPolicy.param_dtype")
     g.add_argument("--reduce-dtype", choices=FLOAT_DTYPES, default="fp32",
-                   help="reduce-scatter / all-reduce dtype, MixedPrecisionPolicy.reduce_dtype (default fp32)")
+                   help="reduce-scatter / all-reduce dtype, MixedPrecisionPolicy.reduce_dtype")
     g.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction, default=True,
-                   help="layers all-gather again in backward (default on; the root never does)")
+                   help="layers all-gather again in backward (the root never does; default: on)")
     g.add_argument("--use-orig-params", action=argparse.BooleanOptionalAction, default=True,
-                   help="FSDP1 only: 16-byte alignment padding between parameters (default on)")
+                   help="FSDP1 only: 16-byte alignment padding between parameters (default: on)")
     g.add_argument("--mode", choices=["exact", "approx"], default="exact",
                    help="approx: Primus' layer weights / n (no norms, no root), with the difference to exact")
     g = p.add_argument_group("output")
-    g.add_argument("--csv", default=None, metavar="FILE", help="one row per (model, unit, collective)")
+    cli.add_output_args(g, dir_help=f"write DIR/{CSV_NAME}; with --run also the comm CSVs (default: no CSV; "
+                                    "--run writes to out/fsdp_comm)",
+                        csv_help="the CSV itself: one row per (model, unit, collective)", csv_aliases=("--csv",))
     g.add_argument("--commands", action="store_true",
                    help="print rccl-tests / nccl-tests and opbench comm lines for the unique sizes")
     g.add_argument("--run", action="store_true",
                    help="time the unique sizes with opbench comm (torchrun on this machine)")
-    g.add_argument("--report-dir-path", default="out/fsdp_comm", help="where --run writes its CSVs")
     return p
 
 
@@ -107,8 +105,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = [(cfg, *model_rows(cfg, args)) for cfg in configs]   # all errors surface before any output
     from opbench.core.results import CsvReport, environment, summary_table   # imports torch: after validation
     report = None
-    if args.csv:
-        report = CsvReport(args.csv, SCHEMA, meta=environment(None, extra={k: v for k, v in vars(args).items()}))
+    csv_path = cli.output_csv(args, CSV_NAME)
+    run_dir = args.report_dir_path or "out/fsdp_comm"
+    if csv_path:
+        report = CsvReport(csv_path, SCHEMA, meta=environment(None, extra={k: v for k, v in vars(args).items()}))
     worst = 0
     for cfg, rows, exact in results:
         print(header(cfg, args))
@@ -127,16 +127,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             report.extend(csv_row(cfg, args, c, exact_counts.get((c.unit, c.collective))) for c in rows)
         if args.commands:
             print()
-            print(commands_text(rows, args.report_dir_path))
+            print(commands_text(rows, run_dir))
         if args.run:
             if any(c.nnodes > 1 for c in rows):
                 raise UsageError("--run launches on this machine only; a process group spans nodes: run the "
                                  "'opbench comm' lines from --commands on every node", field="--run")
-            worst = max(worst, run_comm(rows, args.report_dir_path))
+            worst = max(worst, run_comm(rows, run_dir))
         print()
     if report:
         report.close()
-        print(f"wrote {args.csv}")
+        print(f"wrote {csv_path}")
     return worst
 
 

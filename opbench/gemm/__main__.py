@@ -8,8 +8,10 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from opbench.core import cli
 from opbench.core.cli import add_device_args, add_timing_args, csv_list, positive_int, timing_config
 from opbench.core.device import default_dtype_name, device_info, resolve_device
+from opbench.core.dtypes import GEMM_DTYPES
 from opbench.core.errors import UsageError, run_cli
 from opbench.core.results import CsvReport, environment, summary_table
 from opbench.core.sweep import run_sweep
@@ -24,29 +26,24 @@ SUMMARY = ["layer", "pass", "mbs", "m", "n", "k", "groups", "backend", "time_s",
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="opbench gemm", description=__doc__,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model-config-path", default=None,
-                   help="Primus model_configs.json list, one object, or a Hugging Face config.json "
-                        "(default: the built-in shapes/model_configs.json)")
-    p.add_argument("--model", default=None, help="model name(s) from the list, comma-separated, or 'all' "
-                   "(default: all for a list)")
-    p.add_argument("--model-name", default=None, help="name for an HF config.json (default: the file's stem)")
-    p.add_argument("--report-dir-path", default="out", help="where benchmark_gemm_<model>.csv files go")
-    p.add_argument("--seqlen", type=positive_int, default=None, help="sequence length (overrides the config)")
-    p.add_argument("--mbs", type=csv_list(int), default=[1], help="micro-batch sizes, e.g. 1,2,4")
+    p = cli.parser("opbench gemm", __doc__)
+    cli.add_model_args(p, model_help="model name(s) from the configs, comma-separated, or 'all' (default: all)")
+    cli.add_output_args(p, dir_default="out", dir_help="where benchmark_gemm_<model>.csv files go")
+    p.add_argument("--seqlen", type=positive_int, default=None, help="sequence length (default: the model's)")
+    cli.add_mbs_arg(p)
     p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size")
     p.add_argument("--ep", type=positive_int, default=1, help="expert-parallel size")
     p.add_argument("--cp", type=positive_int, default=1, help="context-parallel size (divides the token count)")
     p.add_argument("--etp", type=positive_int, default=1, help="expert tensor-parallel size")
-    p.add_argument("--passes", type=csv_list(), default=list(PASSES), help="fwd,dgrad,wgrad")
-    p.add_argument("--layers", type=csv_list(), default=None, help=f"subset of {','.join(ALL_LAYERS)}")
+    p.add_argument("--passes", type=csv_list(), default=list(PASSES), help="any of fwd,dgrad,wgrad")
+    p.add_argument("--layers", type=csv_list(), default=None, help=f"subset of {','.join(ALL_LAYERS)} (default: all)")
     p.add_argument("--backends", type=csv_list(), default=["auto"],
                    help=f"auto (torch, and torch_grouped for expert GEMMs) or any of {','.join(BACKENDS)}")
     p.add_argument("--cache", choices=["cold", "warm"], default="cold",
                    help="cold: rotate operand sets larger than the last-level cache between calls")
-    p.add_argument("--dry-run", action="store_true", help="write the planned rows (status=planned), time nothing")
-    add_device_args(p, dtypes=("bf16", "fp16", "fp32", "fp8"))
+    cli.add_dry_run_arg(p, "write the planned rows (status=planned)")
+    cli.add_top_arg(p, None)
+    add_device_args(p, dtypes=GEMM_DTYPES)
     add_timing_args(p)
     return p
 
@@ -102,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows = run_sweep(cases, lambda c: {**run_case(c, info, timing, cold=args.cache == "cold"), **extra_cols},
                              failed, report, desc=f"gemm {cfg.name}", dry_run=args.dry_run)
         print(f"\n{cfg.name} on {info.name} ({dtype}, tp={par.tp} ep={par.ep} cp={par.cp}, seqlen={seqlen})")
-        print(summary_table(rows, SUMMARY))
+        print(summary_table(rows, SUMMARY, max_rows=args.top))
         print(f"wrote {path} ({len(rows)} rows)")
     return 0
 

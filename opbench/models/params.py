@@ -159,7 +159,3 @@ def units(specs: list[ParamSpec]) -> dict[str, list[ParamSpec]]:
     for spec in specs:
         grouped.setdefault(spec.unit, []).append(spec)
     return grouped
-
-
-def total_parameters(cfg: ModelConfig) -> int:
-    return sum(s.numel for s in parameter_shapes(cfg))

@@ -1,4 +1,4 @@
-"""``python -m opbench.report RESULTS_DIR --out OUT_DIR`` / ``opbench report``: report.md + PNG plots from the
+"""``python -m opbench.report RESULTS_DIR [--report-dir-path OUT_DIR]`` / ``opbench report``: report.md + PNG plots from the
 opbench CSVs in a results folder (searched recursively); ``--compare OTHER_DIR`` adds this / other ratios."""
 
 from __future__ import annotations
@@ -7,22 +7,22 @@ import argparse
 import sys
 from typing import Sequence
 
-from opbench.core.cli import non_negative_int
+from opbench.core import cli
 from opbench.core.errors import run_cli
 
 from . import build_report
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="opbench report", description=__doc__)
+    p = cli.parser("opbench report", __doc__)
     p.add_argument("results_dir", metavar="RESULTS_DIR", help="folder with opbench CSVs (and their .meta.json)")
-    p.add_argument("--out", default=None, metavar="OUT_DIR",
+    p.add_argument("--report-dir-path", "--out", dest="out", default=None, metavar="DIR",
                    help="where report.md and the PNGs go (default: RESULTS_DIR/report)")
     p.add_argument("--compare", default=None, metavar="OTHER_RESULTS_DIR",
                    help="a second results folder (e.g. before an upgrade): tables gain <metric>_other and "
                         "<metric>_ratio = this / other")
-    p.add_argument("--top", type=non_negative_int, default=40, metavar="N",
-                   help="rows per table (0 = all; default 40); rows left out are counted, failed rows always listed")
+    p.add_argument("--top", type=cli.non_negative_int, default=40, metavar="N",
+                   help="rows per table (0 = all; default: 40); rows left out are counted, failed rows always listed")
     p.add_argument("--no-plots", action="store_true", help="write only report.md")
     return p
 

@@ -15,20 +15,25 @@ import argparse
 import sys
 from typing import Sequence
 
+from opbench.core import cli
 from opbench.core.errors import run_cli
+
+CSV_NAME = "trace_summary.csv"
 
 
 def build_parser() -> argparse.ArgumentParser:
     from .actions import add_action_args
 
-    p = argparse.ArgumentParser(
-        prog="opbench trace",
-        description="Summarise the collectives in NCCL/RCCL debug logs (NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL).")
+    p = cli.parser("opbench trace", "Summarise the collectives in NCCL/RCCL debug logs "
+                   "(NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL).")
     p.add_argument("logs", nargs="+", metavar="LOG", help="log files (plain or .gz); '-' reads stdin")
-    p.add_argument("--csv", metavar="FILE", help="summary CSV: one row per distinct (op, count, datatype, redop, nranks)")
+    cli.add_output_args(p, dir_help=f"write DIR/{CSV_NAME} (and its _per_rank / _per_comm / _fsdp siblings)",
+                        csv_help="summary CSV: one row per distinct (op, count, datatype, redop, nranks); the "
+                                 "breakdowns go beside it as <stem>_per_rank.csv, … (default: no CSV)",
+                        csv_aliases=("--csv",))
     p.add_argument("--per-rank", action="store_true", help="calls and bytes per rank and op (CSV: <stem>_per_rank.csv)")
     p.add_argument("--per-comm", action="store_true", help="calls and bytes per communicator (CSV: <stem>_per_comm.csv)")
-    p.add_argument("--top", type=int, default=15, help="rows in the console table (default 15)")
+    cli.add_top_arg(p, 15)
     p.add_argument("--raw-p2p", action="store_true",
                    help="keep Send/Recv lines as logged instead of merging grouped ones into AlltoAll")
     add_action_args(p)
@@ -40,6 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .analyze import analyze
 
     args = build_parser().parse_args(argv)
+    args.csv = cli.output_csv(args, CSV_NAME)
     summary, parser = analyze(args.logs, raw_p2p=args.raw_p2p)
     return actions.run(args, summary, parser)
 

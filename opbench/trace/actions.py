@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from opbench.core import cli
 from opbench.core.errors import UsageError
 from opbench.core.results import CsvReport, environment, summary_table
 from opbench.core.schema import Schema
@@ -35,7 +36,7 @@ def add_action_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--launcher", choices=["auto", "single", "mpi"], default="auto",
                    help="single: one process, -g nranks; mpi: mpirun -np nranks … -g 1; "
                         "auto: single when nranks fits one node (--gpus-per-node)")
-    g.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node for -g / mpirun hosts (default 8)")
+    g.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node for -g / mpirun hosts")
     r = p.add_argument_group("replay with the torchrun comm benchmark")
     r.add_argument("--replay", action="store_true",
                    help="run torchrun … -m opbench.comm --sizes-from-trace LOG on this machine")
@@ -43,7 +44,7 @@ def add_action_args(p: argparse.ArgumentParser) -> None:
                    help="ranks for --replay (default: the largest nranks in the log)")
     r.add_argument("--replay-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for opbench.comm (repeatable), e.g. --replay-arg=--quick")
-    r.add_argument("--dry-run", action="store_true", help="print the replay command instead of running it")
+    cli.add_dry_run_arg(r, "with --replay, print the replay command instead of running it")
     f = p.add_argument_group("compare with the FSDP model")
     f.add_argument("--compare-fsdp", metavar="CFG",
                    help="model config (Primus JSON / HF config.json) or a built-in model name")
@@ -125,16 +126,16 @@ def print_top(rows: list[dict[str, Any]], top: int) -> None:
 
 
 def flavour(choice: str, summary: TraceSummary) -> str:
+    """rccl when asked, when the log has RCCL-only fields, or when this machine has ROCm (found without importing
+    torch: a loaded torch's build, else a ROCm install)."""
     if choice != "auto":
         return choice
     if summary.rccl_fields:
         return "rccl"
-    try:
-        import torch
-
+    torch = sys.modules.get("torch")
+    if torch is not None:
         return "rccl" if getattr(torch.version, "hip", None) else "nccl"
-    except ImportError:  # pragma: no cover - torch is a dependency
-        return "nccl"
+    return "rccl" if os.environ.get("ROCM_PATH") or os.path.isdir("/opt/rocm") else "nccl"
 
 
 def benchmark_commands(rows: list[dict[str, Any]], flav: str, launcher: str, gpus_per_node: int) -> list[str]:

@@ -28,11 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
+from opbench.core import cli
 from opbench.core.errors import run_cli
 from opbench.core.collectives import COLLECTIVES
 from opbench.core.dtypes import DTYPES
 
 from .schema import NCCL_TESTS
+
+CSV_NAME = "nccl_tests.csv"
 
 
 # -d names across eras (NCCL 1 names, nccl-tests and rccl-tests fp8 spellings)
@@ -294,11 +297,12 @@ def iter_file_rows(path: str) -> Iterator[dict[str, Any]]:
 
 # -- command line ---------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="opbench nccl-tests",
-                                description="Parse nccl-tests / rccl-tests output (all table eras) into one CSV.")
+    p = cli.parser("opbench nccl-tests", "Parse nccl-tests / rccl-tests output (all table eras) into one CSV.")
     p.add_argument("outputs", nargs="+", metavar="OUT", help="output files (plain or .gz); '-' reads stdin")
-    p.add_argument("--csv", metavar="FILE", help="write all rows here (columns: " + ", ".join(NCCL_TESTS.columns) + ")")
-    p.add_argument("--max-rows", type=int, default=40, help="rows shown on the console (default 40)")
+    cli.add_output_args(p, dir_help=f"write DIR/{CSV_NAME}",
+                        csv_help="write all rows here (default: no CSV); columns: " + ", ".join(NCCL_TESTS.columns),
+                        csv_aliases=("--csv",))
+    cli.add_top_arg(p, 40, "--max-rows")
     return p
 
 
@@ -307,6 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .analyze import check_paths
 
     args = build_parser().parse_args(argv)
+    args.csv = cli.output_csv(args, CSV_NAME)
     paths = check_paths(args.outputs)
     meta = environment(None, {"outputs": paths})
     report = CsvReport(args.csv, NCCL_TESTS, meta=meta) if args.csv else None
@@ -325,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     shown = ["collective", "size_bytes", "type", "redop", "oop_time_us", "oop_busbw_gbs", "ip_time_us",
              "ip_busbw_gbs", "oop_wrong", "avg_busbw"]
-    print(summary_table(rows, shown, max_rows=args.max_rows))
+    print(summary_table(rows, shown, max_rows=args.top))
     if args.csv:
         print(f"wrote {args.csv} ({len(rows)} rows)")
     return 0

@@ -1,0 +1,54 @@
+"""The tools that need no GPU code must not import torch: the log parser, the nccl-tests parser, the FSDP size
+model (not --run), the report, and `opbench comm --help` / `--dry-run`. They are what users run on a login
+node, or on new hardware before PyTorch works there. Checked in a fresh interpreter by running each CLI on real
+inputs and looking at sys.modules after it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCRIPT = textwrap.dedent('''
+    import contextlib, io, sys
+    from opbench.core.cli import main
+
+    log, out, res = sys.argv[1:4]
+    open(log, "w").write(
+        "node1:11:12 [0] NCCL INFO AllGather: opCount 0 sendbuff 0x1 recvbuff 0x2 count 1024 datatype 9 op 0 "
+        "root 0 comm 0xa [nranks=2] stream 0xb\\n")
+    open(out, "w").write(
+        "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\\n"
+        "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)\\n"
+        "        1024           256     float     sum      -1    10.50    0.10    0.10      0    10.20    0.11    0.11      0\\n")
+    runs = {
+        "trace": ["trace", log, "--report-dir-path", res, "--commands"],
+        "nccl-tests": ["nccl-tests", out, "--report-dir-path", res],
+        "fsdp": ["fsdp", "--model", "Llama3.1_8B", "--world-size", "8", "--commands", "--report-dir-path", res],
+        "report": ["report", res, "--no-plots"],
+        "comm --dry-run": ["comm", "--dry-run", "--nproc-per-node", "8", "--model", "Llama3.1_8B", "--tp", "8"],
+        "comm --help": ["comm", "--help"],
+    }
+    for name, argv in runs.items():
+        with contextlib.redirect_stdout(io.StringIO()):
+            try:
+                rc = main(argv)
+            except SystemExit as exc:
+                rc = exc.code
+        assert rc == 0, (name, rc)
+        assert "torch" not in sys.modules, f"{name} imported torch"
+        print("ok", name)
+''')
+
+
+def test_tools_without_gpu_code_never_import_torch(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "nccl.log"), str(tmp_path / "ar.out"),
+                           str(tmp_path / "res")], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert proc.stdout.split() == ["ok", "trace", "ok", "nccl-tests", "ok", "fsdp", "ok", "report", "ok", "comm",
+                                   "--dry-run", "ok", "comm", "--help"]
+    assert (tmp_path / "res" / "trace_summary.csv").exists() and (tmp_path / "res" / "nccl_tests.csv").exists()
+    assert (tmp_path / "res" / "fsdp_collectives.csv").exists() and (tmp_path / "res" / "report" / "report.md").exists()
