@@ -15,10 +15,10 @@ import time
 
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
-import triton  # noqa: E402
-from tabulate import tabulate  # noqa: E402
+import triton
+from tabulate import tabulate
 
-from opbench.attention.triton_aot import KERNELS, compile_kernel  # noqa: E402
+from opbench.attention.triton_aot import KERNELS, compile_kernel
 
 HEAD_DIMS = ((64, 64), (128, 128), (192, 128))  # (head_dim_qk, head_dim_v); 192/128 is DeepSeek MLA
 

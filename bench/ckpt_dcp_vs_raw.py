@@ -56,7 +56,7 @@ def main() -> None:
         for tc in args.thread_count:
             contenders[f"dcp t{tc}"] = (lambda tc: lambda path: Dcp().save(
                 state, storage, path, SaveOptions(thread_count=tc)).wait())(tc)
-        for name, save in contenders.items():           # untimed warm-up of each
+        for save in contenders.values():           # untimed warm-up of each
             save(os.path.join(root, "warmup"))
             shutil.rmtree(os.path.join(root, "warmup"))
         samples: dict[str, list[float]] = {name: [] for name in contenders}

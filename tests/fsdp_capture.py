@@ -10,8 +10,8 @@ on a CPU. A call made from inside another wrapped call is recorded once.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 import torch.distributed as dist

@@ -12,10 +12,10 @@ import torch.nn.functional as F
 
 from opbench.attention import backends as B
 from opbench.attention.__main__ import main
-from opbench.attention.schema import SCHEMA
 from opbench.attention.flops import attention_flops
 from opbench.attention.reference import reference_attention
 from opbench.attention.runner import AttentionCase, ProblemCache, check, make_problem, run_case, time_passes
+from opbench.attention.schema import SCHEMA
 from opbench.attention.shapes import AttentionShape
 from opbench.core.sweep import Unsupported
 from opbench.core.timing import TimingConfig

@@ -8,8 +8,13 @@ import pytest
 
 from opbench.attention.__main__ import main
 from opbench.attention.flops import attention_flops, visible_kv
-from opbench.attention.shapes import (BUILTIN_SHAPES, AttentionShape, cap_seqlen, load_attention_shapes,
-                                      model_attention_shape)
+from opbench.attention.shapes import (
+    BUILTIN_SHAPES,
+    AttentionShape,
+    cap_seqlen,
+    load_attention_shapes,
+    model_attention_shape,
+)
 from opbench.core.errors import UsageError, run_cli
 from opbench.models import load_model_configs, select_models
 

@@ -10,10 +10,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from opbench.ckpt.runner import bandwidth_mibps
-from opbench.ckpt.state import (ShardedState, StateSpec, TensorSpec, deterministic_tensor, model_state_spec,
-                                shard_range, synthetic_state_spec, tensor_seed, with_num_layers)
-from opbench.core.errors import describe_os_error
-from opbench.core.errors import UsageError
+from opbench.ckpt.state import (
+    ShardedState,
+    StateSpec,
+    TensorSpec,
+    deterministic_tensor,
+    model_state_spec,
+    shard_range,
+    synthetic_state_spec,
+    tensor_seed,
+    with_num_layers,
+)
+from opbench.core.errors import UsageError, describe_os_error
 from opbench.models import load_model_configs, select_models
 from opbench.models.params import parameter_shapes
 

@@ -11,11 +11,19 @@ import torch
 
 from opbench.comm.__main__ import main
 from opbench.comm.ops import OPS, Buffers, Ctx, count_wrong, fill_for_check
-from opbench.comm.sizes import CommCase, CommGroups, actual_size, count_for, group_layout, model_cases, \
-    sweep_bytes, trace_cases
-from opbench.trace.analyze import TraceSize
+from opbench.comm.sizes import (
+    CommCase,
+    CommGroups,
+    actual_size,
+    count_for,
+    group_layout,
+    model_cases,
+    sweep_bytes,
+    trace_cases,
+)
 from opbench.core.errors import UsageError, run_cli
 from opbench.models import load_model_configs
+from opbench.trace.analyze import TraceSize
 
 
 # -- sizes --------------------------------------------------------------------------------------------------

@@ -14,8 +14,14 @@ from opbench.core.errors import run_cli
 from opbench.fsdp_model.__main__ import main
 from opbench.fsdp_model.approx import approx_collectives, compare
 from opbench.fsdp_model.commands import comm_runs, commands_text
-from opbench.fsdp_model.model import (fsdp1_alignment_numel, fsdp1_shard_numel, fsdp2_shard_numel, fsdp_collectives,
-                                      step_totals, unit_range)
+from opbench.fsdp_model.model import (
+    fsdp1_alignment_numel,
+    fsdp1_shard_numel,
+    fsdp2_shard_numel,
+    fsdp_collectives,
+    step_totals,
+    unit_range,
+)
 from opbench.models import load_model_configs, select_models
 
 

@@ -19,11 +19,11 @@ import pytest
 
 pytest.importorskip("transformers")
 
-import torch.multiprocessing as mp  # noqa: E402
+import torch.multiprocessing as mp
+from test_params import SMALL_HF_CONFIGS, write_hf_config
 
-from opbench.fsdp_model.model import fsdp_collectives  # noqa: E402
-from opbench.models import load_model_configs  # noqa: E402
-from test_params import SMALL_HF_CONFIGS, write_hf_config  # noqa: E402
+from opbench.fsdp_model.model import fsdp_collectives
+from opbench.models import load_model_configs
 
 WORLD = 4
 TIMEOUT_S = 400  # the box is shared and slow
@@ -96,9 +96,8 @@ def _wrap_fsdp1(model, case: Case, group):
 
 def _one_step(case: Case, config_dir: str, group, ws: int) -> list[dict]:
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     from fsdp_capture import record_collectives
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     data = json.loads(Path(config_dir, f"{case.config}.json").read_text())
     hf_cfg = AutoConfig.for_model(data.pop("model_type"), **data)

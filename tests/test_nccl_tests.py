@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from opbench.core.errors import run_cli
 from opbench.trace import nccl_tests
 from opbench.trace.nccl_tests import parse_lines
 from opbench.trace.schema import NCCL_TESTS
-from opbench.core.errors import run_cli
 
 CONTRACT = ["size_bytes", "count", "type", "redop", "root", "oop_time_us", "oop_algbw_gbs", "oop_busbw_gbs",
             "oop_wrong", "ip_time_us", "ip_algbw_gbs", "ip_busbw_gbs", "ip_wrong"]

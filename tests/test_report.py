@@ -68,9 +68,9 @@ def run_gemm(out: Path) -> None:
 def results(tmp_path_factory) -> Path:
     """A results folder as a user would have it after a small run of each benchmark (plus one foreign CSV)."""
     from opbench.attention.__main__ import main as attention_main
-    from opbench.trace.nccl_tests import main as nccl_tests_main
-    from opbench.trace.__main__ import main as trace_main
     from opbench.fsdp_model.__main__ import main as fsdp_main
+    from opbench.trace.__main__ import main as trace_main
+    from opbench.trace.nccl_tests import main as nccl_tests_main
 
     res = tmp_path_factory.mktemp("results")
     launched = [  # torchrun jobs, in the background while the single-process benchmarks run
@@ -372,8 +372,8 @@ def test_interrupted_run_with_header_only_is_reported_not_dropped(tmp_path):
 def test_report_tables_use_only_schema_or_derived_columns():
     """Every column a report table shows, orders by or compares exists in the benchmark's declared schema or
     is one the report derives itself; a renamed CSV column fails here, not silently in a blank table."""
-    from opbench.report.tables import ALWAYS_DERIVED, SPECS, keys_of, metrics_of
     from opbench.report.discover import SCHEMAS
+    from opbench.report.tables import ALWAYS_DERIVED, SPECS, keys_of, metrics_of
 
     assert set(SPECS) == set(SCHEMAS)
     for kind, schema in SCHEMAS.items():

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any
 
 from opbench.core import cli
 from opbench.core.cli import add_device_args, add_timing_args, csv_list, positive_int, timing_config
-from opbench.core.dtypes import FLOAT_DTYPES
 from opbench.core.device import default_dtype_name, device_info, resolve_device
+from opbench.core.dtypes import FLOAT_DTYPES
 from opbench.core.errors import UsageError, run_cli
 from opbench.core.results import CsvReport, environment, summary_table
 from opbench.core.sweep import run_sweep

@@ -11,8 +11,9 @@ from __future__ import annotations
 import math
 import warnings
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -23,9 +24,8 @@ from opbench.core.timing import Stats, TimingConfig, measure
 from .backends import BACKENDS, from_layout, to_layout
 from .flops import attention_flops
 from .reference import max_errors, reference_attention
-from .schema import PASSES, STAT_SUFFIXES
+from .schema import STAT_SUFFIXES
 from .shapes import AttentionShape
-
 
 # Norm-wise relative error (max|err| / max|ref|) above which a result is wrong, not rounding. fp32 leaves room
 # for TF32 tensor-core math on GPUs; gradients get twice the output's allowance.
@@ -119,18 +119,17 @@ def time_passes(fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, passes: S
         # Untimed, before each call: the next of two different output gradients, so no call repeats the
         # previous one's input (drawing a new one per call costs more than the CPU backward itself).
         pool = [torch.randn_like(out), torch.randn_like(out)]
-        grad = {"out": pool[0], "i": 0}
+        current = [0]               # which of the pool the next call uses
 
         def fresh_grad() -> None:
-            grad["i"] ^= 1
-            grad["out"] = pool[grad["i"]]
+            current[0] ^= 1
 
         if "bwd" in passes:
-            stats["bwd"] = measure(lambda: torch.autograd.grad(out, inputs, grad["out"], retain_graph=True),
+            stats["bwd"] = measure(lambda: torch.autograd.grad(out, inputs, pool[current[0]], retain_graph=True),
                                    device, config, before=fresh_grad)
         del out  # free the retained graph before fwdbwd builds its own
         if "fwdbwd" in passes:
-            stats["fwdbwd"] = measure(lambda: torch.autograd.grad(fn(q, k, v), inputs, grad["out"]),
+            stats["fwdbwd"] = measure(lambda: torch.autograd.grad(fn(q, k, v), inputs, pool[current[0]]),
                                       device, config, before=fresh_grad)
     return stats
 

@@ -9,11 +9,11 @@ seqlen_q ≠ seqlen_kv: query row i sees key j iff j ≤ i + seqlen_kv − seqle
 
 from __future__ import annotations
 
-import json
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from opbench.core.errors import UsageError
 from opbench.models import ModelConfig

@@ -12,13 +12,13 @@ from dataclasses import dataclass
 
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # the runtime default; silences triton 3.9's notice
 
-import torch  # noqa: E402
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
 
-from . import triton_kernels as K  # noqa: E402
-from .triton_attention import _pad_dim, block_config  # noqa: E402
+from . import triton_kernels as K
+from .triton_attention import _pad_dim, block_config
 
 # Shared memory a kernel may use per block: H100/H200 opt-in maximum; MI300X/MI325X LDS per workgroup.
 SHARED_LIMIT = {"cuda:90": 227 * 1024, "hip:gfx942": 64 * 1024}

@@ -17,7 +17,7 @@ CPU the kernels run only under ``TRITON_INTERPRET=1`` (numpy; for correctness te
 from __future__ import annotations
 
 import os
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import torch
@@ -29,7 +29,7 @@ def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _kernels() -> dict[str, Any]:
     """Import the kernels on first use (needs triton; the decorators read TRITON_INTERPRET then)."""
     import triton
@@ -130,14 +130,14 @@ def attention_backward(q, k, v, out, lse, grad_out, causal: bool, sm_scale: floa
 
 class _TritonAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal, sm_scale, blocks):  # type: ignore[override]
+    def forward(ctx, q, k, v, causal, sm_scale, blocks):
         out, lse = attention_forward(q, k, v, causal, sm_scale, blocks)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.sm_scale, ctx.blocks = causal, sm_scale, blocks
         return out
 
     @staticmethod
-    def backward(ctx, grad_out):  # type: ignore[override]
+    def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = attention_backward(q, k, v, out, lse, grad_out, ctx.causal, ctx.sm_scale, ctx.blocks)
         return dq, dk, dv, None, None, None

@@ -17,10 +17,10 @@ import itertools
 import os
 import sys
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from opbench.core import dist
-from opbench.core import cli
+from opbench.core import cli, dist
 from opbench.core.cli import csv_list, positive_int
 from opbench.core.dtypes import FLOAT_DTYPES
 from opbench.core.errors import UsageError, run_cli
@@ -205,9 +205,6 @@ def _run_ranks(args, specs: list[StateSpec], storages: list[Storage], run: RunOp
 
 def _benchmark(args, specs: list[StateSpec], storages: list[Storage], run: RunOptions, ranks: dist.Ranks) -> int:
     from opbench.core.results import environment, summary_table
-    from opbench.core.sweep import run_sweep
-
-    from .state import ShardedState
 
     run_dirs = _preflight_all(ranks, storages, specs, run)
     meta: dict[str, Any] = {}
@@ -220,27 +217,7 @@ def _benchmark(args, specs: list[StateSpec], storages: list[Storage], run: RunOp
     tiny = warm_up_state(ranks)
     try:
         for index, spec in enumerate(specs):
-            cases = cases_for(index, storages, args.methods, args.thread_count)
-            start = time.perf_counter()
-            state = ShardedState.build(spec, ranks.rank, ranks.world_size, ranks.device)
-            state.dcp_state_dict()   # DTensor views made once, outside every timing
-            if ranks.is_main:
-                meta["states"].append(dict(label=spec.label, tensors=len(spec.tensors), total_bytes=spec.total_bytes,
-                                           rank0_bytes=state.local_bytes, build_s=time.perf_counter() - start))
-
-            def measure(case: Case) -> dict[str, Any]:
-                case_dir = f"{run_dirs[storages.index(case.storage)]}/{case.tag}"
-                result = run_case(ranks, state, case, case_dir, run, tiny)
-                if ranks.is_main:
-                    meta["cases"].append(sidecar_entry(case, result))
-                    report.write_meta(meta)
-                return case_row(case, state, ranks, run, result)
-
-            def failed(case: Case, status: str, message: str) -> dict[str, Any]:
-                return {**base_row(case, state, ranks, run), "status": status, "error": message}
-
-            rows += run_sweep(cases, measure, failed, report, desc=spec.label)
-            del state
+            rows += _sweep_state(args, index, spec, storages, run_dirs, run, ranks, tiny, report, meta)
     finally:
         if ranks.is_main and not run.keep:
             for storage, run_dir in zip(storages, run_dirs):
@@ -259,6 +236,35 @@ def _benchmark(args, specs: list[StateSpec], storages: list[Storage], run: RunOp
               file=sys.stderr)
         return 1
     return 0
+
+
+def _sweep_state(args, index: int, spec: StateSpec, storages: list[Storage], run_dirs: list[str], run: RunOptions,
+                 ranks: dist.Ranks, tiny: Any, report: Any, meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every case of one state; the state is built here and freed when this returns."""
+    from opbench.core.sweep import run_sweep
+
+    from .state import ShardedState
+
+    cases = cases_for(index, storages, args.methods, args.thread_count)
+    start = time.perf_counter()
+    state = ShardedState.build(spec, ranks.rank, ranks.world_size, ranks.device)
+    state.dcp_state_dict()   # DTensor views made once, outside every timing
+    if ranks.is_main:
+        meta["states"].append(dict(label=spec.label, tensors=len(spec.tensors), total_bytes=spec.total_bytes,
+                                   rank0_bytes=state.local_bytes, build_s=time.perf_counter() - start))
+
+    def measure(case: Case) -> dict[str, Any]:
+        case_dir = f"{run_dirs[storages.index(case.storage)]}/{case.tag}"
+        result = run_case(ranks, state, case, case_dir, run, tiny)
+        if ranks.is_main:
+            meta["cases"].append(sidecar_entry(case, result))
+            report.write_meta(meta)
+        return case_row(case, state, ranks, run, result)
+
+    def failed(case: Case, status: str, message: str) -> dict[str, Any]:
+        return {**base_row(case, state, ranks, run), "status": status, "error": message}
+
+    return run_sweep(cases, measure, failed, report, desc=spec.label)
 
 
 def needed_bytes(specs: list[StateSpec], run: RunOptions) -> int:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Mapping
 
 import torch
 
@@ -115,15 +115,15 @@ class Dcp(Method):
 
     @staticmethod
     def writer(storage: Storage, path: str, opts: SaveOptions):
-        kwargs = dict(single_file_per_rank=opts.single_file_per_rank, sync_files=opts.sync_files,
-                      thread_count=opts.thread_count)
         if storage.is_url:
             from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
-            return FsspecWriter(path, **kwargs, **dict(storage.options))
+            return FsspecWriter(path, single_file_per_rank=opts.single_file_per_rank, sync_files=opts.sync_files,
+                                thread_count=opts.thread_count, **dict(storage.options))
         from torch.distributed.checkpoint import FileSystemWriter
 
-        return FileSystemWriter(path, **kwargs)
+        return FileSystemWriter(path, single_file_per_rank=opts.single_file_per_rank, sync_files=opts.sync_files,
+                                thread_count=opts.thread_count)
 
     @staticmethod
     def reader(storage: Storage, path: str):

@@ -9,8 +9,10 @@ median over iterations, with min/max beside it and every per-rank, per-iteration
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from functools import partial
+from typing import Any
 
 from opbench.core.device import synchronize
 from opbench.core.dist import Ranks
@@ -136,7 +138,7 @@ def run_case(ranks: Ranks, state: ShardedState, case: Case, case_dir: str, run: 
             result.warmup_s = ranks.agree(lambda: _warm_up(ranks, tiny, case, f"{case_dir}/warmup", opts))
         faults.before_timing(rank, run.timeout_s)
         for path in paths:
-            save = faults.timed(lambda p=path: case.method.save(state, case.storage, p, opts), rank, state.device)
+            save = faults.timed(partial(case.method.save, state, case.storage, path, opts), rank, state.device)
             mine = ranks.agree(lambda: _save_once(ranks, state, case, path, opts, run.save_interval, save))
             everyone = ranks.gather(mine)
             result.per_rank["block"].append([b for b, _, _ in everyone])
@@ -151,7 +153,7 @@ def run_case(ranks: Ranks, state: ShardedState, case: Case, case_dir: str, run: 
             if run.drop_cache:
                 dropped = ranks.agree(lambda: drop_page_cache(case.storage, path) if ranks.local_rank == 0 else None)
                 result.cache_dropped.append(all(d for d in ranks.gather(dropped) if d is not None))
-            load = faults.timed(lambda p=path: case.method.load(state, case.storage, p), rank, state.device)
+            load = faults.timed(partial(case.method.load, state, case.storage, path), rank, state.device)
             seconds, problems = ranks.agree(lambda: _load_once(ranks, state, case, path, load))
             everyone = ranks.gather((seconds, problems))
             result.per_rank["load"].append([s for s, _ in everyone])
@@ -183,7 +185,7 @@ def _cleanup(ranks: Ranks, case: Case, case_dir: str) -> None:
 def case_row(case: Case, state: ShardedState, ranks: Ranks, run: RunOptions, result: CaseResult) -> dict[str, Any]:
     """The CSV row: medians over iterations of the slowest rank's time; bandwidth from the median time."""
     block, total, load = (Stats.from_samples(v) for v in (result.block, result.total, result.load))
-    size = int(Stats.from_samples(result.sizes).median)
+    size = int(Stats.from_samples([float(s) for s in result.sizes]).median)
     row = base_row(case, state, ranks, run)
     row.update(
         num_saved=len(result.total), num_loaded=len(result.load),

@@ -12,9 +12,9 @@ built, so every load is checked byte-for-byte against what was saved.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from math import prod
-from typing import Mapping, Sequence
 
 import torch
 
@@ -95,7 +95,8 @@ def synthetic_layer(prefix: str, hidden: int) -> list[tuple[str, tuple[int, ...]
     """A Llama-style decoder layer: four attention projections, a gated MLP (ffn = 8/3·hidden, multiple of 256)
     and two norms; gives --size-mb states the mix of tensor sizes a real model has."""
     ffn = -(-(8 * hidden // 3) // 256) * 256
-    attn = [(f"{prefix}.self_attn.{p}_proj.weight", (hidden, hidden)) for p in "qkvo"]
+    attn: list[tuple[str, tuple[int, ...]]] = [(f"{prefix}.self_attn.{p}_proj.weight", (hidden, hidden))
+                                              for p in "qkvo"]
     mlp = [(f"{prefix}.mlp.gate_proj.weight", (ffn, hidden)), (f"{prefix}.mlp.up_proj.weight", (ffn, hidden)),
            (f"{prefix}.mlp.down_proj.weight", (hidden, ffn))]
     norms = [(f"{prefix}.input_layernorm.weight", (hidden,)), (f"{prefix}.post_attention_layernorm.weight", (hidden,))]
@@ -149,7 +150,7 @@ def checksum(t: torch.Tensor) -> int:
     host = t.detach().contiguous().cpu()
     if host.numel() == 0:
         return 0
-    return zlib.crc32(host.view(-1).view(torch.uint8).numpy())
+    return zlib.crc32(host.view(-1).view(torch.uint8).numpy().tobytes())
 
 
 @dataclass
@@ -165,7 +166,7 @@ class ShardedState:
     _dtensors: dict[str, torch.Tensor] | None = None
 
     @classmethod
-    def build(cls, spec: StateSpec, rank: int, world: int, device: torch.device) -> "ShardedState":
+    def build(cls, spec: StateSpec, rank: int, world: int, device: torch.device) -> ShardedState:
         state = cls(spec, rank, world, device)
         state.regenerate()
         return state

@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from opbench.core.errors import UsageError, describe_os_error
 
@@ -47,7 +48,8 @@ class Storage:
 
     @property
     def root(self) -> str:
-        return self.local_root if not self.is_url else self.spec.rstrip("/")
+        local = self.local_root
+        return local if local is not None and not self.is_url else self.spec.rstrip("/")
 
     def join(self, *parts: str) -> str:
         return "/".join([self.root.rstrip("/"), *parts])
@@ -111,7 +113,7 @@ def preflight(storage: Storage, world_size: int, needed_bytes: int) -> str:
         raise UsageError(f"cannot write there: {describe_os_error(exc)}", source=storage.spec,
                          field="--storage") from None
     if storage.local_root is not None:
-        free = shutil.disk_usage(storage.local_path(run_dir)).free
+        free = shutil.disk_usage(storage.local_path(run_dir) or run_dir).free
         if free < needed_bytes * FREE_SPACE_SLACK:
             remove_tree(storage, run_dir)
             raise UsageError(f"needs {needed_bytes * FREE_SPACE_SLACK / 2**30:.2f} GiB free for the saved "
@@ -167,4 +169,5 @@ def drop_page_cache(storage: Storage, path: str) -> bool:
 
 
 def _fs_path(storage: Storage, path: str) -> str:
-    return storage.local_path(path) if storage.local_root is not None else path
+    """The path fsspec's file system takes: a local path for local storage, the URL otherwise."""
+    return storage.local_path(path) or path

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from opbench.core import cli, dist
 from opbench.core.cli import add_device_args, csv_list, parse_bytes, positive_int
@@ -145,7 +145,7 @@ def build_cases(args: argparse.Namespace, world_size: int, dtype: str) -> tuple[
                 notes.append(f"{model.name}: no traffic for {','.join(args.collectives)} at tp={par.tp} "
                              f"ep={par.ep} pp={par.pp} (dimensions of 1 have none; all_to_all needs a MoE model)")
     if args.sizes_from_trace:
-        from opbench.trace.analyze import trace_sizes          # lazy: the log parser is only needed here
+        from opbench.trace.analyze import trace_sizes  # lazy: the log parser is only needed here
 
         label = "trace:" + ",".join(os.path.basename(p) for p in args.sizes_from_trace)
         found, skipped = trace_cases(trace_sizes(list(args.sizes_from_trace)), args.collectives, world_size, label)
@@ -192,7 +192,8 @@ def dry_run(args: argparse.Namespace, dist_env: dist.DistEnv | None) -> int:
         print(f"# note: {note}")
     if not cases:
         raise UsageError("nothing to run: no sizes for the chosen collectives", field="--collectives")
-    rows, commands = [], {"nccl": [], "rccl": []}
+    rows: list[str] = []
+    commands: dict[str, list[str]] = {"nccl": [], "rccl": []}
     for case in cases:
         nranks = case.group_size or world
         coll = COLLECTIVES[case.collective]

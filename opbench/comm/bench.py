@@ -18,8 +18,9 @@ import re
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -31,8 +32,15 @@ from opbench.core.dtypes import dtype as dtype_info
 from opbench.core.dtypes import element_size
 from opbench.core.faults import Faults
 from opbench.core.results import CsvReport, environment, progress
-from opbench.core.sweep import STATUS_ERROR, STATUS_OK, STATUS_OOM, STATUS_UNSUPPORTED, Unsupported, \
-    classify_failure, release_memory
+from opbench.core.sweep import (
+    STATUS_ERROR,
+    STATUS_OK,
+    STATUS_OOM,
+    STATUS_UNSUPPORTED,
+    Unsupported,
+    classify_failure,
+    release_memory,
+)
 
 from .ops import OPS, Buffers, CommOp, Ctx, all_gather_fn, corrupt, count_wrong, fill_for_check
 from .schema import SCHEMA
@@ -173,7 +181,7 @@ class Bench:
                 times = [t / 2 for t in times]
             if cfg.check:
                 wrong = self._check(op, ctx, bufs)
-        except Exception as exc:  # noqa: BLE001 - a case that fails becomes a row; a broken job stops
+        except Exception as exc:
             if is_fatal(exc):
                 raise CommFailure(f"rank {self.rank}/{self.world}: {case.collective} at {size} B failed "
                                   f"(--timeout {cfg.timeout_s:g} s): {' '.join(str(exc).split())[:300]} "
@@ -192,7 +200,7 @@ class Bench:
         every = torch.empty(self.world * mine.numel(), dtype=torch.float64, device=self.device)
         try:
             all_gather_fn()(every, mine)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise CommFailure(f"rank {self.rank}/{self.world}: gathering results after {row['collective']} "
                               f"{size} B failed: {' '.join(str(exc).split())[:300]} "
                               f"(a peer rank probably exited or hung)") from exc
@@ -214,7 +222,7 @@ class Bench:
                    wrong=int(table[:, 1].sum()) if self.cfg.check else None, status=STATUS_OK, error=None)
         return row
 
-    def run(self, cases: Sequence[CommCase], out: "Output | None") -> list[dict[str, Any]]:
+    def run(self, cases: Sequence[CommCase], out: Output | None) -> list[dict[str, Any]]:
         rows = []
         for case in progress(cases, total=len(cases), desc="comm", enabled=out is not None):
             op = OPS[case.collective]

@@ -13,9 +13,10 @@ Check values are small integers, exact in every dtype down to fp8, so a check co
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -152,9 +153,9 @@ def sendrecv_peers(ctx: Ctx) -> tuple[int, int]:
 def _bind_send_recv(ctx: Ctx, b: Buffers) -> Callable[[], None]:
     to, frm = sendrecv_peers(ctx)
     if ctx.pattern == "pingpong":     # even ranks serve, odd ranks return: one iteration is one round trip
-        steps = [partial(dist.send, b.send, ctx.ranks[to], group=ctx.group),
-                 partial(dist.recv, b.recv, ctx.ranks[frm], group=ctx.group)]
-        first, second = steps if ctx.rank % 2 == 0 else steps[::-1]
+        send: Callable[[], Any] = partial(dist.send, b.send, ctx.ranks[to], group=ctx.group)
+        recv: Callable[[], Any] = partial(dist.recv, b.recv, ctx.ranks[frm], group=ctx.group)
+        first, second = (send, recv) if ctx.rank % 2 == 0 else (recv, send)
 
         def pingpong() -> None:
             first()

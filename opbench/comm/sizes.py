@@ -8,16 +8,17 @@ which, so a row in the CSV can always be traced back to where its size came from
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Protocol, Sequence
-
-from opbench.core.errors import UsageError
+from typing import TYPE_CHECKING
 
 from opbench.core.collectives import COLLECTIVES
 from opbench.core.dtypes import BY_ENUM, element_size
+from opbench.core.errors import UsageError
 
 if TYPE_CHECKING:
-    from opbench.trace.analyze import TraceSize     # the log parser's record: collective, count, dtype_enum, nranks, redop, calls
+    from opbench.models import ModelConfig
+    from opbench.trace.analyze import TraceSize  # the log's record: collective, count, dtype_enum, nranks, …
 
 # The collectives this benchmark runs (core.collectives also knows `reduce`, which the torchrun driver does not time).
 RUNNABLE = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast")
@@ -101,7 +102,7 @@ class CommGroups:
     pp: int
 
     @classmethod
-    def resolve(cls, world_size: int, tp: int | None, ep: int | None, pp: int | None) -> "CommGroups":
+    def resolve(cls, world_size: int, tp: int | None, ep: int | None, pp: int | None) -> CommGroups:
         p = cls(tp or world_size, ep or world_size, pp or world_size)
         for value, flag in ((p.tp, "--tp"), (p.ep, "--ep"), (p.pp, "--pp")):
             _check_divides(value, world_size, flag)
@@ -112,17 +113,7 @@ class CommGroups:
         return self.tp if world_size % (self.tp * self.ep) == 0 else 1
 
 
-class ModelDims(Protocol):
-    name: str
-    hidden_size: int
-    seqlen: int | None
-    num_experts_per_tok: int
-
-    @property
-    def is_moe(self) -> bool: ...
-
-
-def model_cases(model: ModelDims, collectives: Sequence[str], world_size: int, par: CommGroups, mbs: int,
+def model_cases(model: ModelConfig, collectives: Sequence[str], world_size: int, par: CommGroups, mbs: int,
                 seqlen: int | None, dtype: str) -> list[CommCase]:
     """The activation-sized collectives of one training step of ``model`` (REFERENCE §1 tokens T = mbs·seq).
 
@@ -155,7 +146,7 @@ def model_cases(model: ModelDims, collectives: Sequence[str], world_size: int, p
 
 
 # -- sizes from an NCCL log ---------------------------------------------------------------------------------
-def trace_cases(sizes: Iterable["TraceSize"], collectives: Sequence[str], world_size: int,
+def trace_cases(sizes: Iterable[TraceSize], collectives: Sequence[str], world_size: int,
                 label: str) -> tuple[list[CommCase], list[str]]:
     """Replay logged calls at their per-rank count and datatype. A call logged on n ranks runs on groups of
     n ranks when n divides the world, else on the whole world with the same per-rank count (the source says

@@ -15,7 +15,8 @@ import importlib
 import os
 import re
 import sys
-from typing import Callable, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import NoReturn, TypeVar
 
 from .errors import UsageError, run_cli
 
@@ -57,7 +58,7 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse with opbench's error contract: a bad flag is ONE line naming it, exit code 2 (via run_cli),
     not argparse's usage block."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:  # raises where argparse would exit
         m = re.match(r"argument ([^:]+): (.*)", message, re.DOTALL)
         if m:
             names = m.group(1).split("/")
@@ -71,7 +72,7 @@ def parser(prog: str, description: str | None, epilog: str | None = None) -> Arg
     return ArgumentParser(prog=prog, description=description, epilog=epilog, formatter_class=HelpFormatter)
 
 
-def csv_list(kind: Callable[[str], T] = str) -> Callable[[str], list[T]]:
+def csv_list(kind: Callable[[str], T] = str) -> Callable[[str], list[T]]:  # type: ignore[assignment]
     """argparse type for '1,2,4' style options."""
 
     def parse(text: str) -> list[T]:

@@ -6,8 +6,8 @@ The semantics are written out in docs/conventions.md, "Collectives: sizes, count
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from .dtypes import dtype as _dtype
 

@@ -6,7 +6,7 @@ import os
 import platform
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 import torch
 
@@ -99,7 +99,7 @@ def lookup_peak(name: str) -> Peak | None:
     return None
 
 
-@lru_cache(maxsize=None)
+@cache
 def device_info(device: torch.device | str | None = None) -> DeviceInfo:
     dev = device if isinstance(device, torch.device) else resolve_device(device)
     if dev.type == "cuda":

@@ -19,8 +19,9 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import UsageError
 
@@ -148,7 +149,7 @@ def without_flag(argv: Sequence[str], flag: str) -> list[str]:
 
 
 # -- devices and the process group ----------------------------------------------------------------------------
-def local_device(spec: str | None, local_rank: int) -> "torch.device":
+def local_device(spec: str | None, local_rank: int) -> torch.device:
     """The one LOCAL_RANK → device rule: 'auto' or a bare 'cuda' takes GPU ``local_rank`` (mod the GPUs this
     node has) and makes it current; 'cuda:N' and 'cpu' are taken as given."""
     import torch
@@ -205,7 +206,7 @@ class Ranks:
     that keep every rank in step."""
 
     env: DistEnv
-    device: "torch.device"
+    device: torch.device
     backend: str
 
     @property
@@ -226,7 +227,7 @@ class Ranks:
 
     @classmethod
     def join(cls, dist_env: DistEnv, device_spec: str | None, timeout_s: float, backend: str | None = None,
-             cpu_group: bool = False) -> "Ranks":
+             cpu_group: bool = False) -> Ranks:
         """Pick this rank's device, join the process group. ``cpu_group`` adds a gloo backend beside NCCL
         (``cpu:gloo,cuda:nccl``) for tools that also move CPU tensors (DCP's async save)."""
         device = local_device(device_spec, dist_env.local_rank)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130

@@ -22,8 +22,9 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from .errors import UsageError
 
@@ -51,7 +52,7 @@ class Faults:
     _fired: set[tuple[str, int]] = field(default_factory=set)
 
     @classmethod
-    def parse(cls, text: str) -> "Faults":
+    def parse(cls, text: str) -> Faults:
         found = []
         for item in (p.strip() for p in text.split(",")):
             if not item:
@@ -72,7 +73,7 @@ class Faults:
         return cls(tuple(found))
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "Faults":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Faults:
         return cls.parse((os.environ if env is None else env).get(ENV_VAR, ""))
 
     def __bool__(self) -> bool:

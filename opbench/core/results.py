@@ -15,8 +15,9 @@ import os
 import platform
 import socket
 import sys
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import opbench
 
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     import torch
 
 
-def environment(device: "torch.device | None" = None, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def environment(device: torch.device | None = None, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What a reader of the CSV needs to trust it: versions, device, host, command line, UTC time. torch's
     versions are recorded when torch is loaded already (always, for the benchmarks that time something)."""
     meta: dict[str, Any] = {
@@ -116,7 +117,7 @@ class CsvReport:
         if not self._fh.closed:
             self._fh.close()
 
-    def __enter__(self) -> "CsvReport":
+    def __enter__(self) -> CsvReport:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -141,7 +142,7 @@ class NullReport:
     def close(self) -> None:
         pass
 
-    def __enter__(self) -> "NullReport":
+    def __enter__(self) -> NullReport:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import gc
 import sys
-from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from .errors import describe_os_error
 from .results import CsvReport, progress

@@ -14,8 +14,9 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,7 +41,7 @@ class Stats:
     iters: int
 
     @classmethod
-    def from_samples(cls, samples: list[float] | np.ndarray) -> "Stats":
+    def from_samples(cls, samples: list[float] | np.ndarray) -> Stats:
         arr = np.asarray(samples, dtype=np.float64)
         if arr.size == 0:
             raise ValueError("no samples")
@@ -69,7 +70,7 @@ class TimingConfig:
     budget_s: float = 2.0          # per measured shape, timed calls only
 
     @classmethod
-    def quick(cls) -> "TimingConfig":
+    def quick(cls) -> TimingConfig:
         """For CPU smoke runs and tests: a few calls, short budget."""
         return cls(warmup_iters=1, warmup_s=0.0, min_iters=3, max_iters=50, rel_tol=0.05, budget_s=0.5)
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from opbench.core import cli
 from opbench.core.cli import positive_int
@@ -103,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configs = select_models(load_model_configs(args.model_config_path, args.model_name), args.model)
     results = [(cfg, *model_rows(cfg, args)) for cfg in configs]   # all errors surface before any output
-    from opbench.core.results import CsvReport, environment, summary_table   # imports torch: after validation
+    from opbench.core.results import CsvReport, environment, summary_table  # imports torch: after validation
     report = None
     csv_path = cli.output_csv(args, CSV_NAME)
     run_dir = args.report_dir_path or "out/fsdp_comm"

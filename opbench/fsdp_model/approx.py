@@ -10,7 +10,8 @@ FSDP sends 106956800 (REFERENCE §6).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from opbench.models import ModelConfig
 from opbench.models.params import ROOT, parameter_shapes, units

@@ -7,8 +7,8 @@ The ``-b`` value is nccl-tests' size (total gathered / scattered bytes per rank;
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from opbench.core.collectives import nccl_tests_command
 
@@ -24,13 +24,9 @@ def describe(c: FsdpCollective) -> str:
 
 def tests_lines(c: FsdpCollective, flavour: str) -> list[str]:
     """Single-process (-g N, when the group fits one node) and MPI (-g 1) lines for one size."""
-    kw = dict(flavour=flavour, redop=c.redop)
-    lines = []
-    if c.nnodes == 1:
-        lines.append(nccl_tests_command(c.collective, c.nccl_tests_bytes, c.nranks, c.dtype, launcher="single", **kw))
-    lines.append(nccl_tests_command(c.collective, c.nccl_tests_bytes, c.nranks, c.dtype, launcher="mpi",
-                                    nnodes=c.nnodes, **kw))
-    return lines
+    launchers = (["single"] if c.nnodes == 1 else []) + ["mpi"]
+    return [nccl_tests_command(c.collective, c.nccl_tests_bytes, c.nranks, c.dtype, flavour=flavour, redop=c.redop,
+                               launcher=launcher, nnodes=c.nnodes) for launcher in launchers]
 
 
 @dataclass(frozen=True)
@@ -63,9 +59,12 @@ def comm_runs(collectives: Sequence[FsdpCollective]) -> list[CommRun]:
     groups: dict[tuple[str, int, int], tuple[list[str], list[int], list[str]]] = {}
     for c in unique_sizes(collectives):
         names, sizes, redops = groups.setdefault((c.dtype, c.nranks, c.nnodes), ([], [], []))
-        for value, bucket in ((c.collective, names), (c.nccl_tests_bytes, sizes), (c.redop, redops)):
-            if value is not None and value not in bucket:
-                bucket.append(value)
+        if c.collective not in names:
+            names.append(c.collective)
+        if c.nccl_tests_bytes not in sizes:
+            sizes.append(c.nccl_tests_bytes)
+        if c.redop is not None and c.redop not in redops:
+            redops.append(c.redop)
     return [CommRun(tuple(names), tuple(sizes), dtype, nranks, nnodes, redops[0] if redops else None)
             for (dtype, nranks, nnodes), (names, sizes, redops) in groups.items()]
 

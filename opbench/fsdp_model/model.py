@@ -17,9 +17,10 @@ groups of world_size / replicate contiguous ranks and all-reduces each reduce-sc
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from math import ceil, prod
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from opbench.core.collectives import COLLECTIVES
 from opbench.core.dtypes import FLOAT_DTYPES, element_size
@@ -177,12 +178,10 @@ def unit_collectives(unit: str, count: int, numel: int, layout: Layout, *, param
     rows: list[FsdpCollective] = []
     redop = gradient_redop(version, reduce_dtype)
     if layout.shard > 1:   # FSDP skips both collectives on a 1-rank shard group
-        common = dict(unit=unit, count=count, nranks=layout.shard, unit_numel=numel, nnodes=layout.shard_group_nodes)
-        rows.append(FsdpCollective(collective="all_gather", dtype=param_dtype,
-                                   calls_per_step=all_gathers_per_step(unit, reshard_after_forward, reshard_root),
-                                   **common))
-        rows.append(FsdpCollective(collective="reduce_scatter", dtype=reduce_dtype, calls_per_step=1, redop=redop,
-                                   **common))
+        nodes = layout.shard_group_nodes
+        rows.append(FsdpCollective(unit, "all_gather", count, param_dtype, layout.shard,
+                                   all_gathers_per_step(unit, reshard_after_forward, reshard_root), numel, nodes))
+        rows.append(FsdpCollective(unit, "reduce_scatter", count, reduce_dtype, layout.shard, 1, numel, nodes, redop))
     if layout.replicate > 1:
         rows.append(FsdpCollective(unit=unit, collective="all_reduce", count=count, dtype=reduce_dtype,
                                    nranks=layout.replicate, calls_per_step=1, unit_numel=numel,

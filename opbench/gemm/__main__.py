@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from opbench.core import cli
 from opbench.core.cli import add_device_args, add_timing_args, csv_list, positive_int, timing_config
@@ -54,7 +55,7 @@ def report_path(report_dir: str, model: str) -> Path:
 
 
 def expand_cases(shapes: Sequence[GemmShape], backends: Sequence[str], dtype: str) -> list[GemmCase]:
-    cases = []
+    cases: list[GemmCase] = []
     for s in shapes:
         if backends == ["auto"]:
             names = ["fp8"] if dtype == "fp8" else ["torch_grouped" if s.groups > 1 else "torch"]

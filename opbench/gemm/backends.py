@@ -7,8 +7,8 @@ output. It raises ``Unsupported`` when it cannot run the shape on this device/dt
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

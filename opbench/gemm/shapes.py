@@ -8,8 +8,8 @@ row-parallel ones.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Iterable, Sequence
 
 from opbench.core.errors import UsageError
 from opbench.models import ModelConfig
@@ -122,16 +122,18 @@ def model_layers(cfg: ModelConfig, tokens: int, par: ModelParallel) -> list[Line
     out: list[LinearLayer] = []
     heads = _divide(cfg.num_attention_heads, tp, f"{name}: num_attention_heads", "--tp")
     if cfg.is_mla:
-        qk_head = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim  # type: ignore[operator]
+        nope, rope, v_dim, kv_rank = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
+        assert nope and rope and v_dim and kv_rank, "the config loader requires every MLA dimension"
+        qk_head = nope + rope
         if cfg.q_lora_rank:
             # q_down is replicated across TP ranks (Megatron builds it duplicated); q_up is column-parallel.
             out.append(LinearLayer("mla_q_down", cfg.q_lora_rank, cfg.hidden_size, tokens))
             out.append(LinearLayer("mla_q_up", heads * qk_head, cfg.q_lora_rank, tokens))
         else:
             out.append(LinearLayer("mla_q", heads * qk_head, cfg.hidden_size, tokens))
-        out.append(LinearLayer("mla_kv_down", cfg.kv_lora_rank + cfg.qk_rope_head_dim, cfg.hidden_size, tokens))  # type: ignore[operator]
-        out.append(LinearLayer("mla_kv_up", heads * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank, tokens))  # type: ignore[operator]
-        out.append(LinearLayer("attn_out", cfg.hidden_size, heads * cfg.v_head_dim, tokens))  # type: ignore[operator]
+        out.append(LinearLayer("mla_kv_down", kv_rank + rope, cfg.hidden_size, tokens))
+        out.append(LinearLayer("mla_kv_up", heads * (nope + v_dim), kv_rank, tokens))
+        out.append(LinearLayer("attn_out", cfg.hidden_size, heads * v_dim, tokens))
     else:
         kv_heads = _divide(cfg.num_key_value_heads, tp, f"{name}: num_key_value_heads", "--tp")
         out.append(LinearLayer("qkv", (heads + 2 * kv_heads) * cfg.head_dim, cfg.hidden_size, tokens))

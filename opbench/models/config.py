@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from opbench.core.errors import UsageError
 
@@ -167,8 +168,13 @@ def parse_model_config(obj: Mapping[str, Any], source: str, default_name: str | 
     if not name or not isinstance(name, str):
         raise UsageError("missing (a name for the model)", source=source, field="model")
     where = _where(source, name)
-    req = lambda f, **kw: _int_field(obj, f, where, required=True, **kw)  # noqa: E731
-    opt = lambda f, **kw: _int_field(obj, f, where, required=False, **kw)  # noqa: E731
+    def req(field_name: str) -> int:
+        value = _int_field(obj, field_name, where, required=True)
+        assert value is not None   # a missing required field raised UsageError above
+        return value
+
+    def opt(field_name: str, allow_zero: bool = False) -> int | None:
+        return _int_field(obj, field_name, where, required=False, allow_zero=allow_zero)
 
     hidden = req("hidden_size")
     heads = req("num_attention_heads")

@@ -6,7 +6,8 @@ value is an empty cell, never a zero.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pandas as pd
 from tabulate import tabulate

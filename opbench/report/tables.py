@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 import numbers
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -283,7 +283,7 @@ def _key_text(value: object) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
     if isinstance(value, numbers.Real) and not isinstance(value, bool) and float(value).is_integer():
-        return str(int(value))
+        return str(int(float(value)))
     return str(value)
 
 

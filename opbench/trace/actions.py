@@ -11,15 +11,17 @@ import os
 import shlex
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from opbench.core import cli
+from opbench.core.collectives import COLLECTIVES, nccl_tests_command
 from opbench.core.errors import UsageError
 from opbench.core.results import CsvReport, environment, summary_table
 from opbench.core.schema import Schema
 from opbench.core.units import human_bytes
-from opbench.core.collectives import COLLECTIVES, nccl_tests_command
+
 from .parse import LogParser
 from .schema import TRACE, TRACE_FSDP, TRACE_PER_COMM, TRACE_PER_RANK
 from .summary import TraceSummary
@@ -249,7 +251,7 @@ def compare_fsdp(args: argparse.Namespace, rows: list[dict[str, Any]], meta: dic
                     "steps_in_log": None})
     _steps_in_log(out, world)
     n_units = len(out)
-    n_hit = sum(r["matched"] for r in out)
+    n_hit = sum(bool(r["matched"]) for r in out)
     print(f"\nFSDP2 model ({cfg.name}, world {world}, param {param}, reduce {reduce}): "
           f"{n_hit} of {n_units} predicted AllGather/ReduceScatter entries found in the log")
     print(summary_table(_group_units(out), ["units", "collective", "count", "dtype", "calls_per_step", "log_calls",

@@ -24,14 +24,15 @@ import argparse
 import math
 import re
 import sys
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 from opbench.core import cli
-from opbench.core.errors import run_cli
 from opbench.core.collectives import COLLECTIVES
 from opbench.core.dtypes import DTYPES
+from opbench.core.errors import run_cli
 
 from .schema import NCCL_TESTS
 
@@ -66,7 +67,7 @@ class Layout:
         return len(self.blocks) * len(self.block_fields)
 
     @classmethod
-    def from_header(cls, names: list[str], labels: list[str]) -> "Layout":
+    def from_header(cls, names: list[str], labels: list[str]) -> Layout:
         v1 = names[0] == "bytes"
         norm = [_HEADER_ALIASES.get(n.lower(), n.lower()) for n in names]
         first = norm.index("time")
@@ -308,6 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from opbench.core.results import CsvReport, environment, summary_table
+
     from .analyze import check_paths
 
     args = build_parser().parse_args(argv)
