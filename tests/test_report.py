@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from opbench.core.errors import run_cli
-from opbench.report import build_report
+from opbench.report.build import build_report
 from opbench.report.__main__ import main as report_main
 
 ROOT = Path(__file__).resolve().parent.parent

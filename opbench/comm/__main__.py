@@ -245,14 +245,11 @@ def run(args: argparse.Namespace, dist_env: dist.DistEnv) -> int:
         cfg = RunConfig(iters=args.iters, warmup=args.warmup_iters, trials=args.trials, blocking=bool(args.blocking),
                         check=bool(args.check), root=args.root, p2p_mode=args.p2p_mode, timeout_s=args.timeout,
                         faults=Faults.from_env())
-        out = None
-        if ranks.is_main:
-            meta = run_meta(ranks.device, {"world_size": ranks.world_size, "nnodes": dist_env.nnodes,
-                                           "launcher": dist_env.launcher, "backend": ranks.backend, "dtype": dtype,
-                                           "iters": cfg.iters, "warmup_iters": cfg.warmup, "trials": cfg.trials,
-                                           "blocking": cfg.blocking, "check": cfg.check, "timeout_s": cfg.timeout_s})
-            out = Output(args.report_dir_path, meta, append=args.append)
-        Bench(cfg, ranks).run(cases, out)
+        meta = run_meta(ranks.device, {"world_size": ranks.world_size, "nnodes": dist_env.nnodes,
+                                       "launcher": dist_env.launcher, "backend": ranks.backend, "dtype": dtype,
+                                       "iters": cfg.iters, "warmup_iters": cfg.warmup, "trials": cfg.trials,
+                                       "blocking": cfg.blocking, "check": cfg.check, "timeout_s": cfg.timeout_s})
+        Bench(cfg, ranks).run(cases, Output(ranks, args.report_dir_path, meta, append=args.append))
     except CommFailure as exc:
         dist.fail_job("opbench comm", str(exc))
     finally:

@@ -31,7 +31,7 @@ from opbench.core.dist import RankFailure, Ranks
 from opbench.core.dtypes import dtype as dtype_info
 from opbench.core.dtypes import element_size
 from opbench.core.faults import Faults
-from opbench.core.results import CsvReport, environment, progress
+from opbench.core.results import environment, progress
 from opbench.core.sweep import (
     STATUS_ERROR,
     STATUS_OK,
@@ -222,21 +222,18 @@ class Bench:
                    wrong=int(table[:, 1].sum()) if self.cfg.check else None, status=STATUS_OK, error=None)
         return row
 
-    def run(self, cases: Sequence[CommCase], out: Output | None) -> list[dict[str, Any]]:
+    def run(self, cases: Sequence[CommCase], out: Output) -> list[dict[str, Any]]:
         rows = []
-        for case in progress(cases, total=len(cases), desc="comm", enabled=out is not None):
+        for case in progress(cases, total=len(cases), desc="comm", enabled=self.ranks.is_main):
             op = OPS[case.collective]
             done = []
             for inplace in op.variants:
                 row = self.run_variant(case, op, inplace)
-                if out:
-                    out.add(row)
+                out.add(row)
                 done.append(row)
-            if out:
-                out.case_done(done)
+            out.case_done(done)
             rows += done
-        if out:
-            out.finish()
+        out.finish()
         return rows
 
 
@@ -245,15 +242,17 @@ def dtype_of(name: str) -> torch.dtype:
     return torch_dtype(name)
 
 
-# -- rank 0's output: one CSV per collective, and an nccl-tests style console table ------------------------
+# -- the output: one CSV per collective (rank 0 writes, through Ranks.open_report), nccl-tests style console ---
 _HEAD = ("#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}")
 
 
 class Output:
-    def __init__(self, report_dir: str, meta: dict[str, Any], append: bool = False, stream=None):
-        self.report_dir, self.meta, self.append = report_dir, meta, append
+    """Every rank has one; only rank 0's writes files and prints (every rank computes the same rows)."""
+
+    def __init__(self, ranks: Ranks, report_dir: str, meta: dict[str, Any], append: bool = False, stream=None):
+        self.ranks, self.report_dir, self.meta, self.append = ranks, report_dir, meta, append
         self.stream = stream or sys.stdout
-        self.reports: dict[str, CsvReport] = {}
+        self.reports: dict[str, Any] = {}
         self.current: str | None = None
         self._busbw: list[float] = []
 
@@ -263,11 +262,12 @@ class Output:
     def add(self, row: dict[str, Any]) -> None:
         name = row["collective"]
         if name not in self.reports:
-            self.reports[name] = CsvReport(self.path(name), SCHEMA, meta=self.meta, append=self.append)
+            self.reports[name] = self.ranks.open_report(self.path(name), SCHEMA, self.meta, self.append)
         self.reports[name].append(row)
 
     def _print(self, text: str) -> None:
-        print(text, file=self.stream, flush=True)
+        if self.ranks.is_main:
+            print(text, file=self.stream, flush=True)
 
     def _header(self, row: dict[str, Any]) -> None:
         self._print(f"#\n# {row['collective']}: backend {row['backend']}, world {row['world_size']} "

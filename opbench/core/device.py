@@ -60,13 +60,22 @@ def gpu_backend() -> str | None:
     return "rocm" if getattr(torch.version, "hip", None) else "cuda"
 
 
-def resolve_device(spec: str | None = None) -> torch.device:
-    """'auto'/None picks the GPU when there is one; 'cpu', 'cuda', 'cuda:1' are taken as given, and checked."""
-    if spec in (None, "", "auto"):
-        if torch.cuda.is_available():
-            local = int(os.environ.get("LOCAL_RANK", "0"))
-            return torch.device("cuda", local % torch.cuda.device_count())
+def resolve_device(spec: str | None = None, local_rank: int | None = None) -> torch.device:
+    """The one LOCAL_RANK → device rule. 'auto'/None picks the GPU when there is one, else the CPU; 'auto' and a
+    bare 'cuda' take GPU number ``local_rank`` (default: the launcher's local rank — torchrun's LOCAL_RANK or
+    srun's SLURM_LOCALID — else 0) modulo the GPUs this node has; 'cpu' and 'cuda:N' are taken as given, and
+    checked."""
+    if spec in (None, "", "auto") and not torch.cuda.is_available():
         return torch.device("cpu")
+    if spec in (None, "", "auto", "cuda"):
+        if not torch.cuda.is_available():
+            raise UsageError("a GPU was asked for but torch sees none (CPU-only build or no driver)", field="--device")
+        if local_rank is None:
+            from .dist import detect
+
+            launched = detect()
+            local_rank = launched.local_rank if launched else 0
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
     try:
         dev = torch.device(spec)
     except RuntimeError as exc:

@@ -150,16 +150,13 @@ def without_flag(argv: Sequence[str], flag: str) -> list[str]:
 
 # -- devices and the process group ----------------------------------------------------------------------------
 def local_device(spec: str | None, local_rank: int) -> torch.device:
-    """The one LOCAL_RANK → device rule: 'auto' or a bare 'cuda' takes GPU ``local_rank`` (mod the GPUs this
-    node has) and makes it current; 'cuda:N' and 'cpu' are taken as given."""
+    """This rank's device by the one LOCAL_RANK rule (``core.device.resolve_device``), made current."""
     import torch
 
     from .device import resolve_device
 
-    dev = resolve_device(spec)
+    dev = resolve_device(spec, local_rank)
     if dev.type == "cuda":
-        if spec in (None, "", "auto", "cuda"):
-            dev = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(dev)
     return dev
 

@@ -6,7 +6,7 @@ the user's own tooling around it — catches a bad rank. One environment variabl
 ==============  ==============================================================================================
 ``exit:R``      rank R exits (code 0, as a node that vanished) just before its first timed step
 ``hang:R``      rank R stops just before its first timed step (sleeps far past any timeout)
-``slow:R:F``    every timed call on rank R takes F times as long (the call, then a sleep of F−1 times its
+``slow:R:F``    every timed call on rank R takes about F times as long (the call, then a sleep of F−1 times its
                 duration; on a GPU the slowed rank synchronises after each call so the sleep follows the work)
 ``corrupt:R``   rank R damages its data: comm adds 1 to its first send element before a checked call; ckpt
                 flips a byte of what rank R saved before it is loaded

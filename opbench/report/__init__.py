@@ -1,46 +1,19 @@
 """``opbench report``: turn a results folder of opbench CSVs into report.md with tables and PNG plots.
 
-``build_report(results_dir, out_dir, compare=None, top=40)`` is the whole job; ``__main__`` is its CLI.
+``build_report`` (in ``build``, loaded on first use so ``opbench report --help`` does not import pandas) is the
+whole job; ``__main__`` is its CLI.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Any
 
-from opbench.core.errors import UsageError
-
-from .discover import Discovery, discover, require_results
-from .markdown import report_markdown
-from .plots import Plot, plan_plots, render
-from .tables import Section, build_sections
+__all__ = ["build_report"]
 
 
-@dataclass
-class Report:
-    path: Path                               # report.md
-    sections: list[Section]
-    plots: list[Plot]                        # made
-    missing: dict[str, str] = field(default_factory=dict)   # plot file → why not made
-    found: Discovery | None = None
+def __getattr__(name: str) -> Any:
+    if name in ("build_report", "Report"):
+        from . import build
 
-
-def build_report(results_dir: str | Path, out_dir: str | Path, compare: str | Path | None = None,
-                 top: int | None = 40, plots: bool = True) -> Report:
-    """Read every opbench CSV under results_dir (and compare's, if given) and write out_dir/report.md + PNGs."""
-    found = require_results(discover(results_dir))
-    other = require_results(discover(compare)) if compare is not None else None
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"cannot create output folder: {exc.strerror}", source=str(out_dir)) from None
-    sections = build_sections(found, top=top, other=other)
-    planned = plan_plots(sections)
-    made, missing = render(planned, out) if plots else ([], {p.filename: "--no-plots" for p in planned})
-    path = out / "report.md"
-    path.write_text(report_markdown(found, sections, planned, missing, other), encoding="utf-8")
-    return Report(path, sections, made, missing, found)
-
-
-__all__ = ["Report", "build_report", "discover"]
+        return getattr(build, name)
+    raise AttributeError(name)

@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from opbench.core import cli
 from opbench.core.errors import run_cli
 
-from . import build_report
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,6 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from .build import build_report   # pandas: only once the arguments are known good
+
     out = args.out if args.out is not None else f"{args.results_dir.rstrip('/')}/report"
     report = build_report(args.results_dir, out, compare=args.compare, top=args.top or None,
                           plots=not args.no_plots)
