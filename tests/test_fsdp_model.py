@@ -37,7 +37,7 @@ def by_key(rows):
 def test_llama3_70b_8_ranks_matches_the_nccl_trace():
     rows = by_key(fsdp_collectives(builtin("Llama3.1_70B"), 8))
     ag = rows[("layers.0", "all_gather")]
-    assert ag.count == 106956800                      # REFERENCE §6, real NCCL trace
+    assert ag.count == 106956800                      # docs/conventions.md, "FSDP collective sizes", real NCCL trace
     assert (ag.dtype, ag.nranks, ag.calls_per_step) == ("bf16", 8, 2)
     assert ag.bytes_per_rank == 106956800 * 2
     assert ag.nccl_tests_bytes == 106956800 * 2 * 8   # the gathered buffer, not the shard

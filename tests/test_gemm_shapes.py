@@ -1,4 +1,4 @@
-"""GEMM shape expansion against hand-computed expectations (REFERENCE §1)."""
+"""GEMM shape expansion against hand-computed expectations (docs/conventions.md, "GEMM shapes of a training step")."""
 
 import json
 

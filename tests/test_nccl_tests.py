@@ -1,5 +1,5 @@
 """nccl-tests / rccl-tests output parser: every table era (built with the printf formats of each release's
-src/common.cu / util.cu, REFERENCE §4), launcher prefixes, interleaved NCCL lines, N/A, gz, CLI."""
+src/common.cu / util.cu, docs/conventions.md, "Collectives: sizes, counts and bus bandwidth"), launcher prefixes, interleaved NCCL lines, N/A, gz, CLI."""
 
 from __future__ import annotations
 

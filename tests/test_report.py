@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 COMM_SIZES = (1024, 4096, 16384)
 
-# nccl-tests v2.13+ table (REFERENCE §4) for the comm run's all_reduce sizes; the numbers are made up.
+# nccl-tests v2.13+ table (docs/conventions.md, "Collectives: sizes, counts and bus bandwidth") for the comm run's all_reduce sizes; the numbers are made up.
 NCCL_TESTS_OUTPUT = """\
 # nThread 1 nGpus 2 minBytes 1024 maxBytes 16384 step: 4(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0
 #
@@ -39,7 +39,7 @@ NCCL_TESTS_OUTPUT = """\
 # Avg bus bandwidth    : 0.6267
 """
 
-# NCCL_DEBUG=INFO COLL lines in the documented format (REFERENCE §5): 2 ranks' AllGather, one ReduceScatter.
+# NCCL_DEBUG=INFO COLL lines in the documented format (docs/conventions.md, "NCCL debug-log lines"): 2 ranks' AllGather, one ReduceScatter.
 NCCL_LOG = """\
 node1:1234:1300 [0] NCCL INFO AllGather: opCount 0 sendbuff 0x7f00 recvbuff 0x7f10 count 1966368 datatype 9 op 0 \
 root 0 comm 0x55aa00 [nranks=8] stream 0x55bb00

@@ -1,4 +1,4 @@
-"""Attention FLOPs, FlashAttention / tritonbench convention (REFERENCE §3). The formula lives here only."""
+"""Attention FLOPs, FlashAttention / tritonbench convention (docs/conventions.md, "Attention FLOPs"). The formula lives here only."""
 
 from __future__ import annotations
 

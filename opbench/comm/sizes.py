@@ -1,6 +1,6 @@
 """Which sizes the collective benchmark runs, and over which rank groups — pure functions, no torch.
 
-A ``CommCase`` is one collective at one nccl-tests size (``-b`` value: total buffer bytes per rank, REFERENCE §4)
+A ``CommCase`` is one collective at one nccl-tests size (``-b`` value: total buffer bytes per rank, docs/conventions.md, "Collectives: sizes, counts and bus bandwidth")
 on groups of ``group_size`` ranks. Sizes come from an nccl-tests style sweep, an explicit list, a model's
 parallel layout (TP/SP activations, EP routed tokens, PP activations) or an NCCL debug log; ``source`` says
 which, so a row in the CSV can always be traced back to where its size came from.
@@ -115,7 +115,7 @@ class CommGroups:
 
 def model_cases(model: ModelConfig, collectives: Sequence[str], world_size: int, par: CommGroups, mbs: int,
                 seqlen: int | None, dtype: str) -> list[CommCase]:
-    """The activation-sized collectives of one training step of ``model`` (REFERENCE §1 tokens T = mbs·seq).
+    """The activation-sized collectives of one training step of ``model`` (docs/conventions.md, "GEMM shapes of a training step" tokens T = mbs·seq).
 
     TP all-reduce of the layer output (T·hidden, over tp ranks); SP all-gather / reduce-scatter of the same
     activations (size = the gathered T·hidden, count = T·hidden/tp per rank); EP all-to-all of routed tokens

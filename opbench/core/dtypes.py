@@ -1,7 +1,7 @@
 """The one dtype vocabulary: opbench's short names and what each is called by torch, NCCL, nccl-tests and
 rccl-tests. No torch import: the log parser, the FSDP model and the report use it too. The device layer
 (``core.device.torch_dtype``) turns a name into a ``torch.dtype``. Enums and names: docs/conventions.md,
-"NCCL datatypes".
+"NCCL datatypes and reductions".
 """
 
 from __future__ import annotations

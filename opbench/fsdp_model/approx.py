@@ -5,7 +5,7 @@ layer weights = 3·hidden·ffn + 2·hidden·heads·head_dim + 2·hidden·kv_head
 no norms, no biases, no per-parameter padding, and no root unit (embeddings, final norm, lm_head). Here
 "layer weights" is the sum of the layer's matrices (parameters of 2+ dims), which is Primus' expression for
 Llama-style dense layers and extends it to MoE/MLA layers. For Llama-3-70B at 8 ranks: 106954752, where real
-FSDP sends 106956800 (REFERENCE §6).
+FSDP sends 106956800 (docs/conventions.md, "FSDP collective sizes").
 """
 
 from __future__ import annotations

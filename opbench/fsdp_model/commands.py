@@ -1,7 +1,8 @@
 """nccl-tests / rccl-tests lines and opbench comm runs that reproduce an FSDP step's collectives.
 
 The ``-b`` value is nccl-tests' size (total gathered / scattered bytes per rank; docs/conventions.md,
-"Collectives") as computed by ``opbench.core.collectives`` — not the per-rank shard that Primus' generator passed, which moved 1/n of the data.
+"Collectives: sizes, counts and bus bandwidth") as computed by ``opbench.core.collectives`` — not the per-rank
+shard that Primus' generator passed, which moved 1/n of the data.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Exact FSDP collective sizes of one training step (REFERENCE §6), without torch.
+"""Exact FSDP collective sizes of one training step (docs/conventions.md, "FSDP collective sizes"), without torch.
 
 FSDP2 (``fully_shard``, torch ``_fsdp_param.py`` / ``_fsdp_collectives.py``): every parameter is chunked on dim 0
 into ``shard`` pieces of ceil(d0 / shard) rows (``torch.chunk``), the 0th chunk size being the padded size every
@@ -37,7 +37,7 @@ class FsdpCollective:
 
     ``count`` is the per-rank count an NCCL_DEBUG line shows (AllGather sendcount, ReduceScatter recvcount,
     AllReduce count); ``nccl_tests_bytes`` the nccl-tests ``-b`` size for the same call (total gathered /
-    scattered bytes, REFERENCE §4); ``nranks`` the communicator size.
+    scattered bytes, docs/conventions.md, "Collectives: sizes, counts and bus bandwidth"); ``nranks`` the communicator size.
     """
 
     unit: str

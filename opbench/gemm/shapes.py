@@ -1,4 +1,4 @@
-"""Model config + parallel sizes → the GEMM shapes of one training step (REFERENCE §1 is the contract).
+"""Model config + parallel sizes → the GEMM shapes of one training step (docs/conventions.md, "GEMM shapes of a training step" is the contract).
 
 Pure Python, no torch: ``--dry-run`` and tests are instant. Every linear layer is Y[T,N] = X[T,K]·W[N,K]ᵀ with
 T = mbs·seqlen/cp tokens per rank; Megatron tensor parallelism splits N of column-parallel layers and K of
@@ -70,12 +70,12 @@ class GemmShape:
 
 
 def gemm_flops(m: int, n: int, k: int, groups: int = 1) -> int:
-    """2·m·n·k per GEMM, × groups for a grouped GEMM (REFERENCE §1)."""
+    """2·m·n·k per GEMM, × groups for a grouped GEMM (docs/conventions.md, "GEMM shapes of a training step")."""
     return 2 * m * n * k * groups
 
 
 def gemm_bytes(m: int, n: int, k: int, groups: int, element_size: int) -> int:
-    """Minimum traffic: read A and B once, write C once (REFERENCE §1)."""
+    """Minimum traffic: read A and B once, write C once (docs/conventions.md, "GEMM shapes of a training step")."""
     return (m * k + k * n + m * n) * groups * element_size
 
 
@@ -108,7 +108,7 @@ def padded_vocab(vocab: int, tp: int) -> int:
 
 
 def tokens_per_expert(tokens: int, top_k: int, n_experts: int, ep: int) -> int:
-    """Rows of one expert's GEMM under balanced routing: T·ep·top_k / n_experts, rounded up (REFERENCE §1).
+    """Rows of one expert's GEMM under balanced routing: T·ep·top_k / n_experts, rounded up (docs/conventions.md, "GEMM shapes of a training step").
 
     With EP the all-to-all brings every EP rank's tokens for the local experts, so a rank's grouped GEMM
     still covers T·top_k rows in total; without EP (ep=1) this is Primus' "balance_seq"."""

@@ -1,6 +1,6 @@
 """ModelConfig and its loaders.
 
-Accepted inputs (REFERENCE §2): Primus' ``model_configs.json`` (a list of objects), one object in that schema,
+Accepted inputs (docs/conventions.md, "Model configs"): Primus' ``model_configs.json`` (a list of objects), one object in that schema,
 or a Hugging Face ``config.json`` (Llama, Mistral/Mixtral, Qwen2/Qwen3 dense and MoE, DeepSeek V2/V3).
 Field-name variants are normalised here and nowhere else. Reading a config never touches the network.
 """

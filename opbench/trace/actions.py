@@ -145,7 +145,7 @@ def benchmark_commands(rows: list[dict[str, Any]], flav: str, launcher: str, gpu
 
     ``-b`` follows nccl-tests semantics (core.collectives.Collective.size_bytes): AllGather/ReduceScatter/AlltoAll
     use count·nranks·elt, not the per-rank shard. Ops nccl-tests cannot run are listed as comments."""
-    lines = [f"# {flav}-tests commands for the logged sizes (-b = -e = nccl-tests size, REFERENCE §4)"]
+    lines = [f"# {flav}-tests commands for the logged sizes (-b = -e = the nccl-tests size of each call)"]
     seen: set[str] = set()
     for r in rows:
         coll = r["collective"]
