@@ -176,3 +176,17 @@ def test_slurm_environment_without_torchrun(tmp_path):
     assert (p2p["pattern"], p2p["count"], p2p["wrong"]) == ("pingpong", "256", "0")
     assert_nccl_tests_numbers(p2p, 2)
     assert not (tmp_path / "rank1").exists()
+
+
+def test_self_launched_job_with_a_dead_rank_ends_in_clear_lines(tmp_path):
+    """`opbench comm --nproc-per-node 2` starting torchrun itself: rank 1 vanishes; the survivor's one error line
+    and one closing line naming the failed rank are all the user sees — no torchrun traceback."""
+    proc = subprocess.run([sys.executable, "-m", "opbench", "comm", "--nproc-per-node", "2", "-b", "1K",
+                           "--collectives", "all_reduce", "--timeout", "4", "--report-dir-path", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, env={**ENV, "OPBENCH_FAULTS": "exit:1"},
+                          cwd=ROOT)
+    assert proc.returncode != 0
+    lines = proc.stderr.splitlines()
+    assert sum(ln.startswith("opbench comm: error: rank 0/2: all_reduce at 1024 B failed") for ln in lines) == 1
+    assert lines[-1].startswith("opbench comm: error: rank 0 ended with exit code 1")
+    assert "Traceback" not in proc.stderr and "ChildFailedError" not in proc.stderr

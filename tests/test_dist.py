@@ -88,3 +88,51 @@ def test_faults_fire_at_their_points():
     assert slowed() == 7
     assert time.perf_counter() - start >= 0.055      # 3 × 20 ms, minus timer slack
     assert faults.timed(work, 0) is work
+
+
+TORCHRUN_FAILURE = """\
+W1123 00:34:01.357000 18022 site-packages/torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 18027 closing signal SIGTERM
+opbench ckpt: 1 of 1 cases failed or did not verify (see status/error)
+Traceback (most recent call last):
+  File "/x/rank.py", line 3, in <module>
+    boom()
+ValueError: a rank's own traceback stays
+E1123 00:34:01.422000 18022 site-packages/torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 0 (pid: 18026) of binary: python
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+  File "/site-packages/torch/distributed/run.py", line 1028, in main
+    run(args)
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+opbench.ckpt FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-23_00:34:01
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -15 (pid: 18027)
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-23_00:34:01
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 18026)
+  error_file: <N/A>
+============================================================
+"""
+
+
+def test_relayed_stderr_keeps_the_ranks_words_and_ends_in_one_line(capsys):
+    """torchrun's agent log lines and its own ChildFailedError traceback and summary are replaced by one line
+    naming the root-cause rank; everything the ranks printed (their tracebacks too) passes through."""
+    import io
+
+    dist._relay_stderr(io.StringIO(TORCHRUN_FAILURE), "opbench ckpt")
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["opbench ckpt: 1 of 1 cases failed or did not verify (see status/error)",
+                   "Traceback (most recent call last):", '  File "/x/rank.py", line 3, in <module>', "    boom()",
+                   "ValueError: a rank's own traceback stays",
+                   "opbench ckpt: error: rank 0 ended with exit code 1; torchrun stopped the other ranks (the ranks' "
+                   "own messages are above)"]

@@ -183,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for storage in storages:
             remove_tree(storage, preflight(storage, world, needed_bytes(specs, run)))
         return dist.relaunch(dist.torchrun_command(dist.without_flag(argv, "--nproc-per-node"), world,
-                                                   "opbench.ckpt", timeout_s=args.timeout))
+                                                   "opbench.ckpt", timeout_s=args.timeout), "opbench ckpt")
     return _run_ranks(args, specs, storages, run, dist_env or dist.single())
 
 

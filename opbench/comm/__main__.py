@@ -168,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if nproc > 1 or args.nnodes > 1:
             port = args.master_port or (int(os.environ["MASTER_PORT"]) if "MASTER_PORT" in os.environ else None)
             return dist.relaunch(dist.torchrun_command(argv, nproc, "opbench.comm", args.nnodes, args.node_rank,
-                                                       args.master_addr, port, args.timeout))
+                                                       args.master_addr, port, args.timeout), "opbench comm")
         dist_env = dist.single()
     return run(args, dist_env)
 

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import socket
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from .errors import UsageError
 
@@ -128,10 +129,62 @@ def torchrun_command(argv: Sequence[str], nproc_per_node: int, module: str, nnod
     return [*cmd, "-m", module, *argv]
 
 
-def relaunch(cmd: Sequence[str]) -> int:
-    """Run torchrun in the foreground and hand back its exit status (Ctrl-C reaches the whole job)."""
+# torchrun's own log lines (glog style, from torch.distributed.elastic) and the traceback + summary it prints when
+# a rank fails: the ranks already said what went wrong, so these are replaced by one line.
+_AGENT_LOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ .*torch/distributed/")
+_ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
+_ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+
+
+def _relay_stderr(src: IO[str], prog: str) -> None:
+    """Copy the job's stderr through, minus torchrun's agent logs and failure traceback; end with one line naming
+    the rank that failed first (torchrun's "Root Cause")."""
+    held: list[str] = []          # a traceback being read: torchrun's own is dropped, a rank's is passed on
+    summary = False               # inside torchrun's "==== … FAILED ====" block
+    root: dict[str, str] = {}
+    in_root = False
+    for line in src:
+        if summary:
+            if line.startswith("Root Cause"):
+                in_root = True
+            elif in_root:
+                for key, pat in (("rank", _ROOT_RANK), ("exitcode", _ROOT_EXIT)):
+                    m = pat.match(line)
+                    if m and key not in root:
+                        root[key] = m.group(1)
+            continue
+        if held:
+            held.append(line)
+            if line.startswith("torch.distributed.elastic.multiprocessing.errors.ChildFailedError"):
+                held, summary = [], True
+            elif line and not line[0].isspace() and not line.startswith(("Traceback", "During handling", "The above")):
+                sys.stderr.writelines(held)
+                held = []
+            continue
+        if line.startswith("Traceback (most recent call last):"):
+            held = [line]
+        elif not _AGENT_LOG.match(line):
+            sys.stderr.write(line)
+        sys.stderr.flush()
+    sys.stderr.writelines(held)
+    if summary:
+        code = root.get("exitcode", "?")
+        print(f"{prog}: error: rank {root.get('rank', '?')} ended with exit code {code}"
+              f"{' (killed by a signal)' if code.startswith('-') else ''}; torchrun stopped the other ranks "
+              "(the ranks' own messages are above)", file=sys.stderr, flush=True)
+
+
+def relaunch(cmd: Sequence[str], prog: str = "opbench") -> int:
+    """Run torchrun in the foreground and hand back its exit status (Ctrl-C reaches the whole job). Its stderr
+    goes through ``_relay_stderr``, so a failed rank ends in one clear line instead of torchrun's traceback."""
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
-    return subprocess.call(list(cmd))
+    proc = subprocess.Popen(list(cmd), stderr=subprocess.PIPE, text=True, errors="replace")
+    assert proc.stderr is not None
+    try:
+        _relay_stderr(proc.stderr, prog)
+        return proc.wait()
+    except KeyboardInterrupt:
+        return proc.wait()      # torchrun got the same Ctrl-C and stops the ranks itself
 
 
 def without_flag(argv: Sequence[str], flag: str) -> list[str]:
