@@ -183,9 +183,14 @@ def output_csv(args: argparse.Namespace, file_name: str) -> str | None:
     return None
 
 
+def _top_rows(text: str) -> int | None:
+    """--top N: a row limit; 0 means no limit (None), as in every tool."""
+    return non_negative_int(text) or None
+
+
 def add_top_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, default: int | None, *aliases: str) -> None:
-    parser.add_argument("--top", *aliases, dest="top", type=non_negative_int, default=default, metavar="N",
-                        help="rows shown in each console table" + (" (default: all)" if default is None else ""))
+    parser.add_argument("--top", *aliases, dest="top", type=_top_rows, default=default, metavar="N",
+                        help="rows shown in each console table, 0 = all" + (" (default: all)" if default is None else ""))
 
 
 def add_dry_run_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, what: str) -> None:

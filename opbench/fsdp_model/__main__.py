@@ -96,7 +96,7 @@ def header(cfg: ModelConfig, args: argparse.Namespace) -> str:
     v1 = f", use_orig_params={args.use_orig_params}" if args.fsdp_version == 1 else ""
     mode = "approx (Primus: layer weights / n, no root)" if args.mode == "approx" else "exact"
     return (f"== {cfg.name}: FSDP{args.fsdp_version} {mode}, world size {args.world_size} on {args.nnodes} "
-            f"node(s){hsdp}; AllGather {args.param_dtype}, ReduceScatter {args.reduce_dtype}, "
+            f"node(s){hsdp}; all_gather {args.param_dtype}, reduce_scatter {args.reduce_dtype}, "
             f"reshard_after_forward={args.reshard_after_forward}{v1}")
 
 

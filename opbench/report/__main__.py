@@ -20,8 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compare", default=None, metavar="OTHER_RESULTS_DIR",
                    help="a second results folder (e.g. before an upgrade): tables gain <metric>_other and "
                         "<metric>_ratio = this / other")
-    p.add_argument("--top", type=cli.non_negative_int, default=40, metavar="N",
-                   help="rows per table (0 = all; default: 40); rows left out are counted, failed rows always listed")
+    cli.add_top_arg(p, 40)
     p.add_argument("--no-plots", action="store_true", help="write only report.md")
     return p
 
@@ -31,7 +30,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .build import build_report   # pandas: only once the arguments are known good
 
     out = args.out if args.out is not None else f"{args.results_dir.rstrip('/')}/report"
-    report = build_report(args.results_dir, out, compare=args.compare, top=args.top or None,
+    report = build_report(args.results_dir, out, compare=args.compare, top=args.top,
                           plots=not args.no_plots)
     found = report.found
     rows = sum(len(s.ok) for s in report.sections)
