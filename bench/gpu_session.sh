@@ -21,7 +21,7 @@ step() {  # step NAME LIMIT_S CMD...
     tail -n 40 "$OUT/$name.log"
 }
 step env 60 bash -c "nvidia-smi; $PY -c 'import torch, triton; print(torch.__version__, torch.version.cuda, torch.version.hip, triton.__version__, torch.cuda.get_device_name(0))'"
-step gemm 200 $PY -m opbench gemm --model Llama3.1_8B,Mixtral_8x7B --seqlen 4096 --tp 8 --ep 8 --dtype bf16 \
+step gemm 200 $PY -m opbench gemm --model Llama3.1_8B --seqlen 4096 --tp 8 --dtype bf16 \
     --backends torch,torch_grouped,triton,fp8 --budget 0.3 --report-dir-path "$OUT/gemm"
 step grouped 150 $PY -m opbench gemm --model DeepSeek_V2_Lite --seqlen 4096 --ep 8 --dtype bf16 \
     --layers router,expert_gate_up,expert_down --backends torch,torch_grouped,triton --budget 0.3 --report-dir-path "$OUT/gemm"
