@@ -30,23 +30,53 @@ def main() -> None:
     dtype = default_dtype_name(device)
     config = replace(TimingConfig(), budget_s=args.budget)
     s = args.seqlen
-    shapes = [AttentionShape("llama-gqa", s, s, 32, 8, 128, 128, True),
-              AttentionShape("mla", s, s, 16, 16, 192, 128, True),
-              AttentionShape("cp-tail", s // 4, s, 32, 8, 128, 128, True)]
+    shapes = [
+        AttentionShape("llama-gqa", s, s, 32, 8, 128, 128, True),
+        AttentionShape("mla", s, s, 16, 16, 192, 128, True),
+        AttentionShape("cp-tail", s // 4, s, 32, 8, 128, 128, True),
+    ]
     rows = []
     for shape in shapes:
         for name in args.backends.split(","):
             backend = BACKENDS[name]
             prepared = backend.build(shape, device, dtype)
             problem = make_problem(AttentionCase(shape, 1, name, dtype), device, with_grads=False)
-            q, k, v = (to_layout(t, backend.layout).detach().requires_grad_() for t in (problem.q, problem.k, problem.v))
+            q, k, v = (
+                to_layout(t, backend.layout).detach().requires_grad_() for t in (problem.q, problem.k, problem.v)
+            )
             st = time_passes(prepared.fn, q, k, v, ["fwd", "bwd", "fwdbwd"], device, config)
             fwd, bwd, both = st["fwd"].median, st["bwd"].median, st["fwdbwd"].median
-            rows.append([shape.model, f"{shape.seqlen_q}x{shape.seqlen_kv}", name, fwd * 1e3, bwd * 1e3, both * 1e3,
-                         (both - fwd) * 1e3, (fwd + bwd) / both, st["bwd"].iters])
+            rows.append(
+                [
+                    shape.model,
+                    f"{shape.seqlen_q}x{shape.seqlen_kv}",
+                    name,
+                    fwd * 1e3,
+                    bwd * 1e3,
+                    both * 1e3,
+                    (both - fwd) * 1e3,
+                    (fwd + bwd) / both,
+                    st["bwd"].iters,
+                ]
+            )
     print(f"{device_info(device).name}, {dtype}, torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(tabulate(rows, headers=["shape", "sq x skv", "backend", "fwd ms", "bwd ms (alone)", "fwdbwd ms",
-                                  "fwdbwd-fwd ms", "(fwd+bwd)/fwdbwd", "bwd iters"], floatfmt=".3g"))
+    print(
+        tabulate(
+            rows,
+            headers=[
+                "shape",
+                "sq x skv",
+                "backend",
+                "fwd ms",
+                "bwd ms (alone)",
+                "fwdbwd ms",
+                "fwdbwd-fwd ms",
+                "(fwd+bwd)/fwdbwd",
+                "bwd iters",
+            ],
+            floatfmt=".3g",
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -42,11 +42,29 @@ def main() -> None:
                 tiles = [None] * 5
                 verdict = f"FAILED {type(exc).__name__}: {str(exc)[:120]}"
             failures += verdict != "fits"
-            rows.append([target_name, dtype, f"{d_qk}/{d_v}", causal, kind, *tiles, verdict,
-                         f"{time.perf_counter() - t0:.1f}"])
+            rows.append(
+                [target_name, dtype, f"{d_qk}/{d_v}", causal, kind, *tiles, verdict, f"{time.perf_counter() - t0:.1f}"]
+            )
     print(f"triton {triton.__version__}")
-    print(tabulate(rows, headers=["target", "dtype", "dqk/dv", "causal", "kernel", "BM", "BN", "warps", "stages",
-                                  "shared B", "", "compile s"]))
+    print(
+        tabulate(
+            rows,
+            headers=[
+                "target",
+                "dtype",
+                "dqk/dv",
+                "causal",
+                "kernel",
+                "BM",
+                "BN",
+                "warps",
+                "stages",
+                "shared B",
+                "",
+                "compile s",
+            ],
+        )
+    )
     print(f"{failures} configuration(s) failed or do not fit")
 
 

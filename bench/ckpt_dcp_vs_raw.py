@@ -51,12 +51,15 @@ def main() -> None:
     try:
         state = ShardedState.build(synthetic_state_spec(int(args.size_mb * 2**20), "fp32"), 0, 1, ranks.device)
         state.dcp_state_dict()
-        contenders = {"raw write+fsync": lambda path: raw_write(state, path),
-                      "torch_save": lambda path: TorchSave().save(state, storage, path, SaveOptions()).wait()}
+        contenders = {
+            "raw write+fsync": lambda path: raw_write(state, path),
+            "torch_save": lambda path: TorchSave().save(state, storage, path, SaveOptions()).wait(),
+        }
         for tc in args.thread_count:
-            contenders[f"dcp t{tc}"] = (lambda tc: lambda path: Dcp().save(
-                state, storage, path, SaveOptions(thread_count=tc)).wait())(tc)
-        for save in contenders.values():           # untimed warm-up of each
+            contenders[f"dcp t{tc}"] = (
+                lambda tc: lambda path: Dcp().save(state, storage, path, SaveOptions(thread_count=tc)).wait()
+            )(tc)
+        for save in contenders.values():  # untimed warm-up of each
             save(os.path.join(root, "warmup"))
             shutil.rmtree(os.path.join(root, "warmup"))
         samples: dict[str, list[float]] = {name: [] for name in contenders}
@@ -74,8 +77,17 @@ def main() -> None:
         rows = []
         for name, values in samples.items():
             s = Stats.from_samples(values)
-            rows.append(dict(method=name, bytes=sizes[name], MiB_per_s=s.median, p10=s.p10, p90=s.p90,
-                             repeats=s.iters, vs_raw=s.median / raw))
+            rows.append(
+                dict(
+                    method=name,
+                    bytes=sizes[name],
+                    MiB_per_s=s.median,
+                    p10=s.p10,
+                    p90=s.p90,
+                    repeats=s.iters,
+                    vs_raw=s.median / raw,
+                )
+            )
         print(f"{args.size_mb:g} MiB state, {args.repeats} interleaved repeats, dir {root}")
         print(summary_table(rows, list(rows[0]), floatfmt=".3g"))
     finally:

@@ -73,8 +73,15 @@ def main() -> int:
 
     env = opdist.detect()
     if env is None:
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.nproc_per_node}", "--standalone",
-               os.path.abspath(__file__), *sys.argv[1:]]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc-per-node={args.nproc_per_node}",
+            "--standalone",
+            os.path.abspath(__file__),
+            *sys.argv[1:],
+        ]
         return opdist.relaunch(cmd)
 
     from opbench.comm.bench import Bench, RunConfig, dtype_of
@@ -90,10 +97,14 @@ def main() -> int:
     bench = Bench(cfg, ranks)
     world = dist.get_world_size()
     if dist.get_rank() == 0:
-        print(f"# all_reduce, {backend}, world {world}, {dtype_name}, {args.iters} iters x {args.rounds} rounds, "
-              f"device {device}")
-        print(f"# {'size (B)':>10} {'opbench us [p10–p90]':>26} {'bare loop us [p10–p90]':>26} {'ratio':>7} "
-              f"{'p10 ratio':>9}")
+        print(
+            f"# all_reduce, {backend}, world {world}, {dtype_name}, {args.iters} iters x {args.rounds} rounds, "
+            f"device {device}"
+        )
+        print(
+            f"# {'size (B)':>10} {'opbench us [p10–p90]':>26} {'bare loop us [p10–p90]':>26} {'ratio':>7} "
+            f"{'p10 ratio':>9}"
+        )
     for text in args.sizes.split(","):
         case = CommCase("all_reduce", parse_bytes(text), dtype_name, "overhead")
         numel = count_for(case, world)
@@ -104,7 +115,7 @@ def main() -> int:
             bare.append(bare_all_reduce_us(numel, dtype_of(dtype_name), device, args.iters, args.warmup))
         if dist.get_rank() == 0:
             ratio = statistics.median(ours) / statistics.median(bare)
-            low = p10(ours) / p10(bare)       # the least-disturbed rounds: robust on a shared machine
+            low = p10(ours) / p10(bare)  # the least-disturbed rounds: robust on a shared machine
             print(f"  {case.size_bytes:>10} {spread(ours):>26} {spread(bare):>26} {ratio:7.3f} {low:9.3f}", flush=True)
     dist.destroy_process_group()
     return 0

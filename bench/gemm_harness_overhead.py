@@ -81,7 +81,7 @@ def main() -> None:
     print(f"device: {info.name}  dtype: {dtype}  torch {torch.__version__}  threads {torch.get_num_threads()}")
     cfg = TimingConfig(warmup_iters=2, min_iters=5, max_iters=100_000, rel_tol=0.0, budget_s=args.seconds)
     for n in args.size:
-        flops = 2 * n ** 3
+        flops = 2 * n**3
         a = torch.randn(n, n, device=device, dtype=torch_dtype(dtype))
         b = torch.randn(n, n, device=device, dtype=torch_dtype(dtype))
         shape = GemmShape("bench", "square", "fwd", 1, n, n, n, 1, False, False)
@@ -96,14 +96,17 @@ def main() -> None:
             res["bare"].append(bare_loop(a, b, device, args.seconds))
             res["harness"].append(measure(lambda: torch.mm(a, b), device, cfg).median)
             res["harness+"].append(run_case(GemmCase(shape, "torch", dtype), info, cfg, cold=True)["time_s"])
-            t = tub.Timer("torch.mm(a, b)", globals={"torch": torch, "a": a, "b": b},
-                          num_threads=torch.get_num_threads())  # Timer defaults to 1 thread
+            t = tub.Timer(
+                "torch.mm(a, b)", globals={"torch": torch, "a": a, "b": b}, num_threads=torch.get_num_threads()
+            )  # Timer defaults to 1 thread
             res["tub"].append(t.adaptive_autorange(min_run_time=args.seconds).median)
         gf = {k: flops / statistics.median(v) / 1e9 for k, v in res.items()}
         print(f"\nGEMM {n}x{n}x{n}: median over {args.rounds} interleaved rounds")
         for k in res:
-            print(f"  {k:<9} {statistics.median(res[k]) * 1e3:9.3f} ms  {gf[k]:9.1f} GFLOPS  "
-                  f"{100 * gf[k] / gf[ref]:6.1f} % of {ref}")
+            print(
+                f"  {k:<9} {statistics.median(res[k]) * 1e3:9.3f} ms  {gf[k]:9.1f} GFLOPS  "
+                f"{100 * gf[k] / gf[ref]:6.1f} % of {ref}"
+            )
 
 
 if __name__ == "__main__":

@@ -31,9 +31,28 @@ from collections import Counter
 NAIVE = re.compile(
     r"(\S+):(\d+):(\d+) \[(\d+)\] (?:\S+ )?NCCL INFO (\w+): opCount ([0-9a-fA-F]+) sendbuff (\S+) recvbuff (\S+) "
     r"(?:acc (\S+) )?count (\d+) datatype (\d+) op (\d+) root (-?\d+) comm (\S+) \[nranks=(\d+)\] stream (\S+)"
-    r"(?: task (-?\d+) globalrank (-?\d+))?")
-KEYS = ("host", "pid", "tid", "device", "op", "opcount", "sendbuff", "recvbuff", "acc", "count", "datatype", "redop",
-        "root", "comm", "nranks", "stream", "task", "globalrank")
+    r"(?: task (-?\d+) globalrank (-?\d+))?"
+)
+KEYS = (
+    "host",
+    "pid",
+    "tid",
+    "device",
+    "op",
+    "opcount",
+    "sendbuff",
+    "recvbuff",
+    "acc",
+    "count",
+    "datatype",
+    "redop",
+    "root",
+    "comm",
+    "nranks",
+    "stream",
+    "task",
+    "globalrank",
+)
 
 
 def run_naive(path: str) -> int:
@@ -70,7 +89,7 @@ def child(method: str, path: str, trace: bool) -> None:
     """One timed run in this (fresh) process; prints a JSON line."""
     import resource
 
-    import opbench.trace.analyze  # noqa: F401  same imports for every method, so the RSS baseline is comparable
+    import opbench.trace.analyze
     import opbench.trace.summary  # noqa: F401
 
     if trace:
@@ -84,16 +103,26 @@ def child(method: str, path: str, trace: bool) -> None:
     dt = time.perf_counter() - t0
     cpu = time.process_time() - c0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    out = {"method": method, "seconds": dt, "cpu_seconds": cpu, "calls": calls, "rss_base_kib": base,
-           "rss_peak_kib": peak}
+    out = {
+        "method": method,
+        "seconds": dt,
+        "cpu_seconds": cpu,
+        "calls": calls,
+        "rss_base_kib": base,
+        "rss_peak_kib": peak,
+    }
     if trace:
         out["tracemalloc_peak_bytes"] = tracemalloc.get_traced_memory()[1]
     print(json.dumps(out))
 
 
 def spawn(method: str, path: str, trace: bool = False) -> dict:
-    res = subprocess.run([sys.executable, __file__, "--child", method, path] + (["--trace"] if trace else []),
-                         capture_output=True, text=True, check=True)
+    res = subprocess.run(
+        [sys.executable, __file__, "--child", method, path] + (["--trace"] if trace else []),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
@@ -127,27 +156,32 @@ def main() -> int:
     results = []
     for path in logs:
         mb = os.path.getsize(path) / 1e6
-        with open(path, "rb") as fh:                     # warm the page cache once for everyone
+        with open(path, "rb") as fh:  # warm the page cache once for everyone
             while fh.read(1 << 24):
                 pass
         runs_by: dict[str, list[dict]] = {m: [] for m in METHODS}
-        for _ in range(args.repeats):                    # interleaved, so machine load hits every method alike
+        for _ in range(args.repeats):  # interleaved, so machine load hits every method alike
             for method in METHODS:
                 runs_by[method].append(spawn(method, path))
         for method, runs in runs_by.items():
             traced = spawn(method, path, trace=True)
             rates = [mb / r["seconds"] for r in runs]
             cpu_rates = [mb / r["cpu_seconds"] for r in runs]
-            results.append({
-                "file_mb": round(mb, 1), "method": method, "calls": runs[0]["calls"],
-                "cpu_mb_per_s_median": round(statistics.median(cpu_rates), 1),
-                "cpu_mb_per_s_min": round(min(cpu_rates), 1), "cpu_mb_per_s_max": round(max(cpu_rates), 1),
-                "wall_mb_per_s_median": round(statistics.median(rates), 1),
-                "wall_seconds_median": round(statistics.median(r["seconds"] for r in runs), 3),
-                "rss_peak_mib": round(max(r["rss_peak_kib"] for r in runs) / 1024, 1),
-                "rss_growth_mib": round(max(r["rss_peak_kib"] - r["rss_base_kib"] for r in runs) / 1024, 1),
-                "tracemalloc_peak_mib": round(traced["tracemalloc_peak_bytes"] / 2**20, 2),
-            })
+            results.append(
+                {
+                    "file_mb": round(mb, 1),
+                    "method": method,
+                    "calls": runs[0]["calls"],
+                    "cpu_mb_per_s_median": round(statistics.median(cpu_rates), 1),
+                    "cpu_mb_per_s_min": round(min(cpu_rates), 1),
+                    "cpu_mb_per_s_max": round(max(cpu_rates), 1),
+                    "wall_mb_per_s_median": round(statistics.median(rates), 1),
+                    "wall_seconds_median": round(statistics.median(r["seconds"] for r in runs), 3),
+                    "rss_peak_mib": round(max(r["rss_peak_kib"] for r in runs) / 1024, 1),
+                    "rss_growth_mib": round(max(r["rss_peak_kib"] - r["rss_base_kib"] for r in runs) / 1024, 1),
+                    "tracemalloc_peak_mib": round(traced["tracemalloc_peak_bytes"] / 2**20, 2),
+                }
+            )
     from tabulate import tabulate
 
     print(tabulate(results, headers="keys"))
@@ -155,10 +189,12 @@ def main() -> int:
     for path in logs:
         mb = round(os.path.getsize(path) / 1e6, 1)
         ours, naive = by[(mb, "opbench")], by[(mb, "naive")]
-        print(f"{mb} MB: opbench {ours['cpu_mb_per_s_median']} MB/s vs naive {naive['cpu_mb_per_s_median']} MB/s "
-              f"(CPU time) = {ours['cpu_mb_per_s_median'] / naive['cpu_mb_per_s_median']:.2f}x; wall "
-              f"{ours['wall_mb_per_s_median'] / naive['wall_mb_per_s_median']:.2f}x; calls agree: "
-              f"{ours['calls'] == naive['calls']} ({ours['calls']} vs {naive['calls']})")
+        print(
+            f"{mb} MB: opbench {ours['cpu_mb_per_s_median']} MB/s vs naive {naive['cpu_mb_per_s_median']} MB/s "
+            f"(CPU time) = {ours['cpu_mb_per_s_median'] / naive['cpu_mb_per_s_median']:.2f}x; wall "
+            f"{ours['wall_mb_per_s_median'] / naive['wall_mb_per_s_median']:.2f}x; calls agree: "
+            f"{ours['calls'] == naive['calls']} ({ours['calls']} vs {naive['calls']})"
+        )
     if not args.keep and not args.log:
         for path in logs:
             os.remove(path)

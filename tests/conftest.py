@@ -8,11 +8,14 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_module(*args: str, env: dict | None = None, timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run_module(
+    *args: str, env: dict | None = None, timeout: float = 600, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
     """Run ``python -m <args>`` as a user would, capturing output."""
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, timeout=timeout,
-                          env=full_env, cwd=cwd or ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", *args], capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd or ROOT
+    )
 
 
 @pytest.fixture

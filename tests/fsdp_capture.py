@@ -21,9 +21,9 @@ from opbench.core.dtypes import dtype as opbench_dtype
 
 @dataclass(frozen=True)
 class CapturedCall:
-    collective: str   # opbench name: all_gather | reduce_scatter | all_reduce
-    count: int        # per-rank count as an NCCL_DEBUG line shows it
-    dtype: str        # opbench dtype name (bf16, fp32, …)
+    collective: str  # opbench name: all_gather | reduce_scatter | all_reduce
+    count: int  # per-rank count as an NCCL_DEBUG line shows it
+    dtype: str  # opbench dtype name (bf16, fp32, …)
     nranks: int
 
 
@@ -41,8 +41,10 @@ _PATCHED = {
     "all_gather_into_tensor": ("all_gather", lambda a, k: (_arg(a, k, 1, "input_tensor"), _arg(a, k, 2, "group"))),
     "all_gather": ("all_gather", lambda a, k: (_arg(a, k, 1, "tensor"), _arg(a, k, 2, "group"))),  # FSDP1 on CPU
     # reduce-scatter: count = per-rank output (recvcount)
-    "reduce_scatter_single": ("reduce_scatter",
-                              lambda a, k: (_arg(a, k, 0, "output", "output_tensor"), _arg(a, k, 3, "group"))),
+    "reduce_scatter_single": (
+        "reduce_scatter",
+        lambda a, k: (_arg(a, k, 0, "output", "output_tensor"), _arg(a, k, 3, "group")),
+    ),
     "reduce_scatter_tensor": ("reduce_scatter", lambda a, k: (_arg(a, k, 0, "output"), _arg(a, k, 3, "group"))),
     "reduce_scatter": ("reduce_scatter", lambda a, k: (_arg(a, k, 0, "output"), _arg(a, k, 3, "group"))),
     # all-reduce: count = the tensor

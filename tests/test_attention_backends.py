@@ -64,7 +64,8 @@ def test_rows_without_visible_keys_are_zero_everywhere():
     for name in CPU_BACKENDS:
         backend = B.BACKENDS[name]
         out = backend.build(shape, torch.device("cpu"), "fp32").fn(
-            *(B.to_layout(t, backend.layout) for t in (problem.q, problem.k, problem.v)))
+            *(B.to_layout(t, backend.layout) for t in (problem.q, problem.k, problem.v))
+        )
         assert torch.isfinite(out).all() and B.from_layout(out, backend.layout)[:, :28].abs().max() == 0, name
 
 
@@ -82,16 +83,30 @@ def test_top_left_causal_would_be_caught():
 
 def test_wrong_backend_becomes_error_row(monkeypatch):
     shape = mk(12, 40, 4, 4, 32, 32)
-    broken = B.Backend("broken", B.BHSD, lambda s, d, t: B.Prepared(
-        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)), "top-left causal")
+    broken = B.Backend(
+        "broken",
+        B.BHSD,
+        lambda s, d, t: B.Prepared(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
+        "top-left causal",
+    )
     monkeypatch.setitem(B.BACKENDS, "broken", broken)
     row = run_case(AttentionCase(shape, 1, "broken", "fp32"), torch.device("cpu"), ["fwd"], FAST, ProblemCache())
     assert row["status"] == "error" and "wrong result" in row["error"]
     assert row.get("fwd_time") is None  # a wrong kernel is not timed
 
 
-def reference_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                              alibi_slopes=None, deterministic=False, return_attn_probs=False):
+def reference_flash_attn_func(
+    q,
+    k,
+    v,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+):
     """flash_attn_func's contract, written out independently: (batch, seq, heads, dim) in and out, KV heads
     shared by consecutive query-head groups, causal aligned bottom-right, equal q/k/v head dims (as FA2)."""
     assert q.dim() == 4 and k.shape[:3] == v.shape[:3] and q.shape[0] == k.shape[0]
@@ -99,7 +114,7 @@ def reference_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal
     sq, hq, skv, hkv = q.shape[1], q.shape[2], k.shape[1], k.shape[2]
     group = hq // hkv
     idx = torch.arange(hq) // group
-    kk, vv = k[:, :, idx], v[:, :, idx]                                   # (b, skv, hq, d)
+    kk, vv = k[:, :, idx], v[:, :, idx]  # (b, skv, hq, d)
     scores = torch.einsum("bqhd,bkhd->bhqk", q, kk) * (softmax_scale or q.shape[-1] ** -0.5)
     if causal:
         rows = torch.arange(sq)[:, None]
@@ -127,8 +142,9 @@ def test_flash_attn_adapter_unwraps_fa3_tuple():
         out = reference_flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal)
         return out, torch.zeros(q.shape[0], q.shape[2], q.shape[1])
 
-    errs = check(AttentionCase(shape, 1, "x", "fp32"), B.flash_attn_adapter(fa3_like, shape, pad_v=False).fn,
-                 B.BSHD, problem)
+    errs = check(
+        AttentionCase(shape, 1, "x", "fp32"), B.flash_attn_adapter(fa3_like, shape, pad_v=False).fn, B.BSHD, problem
+    )
     assert errs["max_rel_err"] < 1e-5
 
 
@@ -165,16 +181,55 @@ def test_cli_cpu_rows(tmp_path):
         '[{"model": "gqa", "seqlen_q": 32, "seqlen_kv": 64, "num_head_q": 4, "num_head_kv": 2,'
         ' "head_dim_qk": 32, "head_dim_v": 32, "causal": true},'
         ' {"model": "mla", "seqlen_q": 48, "seqlen_kv": 48, "num_head_q": 4, "num_head_kv": 4,'
-        ' "head_dim_qk": 48, "head_dim_v": 32, "causal": true}]')
+        ' "head_dim_qk": 48, "head_dim_v": 32, "causal": true}]'
+    )
     out = tmp_path / "a.csv"
-    assert main(["--shapes-json-path", str(shapes), "--backends", "math,sdpa_flash,sdpa_efficient,flash_attn,triton",
-                 "--batch-sizes", "1,2", "--device", "cpu", "--min-iters", "3", "--max-iters", "4",
-                 "--budget", "0.02", "--report-csv-path", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--shapes-json-path",
+                str(shapes),
+                "--backends",
+                "math,sdpa_flash,sdpa_efficient,flash_attn,triton",
+                "--batch-sizes",
+                "1,2",
+                "--device",
+                "cpu",
+                "--min-iters",
+                "3",
+                "--max-iters",
+                "4",
+                "--budget",
+                "0.02",
+                "--report-csv-path",
+                str(out),
+            ]
+        )
+        == 0
+    )
     df = pd.read_csv(out, keep_default_na=True)
     assert tuple(df.columns) == SCHEMA.columns
-    for col in ["model", "batch_size", "seqlen_q", "seqlen_kv", "num_head_q", "num_head_kv", "head_dim_qk",
-                "head_dim_v", "causal", "dtype", "backend", "fwd_time", "fwd_tflops", "bwd_time", "bwd_tflops",
-                "fwdbwd_time", "max_abs_err", "status", "error"]:
+    for col in [
+        "model",
+        "batch_size",
+        "seqlen_q",
+        "seqlen_kv",
+        "num_head_q",
+        "num_head_kv",
+        "head_dim_qk",
+        "head_dim_v",
+        "causal",
+        "dtype",
+        "backend",
+        "fwd_time",
+        "fwd_tflops",
+        "bwd_time",
+        "bwd_tflops",
+        "fwdbwd_time",
+        "max_abs_err",
+        "status",
+        "error",
+    ]:
         assert col in df.columns
     assert len(df) == 2 * 2 * 5
     ok = df[df.status == "ok"]
@@ -185,12 +240,13 @@ def test_cli_cpu_rows(tmp_path):
         assert (ok[f"{p}_time_min"] <= ok[f"{p}_time"]).all() and (ok[f"{p}_time"] <= ok[f"{p}_time_max"]).all()
     assert (ok.max_abs_err < 1e-4).all() and ok.error.isna().all()
     for _, r in ok.iterrows():
-        s = AttentionShape(r.model, r.seqlen_q, r.seqlen_kv, r.num_head_q, r.num_head_kv, r.head_dim_qk,
-                           r.head_dim_v, bool(r.causal))
+        s = AttentionShape(
+            r.model, r.seqlen_q, r.seqlen_kv, r.num_head_q, r.num_head_kv, r.head_dim_qk, r.head_dim_v, bool(r.causal)
+        )
         assert math.isclose(r.bwd_tflops, attention_flops(s, r.batch_size, "bwd") / r.bwd_time / 1e12, rel_tol=1e-4)
     bad = df[df.status != "ok"]
     assert set(bad.status) == {"unsupported"}
-    assert bad.fwd_time.isna().all() and bad.max_abs_err.isna().all()   # never a zero standing for "did not run"
+    assert bad.fwd_time.isna().all() and bad.max_abs_err.isna().all()  # never a zero standing for "did not run"
     assert bad.error.str.len().min() > 10
     reasons = dict(zip(bad.backend, bad.error))
     assert "CPU" in reasons["sdpa_efficient"] and "GPU" in reasons["flash_attn"]

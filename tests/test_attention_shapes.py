@@ -54,8 +54,13 @@ def test_gqa_does_not_change_flops():
 def test_model_shapes_dense_gqa_and_mla():
     cfgs = {c.name: c for c in load_model_configs()}
     llama = model_attention_shape(cfgs["Llama3.1_70B"])
-    assert (llama.seqlen_q, llama.num_head_q, llama.num_head_kv, llama.head_dim_qk, llama.head_dim_v) == \
-        (8192, 64, 8, 128, 128)
+    assert (llama.seqlen_q, llama.num_head_q, llama.num_head_kv, llama.head_dim_qk, llama.head_dim_v) == (
+        8192,
+        64,
+        8,
+        128,
+        128,
+    )
     mla = model_attention_shape(cfgs["DeepSeek_V3"])
     assert (mla.num_head_q, mla.num_head_kv, mla.head_dim_qk, mla.head_dim_v) == (128, 128, 192, 128)
     assert model_attention_shape(cfgs["Qwen3_0.6B"]).head_dim_qk == 128  # head_dim ≠ hidden/heads (1024/16)
@@ -78,7 +83,15 @@ def test_shipped_shapes_match_builtin_models():
     names = {s.model for s in shipped}
     assert {"Llama2_7B", "Llama3.1_405B", "Mixtral_8x22B", "DeepSeek_V3", "Qwen3_32B"} <= names
     assert json.loads(BUILTIN_SHAPES.read_text())[0].keys() == {
-        "model", "seqlen_q", "seqlen_kv", "num_head_q", "num_head_kv", "head_dim_qk", "head_dim_v", "causal"}
+        "model",
+        "seqlen_q",
+        "seqlen_kv",
+        "num_head_q",
+        "num_head_kv",
+        "head_dim_qk",
+        "head_dim_v",
+        "causal",
+    }
 
 
 def test_cap_seqlen_keeps_ratio():
@@ -87,28 +100,40 @@ def test_cap_seqlen_keeps_ratio():
     assert cap_seqlen(shape(sq=4096, skv=4096), 0) == shape(sq=4096, skv=4096)
 
 
-GOOD = {"model": "X", "seqlen_q": 64, "seqlen_kv": 64, "num_head_q": 4, "num_head_kv": 2, "head_dim_qk": 32,
-        "head_dim_v": 32, "causal": True}
+GOOD = {
+    "model": "X",
+    "seqlen_q": 64,
+    "seqlen_kv": 64,
+    "num_head_q": 4,
+    "num_head_kv": 2,
+    "head_dim_qk": 32,
+    "head_dim_v": 32,
+    "causal": True,
+}
 
 
-@pytest.mark.parametrize("content, field, words", [
-    (None, None, "file not found"),
-    ("[{\"model\": ", None, "malformed JSON at line 1"),
-    ("[]", None, "empty"),
-    ("{\"shapes\": 3}", "model", "missing"),
-    (json.dumps([{k: v for k, v in GOOD.items() if k != "seqlen_kv"}]), "seqlen_kv", "missing"),
-    (json.dumps([{**GOOD, "num_head_q": -4}]), "num_head_q", "must be positive"),
-    (json.dumps([{**GOOD, "head_dim_v": 12.5}]), "head_dim_v", "must be an integer"),
-    (json.dumps([GOOD, {**GOOD, "num_head_q": 6, "num_head_kv": 4}]), "num_head_kv", "not a multiple"),
-    (json.dumps([{**GOOD, "causal": "yes"}]), "causal", "true or false"),
-    (json.dumps([{**GOOD, "head_dim": 32}]), "head_dim", "unknown field"),
-])
+@pytest.mark.parametrize(
+    "content, field, words",
+    [
+        (None, None, "file not found"),
+        ('[{"model": ', None, "malformed JSON at line 1"),
+        ("[]", None, "empty"),
+        ('{"shapes": 3}', "model", "missing"),
+        (json.dumps([{k: v for k, v in GOOD.items() if k != "seqlen_kv"}]), "seqlen_kv", "missing"),
+        (json.dumps([{**GOOD, "num_head_q": -4}]), "num_head_q", "must be positive"),
+        (json.dumps([{**GOOD, "head_dim_v": 12.5}]), "head_dim_v", "must be an integer"),
+        (json.dumps([GOOD, {**GOOD, "num_head_q": 6, "num_head_kv": 4}]), "num_head_kv", "not a multiple"),
+        (json.dumps([{**GOOD, "causal": "yes"}]), "causal", "true or false"),
+        (json.dumps([{**GOOD, "head_dim": 32}]), "head_dim", "unknown field"),
+    ],
+)
 def test_bad_shapes_json_is_one_clear_line(tmp_path, capsys, content, field, words):
     path = tmp_path / "shapes.json"
     if content is not None:
         path.write_text(content)
-    code = run_cli(main, ["--shapes-json-path", str(path), "--report-csv-path", str(tmp_path / "o.csv")],
-                   prog="opbench attention")
+    code = run_cli(
+        main, ["--shapes-json-path", str(path), "--report-csv-path", str(tmp_path / "o.csv")], prog="opbench attention"
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert err.count("\n") == 1 and "Traceback" not in err
@@ -118,13 +143,16 @@ def test_bad_shapes_json_is_one_clear_line(tmp_path, capsys, content, field, wor
     assert not (tmp_path / "o.csv").exists()  # nothing written before the input is known to be good
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--backends", "sdpa,cutlass"], "--backends"),
-    (["--passes", "fwd,dgrad"], "--passes"),
-    (["--tp", "2"], "--model-config-path"),
-    (["--model", "NoSuchModel"], "NoSuchModel"),
-    (["--model-config-path", "builtin", "--model", "Llama2_70B", "--tp", "16"], "--tp"),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--backends", "sdpa,cutlass"], "--backends"),
+        (["--passes", "fwd,dgrad"], "--passes"),
+        (["--tp", "2"], "--model-config-path"),
+        (["--model", "NoSuchModel"], "NoSuchModel"),
+        (["--model-config-path", "builtin", "--model", "Llama2_70B", "--tp", "16"], "--tp"),
+    ],
+)
 def test_bad_flags_exit_2(tmp_path, capsys, argv, words):
     assert run_cli(main, [*argv, "--report-csv-path", str(tmp_path / "o.csv")], prog="opbench attention") == 2
     assert words in capsys.readouterr().err
@@ -134,9 +162,30 @@ def test_dry_run_writes_planned_rows(tmp_path):
     import pandas as pd
 
     out = tmp_path / "plan.csv"
-    assert main(["--model-config-path", "builtin", "--model", "DeepSeek_V2_Lite,Qwen3_8B", "--tp", "2",
-                 "--cp", "2", "--batch-sizes", "1,2", "--backends", "math,triton", "--dry-run",
-                 "--max-seqlen", "0", "--report-csv-path", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--model-config-path",
+                "builtin",
+                "--model",
+                "DeepSeek_V2_Lite,Qwen3_8B",
+                "--tp",
+                "2",
+                "--cp",
+                "2",
+                "--batch-sizes",
+                "1,2",
+                "--backends",
+                "math,triton",
+                "--dry-run",
+                "--max-seqlen",
+                "0",
+                "--report-csv-path",
+                str(out),
+            ]
+        )
+        == 0
+    )
     df = pd.read_csv(out)
     assert len(df) == 2 * 2 * 2 and set(df.status) == {"planned"}
     mla = df[df.model == "DeepSeek_V2_Lite"].iloc[0]

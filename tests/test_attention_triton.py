@@ -65,23 +65,45 @@ def test_triton_kernel_matches_oracle_under_interpreter():
 
 def test_cli_checks_triton_on_cpu_but_never_times_it(tmp_path):
     shapes = tmp_path / "s.json"
-    shapes.write_text('[{"model": "tiny", "seqlen_q": 24, "seqlen_kv": 40, "num_head_q": 4, "num_head_kv": 2,'
-                      ' "head_dim_qk": 32, "head_dim_v": 16, "causal": true}]')
+    shapes.write_text(
+        '[{"model": "tiny", "seqlen_q": 24, "seqlen_kv": 40, "num_head_q": 4, "num_head_kv": 2,'
+        ' "head_dim_qk": 32, "head_dim_v": 16, "causal": true}]'
+    )
     out = tmp_path / "t.csv"
-    proc = run_interpreted(["-m", "opbench.attention", "--shapes-json-path", str(shapes), "--backends", "triton,math",
-                            "--device", "cpu", "--quick", "--report-csv-path", str(out)])
+    proc = run_interpreted(
+        [
+            "-m",
+            "opbench.attention",
+            "--shapes-json-path",
+            str(shapes),
+            "--backends",
+            "triton,math",
+            "--device",
+            "cpu",
+            "--quick",
+            "--report-csv-path",
+            str(out),
+        ]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     df = pd.read_csv(out).set_index("backend")
     tri = df.loc["triton"]
     assert tri.status == "unsupported" and "not timed" in tri.error
-    assert 0 < tri.max_abs_err < 1e-5 and 0 < tri.grad_max_abs_err < 1e-5   # checked against the oracle
+    assert 0 < tri.max_abs_err < 1e-5 and 0 < tri.grad_max_abs_err < 1e-5  # checked against the oracle
     assert pd.isna(tri.fwd_time) and pd.isna(tri.bwd_time) and pd.isna(tri.fwdbwd_time)
     assert df.loc["math"].status == "ok" and df.loc["math"].fwd_time > 0
 
 
-@pytest.mark.parametrize("target,kind,causal", [("cuda:90", "fwd", True), ("cuda:90", "fwd", False),
-                                                ("cuda:90", "dkdv", True), ("cuda:90", "dq", False),
-                                                ("hip:gfx942", "dq", True)])
+@pytest.mark.parametrize(
+    "target,kind,causal",
+    [
+        ("cuda:90", "fwd", True),
+        ("cuda:90", "fwd", False),
+        ("cuda:90", "dkdv", True),
+        ("cuda:90", "dq", False),
+        ("hip:gfx942", "dq", True),
+    ],
+)
 def test_kernels_compile_for_gpu_targets(target, kind, causal):
     """The interpreter does no type checking, so compile the kernels for real targets (MLA head dims; the bench
     script compiles every configuration). A helper whose two returns differed in integer width passed the

@@ -14,16 +14,19 @@ def run(argv, capsys):
     return rc, out.out, out.err
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--size-mb", "8", "--model", "Llama2_7B"], "--size-mb"),
-    (["--size-mb", "-1"], "field '--size-mb': must be positive"),
-    (["--methods", "torch_save,zip"], "unknown method 'zip'"),
-    (["--storage-options", "{nope"], "field '--storage-options': not valid JSON"),
-    (["--storage-options", "[1]"], "must be a JSON object"),
-    (["--model-config-path", "/nonexistent/cfg.json"], "/nonexistent/cfg.json"),
-    (["--model", "Llama2_70B", "--device", "cpu"], "use --num-layers"),
-    (["--save-interval", "-2"], "--save-interval"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--size-mb", "8", "--model", "Llama2_7B"], "--size-mb"),
+        (["--size-mb", "-1"], "field '--size-mb': must be positive"),
+        (["--methods", "torch_save,zip"], "unknown method 'zip'"),
+        (["--storage-options", "{nope"], "field '--storage-options': not valid JSON"),
+        (["--storage-options", "[1]"], "must be a JSON object"),
+        (["--model-config-path", "/nonexistent/cfg.json"], "/nonexistent/cfg.json"),
+        (["--model", "Llama2_70B", "--device", "cpu"], "use --num-layers"),
+        (["--save-interval", "-2"], "--save-interval"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, needle):
     rc, _, err = run([*argv, "--report-dir-path", str(tmp_path)], capsys)
     assert rc == 2, err
@@ -31,29 +34,59 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, needle):
     assert not (tmp_path / "ckpt_benchmark.csv").exists()
 
 
-@pytest.mark.parametrize("storage, needle", [
-    ("/etc/hostname/ckpt", "cannot write there"),          # a path under a regular file
-    ("memory://ckpt", "memory:// is private to each process"),
-    ("nosuchproto://bucket/x", "no fsspec file system"),
-])
+@pytest.mark.parametrize(
+    "storage, needle",
+    [
+        ("/etc/hostname/ckpt", "cannot write there"),  # a path under a regular file
+        ("memory://ckpt", "memory:// is private to each process"),
+        ("nosuchproto://bucket/x", "no fsspec file system"),
+    ],
+)
 def test_unusable_storage_fails_before_any_rank_starts(tmp_path, capsys, storage, needle):
-    rc, _, err = run(["--size-mb", "1", "--nproc-per-node", "2", "--storage", storage,
-                      "--report-dir-path", str(tmp_path)], capsys)
+    rc, _, err = run(
+        ["--size-mb", "1", "--nproc-per-node", "2", "--storage", storage, "--report-dir-path", str(tmp_path)], capsys
+    )
     assert rc == 2 and needle in err and storage.split("/")[0] in err
     assert not (tmp_path / "ckpt_benchmark.csv").exists()
 
 
 def test_not_enough_free_space_is_a_usage_error(tmp_path, capsys):
-    rc, _, err = run(["--size-mb", "1024", "--iterations", "100000", "--nproc-per-node", "2",
-                      "--storage", str(tmp_path / "data"), "--report-dir-path", str(tmp_path)], capsys)
+    rc, _, err = run(
+        [
+            "--size-mb",
+            "1024",
+            "--iterations",
+            "100000",
+            "--nproc-per-node",
+            "2",
+            "--storage",
+            str(tmp_path / "data"),
+            "--report-dir-path",
+            str(tmp_path),
+        ],
+        capsys,
+    )
     assert rc == 2 and "GiB free" in err
-    assert not list((tmp_path / "data").iterdir())      # the probe directory is gone again
+    assert not list((tmp_path / "data").iterdir())  # the probe directory is gone again
 
 
 def test_dry_run_lists_states_and_the_cartesian_product(tmp_path, capsys):
-    rc, out, _ = run(["--dry-run", "--size-mb", "16,32", "--methods", "torch_save,dcp,dcp_async",
-                      "--thread-count", "1,4", "--storage", f"{tmp_path},s3://b/p", "--nproc-per-node", "4"],
-                     capsys)
+    rc, out, _ = run(
+        [
+            "--dry-run",
+            "--size-mb",
+            "16,32",
+            "--methods",
+            "torch_save,dcp,dcp_async",
+            "--thread-count",
+            "1,4",
+            "--storage",
+            f"{tmp_path},s3://b/p",
+            "--nproc-per-node",
+            "4",
+        ],
+        capsys,
+    )
     assert rc == 0
     assert "synthetic_16MiB" in out and "synthetic_32MiB" in out
     # per storage: torch_save once (no thread knob) + 2 DCP methods x 2 thread counts = 5

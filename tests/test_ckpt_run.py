@@ -20,10 +20,18 @@ from opbench.models import load_model_configs
 
 pytestmark = pytest.mark.slow
 BUCKET = "opbench-ckpt"
-PART = 5 * 2**20                       # S3's smallest multipart part; s3fs uploads in blocks of this size
-TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 352,
-              "vocab_size": 2048, "num_hidden_layers": 2, "tie_word_embeddings": False}
+PART = 5 * 2**20  # S3's smallest multipart part; s3fs uploads in blocks of this size
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 352,
+    "vocab_size": 2048,
+    "num_hidden_layers": 2,
+    "tie_word_embeddings": False,
+}
 
 
 def _free_port() -> int:
@@ -43,8 +51,12 @@ def s3_env():
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
-    env = dict(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1",
-               AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}")
+    env = dict(
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}",
+    )
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     import s3fs
@@ -61,8 +73,9 @@ def s3_env():
 
 
 def _run(cmd: list[str], env: dict[str, str], timeout: float = 420) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, env={**os.environ, **env, "OMP_NUM_THREADS": "1"}, capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.run(
+        cmd, env={**os.environ, **env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=timeout
+    )
     return proc
 
 
@@ -73,11 +86,34 @@ def test_every_method_on_local_disk_and_s3_with_two_ranks(tmp_path, s3_env):
     local = tmp_path / "local"
     out = tmp_path / "out"
     s3_url = f"s3://{BUCKET}/run1"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "opbench.ckpt", "--model-config-path", str(cfg_path), "--param-dtype", "bf16",
-           "--methods", "torch_save,dcp,dcp_async,dcp_async_process", "--thread-count", "1,2",
-           "--storage", f"{local},{s3_url}", "--storage-options", json.dumps({"default_block_size": PART}),
-           "--iterations", "2", "--drop-cache", "--keep", "--report-dir-path", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "opbench.ckpt",
+        "--model-config-path",
+        str(cfg_path),
+        "--param-dtype",
+        "bf16",
+        "--methods",
+        "torch_save,dcp,dcp_async,dcp_async_process",
+        "--thread-count",
+        "1,2",
+        "--storage",
+        f"{local},{s3_url}",
+        "--storage-options",
+        json.dumps({"default_block_size": PART}),
+        "--iterations",
+        "2",
+        "--drop-cache",
+        "--keep",
+        "--report-dir-path",
+        str(out),
+    ]
     proc = _run(cmd, env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
 
@@ -95,7 +131,7 @@ def test_every_method_on_local_disk_and_s3_with_two_ranks(tmp_path, s3_env):
         assert 0 < r.save_block_time <= r.save_total_time
         if not r.async_save:
             assert r.save_block_time == r.save_total_time
-        assert r.drop_cache == (not r.storage.startswith("s3://"))    # evicted where the files are local
+        assert r.drop_cache == (not r.storage.startswith("s3://"))  # evicted where the files are local
 
     cases = {(c["method"], c["storage"], c["thread_count"]): c for c in meta["cases"]}
     assert len(cases) == 14
@@ -113,8 +149,13 @@ def test_every_method_on_local_disk_and_s3_with_two_ranks(tmp_path, s3_env):
     assert cases[("torch_save", str(local), None)]["sizes"][0] == on_disk
     dcp_iter = run_dir / "s0_dcp_t2" / "iter_0000002"
     # thread_count=2: each rank's single-file-per-rank data is split over one file per writer thread
-    assert {p.name for p in dcp_iter.iterdir()} == {".metadata", "__0_0.distcp", "__0_1.distcp", "__1_0.distcp",
-                                                    "__1_1.distcp"}
+    assert {p.name for p in dcp_iter.iterdir()} == {
+        ".metadata",
+        "__0_0.distcp",
+        "__0_1.distcp",
+        "__1_0.distcp",
+        "__1_1.distcp",
+    }
 
     # The DCP checkpoint is a real sharded one: consolidated offline, each tensor's dim-0 chunk r is rank r's.
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
@@ -127,7 +168,7 @@ def test_every_method_on_local_disk_and_s3_with_two_ranks(tmp_path, s3_env):
         for rank in range(2):
             start, length = shard_range(t.shape[0], rank, 2)
             want = deterministic_tensor(t.local_shape(rank, 2), t.dtype, tensor_seed(t.key, rank), torch.device("cpu"))
-            assert torch.equal(full[t.key][start:start + length], want), t.key
+            assert torch.equal(full[t.key][start : start + length], want), t.key
 
     # On S3 the ~6 MiB per-rank files (torch_save, DCP with one thread) went up in 5 MiB parts (multipart ETags end in -<parts>).
     s3_run = meta["run_dirs"][1].split("://", 1)[1]
@@ -138,7 +179,8 @@ def test_every_method_on_local_disk_and_s3_with_two_ranks(tmp_path, s3_env):
     assert any(k.endswith("rank_00001.pt") for k in big) and any(k.endswith("__1_0.distcp") for k in big)
     s3_dcp = f"{s3_run}/s0_dcp_async_process_t2/iter_0000001"
     assert cases[("dcp_async_process", s3_url, 2)]["sizes"][0] == sum(
-        v["size"] for k, v in objects.items() if k.startswith(s3_dcp + "/"))
+        v["size"] for k, v in objects.items() if k.startswith(s3_dcp + "/")
+    )
 
 
 INJECT = textwrap.dedent('''
@@ -167,22 +209,44 @@ INJECT = textwrap.dedent('''
 def test_failures_on_one_rank_become_rows_and_a_nonzero_exit(tmp_path):
     (tmp_path / "inject").mkdir()
     (tmp_path / "inject" / "sitecustomize.py").write_text(INJECT)
-    env = {"OPBENCH_CKPT_INJECT": "1",
-           "PYTHONPATH": os.pathsep.join([str(tmp_path / "inject"), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        "OPBENCH_CKPT_INJECT": "1",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path / "inject"), os.environ.get("PYTHONPATH", "")]),
+    }
     out = tmp_path / "out"
-    proc = _run([sys.executable, "-m", "opbench.ckpt", "--nproc-per-node", "2", "--size-mb", "2",
-                 "--param-dtype", "fp32", "--methods", "torch_save,dcp", "--iterations", "1",
-                 "--storage", str(tmp_path / "data"), "--report-dir-path", str(out)], env, timeout=300)
+    proc = _run(
+        [
+            sys.executable,
+            "-m",
+            "opbench.ckpt",
+            "--nproc-per-node",
+            "2",
+            "--size-mb",
+            "2",
+            "--param-dtype",
+            "fp32",
+            "--methods",
+            "torch_save,dcp",
+            "--iterations",
+            "1",
+            "--storage",
+            str(tmp_path / "data"),
+            "--report-dir-path",
+            str(out),
+        ],
+        env,
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "2 of 2 cases failed or did not verify" in proc.stderr
     rows = pd.read_csv(out / "ckpt_benchmark.csv").set_index("method")
     full = rows.loc["torch_save"]
     assert full.status == "error" and "rank 1: disk full" in full.error
     assert pd.isna(full.save_total_time) and pd.isna(full.iter_folder_size) and pd.isna(full.verified)
-    bad = rows.loc["dcp"]                                    # the sweep went on after the failed case
+    bad = rows.loc["dcp"]  # the sweep went on after the failed case
     assert bad.status == "error" and not bad.verified and "contents differ" in bad.error
     assert bad.save_total_time > 0 and bad.iter_folder_size > 2 * 2**20
-    assert not list((tmp_path / "data").iterdir())           # checkpoints cleaned up after the run
+    assert not list((tmp_path / "data").iterdir())  # checkpoints cleaned up after the run
 
 
 def test_srun_environment_is_one_world_and_a_corrupt_rank_is_caught(tmp_path):
@@ -194,12 +258,36 @@ def test_srun_environment_is_one_world_and_a_corrupt_rank_is_caught(tmp_path):
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
     procs = []
     for rank in (0, 1):
-        env = {**base, "OMP_NUM_THREADS": "1", "SLURM_PROCID": str(rank), "SLURM_NTASKS": "2",
-               "SLURM_LOCALID": str(rank), "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_STEP_ID": "0",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OPBENCH_FAULTS": "corrupt:1"}
-        cmd = [sys.executable, "-m", "opbench.ckpt", "--size-mb", "1", "--methods", "torch_save,dcp",
-               "--iterations", "1", "--storage", str(tmp_path / "data"), "--report-dir-path", str(out), "--timeout",
-               "120"]
+        env = {
+            **base,
+            "OMP_NUM_THREADS": "1",
+            "SLURM_PROCID": str(rank),
+            "SLURM_NTASKS": "2",
+            "SLURM_LOCALID": str(rank),
+            "SLURM_NNODES": "1",
+            "SLURM_NODEID": "0",
+            "SLURM_STEP_ID": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OPBENCH_FAULTS": "corrupt:1",
+        }
+        cmd = [
+            sys.executable,
+            "-m",
+            "opbench.ckpt",
+            "--size-mb",
+            "1",
+            "--methods",
+            "torch_save,dcp",
+            "--iterations",
+            "1",
+            "--storage",
+            str(tmp_path / "data"),
+            "--report-dir-path",
+            str(out),
+            "--timeout",
+            "120",
+        ]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     results = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [1, 1], results[0][1][-3000:] + results[1][1][-3000:]

@@ -47,7 +47,7 @@ def test_size_mb_state_is_exact_and_made_of_layers(mib, dtype):
     total = int(mib * 2**20) // elt * elt
     spec = synthetic_state_spec(total, dtype)
     assert spec.total_bytes == total
-    if total >= 4 * 2**20:      # big enough for whole decoder layers: realistic 2-D projections dominate
+    if total >= 4 * 2**20:  # big enough for whole decoder layers: realistic 2-D projections dominate
         assert any(t.key.endswith("mlp.down_proj.weight") for t in spec.tensors)
         two_d = sum(t.nbytes for t in spec.tensors if len(t.shape) == 2)
         assert two_d / total > 0.99
@@ -64,7 +64,7 @@ def test_model_state_has_params_master_weights_and_adam_moments():
     keys = {t.key for t in spec.tensors}
     assert "model.model.layers.0.mlp.down_proj.weight" in keys
     assert "optim.state.model.layers.0.mlp.down_proj.weight.exp_avg_sq" in keys
-    sgd = model_state_spec(cfg, "sgd", "fp32")        # fp32 params: no separate master copy
+    sgd = model_state_spec(cfg, "sgd", "fp32")  # fp32 params: no separate master copy
     assert not sgd.master_weights and sgd.total_bytes == n * (4 + 4)
     with pytest.raises(UsageError, match="optimizer"):
         model_state_spec(cfg, "lion", "bf16")
@@ -142,5 +142,5 @@ def test_async_total_time_is_when_the_save_finished_and_overlap_sets_accurate(in
     state = ShardedState.build(StateSpec("t", (TensorSpec("a", (2, 2), "fp32"),)), 0, 1, CPU)
     case = Case(0, Storage("/tmp"), _SlowAsync(), 1)
     block, total, over = _save_once(_NoRanks(), state, case, "/tmp/x", SaveOptions(), interval)
-    assert block < 0.25 and 0.29 < total < 0.7      # not the 0.8 s of simulated training
+    assert block < 0.25 and 0.29 < total < 0.7  # not the 0.8 s of simulated training
     assert over is overlapped

@@ -29,13 +29,20 @@ from opbench.trace.analyze import TraceSize
 # -- sizes --------------------------------------------------------------------------------------------------
 def test_sweep_follows_nccl_tests_loop():
     assert sweep_bytes(8, 128, 1 << 20, 2) == [8, 16, 32, 64, 128]
-    assert sweep_bytes(1000, 3500, 1000, 1) == [1000, 2000, 3000]          # additive -i when -f is 1
-    assert sweep_bytes(32 << 20, 32 << 20, 1 << 20, 1) == [32 << 20]       # nccl-tests defaults: one size
-    assert sweep_bytes(3, 100, 1, 10) == [3, 30]                            # stops before passing -e
+    assert sweep_bytes(1000, 3500, 1000, 1) == [1000, 2000, 3000]  # additive -i when -f is 1
+    assert sweep_bytes(32 << 20, 32 << 20, 1 << 20, 1) == [32 << 20]  # nccl-tests defaults: one size
+    assert sweep_bytes(3, 100, 1, 10) == [3, 30]  # stops before passing -e
 
 
-@pytest.mark.parametrize("args, field", [((8, 4, 1, 2), "--maxbytes"), ((0, 4, 1, 2), "--minbytes"),
-                                         ((8, 64, 0, 1), "--stepbytes"), ((8, 64, 1, 0), "--stepfactor")])
+@pytest.mark.parametrize(
+    "args, field",
+    [
+        ((8, 4, 1, 2), "--maxbytes"),
+        ((0, 4, 1, 2), "--minbytes"),
+        ((8, 64, 0, 1), "--stepbytes"),
+        ((8, 64, 1, 0), "--stepfactor"),
+    ],
+)
 def test_sweep_rejects_bad_bounds(args, field):
     with pytest.raises(UsageError, match=field):
         sweep_bytes(*args)
@@ -53,7 +60,7 @@ def test_counts_round_down_like_nccl_tests():
 
 def test_group_layout_tiles_the_world():
     assert group_layout(8, 4) == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    assert group_layout(8, 2, 4) == [[0, 4], [1, 5], [2, 6], [3, 7]]          # pipeline stages, world/pp apart
+    assert group_layout(8, 2, 4) == [[0, 4], [1, 5], [2, 6], [3, 7]]  # pipeline stages, world/pp apart
     assert group_layout(16, 2, 4) == [[0, 4], [1, 5], [2, 6], [3, 7], [8, 12], [9, 13], [10, 14], [11, 15]]
     for size, stride in ((2, 1), (2, 2), (4, 2)):
         flat = sorted(r for g in group_layout(16, size, stride) for r in g)
@@ -66,13 +73,22 @@ def test_model_sizes_dense_and_moe():
     llama = load_model_configs(None, None)
     by = {m.name: m for m in llama}
     par = CommGroups.resolve(16, tp=8, ep=None, pp=2)
-    cases = {c.collective: c for c in model_cases(by["Llama3.1_8B"], ["all_reduce", "all_gather", "reduce_scatter",
-                                                                      "all_to_all", "send_recv"],
-                                                  16, par, mbs=2, seqlen=4096, dtype="bf16")}
+    cases = {
+        c.collective: c
+        for c in model_cases(
+            by["Llama3.1_8B"],
+            ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"],
+            16,
+            par,
+            mbs=2,
+            seqlen=4096,
+            dtype="bf16",
+        )
+    }
     act = 2 * 4096 * 4096 * 2
-    assert set(cases) == {"all_reduce", "all_gather", "reduce_scatter", "send_recv"}    # dense: no all-to-all
+    assert set(cases) == {"all_reduce", "all_gather", "reduce_scatter", "send_recv"}  # dense: no all-to-all
     assert cases["all_reduce"].size_bytes == act and cases["all_reduce"].group_size == 8
-    assert count_for(cases["all_gather"], 8) == 2 * 4096 * 4096 // 8          # per-rank shard
+    assert count_for(cases["all_gather"], 8) == 2 * 4096 * 4096 // 8  # per-rank shard
     assert (cases["send_recv"].group_size, cases["send_recv"].group_stride) == (2, 8)
     assert "Llama3.1_8B" in cases["all_reduce"].source and "tp=8" in cases["all_reduce"].source
 
@@ -80,16 +96,20 @@ def test_model_sizes_dense_and_moe():
     par = CommGroups.resolve(64, tp=8, ep=8, pp=1)
     (a2a,) = model_cases(mixtral, ["all_to_all", "send_recv"], 64, par, mbs=1, seqlen=None, dtype="bf16")
     assert a2a.size_bytes == 1 * mixtral.seqlen * mixtral.num_experts_per_tok * mixtral.hidden_size * 2
-    assert (a2a.group_size, a2a.group_stride) == (8, 8)                       # EP ranks tp apart (Megatron order)
+    assert (a2a.group_size, a2a.group_stride) == (8, 8)  # EP ranks tp apart (Megatron order)
     with pytest.raises(UsageError, match="--tp"):
         CommGroups.resolve(6, tp=4, ep=None, pp=None)
 
 
 def test_trace_cases_keep_per_rank_count():
-    sizes = [TraceSize("all_gather", 1000, 9, 8, None, 16), TraceSize("reduce_scatter", 10, 7, 2, "sum", 4),
-             TraceSize("reduce", 5, 7, 2, "sum", 2), TraceSize("all_reduce", 7, 7, 2, "premulsum", 2)]
+    sizes = [
+        TraceSize("all_gather", 1000, 9, 8, None, 16),
+        TraceSize("reduce_scatter", 10, 7, 2, "sum", 4),
+        TraceSize("reduce", 5, 7, 2, "sum", 2),
+        TraceSize("all_reduce", 7, 7, 2, "premulsum", 2),
+    ]
     cases, notes = trace_cases(sizes, ["all_gather", "reduce_scatter", "all_reduce"], 4, "trace:x.log")
-    ar, ag, rs = cases                                     # collective order of the benchmark
+    ar, ag, rs = cases  # collective order of the benchmark
     assert (ag.collective, ag.group_size, ag.dtype, count_for(ag, 4)) == ("all_gather", 4, "bf16", 1000)
     assert "nranks=8" in ag.source and "run on 4" in ag.source
     assert rs.group_size == 2 and count_for(rs, 2) == 10
@@ -110,10 +130,10 @@ def _simulate(name: str, ctxs: list[Ctx], bufs: list[Buffers]) -> None:
     elif name == "reduce_scatter":
         total = sum(sends)
         for r, b in enumerate(bufs):
-            b.recv.copy_(total[r * c:(r + 1) * c])
+            b.recv.copy_(total[r * c : (r + 1) * c])
     elif name == "all_to_all":
         for r, b in enumerate(bufs):
-            b.recv.copy_(torch.cat([sends[q][r * c:(r + 1) * c] for q in range(n)]))
+            b.recv.copy_(torch.cat([sends[q][r * c : (r + 1) * c] for q in range(n)]))
     elif name == "send_recv":
         for r, b in enumerate(bufs):
             b.recv.copy_(sends[(r - 1) % n])
@@ -127,7 +147,7 @@ def _simulate(name: str, ctxs: list[Ctx], bufs: list[Buffers]) -> None:
 def test_check_values_are_exact_and_catch_one_bad_element(name, dtype):
     op = OPS[name]
     if dtype == torch.float8_e4m3fn and op.reduces:
-        dtype = torch.bfloat16          # CPU torch has no fp8 add; the values themselves are fp8-exact
+        dtype = torch.bfloat16  # CPU torch has no fp8 add; the values themselves are fp8-exact
     for inplace in op.variants:
         ctxs = [Ctx(None, (0, 1, 2), r, 40, dtype, torch.device("cpu")) for r in range(3)]
         bufs = [op.alloc(ctx, inplace) for ctx in ctxs]
@@ -147,17 +167,61 @@ def _rows(path):
 
 
 def test_one_rank_run_writes_contract_columns(tmp_path, capsys):
-    rc = main(["-b", "1K", "-e", "4K", "-f", "4", "--collectives", "all_reduce,all_gather,send_recv", "-n", "2",
-               "-w", "1", "--trials", "2", "--check", "--report-dir-path", str(tmp_path)])
+    rc = main(
+        [
+            "-b",
+            "1K",
+            "-e",
+            "4K",
+            "-f",
+            "4",
+            "--collectives",
+            "all_reduce,all_gather,send_recv",
+            "-n",
+            "2",
+            "-w",
+            "1",
+            "--trials",
+            "2",
+            "--check",
+            "--report-dir-path",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0
     rows = _rows(tmp_path / "all_gather_benchmark.csv")
-    contract = ["collective", "backend", "world_size", "nnodes", "dtype", "size_bytes", "count", "inplace", "time_us",
-                "time_us_max", "algbw_gbs", "busbw_gbs", "wrong", "source"]
+    contract = [
+        "collective",
+        "backend",
+        "world_size",
+        "nnodes",
+        "dtype",
+        "size_bytes",
+        "count",
+        "inplace",
+        "time_us",
+        "time_us_max",
+        "algbw_gbs",
+        "busbw_gbs",
+        "wrong",
+        "source",
+    ]
     assert all(c in rows[0] for c in contract)
     assert [(r["size_bytes"], r["count"], r["inplace"]) for r in rows] == [
-        ("1024", "256", "False"), ("1024", "256", "True"), ("4096", "1024", "False"), ("4096", "1024", "True")]
-    assert all(r["backend"] == "gloo" and r["world_size"] == "1" and r["dtype"] == "fp32" and r["wrong"] == "0"
-               and float(r["time_us"]) > 0 and r["status"] == "ok" for r in rows)
+        ("1024", "256", "False"),
+        ("1024", "256", "True"),
+        ("4096", "1024", "False"),
+        ("4096", "1024", "True"),
+    ]
+    assert all(
+        r["backend"] == "gloo"
+        and r["world_size"] == "1"
+        and r["dtype"] == "fp32"
+        and r["wrong"] == "0"
+        and float(r["time_us"]) > 0
+        and r["status"] == "ok"
+        for r in rows
+    )
     assert (tmp_path / "all_gather_benchmark.meta.json").exists()
     # one rank cannot send to itself over gloo: a row that says so, not a silent zero
     sr = _rows(tmp_path / "send_recv_benchmark.csv")
@@ -177,8 +241,21 @@ def test_sizes_from_trace_uses_trace_sizes_interface(tmp_path, monkeypatch):
         return [TraceSize("all_reduce", 300, 7, 1, "sum", 12), TraceSize("broadcast", 64, 9, 1, None, 2)]
 
     monkeypatch.setitem(sys.modules, "opbench.trace.analyze", types.SimpleNamespace(trace_sizes=trace_sizes))
-    rc = main(["--sizes-from-trace", str(log), "-n", "2", "-w", "0", "--trials", "1", "--check",
-               "--report-dir-path", str(tmp_path)])
+    rc = main(
+        [
+            "--sizes-from-trace",
+            str(log),
+            "-n",
+            "2",
+            "-w",
+            "0",
+            "--trials",
+            "1",
+            "--check",
+            "--report-dir-path",
+            str(tmp_path),
+        ]
+    )
     assert rc == 0 and seen["paths"] == [str(log)]
     (ar,) = _rows(tmp_path / "all_reduce_benchmark.csv")
     assert (ar["count"], ar["size_bytes"], ar["dtype"], ar["wrong"]) == ("300", "1200", "fp32", "0")
@@ -196,23 +273,43 @@ def test_sizes_from_a_real_nccl_log(tmp_path):
         "[0] gpu1:77:88 [0] NCCL INFO AllGather: opCount 4 sendbuff 0x1 recvbuff 0x2 count 96 datatype 7 op 0 "
         "root 0 comm 0xa [nranks=1] stream 0xb\n"
         "gpu1:77:88 [0] NCCL INFO AllReduce: opCount 5 sendbuff 0x1 recvbuff 0x2 count 500 datatype 9 op 0 root 0 "
-        "comm 0xa [nranks=1] stream 0xb\n")
-    assert main(["--sizes-from-trace", str(log), "-n", "2", "-w", "0", "--trials", "1", "--check",
-                 "--report-dir-path", str(tmp_path)]) == 0
+        "comm 0xa [nranks=1] stream 0xb\n"
+    )
+    assert (
+        main(
+            [
+                "--sizes-from-trace",
+                str(log),
+                "-n",
+                "2",
+                "-w",
+                "0",
+                "--trials",
+                "1",
+                "--check",
+                "--report-dir-path",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     (ag,) = _rows(tmp_path / "all_gather_benchmark.csv")[:1]
     assert (ag["count"], ag["size_bytes"], ag["source"]) == ("96", "384", "trace:rank0.log nranks=1 calls=2")
     (ar,) = _rows(tmp_path / "all_reduce_benchmark.csv")
     assert (ar["count"], ar["dtype"], ar["size_bytes"], ar["wrong"]) == ("500", "bf16", "1000", "0")
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--collectives", "all_reduce,bogus"], "--collectives"),
-    (["-b", "8M", "-e", "1M"], "--maxbytes"),
-    (["--model-config-path", "/no/such.json"], "/no/such.json"),
-    (["--sizes-from-trace", "/no/such.log"], "/no/such.log"),
-    (["--timeout", "0"], "--timeout"),
-    (["--model", "Llama3.1_8B", "--tp", "3"], "3 does not divide the world size 1"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--collectives", "all_reduce,bogus"], "--collectives"),
+        (["-b", "8M", "-e", "1M"], "--maxbytes"),
+        (["--model-config-path", "/no/such.json"], "/no/such.json"),
+        (["--sizes-from-trace", "/no/such.log"], "/no/such.log"),
+        (["--timeout", "0"], "--timeout"),
+        (["--model", "Llama3.1_8B", "--tp", "3"], "3 does not divide the world size 1"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2(argv, needle, tmp_path, capsys):
     assert run_cli(main, [*argv, "--report-dir-path", str(tmp_path)], prog="opbench comm") == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -20,19 +20,33 @@ ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 QUICK = ["-n", "2", "-w", "1", "--trials", "2"]
 # busbw / algbw (nccl-tests src/*.cu getBw): all_reduce 2(n-1)/n; gathers, scatters, all-to-all (n-1)/n; else 1
-FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
-          "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
-          "send_recv": lambda n: 1.0, "broadcast": lambda n: 1.0}
+FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "send_recv": lambda n: 1.0,
+    "broadcast": lambda n: 1.0,
+}
 # per-rank count for a -b size of fp32 on n ranks: size/elt, divided by n where the buffer holds n chunks
 PER_RANK_CHUNKS = {"all_gather", "reduce_scatter", "all_to_all"}
 
 
 def torchrun(nproc: int, *args: str, timeout: float = 240, extra: list[str] | None = None, faults: str = ""):
     """``torchrun … -m opbench.comm args``; ``faults`` is OPBENCH_FAULTS (core.faults) for every rank."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", *(extra or ["--standalone"]),
-           "-m", "opbench.comm", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**ENV, "OPBENCH_FAULTS": faults},
-                          cwd=ROOT)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={nproc}",
+        *(extra or ["--standalone"]),
+        "-m",
+        "opbench.comm",
+        *args,
+    ]
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env={**ENV, "OPBENCH_FAULTS": faults}, cwd=ROOT
+    )
 
 
 def rows(report: Path, collective: str) -> list[dict[str, str]]:
@@ -57,9 +71,35 @@ def assert_nccl_tests_numbers(r: dict[str, str], n: int) -> None:
 def test_two_ranks_self_launched(tmp_path):
     """`opbench comm --nproc-per-node 2` starts torchrun itself; sweep plus model-derived sizes, check on."""
     out = tmp_path / "r"
-    proc = subprocess.run([sys.executable, "-m", "opbench", "comm", "--nproc-per-node", "2", "-b", "1K", "-e", "4K", "-f", "4", "--check",
-                           "--model", "Mixtral_8x7B", "--seqlen", "4", "--report-dir-path", str(out), *QUICK],
-                          capture_output=True, text=True, timeout=240, env=ENV, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "opbench",
+            "comm",
+            "--nproc-per-node",
+            "2",
+            "-b",
+            "1K",
+            "-e",
+            "4K",
+            "-f",
+            "4",
+            "--check",
+            "--model",
+            "Mixtral_8x7B",
+            "--seqlen",
+            "4",
+            "--report-dir-path",
+            str(out),
+            *QUICK,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=ENV,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "torch.distributed.run" in proc.stderr and "# Avg bus bandwidth" in proc.stdout
     for coll in FACTOR:
@@ -82,8 +122,18 @@ def test_three_ranks_check_catches_a_corrupted_buffer(tmp_path):
     """Rank 1 adds 1 to its first send element before each checked call: every collective that carries that
     element reports exactly the elements it spoils (a broadcast from rank 0 carries none of rank 1's)."""
     out = tmp_path / "r"
-    proc = torchrun(3, "--sizes", "1000,3K", "--source-label", "fsdp", "--check",
-                    "--report-dir-path", str(out), *QUICK, faults="corrupt:1")
+    proc = torchrun(
+        3,
+        "--sizes",
+        "1000,3K",
+        "--source-label",
+        "fsdp",
+        "--check",
+        "--report-dir-path",
+        str(out),
+        *QUICK,
+        faults="corrupt:1",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     spoiled = {"all_reduce": 3, "all_gather": 3, "reduce_scatter": 1, "all_to_all": 1, "send_recv": 1, "broadcast": 0}
     for coll, wrong in spoiled.items():
@@ -103,8 +153,19 @@ def test_dead_or_hung_rank_fails_survivors_cleanly(tmp_path, kind):
     """A rank that exits (as a lost node) or stalls: the survivor prints one clear error and the job exits
     non-zero within about --timeout, instead of hanging."""
     t0 = time.monotonic()
-    proc = torchrun(2, "-b", "1K", "--collectives", "all_reduce", "--timeout", "4",
-                    "--report-dir-path", str(tmp_path / "r"), timeout=120, faults=f"{kind}:1")
+    proc = torchrun(
+        2,
+        "-b",
+        "1K",
+        "--collectives",
+        "all_reduce",
+        "--timeout",
+        "4",
+        "--report-dir-path",
+        str(tmp_path / "r"),
+        timeout=120,
+        faults=f"{kind}:1",
+    )
     elapsed = time.monotonic() - t0
     assert proc.returncode != 0
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("opbench comm: error: rank 0/2")]
@@ -118,8 +179,24 @@ def test_one_rank_failing_to_allocate_becomes_a_row(tmp_path):
     """Rank 1 alone runs out of memory on the first size: every rank skips that case (no rank is left inside a
     collective its peer never joins), the row says oom, and the next size is measured normally."""
     out = tmp_path / "r"
-    proc = torchrun(2, "-b", "1K", "-e", "4K", "-f", "4", "--collectives", "all_reduce", "--timeout", "20",
-                    "--report-dir-path", str(out), *QUICK, timeout=120, faults="oom:1")
+    proc = torchrun(
+        2,
+        "-b",
+        "1K",
+        "-e",
+        "4K",
+        "-f",
+        "4",
+        "--collectives",
+        "all_reduce",
+        "--timeout",
+        "20",
+        "--report-dir-path",
+        str(out),
+        *QUICK,
+        timeout=120,
+        faults="oom:1",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     first, second = rows(out, "all_reduce")
     assert first["status"] == "oom" and first["time_us"] == "" and first["busbw_gbs"] == ""
@@ -138,12 +215,29 @@ def test_two_nodes_on_loopback(tmp_path):
     port = _free_port()
     procs = []
     for node in (0, 1):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1", "--nnodes=2",
-               f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "opbench.comm",
-               "-b", "2K", "--collectives", "all_reduce,all_gather", "--check",
-               "--report-dir-path", str(tmp_path / f"node{node}"), *QUICK]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
-                                      cwd=ROOT))
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node=1",
+            "--nnodes=2",
+            f"--node-rank={node}",
+            "--master-addr=127.0.0.1",
+            f"--master-port={port}",
+            "-m",
+            "opbench.comm",
+            "-b",
+            "2K",
+            "--collectives",
+            "all_reduce,all_gather",
+            "--check",
+            "--report-dir-path",
+            str(tmp_path / f"node{node}"),
+            *QUICK,
+        ]
+        procs.append(
+            subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
+        )
     results = [p.communicate(timeout=240) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], results[0][1][-2000:] + results[1][1][-2000:]
     assert not (tmp_path / "node1").exists()
@@ -161,13 +255,35 @@ def test_slurm_environment_without_torchrun(tmp_path):
     base = {k: v for k, v in ENV.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
     procs = []
     for rank in (0, 1):
-        env = {**base, "SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(rank),
-               "SLURM_NNODES": "1", "SLURM_STEP_ID": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        cmd = [sys.executable, "-m", "opbench.comm", "-b", "1K", "--collectives", "all_to_all,send_recv", "--check",
-               "--p2p-mode", "pingpong", "--blocking",
-               "--report-dir-path", str(tmp_path / f"rank{rank}"), *QUICK]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                      cwd=ROOT))
+        env = {
+            **base,
+            "SLURM_PROCID": str(rank),
+            "SLURM_NTASKS": "2",
+            "SLURM_LOCALID": str(rank),
+            "SLURM_NNODES": "1",
+            "SLURM_STEP_ID": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        cmd = [
+            sys.executable,
+            "-m",
+            "opbench.comm",
+            "-b",
+            "1K",
+            "--collectives",
+            "all_to_all,send_recv",
+            "--check",
+            "--p2p-mode",
+            "pingpong",
+            "--blocking",
+            "--report-dir-path",
+            str(tmp_path / f"rank{rank}"),
+            *QUICK,
+        ]
+        procs.append(
+            subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        )
     results = [p.communicate(timeout=240) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], results[0][1][-2000:] + results[1][1][-2000:]
     (row,) = rows(tmp_path / "rank0", "all_to_all")
@@ -181,10 +297,29 @@ def test_slurm_environment_without_torchrun(tmp_path):
 def test_self_launched_job_with_a_dead_rank_ends_in_clear_lines(tmp_path):
     """`opbench comm --nproc-per-node 2` starting torchrun itself: rank 1 vanishes; the survivor's one error line
     and one closing line naming the failed rank are all the user sees — no torchrun traceback."""
-    proc = subprocess.run([sys.executable, "-m", "opbench", "comm", "--nproc-per-node", "2", "-b", "1K",
-                           "--collectives", "all_reduce", "--timeout", "4", "--report-dir-path", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120, env={**ENV, "OPBENCH_FAULTS": "exit:1"},
-                          cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "opbench",
+            "comm",
+            "--nproc-per-node",
+            "2",
+            "-b",
+            "1K",
+            "--collectives",
+            "all_reduce",
+            "--timeout",
+            "4",
+            "--report-dir-path",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**ENV, "OPBENCH_FAULTS": "exit:1"},
+        cwd=ROOT,
+    )
     assert proc.returncode != 0
     lines = proc.stderr.splitlines()
     assert sum(ln.startswith("opbench comm: error: rank 0/2: all_reduce at 1024 B failed") for ln in lines) == 1

@@ -11,21 +11,45 @@ from opbench.core.faults import Fault, Faults
 
 
 def test_detect_torchrun_with_node_rank():
-    env = {"RANK": "3", "WORLD_SIZE": "16", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "8", "GROUP_WORLD_SIZE": "2",
-           "GROUP_RANK": "1"}
+    env = {
+        "RANK": "3",
+        "WORLD_SIZE": "16",
+        "LOCAL_RANK": "3",
+        "LOCAL_WORLD_SIZE": "8",
+        "GROUP_WORLD_SIZE": "2",
+        "GROUP_RANK": "1",
+    }
     got = dist.detect(env)
-    assert (got.rank, got.world_size, got.local_rank, got.nnodes, got.launcher, got.node_rank) == \
-        (3, 16, 3, 2, "torchrun", 1)
+    assert (got.rank, got.world_size, got.local_rank, got.nnodes, got.launcher, got.node_rank) == (
+        3,
+        16,
+        3,
+        2,
+        "torchrun",
+        1,
+    )
     assert got.node == "node1" and not got.is_main
 
 
 def test_detect_slurm_one_world_and_batch_shell():
-    slurm = {"SLURM_PROCID": "9", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1", "SLURM_NNODES": "2",
-             "SLURM_STEP_ID": "0", "SLURM_NODEID": "1"}
+    slurm = {
+        "SLURM_PROCID": "9",
+        "SLURM_NTASKS": "16",
+        "SLURM_LOCALID": "1",
+        "SLURM_NNODES": "2",
+        "SLURM_STEP_ID": "0",
+        "SLURM_NODEID": "1",
+    }
     got = dist.detect(slurm)
-    assert (got.rank, got.world_size, got.local_rank, got.nnodes, got.launcher, got.node) == \
-        (9, 16, 1, 2, "slurm", "node1")
-    assert dist.detect({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) is None     # a batch script's own shell
+    assert (got.rank, got.world_size, got.local_rank, got.nnodes, got.launcher, got.node) == (
+        9,
+        16,
+        1,
+        2,
+        "slurm",
+        "node1",
+    )
+    assert dist.detect({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) is None  # a batch script's own shell
     assert dist.detect({}) is None
 
 
@@ -42,8 +66,13 @@ def test_bad_launcher_variable_is_a_usage_error():
 def test_export_slurm_rendezvous():
     exported = {"MASTER_ADDR": "node0"}
     dist.export_slurm_rendezvous(dist.DistEnv(9, 16, 1, 2, "slurm"), exported)
-    assert exported == {"MASTER_ADDR": "node0", "MASTER_PORT": "29500", "RANK": "9", "WORLD_SIZE": "16",
-                        "LOCAL_RANK": "1"}
+    assert exported == {
+        "MASTER_ADDR": "node0",
+        "MASTER_PORT": "29500",
+        "RANK": "9",
+        "WORLD_SIZE": "16",
+        "LOCAL_RANK": "1",
+    }
     with pytest.raises(UsageError, match="MASTER_ADDR"):
         dist.export_slurm_rendezvous(dist.DistEnv(0, 2, 0, 1, "slurm"), {})
 
@@ -52,8 +81,9 @@ def test_torchrun_command_and_flag_removal():
     one = dist.torchrun_command(["-b", "1K"], 4, "opbench.comm")
     assert one[1:4] == ["-m", "torch.distributed.run", "--nproc-per-node=4"] and "--standalone" in one
     assert one[-4:] == ["-m", "opbench.comm", "-b", "1K"]
-    two = dist.torchrun_command([], 8, "opbench.ckpt", nnodes=2, node_rank=1, master_addr="10.0.0.1",
-                                master_port=29400, timeout_s=60)
+    two = dist.torchrun_command(
+        [], 8, "opbench.ckpt", nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29400, timeout_s=60
+    )
     assert "--master-addr=10.0.0.1" in two and "--master-port=29400" in two and "--node-rank=1" in two
     assert "--rdzv-conf=timeout=60" in two and "--standalone" not in two and two[-1] == "opbench.ckpt"
     argv = ["--size-mb", "1", "--nproc-per-node", "2", "--nproc-per-node=3", "--keep"]
@@ -62,8 +92,13 @@ def test_torchrun_command_and_flag_removal():
 
 def test_faults_parse():
     faults = Faults.parse("exit:1, hang:2,slow:3:4,corrupt:1,oom:0")
-    assert faults.faults == (Fault("exit", 1), Fault("hang", 2), Fault("slow", 3, 4.0), Fault("corrupt", 1),
-                             Fault("oom", 0))
+    assert faults.faults == (
+        Fault("exit", 1),
+        Fault("hang", 2),
+        Fault("slow", 3, 4.0),
+        Fault("corrupt", 1),
+        Fault("oom", 0),
+    )
     assert faults.corrupts(1) and not faults.corrupts(0)
     assert not Faults.from_env({}) and Faults.from_env({}).timed(len, 0) is len
     for bad in ("exit", "exit:x", "slow:1", "slow:1:0.5", "boom:1", "oom:1:2"):
@@ -75,7 +110,7 @@ def test_faults_fire_at_their_points():
     faults = Faults.parse("oom:0,slow:1:3")
     with pytest.raises(MemoryError, match="out of memory"):
         faults.prepare(0)
-    faults.prepare(0)                      # once: the next case allocates normally
+    faults.prepare(0)  # once: the next case allocates normally
     faults.prepare(1)
     import time
 
@@ -86,7 +121,7 @@ def test_faults_fire_at_their_points():
     slowed = faults.timed(work, 1)
     start = time.perf_counter()
     assert slowed() == 7
-    assert time.perf_counter() - start >= 0.055      # 3 × 20 ms, minus timer slack
+    assert time.perf_counter() - start >= 0.055  # 3 × 20 ms, minus timer slack
     assert faults.timed(work, 0) is work
 
 
@@ -131,8 +166,12 @@ def test_relayed_stderr_keeps_the_ranks_words_and_ends_in_one_line(capsys):
 
     dist._relay_stderr(io.StringIO(TORCHRUN_FAILURE), "opbench ckpt")
     err = capsys.readouterr().err.splitlines()
-    assert err == ["opbench ckpt: 1 of 1 cases failed or did not verify (see status/error)",
-                   "Traceback (most recent call last):", '  File "/x/rank.py", line 3, in <module>', "    boom()",
-                   "ValueError: a rank's own traceback stays",
-                   "opbench ckpt: error: rank 0 ended with exit code 1; torchrun stopped the other ranks (the ranks' "
-                   "own messages are above)"]
+    assert err == [
+        "opbench ckpt: 1 of 1 cases failed or did not verify (see status/error)",
+        "Traceback (most recent call last):",
+        '  File "/x/rank.py", line 3, in <module>',
+        "    boom()",
+        "ValueError: a rank's own traceback stays",
+        "opbench ckpt: error: rank 0 ended with exit code 1; torchrun stopped the other ranks (the ranks' "
+        "own messages are above)",
+    ]

@@ -37,10 +37,10 @@ def by_key(rows):
 def test_llama3_70b_8_ranks_matches_the_nccl_trace():
     rows = by_key(fsdp_collectives(builtin("Llama3.1_70B"), 8))
     ag = rows[("layers.0", "all_gather")]
-    assert ag.count == 106956800                      # docs/conventions.md, "FSDP collective sizes", real NCCL trace
+    assert ag.count == 106956800  # docs/conventions.md, "FSDP collective sizes", real NCCL trace
     assert (ag.dtype, ag.nranks, ag.calls_per_step) == ("bf16", 8, 2)
     assert ag.bytes_per_rank == 106956800 * 2
-    assert ag.nccl_tests_bytes == 106956800 * 2 * 8   # the gathered buffer, not the shard
+    assert ag.nccl_tests_bytes == 106956800 * 2 * 8  # the gathered buffer, not the shard
     rs = rows[("layers.79", "reduce_scatter")]
     assert (rs.count, rs.dtype, rs.calls_per_step, rs.nccl_tests_bytes) == (106956800, "fp32", 1, 106956800 * 4 * 8)
     root = rows[("root", "all_gather")]
@@ -63,7 +63,7 @@ def test_approx_is_primus_formula_and_difference_is_the_norms():
 def test_fsdp2_padding_is_per_parameter():
     assert fsdp2_shard_numel((67, 35), 4) == 17 * 35
     assert fsdp2_shard_numel((35,), 3) == 12
-    assert fsdp2_shard_numel((3, 26, 35), 4) == 1 * 26 * 35   # fused experts: fewer experts than ranks
+    assert fsdp2_shard_numel((3, 26, 35), 4) == 1 * 26 * 35  # fused experts: fewer experts than ranks
     assert fsdp2_shard_numel((1, 35), 8) == 35
 
 
@@ -71,9 +71,9 @@ def test_fsdp1_flat_parameter_padding():
     # use_orig_params=True, bf16: each parameter starts on 8 elements, total padded to the world size
     assert fsdp1_alignment_numel("bf16", True) == 8 and fsdp1_alignment_numel("fp32", True) == 4
     assert fsdp1_alignment_numel("bf16", False) == 0
-    assert fsdp1_shard_numel([5, 3], 4, 8) == 3       # 5 + pad 3 + 3 = 11 -> 12 / 4
-    assert fsdp1_shard_numel([5, 3], 4, 0) == 2       # 8 / 4
-    assert fsdp1_shard_numel([7], 3, 0) == 3          # chunked: ceil(7 / 3)
+    assert fsdp1_shard_numel([5, 3], 4, 8) == 3  # 5 + pad 3 + 3 = 11 -> 12 / 4
+    assert fsdp1_shard_numel([5, 3], 4, 0) == 2  # 8 / 4
+    assert fsdp1_shard_numel([7], 3, 0) == 3  # chunked: ceil(7 / 3)
 
 
 def test_reshard_hsdp_and_totals():
@@ -85,7 +85,7 @@ def test_reshard_hsdp_and_totals():
     assert (ag.nranks, ag.nnodes) == (8, 1)
     assert (ar.count, ar.nranks, ar.nnodes, ar.dtype, ar.redop) == (ag.count, 2, 2, "fp32", "avg")
     assert ar.nccl_tests_bytes == ag.count * 4
-    only_replicas = fsdp_collectives(cfg, 4, replicate=4)     # shard groups of 1: FSDP skips AG/RS
+    only_replicas = fsdp_collectives(cfg, 4, replicate=4)  # shard groups of 1: FSDP skips AG/RS
     assert {r.collective for r in only_replicas} == {"all_reduce"}
     totals = {t["collective"]: t for t in step_totals(list(hsdp.values()))}
     assert totals["total"]["bytes_per_step"] == sum(r.bytes_per_step for r in hsdp.values())
@@ -98,10 +98,12 @@ def test_commands_use_nccl_tests_sizes_and_runs_group_by_dtype():
     assert "./build/all_gather_perf -b 1711308800 -e 1711308800 -d bfloat16 -n 20 -w 5 -g 8" in text
     assert "mpirun -np 8 --bind-to numa ./build/all_gather_perf -b 1711308800" in text
     assert "./build/reduce_scatter_perf -b 3422617600 -e 3422617600 -d float -o avg" in text
-    assert "-b 213909504" not in text and "-b 213913600" not in text   # never the per-rank shard
+    assert "-b 213909504" not in text and "-b 213913600" not in text  # never the per-rank shard
     runs = comm_runs(rows)
     assert [(r.collectives, r.dtype, r.sizes) for r in runs] == [
-        (("all_gather",), "bf16", (4202708992, 1711308800)), (("reduce_scatter",), "fp32", (8405417984, 3422617600))]
+        (("all_gather",), "bf16", (4202708992, 1711308800)),
+        (("reduce_scatter",), "fp32", (8405417984, 3422617600)),
+    ]
     same_dtype = comm_runs(fsdp_collectives(builtin("Llama3.1_70B"), 8, reduce_dtype="bf16"))
     assert len(same_dtype) == 1 and same_dtype[0].collectives == ("all_gather", "reduce_scatter")
 
@@ -126,8 +128,13 @@ def test_cli_csv_contract(run, tmp_path):
     rows = list(csv.DictReader(out.open()))
     assert len(rows) == 162
     layer = next(r for r in rows if r["unit"] == "layers.0" and r["collective"] == "all_gather")
-    assert (layer["count"], layer["dtype"], layer["bytes_per_rank"], layer["calls_per_step"],
-            layer["nccl_tests_bytes"]) == ("106956800", "bf16", "213913600", "2", "1711308800")
+    assert (
+        layer["count"],
+        layer["dtype"],
+        layer["bytes_per_rank"],
+        layer["calls_per_step"],
+        layer["nccl_tests_bytes"],
+    ) == ("106956800", "bf16", "213913600", "2", "1711308800")
     assert json.loads(out.with_suffix(".meta.json").read_text())["world_size"] == 8
 
 
@@ -137,12 +144,15 @@ def test_cli_approx_reports_difference(capsys):
     assert "106954752" in out and "approx vs exact" in out and "2048" in out
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--world-size", "8", "--replicate", "3", "--model", "Llama3.1_8B"], "field '--replicate'"),
-    (["--world-size", "8", "--nnodes", "3", "--model", "Llama3.1_8B"], "field '--nnodes'"),
-    (["--world-size", "8", "--model-config-path", "missing.json"], "missing.json: file not found"),
-    (["--world-size", "8", "--model", "NoSuchModel"], "unknown model 'NoSuchModel'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--world-size", "8", "--replicate", "3", "--model", "Llama3.1_8B"], "field '--replicate'"),
+        (["--world-size", "8", "--nnodes", "3", "--model", "Llama3.1_8B"], "field '--nnodes'"),
+        (["--world-size", "8", "--model-config-path", "missing.json"], "missing.json: file not found"),
+        (["--world-size", "8", "--model", "NoSuchModel"], "unknown model 'NoSuchModel'"),
+    ],
+)
 def test_cli_usage_errors(capsys, args, message):
     assert run_cli(main, args, prog="opbench fsdp") == 2
     err = capsys.readouterr().err
@@ -151,28 +161,60 @@ def test_cli_usage_errors(capsys, args, message):
 
 def test_cli_missing_layer_count(run, tmp_path):
     cfg = tmp_path / "nolayers.json"
-    cfg.write_text(json.dumps({"model": "x", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
-                               "vocab_size": 100}))
+    cfg.write_text(
+        json.dumps(
+            {"model": "x", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 100}
+        )
+    )
     opbench = shutil.which("opbench")
     if opbench is None:
         pytest.skip("the opbench console script is not installed")
-    res = subprocess.run([opbench, "fsdp", "--model-config-path", str(cfg), "--world-size", "2"],
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [opbench, "fsdp", "--model-config-path", str(cfg), "--world-size", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 2 and "opbench fsdp: error:" in res.stderr and "field 'num_hidden_layers'" in res.stderr
 
 
 @pytest.mark.slow
 def test_cli_run_times_the_sizes_with_opbench_comm(run, tmp_path):
     cfg = tmp_path / "tiny.json"
-    cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 24, "intermediate_size": 40,
-                               "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
-                               "vocab_size": 67}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 24,
+                "intermediate_size": 40,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "num_hidden_layers": 2,
+                "vocab_size": 67,
+            }
+        )
+    )
     report = tmp_path / "comm"
-    res = run("opbench.fsdp_model", "--model-config-path", str(cfg), "--world-size", "2", "--run",
-              "--param-dtype", "fp32", "--reduce-dtype", "fp32", "--report-dir-path", str(report), timeout=600)
+    res = run(
+        "opbench.fsdp_model",
+        "--model-config-path",
+        str(cfg),
+        "--world-size",
+        "2",
+        "--run",
+        "--param-dtype",
+        "fp32",
+        "--reduce-dtype",
+        "fp32",
+        "--report-dir-path",
+        str(report),
+        timeout=600,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    expected = {(r.collective, r.nccl_tests_bytes) for r in fsdp_collectives(
-        load_model_configs(cfg)[0], 2, param_dtype="fp32", reduce_dtype="fp32")}
+    expected = {
+        (r.collective, r.nccl_tests_bytes)
+        for r in fsdp_collectives(load_model_configs(cfg)[0], 2, param_dtype="fp32", reduce_dtype="fp32")
+    }
     measured = set()
     for name in ("all_gather", "reduce_scatter"):
         for row in csv.DictReader((report / f"{name}_benchmark.csv").open()):

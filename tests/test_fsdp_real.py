@@ -47,13 +47,19 @@ class Case:
 ALL = sorted(SMALL_HF_CONFIGS)
 CASES: dict[int, list[Case]] = {
     2: [Case(c) for c in ("llama_tied", "mixtral", "deepseek_v2")]
-       + [Case("qwen2", param_dtype="fp32", reduce_dtype="fp32")],
+    + [Case("qwen2", param_dtype="fp32", reduce_dtype="fp32")],
     3: [Case(c) for c in ALL]
-       + [Case("llama_bias", version=1), Case("mixtral", version=1, use_orig_params=False),
-          Case("qwen3_tied", param_dtype="bf16", reduce_dtype="bf16", reshard_after_forward=False)],
+    + [
+        Case("llama_bias", version=1),
+        Case("mixtral", version=1, use_orig_params=False),
+        Case("qwen3_tied", param_dtype="bf16", reduce_dtype="bf16", reshard_after_forward=False),
+    ],
     4: [Case(c) for c in ("llama_tied", "qwen2_moe", "deepseek_v3", "mistral")]
-       + [Case("qwen3_moe", replicate=2), Case("deepseek_v3", reshard_after_forward=False),
-          Case("llama_bias", version=1, param_dtype="fp32", reduce_dtype="fp32")],
+    + [
+        Case("qwen3_moe", replicate=2),
+        Case("deepseek_v3", reshard_after_forward=False),
+        Case("llama_bias", version=1, param_dtype="fp32", reduce_dtype="fp32"),
+    ],
 }
 
 
@@ -67,12 +73,13 @@ def _wrap_fsdp2(model, case: Case, group, ws: int):
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    if case.replicate > 1:   # HSDP over the whole world
+    if case.replicate > 1:  # HSDP over the whole world
         mesh = init_device_mesh("cpu", (case.replicate, ws // case.replicate), mesh_dim_names=("replicate", "shard"))
     else:
         mesh = DeviceMesh.from_group(group, "cpu")
-    mp_policy = MixedPrecisionPolicy(param_dtype=getattr(torch, _DTYPES[case.param_dtype]),
-                                     reduce_dtype=getattr(torch, _DTYPES[case.reduce_dtype]))
+    mp_policy = MixedPrecisionPolicy(
+        param_dtype=getattr(torch, _DTYPES[case.param_dtype]), reduce_dtype=getattr(torch, _DTYPES[case.reduce_dtype])
+    )
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=case.reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=mp_policy)  # root left at its default (not resharded after forward)
@@ -84,11 +91,16 @@ def _wrap_fsdp1(model, case: Case, group):
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
 
-    kw = dict(process_group=group, use_orig_params=case.use_orig_params, device_id=torch.device("cpu"),
-              mixed_precision=MixedPrecision(param_dtype=getattr(torch, _DTYPES[case.param_dtype]),
-                                             reduce_dtype=getattr(torch, _DTYPES[case.reduce_dtype])),
-              sharding_strategy=ShardingStrategy.FULL_SHARD if case.reshard_after_forward
-              else ShardingStrategy.SHARD_GRAD_OP)
+    kw = dict(
+        process_group=group,
+        use_orig_params=case.use_orig_params,
+        device_id=torch.device("cpu"),
+        mixed_precision=MixedPrecision(
+            param_dtype=getattr(torch, _DTYPES[case.param_dtype]),
+            reduce_dtype=getattr(torch, _DTYPES[case.reduce_dtype]),
+        ),
+        sharding_strategy=ShardingStrategy.FULL_SHARD if case.reshard_after_forward else ShardingStrategy.SHARD_GRAD_OP,
+    )
     for i, layer in enumerate(model.model.layers):
         model.model.layers[i] = FSDP(layer, **kw)
     return FSDP(model, **kw)
@@ -131,6 +143,7 @@ def _worker(rank: int, port: int, config_dir: str, cases: dict[int, list[dict]],
 
 # ---- parent -----------------------------------------------------------------------------------------------------
 
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -145,8 +158,9 @@ def captured(tmp_path_factory) -> tuple[dict[str, list[dict]], Path]:
     out = tmp / "out"
     out.mkdir()
     payload = {ws: [asdict(c) for c in cases] for ws, cases in CASES.items()}
-    ctx = mp.start_processes(_worker, args=(_free_port(), str(tmp), payload, str(out)), nprocs=WORLD, join=False,
-                             start_method="spawn")
+    ctx = mp.start_processes(
+        _worker, args=(_free_port(), str(tmp), payload, str(out)), nprocs=WORLD, join=False, start_method="spawn"
+    )
     deadline = time.monotonic() + TIMEOUT_S
     while not ctx.join(timeout=2):
         if time.monotonic() > deadline:
@@ -154,16 +168,23 @@ def captured(tmp_path_factory) -> tuple[dict[str, list[dict]], Path]:
                 p.kill()
             pytest.fail(f"FSDP ranks did not finish within {TIMEOUT_S}s")
     per_rank = [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
-    for r, res in enumerate(per_rank):   # every member of a group saw the same calls
+    for r, res in enumerate(per_rank):  # every member of a group saw the same calls
         assert all(res[k] == per_rank[0][k] for k in res), f"rank {r} issued different collectives"
     return per_rank[0], tmp
 
 
 def _predicted(case: Case, ws: int, config_dir: Path) -> tuple[Counter, list]:
     (cfg,) = load_model_configs(config_dir / f"{case.config}.json")
-    rows = fsdp_collectives(cfg, ws, version=case.version, param_dtype=case.param_dtype,
-                            reduce_dtype=case.reduce_dtype, reshard_after_forward=case.reshard_after_forward,
-                            replicate=case.replicate, use_orig_params=case.use_orig_params)
+    rows = fsdp_collectives(
+        cfg,
+        ws,
+        version=case.version,
+        param_dtype=case.param_dtype,
+        reduce_dtype=case.reduce_dtype,
+        reshard_after_forward=case.reshard_after_forward,
+        replicate=case.replicate,
+        use_orig_params=case.use_orig_params,
+    )
     expected: Counter = Counter()
     for r in rows:
         expected[(r.collective, r.count, r.dtype, r.nranks)] += r.calls_per_step

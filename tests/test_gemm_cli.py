@@ -10,9 +10,32 @@ import time
 import pytest
 from conftest import ROOT
 
-CONTRACT = ["model", "layer", "pass", "mbs", "m", "n", "k", "groups", "transA", "transB", "dtype", "backend",
-            "time_s", "time_min_s", "time_p10_s", "time_p90_s", "time_std_s", "iters", "tflops", "bandwidth_gbs",
-            "pct_of_peak", "max_rel_err", "status", "error"]
+CONTRACT = [
+    "model",
+    "layer",
+    "pass",
+    "mbs",
+    "m",
+    "n",
+    "k",
+    "groups",
+    "transA",
+    "transB",
+    "dtype",
+    "backend",
+    "time_s",
+    "time_min_s",
+    "time_p10_s",
+    "time_p90_s",
+    "time_std_s",
+    "iters",
+    "tflops",
+    "bandwidth_gbs",
+    "pct_of_peak",
+    "max_rel_err",
+    "status",
+    "error",
+]
 
 
 def read(path):
@@ -21,14 +44,31 @@ def read(path):
 
 
 def test_timed_rows_follow_the_contract(run, tmp_path):
-    r = run("opbench.gemm", "--model-config-path", "shapes/model_configs.json", "--model", "Llama3.1_8B",
-            "--seqlen", "64", "--layers", "qkv,attn_out", "--passes", "fwd,wgrad", "--quick",
-            "--report-dir-path", str(tmp_path))
+    r = run(
+        "opbench.gemm",
+        "--model-config-path",
+        "shapes/model_configs.json",
+        "--model",
+        "Llama3.1_8B",
+        "--seqlen",
+        "64",
+        "--layers",
+        "qkv,attn_out",
+        "--passes",
+        "fwd,wgrad",
+        "--quick",
+        "--report-dir-path",
+        str(tmp_path),
+    )
     assert r.returncode == 0, r.stderr
     rows = read(tmp_path / "benchmark_gemm_Llama3.1_8B.csv")
-    assert list(rows[0]) [: len(CONTRACT)] != [] and all(c in rows[0] for c in CONTRACT)
-    assert [(x["layer"], x["pass"]) for x in rows] == [("qkv", "fwd"), ("qkv", "wgrad"), ("attn_out", "fwd"),
-                                                       ("attn_out", "wgrad")]
+    assert list(rows[0])[: len(CONTRACT)] != [] and all(c in rows[0] for c in CONTRACT)
+    assert [(x["layer"], x["pass"]) for x in rows] == [
+        ("qkv", "fwd"),
+        ("qkv", "wgrad"),
+        ("attn_out", "fwd"),
+        ("attn_out", "wgrad"),
+    ]
     for x in rows:
         assert x["status"] == "ok" and x["dtype"] == "fp32" and x["backend"] == "torch"
         m, n, k, t = int(x["m"]), int(x["n"]), int(x["k"]), float(x["time_s"])
@@ -42,9 +82,22 @@ def test_timed_rows_follow_the_contract(run, tmp_path):
 
 
 def test_grouped_and_unsupported_backends_become_rows(run, tmp_path):
-    r = run("opbench.gemm", "--model", "Mixtral_8x7B", "--seqlen", "32", "--layers", "expert_down,router",
-            "--passes", "fwd", "--backends", "torch,torch_grouped,fp8,triton", "--quick",
-            "--report-dir-path", str(tmp_path))
+    r = run(
+        "opbench.gemm",
+        "--model",
+        "Mixtral_8x7B",
+        "--seqlen",
+        "32",
+        "--layers",
+        "expert_down,router",
+        "--passes",
+        "fwd",
+        "--backends",
+        "torch,torch_grouped,fp8,triton",
+        "--quick",
+        "--report-dir-path",
+        str(tmp_path),
+    )
     assert r.returncode == 0, r.stderr
     rows = {(x["layer"], x["backend"]): x for x in read(tmp_path / "benchmark_gemm_Mixtral_8x7B.csv")}
     g = rows[("expert_down", "torch_grouped")]
@@ -58,23 +111,40 @@ def test_grouped_and_unsupported_backends_become_rows(run, tmp_path):
 
 
 def test_dry_run_plans_every_row(run, tmp_path):
-    r = run("opbench.gemm", "--model", "DeepSeek_V3", "--seqlen", "4096", "--tp", "8", "--ep", "8", "--mbs", "1,2",
-            "--dry-run", "--report-dir-path", str(tmp_path))
+    r = run(
+        "opbench.gemm",
+        "--model",
+        "DeepSeek_V3",
+        "--seqlen",
+        "4096",
+        "--tp",
+        "8",
+        "--ep",
+        "8",
+        "--mbs",
+        "1,2",
+        "--dry-run",
+        "--report-dir-path",
+        str(tmp_path),
+    )
     assert r.returncode == 0, r.stderr
     rows = read(tmp_path / "benchmark_gemm_DeepSeek_V3.csv")
     assert len(rows) == 13 * 3 * 2 and {x["status"] for x in rows} == {"planned"}
     assert all(x["time_s"] == "" for x in rows)
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--model-config-path", "missing.json"], "missing.json: file not found"),
-    (["--model", "NoSuchModel"], "unknown model 'NoSuchModel'; available: Llama2_7B"),
-    (["--model", "Llama2_7B", "--tp", "3"], "field '--tp'"),
-    (["--model", "Llama2_7B", "--backends", "cublas"], "unknown backend"),
-    (["--model", "Llama2_7B", "--mbs", "0"], "field '--mbs': must be positive"),
-    (["--model", "Llama2_7B", "--max-iters", "0"], "field '--max-iters': must be at least 1"),
-    (["--model", "Llama2_7B", "--min-iters", "9", "--max-iters", "3"], "exceeds --max-iters 3"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--model-config-path", "missing.json"], "missing.json: file not found"),
+        (["--model", "NoSuchModel"], "unknown model 'NoSuchModel'; available: Llama2_7B"),
+        (["--model", "Llama2_7B", "--tp", "3"], "field '--tp'"),
+        (["--model", "Llama2_7B", "--backends", "cublas"], "unknown backend"),
+        (["--model", "Llama2_7B", "--mbs", "0"], "field '--mbs': must be positive"),
+        (["--model", "Llama2_7B", "--max-iters", "0"], "field '--max-iters': must be at least 1"),
+        (["--model", "Llama2_7B", "--min-iters", "9", "--max-iters", "3"], "exceeds --max-iters 3"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2(run, tmp_path, args, needle):
     r = run("opbench.gemm", *args, "--dry-run", "--report-dir-path", str(tmp_path))
     assert r.returncode == 2
@@ -90,9 +160,24 @@ def test_malformed_json_names_file(run, tmp_path):
 
 
 def test_ctrl_c_keeps_finished_rows(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "opbench.gemm", "--model", "Llama2_7B", "--seqlen", "128",
-                             "--quick", "--report-dir-path", str(tmp_path)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "opbench.gemm",
+            "--model",
+            "Llama2_7B",
+            "--seqlen",
+            "128",
+            "--quick",
+            "--report-dir-path",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     path = tmp_path / "benchmark_gemm_Llama2_7B.csv"
     deadline = time.time() + 300
     while time.time() < deadline and (not path.exists() or len(read(path)) < 2):
@@ -123,6 +208,12 @@ for m, n, k, g, ta, tb in cases:
     assert c.shape == ref.shape and err < 1e-4, (m, n, k, g, err)
 print("ok")
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT,
-                       env={**os.environ, "TRITON_INTERPRET": "1"})
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+    )
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr

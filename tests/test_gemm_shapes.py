@@ -20,7 +20,7 @@ def fwd(shapes):
 def test_llama31_8b_dense_no_tp():
     shapes = gemm_shapes(model("Llama3.1_8B"), [1], 512)
     assert fwd(shapes) == {
-        "qkv": (512, (32 + 2 * 8) * 128, 4096, 1),          # 6144
+        "qkv": (512, (32 + 2 * 8) * 128, 4096, 1),  # 6144
         "attn_out": (512, 4096, 4096, 1),
         "mlp_gate_up": (512, 2 * 14336, 4096, 1),
         "mlp_down": (512, 4096, 14336, 1),
@@ -35,14 +35,14 @@ def test_passes_layouts():
     assert (shapes["fwd"].m, shapes["fwd"].n, shapes["fwd"].k) == (T, 4096, 11008)
     assert (shapes["dgrad"].m, shapes["dgrad"].n, shapes["dgrad"].k) == (T, 11008, 4096)
     assert (shapes["wgrad"].m, shapes["wgrad"].n, shapes["wgrad"].k) == (4096, 11008, T)
-    assert (shapes["fwd"].trans_a, shapes["fwd"].trans_b) == (False, True)      # NT
+    assert (shapes["fwd"].trans_a, shapes["fwd"].trans_b) == (False, True)  # NT
     assert (shapes["dgrad"].trans_a, shapes["dgrad"].trans_b) == (False, False)  # NN
-    assert (shapes["wgrad"].trans_a, shapes["wgrad"].trans_b) == (True, False)   # TN
+    assert (shapes["wgrad"].trans_a, shapes["wgrad"].trans_b) == (True, False)  # TN
 
 
 def test_llama3_70b_tp8_and_vocab_padding():
     got = fwd(gemm_shapes(model("Llama3.1_70B"), [1], 8192, ModelParallel(tp=8)))
-    assert got["qkv"] == (8192, (8 + 2 * 1) * 128, 8192, 1)       # 64/8 q heads, 8/8 kv heads
+    assert got["qkv"] == (8192, (8 + 2 * 1) * 128, 8192, 1)  # 64/8 q heads, 8/8 kv heads
     assert got["attn_out"] == (8192, 8192, 1024, 1)
     assert got["mlp_gate_up"] == (8192, 2 * 3584, 8192, 1)
     assert got["mlp_down"] == (8192, 8192, 3584, 1)
@@ -89,9 +89,9 @@ def test_deepseek_v3_mla_dense_first_and_shared():
     assert got["mla_kv_down"] == (4096, 512 + 64, 7168, 1)
     assert got["mla_kv_up"] == (4096, 32 * (128 + 128), 512, 1)
     assert got["attn_out"] == (4096, 7168, 32 * 128, 1)
-    assert got["mlp_gate_up"] == (4096, 2 * 18432 // 4, 7168, 1)      # dense first_k layers
+    assert got["mlp_gate_up"] == (4096, 2 * 18432 // 4, 7168, 1)  # dense first_k layers
     assert got["expert_gate_up"] == (4096 * 8 * 8 // 256, 2 * 2048, 7168, 32)
-    assert got["shared_gate_up"] == (4096, 2 * 2048 // 4, 7168, 1)    # 1 shared expert × 2048, TP-split
+    assert got["shared_gate_up"] == (4096, 2 * 2048 // 4, 7168, 1)  # 1 shared expert × 2048, TP-split
     assert got["router"] == (4096, 256, 7168, 1)
     assert "qkv" not in got and "mla_q" not in got
 
@@ -108,8 +108,15 @@ def test_mbs_list_and_layer_filter():
     assert [(s.mbs, s.m) for s in shapes] == [(1, 128), (2, 256)]
 
 
-@pytest.mark.parametrize("par,field", [(ModelParallel(tp=3), "--tp"), (ModelParallel(ep=3), "--ep"), (ModelParallel(cp=3), "--cp"),
-                                       (ModelParallel(tp=0), "--tp")])
+@pytest.mark.parametrize(
+    "par,field",
+    [
+        (ModelParallel(tp=3), "--tp"),
+        (ModelParallel(ep=3), "--ep"),
+        (ModelParallel(cp=3), "--cp"),
+        (ModelParallel(tp=0), "--tp"),
+    ],
+)
 def test_impossible_parallel_sizes(par, field):
     cfg = model("Mixtral_8x7B")
     with pytest.raises(UsageError, match=field):
@@ -118,8 +125,17 @@ def test_impossible_parallel_sizes(par, field):
 
 def test_missing_seqlen(tmp_path):
     p = tmp_path / "config.json"
-    p.write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-                             "num_attention_heads": 4, "vocab_size": 100}))
+    p.write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_attention_heads": 4,
+                "vocab_size": 100,
+            }
+        )
+    )
     (cfg,) = load_model_configs(p)
     with pytest.raises(UsageError, match="pass --seqlen"):
         gemm_shapes(cfg, [1])

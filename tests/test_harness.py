@@ -34,19 +34,22 @@ def test_measure_reports_the_call_time():
 
 
 def test_before_hook_is_not_timed():
-    stats = measure(lambda: time.sleep(0.002), CPU, TimingConfig(min_iters=4, budget_s=0.05),
-                    before=lambda: time.sleep(0.02))
+    stats = measure(
+        lambda: time.sleep(0.002), CPU, TimingConfig(min_iters=4, budget_s=0.05), before=lambda: time.sleep(0.02)
+    )
     assert stats.median < 0.015
 
 
 def test_iteration_cap_and_budget():
     calls = []
-    stats = measure(lambda: calls.append(1), CPU, TimingConfig(warmup_iters=3, min_iters=5, max_iters=17,
-                                                               rel_tol=0.0, budget_s=100))
+    stats = measure(
+        lambda: calls.append(1), CPU, TimingConfig(warmup_iters=3, min_iters=5, max_iters=17, rel_tol=0.0, budget_s=100)
+    )
     assert stats.iters == 17 and len(calls) >= 17 + 3
     t0 = time.perf_counter()
-    stats = measure(lambda: time.sleep(0.01), CPU, TimingConfig(min_iters=3, max_iters=10_000, rel_tol=0.0,
-                                                                budget_s=0.3))
+    stats = measure(
+        lambda: time.sleep(0.01), CPU, TimingConfig(min_iters=3, max_iters=10_000, rel_tol=0.0, budget_s=0.3)
+    )
     assert time.perf_counter() - t0 < 3 and stats.iters < 200
 
 
@@ -73,7 +76,7 @@ def test_csv_rows_are_on_disk_as_they_finish(tmp_path):
     meta = json.loads(sidecar_path(path).read_text())
     for key in ("opbench", "torch", "device", "host", "command", "utc_time", "x"):
         assert key in meta
-    assert (meta["benchmark"], meta["schema_version"]) == ("toy", 3)     # the schema's, whatever meta said
+    assert (meta["benchmark"], meta["schema_version"]) == ("toy", 3)  # the schema's, whatever meta said
 
 
 def test_schema_rejects_keys_that_are_not_columns():

@@ -16,15 +16,38 @@ def write(tmp_path, name, obj):
 
 def test_builtin_list_has_required_models():
     names = {c.name for c in load_model_configs()}
-    for required in ["Llama2_7B", "Llama2_70B", "Llama3.1_8B", "Llama3.1_70B", "Llama3.1_405B", "Mixtral_8x7B",
-                     "Mixtral_8x22B", "DeepSeek_V2_Lite", "DeepSeek_V2", "DeepSeek_V3", "Qwen3_8B", "Qwen3_30B_A3B"]:
+    for required in [
+        "Llama2_7B",
+        "Llama2_70B",
+        "Llama3.1_8B",
+        "Llama3.1_70B",
+        "Llama3.1_405B",
+        "Mixtral_8x7B",
+        "Mixtral_8x22B",
+        "DeepSeek_V2_Lite",
+        "DeepSeek_V2",
+        "DeepSeek_V3",
+        "Qwen3_8B",
+        "Qwen3_30B_A3B",
+    ]:
         assert required in names
 
 
 def test_hf_llama_without_head_dim_and_kv_heads(tmp_path):
-    p = write(tmp_path, "my-llama.json", {"model_type": "llama", "architectures": ["LlamaForCausalLM"],
-              "hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32, "vocab_size": 32000,
-              "num_hidden_layers": 32, "max_position_embeddings": 4096})
+    p = write(
+        tmp_path,
+        "my-llama.json",
+        {
+            "model_type": "llama",
+            "architectures": ["LlamaForCausalLM"],
+            "hidden_size": 4096,
+            "intermediate_size": 11008,
+            "num_attention_heads": 32,
+            "vocab_size": 32000,
+            "num_hidden_layers": 32,
+            "max_position_embeddings": 4096,
+        },
+    )
     (cfg,) = load_model_configs(p)
     assert cfg.name == "my-llama"  # file stem
     assert cfg.head_dim == 128 and cfg.num_key_value_heads == 32 and cfg.seqlen is None
@@ -32,25 +55,89 @@ def test_hf_llama_without_head_dim_and_kv_heads(tmp_path):
 
 
 def test_hf_model_name_override(tmp_path):
-    p = write(tmp_path, "config.json", {"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072,
-              "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
-              "tie_word_embeddings": True})
+    p = write(
+        tmp_path,
+        "config.json",
+        {
+            "model_type": "qwen3",
+            "hidden_size": 1024,
+            "intermediate_size": 3072,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "vocab_size": 151936,
+            "tie_word_embeddings": True,
+        },
+    )
     (cfg,) = load_model_configs(p, model_name="Qwen3-0.6B")
     assert cfg.name == "Qwen3-0.6B" and cfg.qk_norm and cfg.tie_word_embeddings and cfg.head_dim == 128
 
 
-@pytest.mark.parametrize("obj,arch,experts,top_k,expert_inter,shared", [
-    ({"model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 14336},
-     "mixtral", 8, 2, 14336, 0),
-    ({"model_type": "qwen3_moe", "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
-      "intermediate_size": 6144, "decoder_sparse_step": 1, "mlp_only_layers": []}, "qwen3_moe", 128, 8, 768, 0),
-    ({"model_type": "qwen2_moe", "num_experts": 60, "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
-      "shared_expert_intermediate_size": 5632, "intermediate_size": 5632}, "qwen2_moe", 60, 4, 1408, 5632),
-    ({"model_type": "deepseek_v3", "n_routed_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 2048,
-      "n_shared_experts": 1, "intermediate_size": 18432, "first_k_dense_replace": 3, "kv_lora_rank": 512,
-      "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}, "deepseek_v3",
-     256, 8, 2048, 2048),
-])
+@pytest.mark.parametrize(
+    "obj,arch,experts,top_k,expert_inter,shared",
+    [
+        (
+            {"model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 14336},
+            "mixtral",
+            8,
+            2,
+            14336,
+            0,
+        ),
+        (
+            {
+                "model_type": "qwen3_moe",
+                "num_experts": 128,
+                "num_experts_per_tok": 8,
+                "moe_intermediate_size": 768,
+                "intermediate_size": 6144,
+                "decoder_sparse_step": 1,
+                "mlp_only_layers": [],
+            },
+            "qwen3_moe",
+            128,
+            8,
+            768,
+            0,
+        ),
+        (
+            {
+                "model_type": "qwen2_moe",
+                "num_experts": 60,
+                "num_experts_per_tok": 4,
+                "moe_intermediate_size": 1408,
+                "shared_expert_intermediate_size": 5632,
+                "intermediate_size": 5632,
+            },
+            "qwen2_moe",
+            60,
+            4,
+            1408,
+            5632,
+        ),
+        (
+            {
+                "model_type": "deepseek_v3",
+                "n_routed_experts": 256,
+                "num_experts_per_tok": 8,
+                "moe_intermediate_size": 2048,
+                "n_shared_experts": 1,
+                "intermediate_size": 18432,
+                "first_k_dense_replace": 3,
+                "kv_lora_rank": 512,
+                "q_lora_rank": 1536,
+                "qk_nope_head_dim": 128,
+                "qk_rope_head_dim": 64,
+                "v_head_dim": 128,
+            },
+            "deepseek_v3",
+            256,
+            8,
+            2048,
+            2048,
+        ),
+    ],
+)
 def test_hf_moe_variants_normalised(tmp_path, obj, arch, experts, top_k, expert_inter, shared):
     base = {"hidden_size": 2048, "num_attention_heads": 16, "vocab_size": 1000, "num_hidden_layers": 4}
     (cfg,) = load_model_configs(write(tmp_path, "m.json", {**base, **obj}))
@@ -69,22 +156,54 @@ def test_dense_first_layers_detected():
 
 
 def test_single_primus_object(tmp_path):
-    p = write(tmp_path, "one.json", {"model": "Tiny", "seqlen": 128, "hidden_size": 64, "intermediate_size": 128,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 100})
+    p = write(
+        tmp_path,
+        "one.json",
+        {
+            "model": "Tiny",
+            "seqlen": 128,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "vocab_size": 100,
+        },
+    )
     (cfg,) = load_model_configs(p)
     assert cfg.name == "Tiny" and cfg.seqlen == 128
 
 
-@pytest.mark.parametrize("content,expect", [
-    ("[{\"model\": \"A\", ", "malformed JSON at line 1"),
-    (json.dumps([{"model": "A", "hidden_size": 64}]), "field 'num_attention_heads': missing"),
-    (json.dumps([{"model": "A", "hidden_size": -64, "num_attention_heads": 4, "intermediate_size": 8,
-                  "vocab_size": 10}]), "field 'hidden_size': must be positive, got -64"),
-    (json.dumps([{"model": "A", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 3,
-                  "intermediate_size": 8, "vocab_size": 10}]), "not a multiple of 3 KV heads"),
-    (json.dumps([]), "the model list is empty"),
-    (json.dumps("x"), "expected a list of models"),
-])
+@pytest.mark.parametrize(
+    "content,expect",
+    [
+        ('[{"model": "A", ', "malformed JSON at line 1"),
+        (json.dumps([{"model": "A", "hidden_size": 64}]), "field 'num_attention_heads': missing"),
+        (
+            json.dumps(
+                [{"model": "A", "hidden_size": -64, "num_attention_heads": 4, "intermediate_size": 8, "vocab_size": 10}]
+            ),
+            "field 'hidden_size': must be positive, got -64",
+        ),
+        (
+            json.dumps(
+                [
+                    {
+                        "model": "A",
+                        "hidden_size": 64,
+                        "num_attention_heads": 4,
+                        "num_key_value_heads": 3,
+                        "intermediate_size": 8,
+                        "vocab_size": 10,
+                    }
+                ]
+            ),
+            "not a multiple of 3 KV heads",
+        ),
+        (json.dumps([]), "the model list is empty"),
+        (json.dumps("x"), "expected a list of models"),
+    ],
+)
 def test_bad_configs_name_file_and_field(tmp_path, content, expect):
     p = tmp_path / "bad.json"
     p.write_text(content)

@@ -16,8 +16,21 @@ from opbench.trace import nccl_tests
 from opbench.trace.nccl_tests import parse_lines
 from opbench.trace.schema import NCCL_TESTS
 
-CONTRACT = ["size_bytes", "count", "type", "redop", "root", "oop_time_us", "oop_algbw_gbs", "oop_busbw_gbs",
-            "oop_wrong", "ip_time_us", "ip_algbw_gbs", "ip_busbw_gbs", "ip_wrong"]
+CONTRACT = [
+    "size_bytes",
+    "count",
+    "type",
+    "redop",
+    "root",
+    "oop_time_us",
+    "oop_algbw_gbs",
+    "oop_busbw_gbs",
+    "oop_wrong",
+    "ip_time_us",
+    "ip_algbw_gbs",
+    "ip_busbw_gbs",
+    "ip_wrong",
+]
 
 
 def time_str(us: float) -> str:
@@ -37,9 +50,11 @@ def float_str(value: float, width: int) -> str:
 # -- table builders, one per era ------------------------------------------------------------------------------
 def v1_table(rows):
     """nccl-tests v1 (NCCL 1): bytes N type op, time in ms, 'res' column."""
-    out = ["# %10s  %12s  %6s  %6s        out-of-place                    in-place" % ("", "", "", ""),
-           "# %10s  %12s  %6s  %6s  %7s  %5s  %5s  %7s  %7s  %5s  %5s  %7s" % (
-               "bytes", "N", "type", "op", "time", "algbw", "busbw", "res", "time", "algbw", "busbw", "res")]
+    out = [
+        "# %10s  %12s  %6s  %6s        out-of-place                    in-place" % ("", "", "", ""),
+        "# %10s  %12s  %6s  %6s  %7s  %5s  %5s  %7s  %7s  %5s  %5s  %7s"
+        % ("bytes", "N", "type", "op", "time", "algbw", "busbw", "res", "time", "algbw", "busbw", "res"),
+    ]
     for size, count, typ, op, blocks in rows:
         line = "%12li  %12li  %6s  %6s" % (size, count, typ, op)
         for ms, alg, bus, res in blocks:
@@ -52,19 +67,35 @@ def legacy_table(lead_names, rows, avg=None):
     """v2.0-v2.12: per-collective lead columns, 'error' (max deviation) printed with %5.0le."""
     widths = {"size": "%10s", "count": "%12s", "type": "%8s", "redop": "%6s", "root": "%6s"}
     lead_fmt = "  ".join(widths[n] for n in lead_names)
-    out = [("# " + lead_fmt + "            out-of-place                       in-place          ") %
-           tuple("" for _ in lead_names),
-           ("# " + lead_fmt + "  %7s  %6s  %6s  %5s  %7s  %6s  %6s  %5s") % (
-               *lead_names, "time", "algbw", "busbw", "error", "time", "algbw", "busbw", "error"),
-           ("# " + lead_fmt + "  %7s  %6s  %6s  %5s  %7s  %6s  %6s  %5s") % (
-               "(B)", "(elements)", *["" for _ in lead_names[2:]], "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
-               "(GB/s)", "")]
+    out = [
+        ("# " + lead_fmt + "            out-of-place                       in-place          ")
+        % tuple("" for _ in lead_names),
+        ("# " + lead_fmt + "  %7s  %6s  %6s  %5s  %7s  %6s  %6s  %5s")
+        % (*lead_names, "time", "algbw", "busbw", "error", "time", "algbw", "busbw", "error"),
+        ("# " + lead_fmt + "  %7s  %6s  %6s  %5s  %7s  %6s  %6s  %5s")
+        % (
+            "(B)",
+            "(elements)",
+            *["" for _ in lead_names[2:]],
+            "(us)",
+            "(GB/s)",
+            "(GB/s)",
+            "",
+            "(us)",
+            "(GB/s)",
+            "(GB/s)",
+            "",
+        ),
+    ]
     row_widths = {"size": "%12li", "count": "%12li", "type": "%8s", "redop": "%6s", "root": "%6i"}
     for lead, blocks in rows:
         line = "  ".join(row_widths[n] for n in lead_names) % lead
         for us, alg, bus, err in blocks:
-            line += ("  %7s  %6.2f  %6.2f  %5.0e" % (time_str(us), alg, bus, err)) if err is not None else \
-                ("  %7s  %6.2f  %6.2f  %5s" % (time_str(us), alg, bus, "N/A"))
+            line += (
+                ("  %7s  %6.2f  %6.2f  %5.0e" % (time_str(us), alg, bus, err))
+                if err is not None
+                else ("  %7s  %6.2f  %6.2f  %5s" % (time_str(us), alg, bus, "N/A"))
+            )
         out.append(line)
     out += ["# Out of bounds values : 0 OK", "# Avg bus bandwidth    : %g " % avg] if avg is not None else []
     return out
@@ -72,19 +103,37 @@ def legacy_table(lead_names, rows, avg=None):
 
 def v213_header(timestr="time", labels=("out-of-place", "in-place")):
     if len(labels) == 2:
-        return ["#",
-                "# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place          " % (
-                    "", "", "", "", ""),
-                "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s" % (
-                    "size", "count", "type", "redop", "root", timestr, "algbw", "busbw", "#wrong", timestr, "algbw",
-                    "busbw", "#wrong"),
-                "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %5s  %7s  %6s  %6s  %5s" % (
-                    "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "")]
-    return ["#", "# %10s  %12s  %8s  %6s  %6s           in-place          " % ("", "", "", "", ""),
-            "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s" % (
-                "size", "count", "type", "redop", "root", timestr, "algbw", "busbw", "#wrong"),
-            "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %5s" % ("(B)", "(elements)", "", "", "", "(us)", "(GB/s)",
-                                                               "(GB/s)", "")]
+        return [
+            "#",
+            "# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place          "
+            % ("", "", "", "", ""),
+            "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s"
+            % (
+                "size",
+                "count",
+                "type",
+                "redop",
+                "root",
+                timestr,
+                "algbw",
+                "busbw",
+                "#wrong",
+                timestr,
+                "algbw",
+                "busbw",
+                "#wrong",
+            ),
+            "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %5s  %7s  %6s  %6s  %5s"
+            % ("(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", ""),
+        ]
+    return [
+        "#",
+        "# %10s  %12s  %8s  %6s  %6s           in-place          " % ("", "", "", "", ""),
+        "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s"
+        % ("size", "count", "type", "redop", "root", timestr, "algbw", "busbw", "#wrong"),
+        "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %5s"
+        % ("(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", ""),
+    ]
 
 
 def v213_preamble(size, count, typ, op, root):
@@ -98,11 +147,17 @@ def v213_body(us, alg, bus, wrong):
 
 
 def devices(n, newest=True):
-    fmt = "#  Rank %2d Group %2d Pid %6d on %10s device %2d [%04x:%02x:%02x] %s" if newest else \
-        "#  Rank %2d Group %2d Pid %6d on %10s device %2d [0x%02x] %s"
+    fmt = (
+        "#  Rank %2d Group %2d Pid %6d on %10s device %2d [%04x:%02x:%02x] %s"
+        if newest
+        else "#  Rank %2d Group %2d Pid %6d on %10s device %2d [0x%02x] %s"
+    )
     return ["# Using devices"] + [
-        (fmt % (r, 0, 4000 + r, "node01", r, 0, 0x18 + r, 0, "NVIDIA H100 80GB HBM3")) if newest else
-        (fmt % (r, 0, 4000 + r, "node01", r, 0x18 + r, "NVIDIA H100 80GB HBM3")) for r in range(n)]
+        (fmt % (r, 0, 4000 + r, "node01", r, 0, 0x18 + r, 0, "NVIDIA H100 80GB HBM3"))
+        if newest
+        else (fmt % (r, 0, 4000 + r, "node01", r, 0x18 + r, "NVIDIA H100 80GB HBM3"))
+        for r in range(n)
+    ]
 
 
 def rows_by_size(rows):
@@ -114,61 +169,119 @@ def test_v1_ms_times_and_res_column():
     lines = ["nThread 1 nGpus 4 minBytes 8 maxBytes 1024 step: 2(factor) warmup iters: 5 iters: 20 validation: 1 "]
     lines += v1_table([(1024, 256, "float", "sum", [(0.052, 0.02, 0.03, 0.0), (0.051, 0.02, 0.03, 0.0)])])
     [r] = parse_lines(lines, "all_reduce_perf.log")
-    assert r["collective"] == "all_reduce" and (r["size_bytes"], r["count"], r["type"], r["redop"]) == (1024, 256, "float", "sum")
+    assert r["collective"] == "all_reduce" and (r["size_bytes"], r["count"], r["type"], r["redop"]) == (
+        1024,
+        256,
+        "float",
+        "sum",
+    )
     assert r["oop_time_us"] == pytest.approx(52.0) and r["ip_time_us"] == pytest.approx(51.0)
     assert r["oop_wrong"] == 0.0 and r["wrong_kind"] == "error"
 
 
-@pytest.mark.parametrize("binary,lead,lead_row,redop,root", [
-    ("all_reduce_perf", ["size", "count", "type", "redop"], (4096, 1024, "float", "sum"), "sum", None),
-    ("all_gather_perf", ["size", "count", "type"], (4096, 128, "half"), None, None),
-    ("reduce_scatter_perf", ["size", "count", "type", "redop"], (4096, 128, "bfloat16", "max"), "max", None),
-    ("broadcast_perf", ["size", "count", "type", "root"], (4096, 1024, "float", 3), None, 3),
-    ("reduce_perf", ["size", "count", "type", "redop", "root"], (4096, 1024, "float", "prod", 2), "prod", 2),
-    ("sendrecv_perf", ["size", "count", "type"], (4096, 1024, "float"), None, None),
-    ("alltoall_perf", ["size", "count", "type", "redop"], (4096, 128, "float", "sum"), "sum", None),
-])
+@pytest.mark.parametrize(
+    "binary,lead,lead_row,redop,root",
+    [
+        ("all_reduce_perf", ["size", "count", "type", "redop"], (4096, 1024, "float", "sum"), "sum", None),
+        ("all_gather_perf", ["size", "count", "type"], (4096, 128, "half"), None, None),
+        ("reduce_scatter_perf", ["size", "count", "type", "redop"], (4096, 128, "bfloat16", "max"), "max", None),
+        ("broadcast_perf", ["size", "count", "type", "root"], (4096, 1024, "float", 3), None, 3),
+        ("reduce_perf", ["size", "count", "type", "redop", "root"], (4096, 1024, "float", "prod", 2), "prod", 2),
+        ("sendrecv_perf", ["size", "count", "type"], (4096, 1024, "float"), None, None),
+        ("alltoall_perf", ["size", "count", "type", "redop"], (4096, 128, "float", "sum"), "sum", None),
+    ],
+)
 def test_legacy_per_collective_tables(binary, lead, lead_row, redop, root):
     lines = [f"# Command: mpirun -np 8 ./build/{binary} -b 4K -e 4K", "#"]
     lines += legacy_table(lead, [(lead_row, [(23.4, 0.18, 0.31, 0.0), (12345.6, 0.0, 0.0, 2e-2)])], avg=0.155)
     [r] = parse_lines(lines)
     assert r["collective"] == nccl_tests.collective_from_binary(binary[:-5])
-    assert (r["size_bytes"], r["count"], r["type"], r["redop"], r["root"]) == (4096, lead_row[1], lead_row[2], redop, root)
+    assert (r["size_bytes"], r["count"], r["type"], r["redop"], r["root"]) == (
+        4096,
+        lead_row[1],
+        lead_row[2],
+        redop,
+        root,
+    )
     assert (r["oop_time_us"], r["oop_algbw_gbs"], r["oop_busbw_gbs"], r["oop_wrong"]) == (23.4, 0.18, 0.31, 0.0)
     assert (r["ip_time_us"], r["ip_wrong"], r["wrong_kind"], r["avg_busbw"]) == (12346.0, 0.02, "error", 0.155)
 
 
 def test_v213_uniform_table_blank_and_none_redop_na_values():
-    lines = ["# nThread 1 nGpus 8 minBytes 8 maxBytes 134217728 step: 2(factor) warmup iters: 5 iters: 20 "
-             "agg iters: 1 validation: 0 graph: 0", "#"] + devices(8, newest=False) + v213_header()
-    lines += [v213_preamble(8, 2, "float", "", -1) + v213_body(30.5, 0.0, 0.0, None) + v213_body(29.9, 0.0, 0.0, None),
-              v213_preamble(134217728, 4194304, "bfloat16", "none", -1) + v213_body(657.2, 204.23, 178.7, 0)
-              + v213_body(656.1, 204.57, 179.0, 0)]
+    lines = (
+        [
+            "# nThread 1 nGpus 8 minBytes 8 maxBytes 134217728 step: 2(factor) warmup iters: 5 iters: 20 "
+            "agg iters: 1 validation: 0 graph: 0",
+            "#",
+        ]
+        + devices(8, newest=False)
+        + v213_header()
+    )
+    lines += [
+        v213_preamble(8, 2, "float", "", -1) + v213_body(30.5, 0.0, 0.0, None) + v213_body(29.9, 0.0, 0.0, None),
+        v213_preamble(134217728, 4194304, "bfloat16", "none", -1)
+        + v213_body(657.2, 204.23, 178.7, 0)
+        + v213_body(656.1, 204.57, 179.0, 0),
+    ]
     lines += ["# Out of bounds values : 0 OK", "# Avg bus bandwidth    : 89.425 ", "#"]
     rows = rows_by_size(parse_lines(lines, "runs/all_gather_perf.8gpu.out"))
     small, big = rows[8], rows[134217728]
     assert small["collective"] == "all_gather" and small["redop"] is None and small["root"] == -1
-    assert small["oop_wrong"] is None and small["ip_wrong"] is None      # N/A: empty, never 0
+    assert small["oop_wrong"] is None and small["ip_wrong"] is None  # N/A: empty, never 0
     assert big["redop"] is None and (big["oop_busbw_gbs"], big["ip_busbw_gbs"], big["oop_wrong"]) == (178.7, 179.0, 0)
     assert big["nranks"] == 8 and big["wrong_kind"] == "#wrong" and big["avg_busbw"] == 89.425
 
 
 def test_newest_version_unalign_per_iteration_columns_timestamp_and_cputime():
     ts_hdr = "timestamp"
-    lines = ["# nccl-tests version 2.19.6 nccl-headers=22807 nccl-library=22807",
-             "# Collective test starting: ./build/reduce_scatter_perf",
-             "# nThread 1 nGpus 2 minBytes 1048576 maxBytes 1048576 step: 2(factor) warmup iters: 1 iters: 5 "
-             "agg iters: 1 validation: 1 graph: 0 unalign: 3",
-             "# Per-Iteration Report: CUDA event timing; i_* uses max over process rows ", "#"] + devices(2)
-    lines += ["#",
-              "# %10s  %12s  %8s  %6s  %6s              out-of-place (+ per-iteration)                                "
-              "in-place (+ per-iteration)" % ("", "", "", "", ""),
-              ("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %7s  %7s  %7s  %7s  %6s  %6s  %6s  %7s  %7s  "
-               "%7s  %7s %*s") % ("size", "count", "type", "redop", "root", "cputime", "algbw", "busbw", "#wrong",
-                                  "i_min", "i_max", "i_p99", "i_cv%", "cputime", "algbw", "busbw", "#wrong", "i_min",
-                                  "i_max", "i_p99", "i_cv%", 19, ts_hdr)]
-    body = ("  %7s  %6s  %6s  %6g" % (float_str(45.3, 7), float_str(23.15, 6), float_str(11.57, 6), 0)
-            + "  %7s  %7s  %7s  %7s" % (float_str(44.0, 7), float_str(51.2, 7), float_str(50.9, 7), float_str(3.4, 7)))
+    lines = [
+        "# nccl-tests version 2.19.6 nccl-headers=22807 nccl-library=22807",
+        "# Collective test starting: ./build/reduce_scatter_perf",
+        "# nThread 1 nGpus 2 minBytes 1048576 maxBytes 1048576 step: 2(factor) warmup iters: 1 iters: 5 "
+        "agg iters: 1 validation: 1 graph: 0 unalign: 3",
+        "# Per-Iteration Report: CUDA event timing; i_* uses max over process rows ",
+        "#",
+    ] + devices(2)
+    lines += [
+        "#",
+        "# %10s  %12s  %8s  %6s  %6s              out-of-place (+ per-iteration)                                "
+        "in-place (+ per-iteration)" % ("", "", "", "", ""),
+        (
+            "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %7s  %7s  %7s  %7s  %6s  %6s  %6s  %7s  %7s  "
+            "%7s  %7s %*s"
+        )
+        % (
+            "size",
+            "count",
+            "type",
+            "redop",
+            "root",
+            "cputime",
+            "algbw",
+            "busbw",
+            "#wrong",
+            "i_min",
+            "i_max",
+            "i_p99",
+            "i_cv%",
+            "cputime",
+            "algbw",
+            "busbw",
+            "#wrong",
+            "i_min",
+            "i_max",
+            "i_p99",
+            "i_cv%",
+            19,
+            ts_hdr,
+        ),
+    ]
+    body = "  %7s  %6s  %6s  %6g" % (
+        float_str(45.3, 7),
+        float_str(23.15, 6),
+        float_str(11.57, 6),
+        0,
+    ) + "  %7s  %7s  %7s  %7s" % (float_str(44.0, 7), float_str(51.2, 7), float_str(50.9, 7), float_str(3.4, 7))
     lines.append(v213_preamble(1048576, 131072, "float", "sum", -1) + body + body + "%21s" % "2026-07-01 10:11:12")
     [r] = parse_lines(lines)
     assert r["collective"] == "reduce_scatter" and r["nranks"] == 2
@@ -182,16 +295,25 @@ def test_rccl_in_place_only_and_trace_replay_null_body():
     lines += ["# Avg bus bandwidth    : 0.33 "] + v213_header()
     lines.append(v213_preamble(4096, 1024, "float", "sum", 0) + " " * 32 + v213_body(12.0, 0.34, 0.6, 0))
     a, b = parse_lines(lines, "rccl/all_reduce_perf.log")
-    assert (a["type"], a["oop_time_us"], a["ip_time_us"], a["ip_busbw_gbs"], a["avg_busbw"]) == \
-        ("fp8_e4m3", None, 11.0, 0.33, 0.33)
+    assert (a["type"], a["oop_time_us"], a["ip_time_us"], a["ip_busbw_gbs"], a["avg_busbw"]) == (
+        "fp8_e4m3",
+        None,
+        11.0,
+        0.33,
+        0.33,
+    )
     assert (b["oop_time_us"], b["ip_time_us"], b["root"], b["avg_busbw"]) == (None, 12.0, 0, None)
 
 
 @pytest.mark.parametrize("prefix", ["[0] ", " 0: ", "[1,0]<stdout>:", "rank0: "])
 def test_launcher_prefixes(prefix):
     lines = [prefix + ln for ln in v213_header()]
-    lines.append(prefix + v213_preamble(1 << 30, 1 << 28, "float", "sum", -1) + v213_body(9000.5, 119.3, 208.8, 0)
-                 + v213_body(8999.0, 119.3, 208.8, 0))
+    lines.append(
+        prefix
+        + v213_preamble(1 << 30, 1 << 28, "float", "sum", -1)
+        + v213_body(9000.5, 119.3, 208.8, 0)
+        + v213_body(8999.0, 119.3, 208.8, 0)
+    )
     lines.append(prefix + "# Avg bus bandwidth    : 208.8 ")
     [r] = parse_lines(lines)
     assert (r["size_bytes"], r["oop_time_us"], r["ip_busbw_gbs"], r["avg_busbw"]) == (1 << 30, 9000.5, 208.8, 208.8)
@@ -200,17 +322,24 @@ def test_launcher_prefixes(prefix):
 def test_interleaved_nccl_lines_split_a_row():
     """NCCL_DEBUG=INFO output shares stdout: NCCL lines land between the preamble, the out-of-place and the
     in-place block of one row. mpirun adds tags to other ranks' lines."""
-    nccl = "node01:4001:4101 [1] NCCL INFO AllReduce: opCount 3f sendbuff 0x7f01 recvbuff 0x7f02 count 262144 " \
-           "datatype 7 op 0 root 0 comm 0x5501 [nranks=8] stream 0x5601"
+    nccl = (
+        "node01:4001:4101 [1] NCCL INFO AllReduce: opCount 3f sendbuff 0x7f01 recvbuff 0x7f02 count 262144 "
+        "datatype 7 op 0 root 0 comm 0x5501 [nranks=8] stream 0x5601"
+    )
     lines = ["[1,0]<stdout>:" + ln for ln in v213_header()]
-    lines += ["[1,0]<stdout>:" + v213_preamble(1048576, 262144, "float", "sum", -1) + nccl,
-              "[1,1]<stdout>:" + nccl, "[1,2]<stdout>:" + nccl,
-              "[1,0]<stdout>:" + v213_body(41.2, 25.45, 44.54, 0) + "[1,3]<stdout>:" + nccl,
-              "[2025-01-01 00:00:00] " + nccl,
-              "[1,0]<stdout>:" + v213_body(40.9, 25.64, 44.87, 0),
-              "[1,0]<stdout>:" + v213_preamble(2097152, 524288, "float", "sum", -1) + v213_body(60.0, 34.95, 61.16, 0)
-              + v213_body(59.5, 35.25, 61.68, 0),
-              "[1,0]<stdout>:# Avg bus bandwidth    : 52.9 "]
+    lines += [
+        "[1,0]<stdout>:" + v213_preamble(1048576, 262144, "float", "sum", -1) + nccl,
+        "[1,1]<stdout>:" + nccl,
+        "[1,2]<stdout>:" + nccl,
+        "[1,0]<stdout>:" + v213_body(41.2, 25.45, 44.54, 0) + "[1,3]<stdout>:" + nccl,
+        "[2025-01-01 00:00:00] " + nccl,
+        "[1,0]<stdout>:" + v213_body(40.9, 25.64, 44.87, 0),
+        "[1,0]<stdout>:"
+        + v213_preamble(2097152, 524288, "float", "sum", -1)
+        + v213_body(60.0, 34.95, 61.16, 0)
+        + v213_body(59.5, 35.25, 61.68, 0),
+        "[1,0]<stdout>:# Avg bus bandwidth    : 52.9 ",
+    ]
     rows = rows_by_size(parse_lines(lines, "all_reduce_perf.log"))
     r = rows[1048576]
     assert (r["count"], r["redop"], r["root"]) == (262144, "sum", -1)
@@ -220,9 +349,12 @@ def test_interleaved_nccl_lines_split_a_row():
 
 def test_multiple_tables_take_collective_from_title_lines():
     lines = ["# Collective test starting: all_reduce_perf"] + v213_header()
-    lines += [v213_preamble(8, 2, "float", "sum", -1) + v213_body(10, 0, 0, 0) + v213_body(10, 0, 0, 0),
-              "# Avg bus bandwidth    : 0 ", "# Collective test concluded: all_reduce_perf",
-              "+ mpirun -np 8 ./build/alltoall_perf -b 8 -e 8"] + v213_header()
+    lines += [
+        v213_preamble(8, 2, "float", "sum", -1) + v213_body(10, 0, 0, 0) + v213_body(10, 0, 0, 0),
+        "# Avg bus bandwidth    : 0 ",
+        "# Collective test concluded: all_reduce_perf",
+        "+ mpirun -np 8 ./build/alltoall_perf -b 8 -e 8",
+    ] + v213_header()
     lines += [v213_preamble(64, 2, "float", "none", -1) + v213_body(10, 0, 0, 0) + v213_body(10, 0, 0, 0)]
     a, b = parse_lines(lines)
     assert (a["collective"], a["avg_busbw"], b["collective"], b["avg_busbw"]) == ("all_reduce", 0.0, "all_to_all", None)
@@ -230,8 +362,12 @@ def test_multiple_tables_take_collective_from_title_lines():
 
 def test_cli_csv_gz_and_contract(tmp_path):
     lines = ["# Collective test starting: all_gather_perf"] + v213_header()
-    lines += [v213_preamble(1 << 20, 1 << 15, "bfloat16", "none", -1) + v213_body(20, 52.4, 45.9, 0)
-              + v213_body(19, 55.2, 48.3, 0), "# Avg bus bandwidth    : 47.1 "]
+    lines += [
+        v213_preamble(1 << 20, 1 << 15, "bfloat16", "none", -1)
+        + v213_body(20, 52.4, 45.9, 0)
+        + v213_body(19, 55.2, 48.3, 0),
+        "# Avg bus bandwidth    : 47.1 ",
+    ]
     gz = tmp_path / "ag.out.gz"
     gz.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
     out = tmp_path / "nt.csv"
@@ -239,9 +375,20 @@ def test_cli_csv_gz_and_contract(tmp_path):
     [row] = list(csv.DictReader(out.open()))
     assert list(row)[:1] == ["collective"] and set(CONTRACT) <= set(row) and "avg_busbw" in row
     assert tuple(row) == NCCL_TESTS.columns
-    assert (row["collective"], row["size_bytes"], row["count"], row["type"], row["redop"], row["root"]) == \
-        ("all_gather", str(1 << 20), str(1 << 15), "bfloat16", "", "-1")
-    assert (row["oop_busbw_gbs"], row["ip_busbw_gbs"], row["oop_wrong"], row["avg_busbw"]) == ("45.9", "48.3", "0", "47.1")
+    assert (row["collective"], row["size_bytes"], row["count"], row["type"], row["redop"], row["root"]) == (
+        "all_gather",
+        str(1 << 20),
+        str(1 << 15),
+        "bfloat16",
+        "",
+        "-1",
+    )
+    assert (row["oop_busbw_gbs"], row["ip_busbw_gbs"], row["oop_wrong"], row["avg_busbw"]) == (
+        "45.9",
+        "48.3",
+        "0",
+        "47.1",
+    )
 
 
 def test_cli_missing_file_exit_2_and_no_rows_exit_1(tmp_path, run):
@@ -253,9 +400,26 @@ def test_cli_missing_file_exit_2_and_no_rows_exit_1(tmp_path, run):
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.one_of(st.text(max_size=120), st.sampled_from(
-    v213_header() + [v213_preamble(8, 2, "float", "sum", -1), v213_body(1, 2, 3, None), "# Avg bus bandwidth : x",
-                     "#  Rank  0", "1 2 float", "8 2 float sum -1 1 2 3 N/A", "size count time"])), max_size=40))
+@given(
+    st.lists(
+        st.one_of(
+            st.text(max_size=120),
+            st.sampled_from(
+                v213_header()
+                + [
+                    v213_preamble(8, 2, "float", "sum", -1),
+                    v213_body(1, 2, 3, None),
+                    "# Avg bus bandwidth : x",
+                    "#  Rank  0",
+                    "1 2 float",
+                    "8 2 float sum -1 1 2 3 N/A",
+                    "size count time",
+                ]
+            ),
+        ),
+        max_size=40,
+    )
+)
 def test_parser_never_raises(lines):
     rows = parse_lines(lines)
     assert all(set(r) <= set(NCCL_TESTS.columns) for r in rows)
@@ -264,15 +428,24 @@ def test_parser_never_raises(lines):
 def test_stdin(tmp_path):
     import sys
 
-    text = "\n".join(v213_header() + [v213_preamble(8, 2, "float", "sum", -1) + v213_body(5, 0, 0, 0)
-                                      + v213_body(5, 0, 0, 0)]) + "\n"
-    res = subprocess.run([sys.executable, "-m", "opbench.comm.nccl_tests", "-"], input=text, capture_output=True,
-                         text=True, timeout=300)
+    text = (
+        "\n".join(
+            v213_header() + [v213_preamble(8, 2, "float", "sum", -1) + v213_body(5, 0, 0, 0) + v213_body(5, 0, 0, 0)]
+        )
+        + "\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-m", "opbench.comm.nccl_tests", "-"], input=text, capture_output=True, text=True, timeout=300
+    )
     assert res.returncode == 0 and "float" in res.stdout, res.stderr
 
 
 def test_row_with_trailing_comment():
-    lines = v213_header() + [v213_preamble(8, 2, "float", "sum", -1) + v213_body(5, 0.1, 0.2, 0)
-                             + v213_body(6, 0.1, 0.2, 0) + "   # trace:job.log nranks=2"]
+    lines = v213_header() + [
+        v213_preamble(8, 2, "float", "sum", -1)
+        + v213_body(5, 0.1, 0.2, 0)
+        + v213_body(6, 0.1, 0.2, 0)
+        + "   # trace:job.log nranks=2"
+    ]
     [r] = parse_lines(lines)
     assert (r["oop_time_us"], r["ip_time_us"]) == (5.0, 6.0)

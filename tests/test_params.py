@@ -19,12 +19,29 @@ from opbench.models import load_model_configs  # noqa: E402
 from opbench.models.config import parse_model_config  # noqa: E402
 from opbench.models.params import parameter_shapes, units  # noqa: E402
 
-_DENSE = dict(hidden_size=35, intermediate_size=37, num_attention_heads=5, num_key_value_heads=1, head_dim=6,
-              vocab_size=67, num_hidden_layers=2)
-_MLA = dict({k: v for k, v in _DENSE.items() if k != "head_dim"},  # MLA: head dims are its own, kv heads = heads
-            num_key_value_heads=5, kv_lora_rank=13, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5,
-            n_routed_experts=3, num_experts_per_tok=2, moe_intermediate_size=11, first_k_dense_replace=1, n_group=1,
-            topk_group=1)
+_DENSE = dict(
+    hidden_size=35,
+    intermediate_size=37,
+    num_attention_heads=5,
+    num_key_value_heads=1,
+    head_dim=6,
+    vocab_size=67,
+    num_hidden_layers=2,
+)
+_MLA = dict(
+    {k: v for k, v in _DENSE.items() if k != "head_dim"},  # MLA: head dims are its own, kv heads = heads
+    num_key_value_heads=5,
+    kv_lora_rank=13,
+    qk_nope_head_dim=6,
+    qk_rope_head_dim=4,
+    v_head_dim=5,
+    n_routed_experts=3,
+    num_experts_per_tok=2,
+    moe_intermediate_size=11,
+    first_k_dense_replace=1,
+    n_group=1,
+    topk_group=1,
+)
 
 # name -> (model_type, HF config kwargs). Dense and MoE, tied and untied, with and without biases.
 SMALL_HF_CONFIGS: dict[str, tuple[str, dict]] = {
@@ -33,11 +50,22 @@ SMALL_HF_CONFIGS: dict[str, tuple[str, dict]] = {
     "mistral": ("mistral", dict(_DENSE)),
     "mixtral": ("mixtral", dict(_DENSE, intermediate_size=13, num_local_experts=3, num_experts_per_tok=2)),
     "qwen2": ("qwen2", dict(_DENSE)),
-    "qwen2_moe": ("qwen2_moe", dict(_DENSE, num_experts=3, num_experts_per_tok=2, moe_intermediate_size=11,
-                                    shared_expert_intermediate_size=13, decoder_sparse_step=2)),
+    "qwen2_moe": (
+        "qwen2_moe",
+        dict(
+            _DENSE,
+            num_experts=3,
+            num_experts_per_tok=2,
+            moe_intermediate_size=11,
+            shared_expert_intermediate_size=13,
+            decoder_sparse_step=2,
+        ),
+    ),
     "qwen3_tied": ("qwen3", dict(_DENSE, tie_word_embeddings=True)),
-    "qwen3_moe": ("qwen3_moe", dict(_DENSE, num_experts=3, num_experts_per_tok=2, moe_intermediate_size=11,
-                                    mlp_only_layers=[0])),
+    "qwen3_moe": (
+        "qwen3_moe",
+        dict(_DENSE, num_experts=3, num_experts_per_tok=2, moe_intermediate_size=11, mlp_only_layers=[0]),
+    ),
     "deepseek_v2": ("deepseek_v2", dict(_MLA, q_lora_rank=None, n_shared_experts=2)),
     "deepseek_v3": ("deepseek_v3", dict(_MLA, q_lora_rank=17, n_shared_experts=1)),
 }
@@ -45,8 +73,9 @@ SMALL_HF_CONFIGS: dict[str, tuple[str, dict]] = {
 
 def hf_config(name: str):
     model_type, kwargs = SMALL_HF_CONFIGS[name]
-    return transformers.AutoConfig.for_model(model_type, attn_implementation="eager",
-                                             experts_implementation="eager", **kwargs)
+    return transformers.AutoConfig.for_model(
+        model_type, attn_implementation="eager", experts_implementation="eager", **kwargs
+    )
 
 
 def write_hf_config(name: str, directory) -> str:
@@ -86,8 +115,13 @@ def test_units_root_first_then_layers(tmp_path):
     assert list(grouped) == ["root", "layers.0", "layers.1"]
     dense, moe = ([s.name.split(".", 3)[3] for s in grouped[u]] for u in ("layers.0", "layers.1"))
     assert "mlp.gate_proj.weight" in dense and "mlp.experts.gate_up_proj" not in dense
-    assert {"mlp.experts.gate_up_proj", "mlp.gate.weight", "mlp.shared_experts.up_proj.weight",
-            "self_attn.q_a_layernorm.weight", "self_attn.kv_a_layernorm.weight"} <= set(moe)
+    assert {
+        "mlp.experts.gate_up_proj",
+        "mlp.gate.weight",
+        "mlp.shared_experts.up_proj.weight",
+        "self_attn.q_a_layernorm.weight",
+        "self_attn.kv_a_layernorm.weight",
+    } <= set(moe)
     assert not any("e_score_correction_bias" in n for n in moe)  # a buffer, not a parameter
 
 
@@ -104,8 +138,10 @@ def test_known_totals():
 
 
 def test_missing_layer_count_is_a_usage_error():
-    cfg = parse_model_config({"model": "NoLayers", "hidden_size": 64, "intermediate_size": 128,
-                              "num_attention_heads": 4, "vocab_size": 100}, "cfg.json")
+    cfg = parse_model_config(
+        {"model": "NoLayers", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 100},
+        "cfg.json",
+    )
     with pytest.raises(UsageError, match="field 'num_hidden_layers'"):
         parameter_shapes(cfg)
 

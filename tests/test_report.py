@@ -18,8 +18,8 @@ import pandas as pd
 import pytest
 
 from opbench.core.errors import run_cli
-from opbench.report.build import build_report
 from opbench.report.__main__ import main as report_main
+from opbench.report.build import build_report
 
 ROOT = Path(__file__).resolve().parent.parent
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -60,8 +60,28 @@ ATTENTION_SHAPES = """[
 def run_gemm(out: Path) -> None:
     from opbench.gemm.__main__ import main
 
-    assert main(["--model", "Qwen3_0.6B", "--seqlen", "16", "--layers", "qkv,attn_out", "--backends", "torch,fp8",
-                 "--cache", "warm", "--quick", "--device", "cpu", "--report-dir-path", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--model",
+                "Qwen3_0.6B",
+                "--seqlen",
+                "16",
+                "--layers",
+                "qkv,attn_out",
+                "--backends",
+                "torch,fp8",
+                "--cache",
+                "warm",
+                "--quick",
+                "--device",
+                "cpu",
+                "--report-dir-path",
+                str(out),
+            ]
+        )
+        == 0
+    )
 
 
 @pytest.fixture(scope="module")
@@ -74,19 +94,71 @@ def results(tmp_path_factory) -> Path:
 
     res = tmp_path_factory.mktemp("results")
     launched = [  # torchrun jobs, in the background while the single-process benchmarks run
-        ["comm", "--nproc-per-node", "2", "--collectives", "all_reduce,all_gather", "-b", "1K", "-e", "16K", "-f", "4",
-         "-w", "1", "-n", "3", "--report-dir-path", str(res / "comm")],
-        ["ckpt", "--nproc-per-node", "2", "--size-mb", "4", "--iterations", "1", "--methods", "torch_save,dcp",
-         "--storage", str(res.parent / "ckpt_data"), "--report-dir-path", str(res / "ckpt")],
+        [
+            "comm",
+            "--nproc-per-node",
+            "2",
+            "--collectives",
+            "all_reduce,all_gather",
+            "-b",
+            "1K",
+            "-e",
+            "16K",
+            "-f",
+            "4",
+            "-w",
+            "1",
+            "-n",
+            "3",
+            "--report-dir-path",
+            str(res / "comm"),
+        ],
+        [
+            "ckpt",
+            "--nproc-per-node",
+            "2",
+            "--size-mb",
+            "4",
+            "--iterations",
+            "1",
+            "--methods",
+            "torch_save,dcp",
+            "--storage",
+            str(res.parent / "ckpt_data"),
+            "--report-dir-path",
+            str(res / "ckpt"),
+        ],
     ]
-    jobs = [subprocess.Popen([sys.executable, "-m", "opbench", *args], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, cwd=ROOT) for args in launched]
+    jobs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "opbench", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+        )
+        for args in launched
+    ]
     try:
         run_gemm(res)
         shapes = res.parent / "attention_shapes.json"
         shapes.write_text(ATTENTION_SHAPES)
-        assert attention_main(["--shapes-json-path", str(shapes), "--backends", "math,sdpa,flash_attn", "--quick",
-                               "--device", "cpu", "--report-csv-path", str(res / "attn_tiny.csv")]) == 0
+        assert (
+            attention_main(
+                [
+                    "--shapes-json-path",
+                    str(shapes),
+                    "--backends",
+                    "math,sdpa,flash_attn",
+                    "--quick",
+                    "--device",
+                    "cpu",
+                    "--report-csv-path",
+                    str(res / "attn_tiny.csv"),
+                ]
+            )
+            == 0
+        )
         log = res.parent / "all_reduce_perf.out"
         log.write_text(NCCL_TESTS_OUTPUT)
         assert nccl_tests_main([str(log), "--csv", str(res / "nccl_tests.csv")]) == 0
@@ -112,6 +184,7 @@ def report(results, tmp_path_factory):
 
 
 # ---- reading report.md back ---------------------------------------------------------------------------------
+
 
 def md_tables(text: str) -> dict[str, list[pd.DataFrame]]:
     """{heading: [tables under it]} where heading is the nearest '## ' or '### ' line above a table."""
@@ -161,15 +234,16 @@ def close(shown: str, value: float) -> bool:
 
 # ---- tables -------------------------------------------------------------------------------------------------
 
+
 def test_gemm_table_matches_csv_least_efficient_first(results, report):
     table, ok = shown_and_csv(report[1], "GEMM", results / "benchmark_gemm_Qwen3_0.6B.csv", 6)
     for _, row in table.iterrows():
         src = one(ok, layer=row["layer"], **{"pass": row["pass"]}, backend=row["backend"])
         assert close(row["tflops"], src["tflops"]) and close(row["time_ms"], src["time_s"] * 1e3)
         assert (int(row["m"]), int(row["n"]), int(row["k"])) == tuple(src[["m", "n", "k"]])
-        assert row["pct_of_peak"] == ""          # no CPU peak: an empty cell, not a zero
+        assert row["pct_of_peak"] == ""  # no CPU peak: an empty cell, not a zero
     shown = [float(v) for v in table["tflops"]]
-    assert shown == sorted(shown)                # no peak known on CPU: least TFLOPS first
+    assert shown == sorted(shown)  # no peak known on CPU: least TFLOPS first
 
 
 def test_failed_rows_are_listed_with_their_error(results, report):
@@ -210,7 +284,7 @@ def test_comm_table_has_busbw_and_nccl_tests_beside_it(results, report):
             src = ok[(ok["size_bytes"] == int(row["size_bytes"])) & (ok["inplace"].astype(str) == row["inplace"])]
             assert len(src) == 1
             assert close(row["busbw_gbs"], src["busbw_gbs"].iloc[0])
-            if coll == "all_reduce":   # the nccl-tests output only has all_reduce: matched on collective + size
+            if coll == "all_reduce":  # the nccl-tests output only has all_reduce: matched on collective + size
                 ref = tests[tests["size_bytes"] == int(row["size_bytes"])]
                 col = "ip_busbw_gbs" if row["inplace"] == "True" else "oop_busbw_gbs"
                 assert close(row["tests_busbw_gbs"], ref[col].iloc[0])
@@ -265,24 +339,44 @@ def test_environment_and_skipped_files(results, report):
     meta_device = pd.read_json(results / "benchmark_gemm_Qwen3_0.6B.meta.json", typ="series")["device_name"]
     gemm_row = env[env["file"] == "benchmark_gemm_Qwen3_0.6B.csv"].iloc[0]
     assert gemm_row["device"] == meta_device and gemm_row["benchmark"] == "GEMM"
-    assert set(env["file"]) == {"benchmark_gemm_Qwen3_0.6B.csv", "attn_tiny.csv", "nccl_tests.csv", "fsdp_qwen.csv",
-                                "trace/sizes.csv", "comm/all_reduce_benchmark.csv", "comm/all_gather_benchmark.csv",
-                                "ckpt/ckpt_benchmark.csv"}
-    assert "-b 1K -e 16K -f 4" in section(text, "Environment")     # the comm run's command line, from its sidecar
+    assert set(env["file"]) == {
+        "benchmark_gemm_Qwen3_0.6B.csv",
+        "attn_tiny.csv",
+        "nccl_tests.csv",
+        "fsdp_qwen.csv",
+        "trace/sizes.csv",
+        "comm/all_reduce_benchmark.csv",
+        "comm/all_gather_benchmark.csv",
+        "ckpt/ckpt_benchmark.csv",
+    }
+    assert "-b 1K -e 16K -f 4" in section(text, "Environment")  # the comm run's command line, from its sidecar
     assert "- `notes.csv`: columns match no opbench benchmark" in section(text, "Skipped files")
-    assert {f.kind.benchmark for f in built.found.files} == {"gemm", "attention", "comm", "nccl_tests", "fsdp", "trace",
-                                                        "ckpt"}
+    assert {f.kind.benchmark for f in built.found.files} == {
+        "gemm",
+        "attention",
+        "comm",
+        "nccl_tests",
+        "fsdp",
+        "trace",
+        "ckpt",
+    }
 
 
 # ---- plots --------------------------------------------------------------------------------------------------
+
 
 def test_plots_are_real_images_and_linked(report):
     import matplotlib.image
 
     built, text = report
     names = {p.filename for p in built.plots}
-    assert names == {"busbw_all_reduce.png", "busbw_all_gather.png", "gemm_tflops_Qwen3_0.6B.png",
-                     "attention_tflops_tiny.png", "ckpt_bandwidth.png"}
+    assert names == {
+        "busbw_all_reduce.png",
+        "busbw_all_gather.png",
+        "gemm_tflops_Qwen3_0.6B.png",
+        "attention_tflops_tiny.png",
+        "ckpt_bandwidth.png",
+    }
     assert not built.missing
     for name in names:
         path = built.path.parent / name
@@ -290,31 +384,37 @@ def test_plots_are_real_images_and_linked(report):
         assert data.startswith(PNG_SIGNATURE) and len(data) > 10_000
         image = matplotlib.image.imread(path)
         assert image.shape[0] >= 300 and image.shape[1] >= 500
-        assert image[..., :3].std() > 0.05                  # not a blank canvas
+        assert image[..., :3].std() > 0.05  # not a blank canvas
         assert f"]({name})" in text
 
 
 def test_without_matplotlib_the_report_names_missing_plots(results, tmp_path, monkeypatch):
     for mod in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
         monkeypatch.delitem(sys.modules, mod)
-    monkeypatch.setitem(sys.modules, "matplotlib", None)          # import matplotlib → ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib → ImportError
     built = build_report(results, tmp_path)
     text = built.path.read_text()
     assert not list(tmp_path.glob("*.png")) and not built.plots
-    assert set(built.missing) == {"busbw_all_reduce.png", "busbw_all_gather.png", "gemm_tflops_Qwen3_0.6B.png",
-                                  "attention_tflops_tiny.png", "ckpt_bandwidth.png"}
+    assert set(built.missing) == {
+        "busbw_all_reduce.png",
+        "busbw_all_gather.png",
+        "gemm_tflops_Qwen3_0.6B.png",
+        "attention_tflops_tiny.png",
+        "ckpt_bandwidth.png",
+    }
     missing = section(text, "Plots not made")
     for name in built.missing:
         assert f"- `{name}`" in missing and "pip install 'opbench[plot]'" in missing
     assert "![" not in text
-    assert md_tables(section(text, "GEMM"))["GEMM"][0].shape[0] == 6   # the tables are still there
+    assert md_tables(section(text, "GEMM"))["GEMM"][0].shape[0] == 6  # the tables are still there
 
 
 # ---- --compare ----------------------------------------------------------------------------------------------
 
+
 def test_compare_adds_ratio_this_over_other(results, tmp_path, capsys):
     before = tmp_path / "before"
-    run_gemm(before)                                   # a second real run: the "other" side
+    run_gemm(before)  # a second real run: the "other" side
     out = tmp_path / "cmp"
     assert run_cli(report_main, [str(results), "--out", str(out), "--compare", str(before), "--no-plots"]) == 0
     assert "report.md" in capsys.readouterr().out
@@ -334,6 +434,7 @@ def test_compare_adds_ratio_this_over_other(results, tmp_path, capsys):
 
 # ---- bad input ----------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("case", ["missing", "empty", "foreign"])
 def test_nothing_to_report_is_a_usage_error(tmp_path, capsys, case):
     res = tmp_path / "res"
@@ -348,11 +449,16 @@ def test_nothing_to_report_is_a_usage_error(tmp_path, capsys, case):
 
 
 def test_cli_entry_point_runs(results, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "opbench", "report", str(results), "--out", str(tmp_path),
-                           "--top", "3", "--no-plots"], capture_output=True, text=True, timeout=180, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "opbench", "report", str(results), "--out", str(tmp_path), "--top", "3", "--no-plots"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr
     text = (tmp_path / "report.md").read_text()
-    assert "… 3 more row(s) in the CSV" in section(text, "GEMM")      # 6 ok rows, 3 shown
+    assert "… 3 more row(s) in the CSV" in section(text, "GEMM")  # 6 ok rows, 3 shown
     assert importlib.util.find_spec("opbench.report.__main__") is not None
 
 
@@ -360,7 +466,7 @@ def test_interrupted_run_with_header_only_is_reported_not_dropped(tmp_path):
     from opbench.core.results import CsvReport
     from opbench.gemm.schema import SCHEMA
 
-    CsvReport(tmp_path / "res" / "benchmark_gemm_X.csv", SCHEMA).close()   # what a run killed at once leaves
+    CsvReport(tmp_path / "res" / "benchmark_gemm_X.csv", SCHEMA).close()  # what a run killed at once leaves
     built = build_report(tmp_path / "res", tmp_path / "out")
     gemm = section(built.path.read_text(), "GEMM")
     assert "`benchmark_gemm_X.csv`" in gemm and "No successful rows." in gemm
@@ -368,6 +474,7 @@ def test_interrupted_run_with_header_only_is_reported_not_dropped(tmp_path):
 
 
 # ---- schemas: declared once, by the benchmarks; the report must agree with them -----------------------------
+
 
 def test_report_tables_use_only_schema_or_derived_columns():
     """Every column a report table shows, orders by or compares exists in the benchmark's declared schema or

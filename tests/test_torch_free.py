@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import contextlib, io, sys
     from opbench.core.cli import main
 
@@ -41,14 +41,33 @@ SCRIPT = textwrap.dedent('''
         assert rc == 0, (name, rc)
         assert "torch" not in sys.modules, f"{name} imported torch"
         print("ok", name)
-''')
+""")
 
 
 def test_tools_without_gpu_code_never_import_torch(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "nccl.log"), str(tmp_path / "ar.out"),
-                           str(tmp_path / "res")], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path / "nccl.log"), str(tmp_path / "ar.out"), str(tmp_path / "res")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    assert proc.stdout.split() == ["ok", "trace", "ok", "nccl-tests", "ok", "fsdp", "ok", "report", "ok", "comm",
-                                   "--dry-run", "ok", "comm", "--help"]
+    assert proc.stdout.split() == [
+        "ok",
+        "trace",
+        "ok",
+        "nccl-tests",
+        "ok",
+        "fsdp",
+        "ok",
+        "report",
+        "ok",
+        "comm",
+        "--dry-run",
+        "ok",
+        "comm",
+        "--help",
+    ]
     assert (tmp_path / "res" / "trace_summary.csv").exists() and (tmp_path / "res" / "nccl_tests.csv").exists()
     assert (tmp_path / "res" / "fsdp_collectives.csv").exists() and (tmp_path / "res" / "report" / "report.md").exists()

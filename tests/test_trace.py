@@ -9,15 +9,15 @@ import subprocess
 import sys
 
 import pytest
-
-from opbench.trace import analyze as trace
-from opbench.trace.__main__ import main as trace_main
-from opbench.trace import parse as trace_parse
-from opbench.core.dtypes import BY_ENUM as NCCL_DTYPES
-from opbench.trace.analyze import trace_sizes
-from opbench.core.errors import run_cli
-from opbench.trace.parse import LogParser
 from synth_trace import LineStyle, call_line, init_line
+
+from opbench.core.dtypes import BY_ENUM as NCCL_DTYPES
+from opbench.core.errors import run_cli
+from opbench.trace import analyze as trace
+from opbench.trace import parse as trace_parse
+from opbench.trace.__main__ import main as trace_main
+from opbench.trace.analyze import trace_sizes
+from opbench.trace.parse import LogParser
 
 # The figure REFERENCE §6 quotes from a real Llama-3-70B trace at 8 ranks.
 LAYER = 106956800
@@ -42,8 +42,10 @@ def parse(text: str | bytes) -> tuple[list[trace_parse.CallRecord], trace_parse.
 
 
 def test_reference_line_all_fields():
-    line = ("node07:52341:52980 [3] NCCL INFO AllGather: opCount c97 sendbuff 0x7f2a3c000000 recvbuff 0x7f2a10000000 "
-            f"count {LAYER} datatype 9 op 0 root 0 comm 0x55f1e8d0a2b0 [nranks=8] stream 0x55f1e8a91c40")
+    line = (
+        "node07:52341:52980 [3] NCCL INFO AllGather: opCount c97 sendbuff 0x7f2a3c000000 recvbuff 0x7f2a10000000 "
+        f"count {LAYER} datatype 9 op 0 root 0 comm 0x55f1e8d0a2b0 [nranks=8] stream 0x55f1e8a91c40"
+    )
     [rec], stats = parse(line + "\n")
     assert (rec.op, rec.opcount, rec.count, rec.datatype, rec.dtype) == ("AllGather", 0xC97, LAYER, 9, "bf16")
     assert (rec.host, rec.pid, rec.tid, rec.device) == ("node07", 52341, 52980, 3)
@@ -53,9 +55,20 @@ def test_reference_line_all_fields():
     assert stats.lines == 1 and stats.calls == 1 and stats.skipped == 0
 
 
-@pytest.mark.parametrize("prefix", ["", "[0] ", " 0: ", "[1,0]<stdout>:", "(RayTrainWorker pid=8812, ip=10.1.2.3) ",
-                                    "2024-05-01T12:00:00.123456Z ", "2024-05-01 12:00:00,123 INFO ",
-                                    "worker-3  | ", "[pod/train-0/main] "])
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        "",
+        "[0] ",
+        " 0: ",
+        "[1,0]<stdout>:",
+        "(RayTrainWorker pid=8812, ip=10.1.2.3) ",
+        "2024-05-01T12:00:00.123456Z ",
+        "2024-05-01 12:00:00,123 INFO ",
+        "worker-3  | ",
+        "[pod/train-0/main] ",
+    ],
+)
 @pytest.mark.parametrize("era", ["nccl", "nccl226_ts", "rccl_old_us", "rccl218_task", "rccl227_acc", "rccl227_nil"])
 def test_prefix_and_era_variants(prefix, era):
     style = {
@@ -67,8 +80,9 @@ def test_prefix_and_era_variants(prefix, era):
         "rccl227_nil": LineStyle(rccl_acc="(nil)", rccl_task=(1, 6)),
     }[era]
     style.prefix = prefix
-    line = call_line("ReduceScatter", 0x1F, 4096, 7, redop=4, host="mi300x-12", pid=77, tid=78, device=5,
-                     nranks=16, style=style)
+    line = call_line(
+        "ReduceScatter", 0x1F, 4096, 7, redop=4, host="mi300x-12", pid=77, tid=78, device=5, nranks=16, style=style
+    )
     recs, stats = parse(f"unrelated output\n{line}\n")
     assert len(recs) == 1, line
     r = recs[0]
@@ -81,11 +95,22 @@ def test_prefix_and_era_variants(prefix, era):
     assert stats.skipped == 1 and stats.fragments == 0
 
 
-@pytest.mark.parametrize("op,collective", [("AllReduce", "all_reduce"), ("AllGather", "all_gather"),
-                                           ("ReduceScatter", "reduce_scatter"), ("Broadcast", "broadcast"),
-                                           ("Reduce", "reduce"), ("Send", "send_recv"), ("Recv", "send_recv"),
-                                           ("AlltoAll", "all_to_all"), ("AllToAllPivot", "all_to_all"),
-                                           ("Gather", None), ("Scatter", None)])
+@pytest.mark.parametrize(
+    "op,collective",
+    [
+        ("AllReduce", "all_reduce"),
+        ("AllGather", "all_gather"),
+        ("ReduceScatter", "reduce_scatter"),
+        ("Broadcast", "broadcast"),
+        ("Reduce", "reduce"),
+        ("Send", "send_recv"),
+        ("Recv", "send_recv"),
+        ("AlltoAll", "all_to_all"),
+        ("AllToAllPivot", "all_to_all"),
+        ("Gather", None),
+        ("Scatter", None),
+    ],
+)
 def test_op_names(op, collective):
     [r], _ = parse(call_line(op, 1, 100, 7, root=3))
     assert r.op == op and r.collective == collective
@@ -101,8 +126,9 @@ def test_every_datatype(enum):
     assert r.dtype == NCCL_DTYPES[enum].name and r.bytes == 10 * NCCL_DTYPES[enum].size
 
 
-@pytest.mark.parametrize("op_enum,name", [(0, "sum"), (1, "prod"), (2, "max"), (3, "min"), (4, "avg"),
-                                          (5, "premulsum"), (9, "premulsum")])
+@pytest.mark.parametrize(
+    "op_enum,name", [(0, "sum"), (1, "prod"), (2, "max"), (3, "min"), (4, "avg"), (5, "premulsum"), (9, "premulsum")]
+)
 def test_redops(op_enum, name):
     [r], _ = parse(call_line("AllReduce", 1, 10, 7, redop=op_enum))
     assert r.redop == name
@@ -117,17 +143,17 @@ def test_torn_line_recovers_complete_call_and_its_host(tmp_path):
     a = call_line("AllGather", 5, LAYER, 9, host="dgx-a", pid=1, tid=2, device=0)
     b = call_line("AllGather", 5, LAYER, 9, host="dgx-b", pid=3, tid=4, device=1)
     clean_b = call_line("AllReduce", 6, 8, 7, host="dgx-b", pid=3, tid=4, device=1)
-    torn = a[:60] + b                  # rank 0's line interrupted by rank 1's complete line
+    torn = a[:60] + b  # rank 0's line interrupted by rank 1's complete line
     recs, stats = parse("\n".join([clean_b, torn, a[60:]]) + "\n")
     assert [r.op for r in recs] == ["AllReduce", "AllGather"]
     got = recs[1]
     assert got.torn and not recs[0].torn
     assert (got.pid, got.tid, got.device, got.count) == (3, 4, 1, LAYER) and got.host.endswith("dgx-b")
-    assert stats.fragments == 1          # the interrupted call
-    assert stats.skipped == 1            # the tail of the interrupted line
+    assert stats.fragments == 1  # the interrupted call
+    assert stats.skipped == 1  # the tail of the interrupted line
     assert stats.call_lines == 2
     log = tmp_path / "torn.log"
-    log.write_text("\n".join([torn, a[60:], clean_b]) + "\n")       # the clean line comes later: still repaired
+    log.write_text("\n".join([torn, a[60:], clean_b]) + "\n")  # the clean line comes later: still repaired
     summary, _ = trace.analyze([str(log)])
     assert {(r["host"], r["op"]) for r in summary.per_rank_rows([])} == {("dgx-b", "AllGather"), ("dgx-b", "AllReduce")}
 
@@ -149,7 +175,7 @@ def test_binary_garbage_and_truncated_lines_are_skipped_not_fatal():
     recs, stats = parse(data)
     assert len(recs) == 1
     assert stats.lines == 5 and stats.call_lines == 1 and stats.skipped == 4
-    assert stats.fragments == 2          # both truncated calls ('…opCount ' and '…[n') are counted
+    assert stats.fragments == 2  # both truncated calls ('…opCount ' and '…[n') are counted
 
 
 def test_overlong_garbage_line_keeps_memory_bounded(monkeypatch):
@@ -162,8 +188,12 @@ def test_overlong_garbage_line_keeps_memory_bounded(monkeypatch):
 
 
 def test_block_boundaries_do_not_change_results(monkeypatch):
-    lines = [call_line("AllGather", i, 1000 + i, 9, device=i % 8, pid=100 + i % 8, tid=i,
-                       style=LineStyle(prefix=f"[{i % 8}] ")) for i in range(200)]
+    lines = [
+        call_line(
+            "AllGather", i, 1000 + i, 9, device=i % 8, pid=100 + i % 8, tid=i, style=LineStyle(prefix=f"[{i % 8}] ")
+        )
+        for i in range(200)
+    ]
     text = ("\n".join(lines) + "\n").encode()
     expected, _ = parse(text)
     monkeypatch.setattr(trace_parse, "BLOCK", 97)
@@ -179,8 +209,14 @@ def test_gzip_and_plain_files_give_the_same_sizes(tmp_path):
     gz.write_bytes(gzip.compress(plain.read_bytes()))
     assert trace_sizes([str(plain)]) == trace_sizes([str(gz)])
     [size] = trace_sizes([str(gz)])
-    assert (size.collective, size.count, size.dtype_enum, size.nranks, size.redop, size.calls) == \
-        ("all_gather", LAYER, 9, 8, None, 24)
+    assert (size.collective, size.count, size.dtype_enum, size.nranks, size.redop, size.calls) == (
+        "all_gather",
+        LAYER,
+        9,
+        8,
+        None,
+        24,
+    )
 
 
 def test_truncated_gzip_keeps_what_was_read(tmp_path):
@@ -199,26 +235,31 @@ def _p2p_group(nranks: int, me: int, opcount: int, counts: list[int], include_se
         if peer == me and not include_self:
             continue
         for op in ("Send", "Recv"):
-            lines.append(call_line(op, opcount, counts[peer], 9, root=peer, pid=100 + me, device=me,
-                                   comm=f"0xc{me}", nranks=nranks))
+            lines.append(
+                call_line(
+                    op, opcount, counts[peer], 9, root=peer, pid=100 + me, device=me, comm=f"0xc{me}", nranks=nranks
+                )
+            )
     return lines
 
 
 def test_grouped_send_recv_becomes_alltoall(tmp_path):
     lines = []
-    for oc in (7, 8):                               # two all_to_all_single calls, 4 ranks, interleaved by rank
+    for oc in (7, 8):  # two all_to_all_single calls, 4 ranks, interleaved by rank
         groups = [_p2p_group(4, me, oc, [1024] * 4) for me in range(4)]
         for i in range(len(groups[0])):
             lines += [g[i] for g in groups]
     lines += _p2p_group(4, 0, 9, [10, 20, 30, 40])  # uneven: MoE dispatch
     lines += _p2p_group(4, 1, 10, [5] * 4, include_self=False)  # nranks>=3 without self
-    lines += [call_line("Send", 11, 99, 9, root=1, pid=100, device=0, comm="0xc0", nranks=4),   # PP pair
-              call_line("Recv", 11, 99, 9, root=3, pid=100, device=0, comm="0xc0", nranks=4)]
+    lines += [
+        call_line("Send", 11, 99, 9, root=1, pid=100, device=0, comm="0xc0", nranks=4),  # PP pair
+        call_line("Recv", 11, 99, 9, root=3, pid=100, device=0, comm="0xc0", nranks=4),
+    ]
     log = tmp_path / "a2a.log"
     log.write_text("\n".join(lines) + "\n")
     sizes = {(s.collective, s.count): s.calls for s in trace_sizes([str(log)])}
-    assert sizes[("all_to_all", 1024)] == 8         # 2 calls x 4 ranks
-    assert sizes[("all_to_all", 25)] == 1           # AlltoAllv: ceil(100 / 4)
+    assert sizes[("all_to_all", 1024)] == 8  # 2 calls x 4 ranks
+    assert sizes[("all_to_all", 25)] == 1  # AlltoAllv: ceil(100 / 4)
     assert sizes[("all_to_all", 5)] == 1
     assert sizes[("send_recv", 99)] == 2
 
@@ -231,7 +272,7 @@ def test_raw_p2p_keeps_send_recv(tmp_path, cli):
     assert res.returncode == 0, res.stderr
     rows = list(csv.DictReader(out.open()))
     assert sorted((r["op"], r["calls"]) for r in rows) == [("Recv", "2"), ("Send", "2")]
-    assert all(r["nccl_tests_bytes"] == "128" for r in rows)       # sendrecv -b = count x elt
+    assert all(r["nccl_tests_bytes"] == "128" for r in rows)  # sendrecv -b = count x elt
 
 
 # -- CLI: summary CSV, commands, breakdowns ------------------------------------------------------------------
@@ -261,8 +302,14 @@ def test_summary_csv_contract(tmp_path, cli):
     for col in ("op", "count", "datatype", "dtype", "redop", "nranks", "calls", "bytes", "nccl_tests_bytes"):
         assert col in rows["AllGather"]
     ag, rs, ar = rows["AllGather"], rows["ReduceScatter"], rows["AllReduce"]
-    assert (ag["count"], ag["datatype"], ag["dtype"], ag["redop"], ag["nranks"], ag["calls"]) == \
-        (str(LAYER), "9", "bf16", "", "8", "24")
+    assert (ag["count"], ag["datatype"], ag["dtype"], ag["redop"], ag["nranks"], ag["calls"]) == (
+        str(LAYER),
+        "9",
+        "bf16",
+        "",
+        "8",
+        "24",
+    )
     assert int(ag["bytes"]) == LAYER * 2 and int(ag["nccl_tests_bytes"]) == LAYER * 2 * 8
     assert int(rs["bytes"]) == LAYER * 4 and int(rs["nccl_tests_bytes"]) == LAYER * 4 * 8 and rs["redop"] == "avg"
     assert int(ar["nccl_tests_bytes"]) == 4 and ar["redop"] == "max"
@@ -270,7 +317,7 @@ def test_summary_csv_contract(tmp_path, cli):
     table = res.stdout.split("top operations by total bytes")[1]
     assert table.index("ReduceScatter") < table.index("AllGather") < table.index("AllReduce")
     per_rank = list(csv.DictReader((tmp_path / "sizes_per_rank.csv").open()))
-    assert sorted({r["rank"] for r in per_rank}) == [str(i) for i in range(8)]      # from Init COMPLETE
+    assert sorted({r["rank"] for r in per_rank}) == [str(i) for i in range(8)]  # from Init COMPLETE
     assert {r["calls"] for r in per_rank} == {"3"}
     [comm] = list(csv.DictReader((tmp_path / "sizes_per_comm.csv").open()))
     assert (comm["commid"], comm["ranks_logged"], comm["calls"]) == ("0x7c1f3e5a9b2d4c61", "8", "72")
@@ -281,8 +328,9 @@ def test_commands_nccl_and_rccl(tmp_path, cli):
     assert res.returncode == 0, res.stderr
     cmds = [line for line in res.stdout.splitlines() if line.startswith("./build/")]
     assert f"./build/all_gather_perf -b {LAYER * 2 * 8} -e {LAYER * 2 * 8} -d bfloat16 -n 20 -w 5 -g 8" in cmds
-    assert any(c.startswith(f"./build/reduce_scatter_perf -b {LAYER * 4 * 8} ") and "-d float -o avg" in c
-               for c in cmds)
+    assert any(
+        c.startswith(f"./build/reduce_scatter_perf -b {LAYER * 4 * 8} ") and "-d float -o avg" in c for c in cmds
+    )
     assert any(c.startswith("./build/all_reduce_perf -b 4 ") and "-o max" in c for c in cmds)
     res = cli(str(_job_log(tmp_path, rccl=True)), "--commands", "--gpus-per-node", "4")
     cmds = [line for line in res.stdout.splitlines() if "_perf" in line and not line.startswith("#")]
@@ -299,8 +347,9 @@ def test_fp8_rccl_name_and_premulsum_flag(tmp_path, cli):
 
 def test_stdin_input(run, tmp_path):
     text = call_line("AllReduce", 1, 256, 7) + "\n"
-    res = subprocess.run([sys.executable, "-m", "opbench.trace", "-"], input=text, capture_output=True,
-                         text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "opbench.trace", "-"], input=text, capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0 and "AllReduce" in res.stdout, res.stderr
 
 
@@ -308,7 +357,7 @@ def test_missing_file_is_usage_error(run, tmp_path):
     res = run("opbench.trace", str(tmp_path / "nope.log"))
     assert res.returncode == 2
     assert "nope.log" in res.stderr and "Traceback" not in res.stderr
-    res = run("opbench", "trace", str(tmp_path))           # a directory, via the opbench dispatcher
+    res = run("opbench", "trace", str(tmp_path))  # a directory, via the opbench dispatcher
     assert res.returncode == 2 and "directory" in res.stderr
 
 
@@ -339,8 +388,10 @@ def test_compare_fsdp_matches_reference_llama3_70b_layer_count(cli, tmp_path):
     from synth_trace import fsdp_job_lines
 
     per_step = 8 * (1 + 80 + 160 + 2)
-    lines = itertools.islice(fsdp_job_lines(nranks=8, layers=80, layer_count=LAYER, root_count=131334144,
-                                            torn_every=0, noise_every=0), 2 * per_step)
+    lines = itertools.islice(
+        fsdp_job_lines(nranks=8, layers=80, layer_count=LAYER, root_count=131334144, torn_every=0, noise_every=0),
+        2 * per_step,
+    )
     log = tmp_path / "llama70b.log"
     log.write_text("\n".join(lines) + "\n")
     out = tmp_path / "s.csv"
@@ -371,9 +422,21 @@ def test_replay_runs_the_torchrun_comm_benchmark(tmp_path):
     log = tmp_path / "job.log"
     log.write_text("\n".join(lines) + "\n")
     rep = tmp_path / "rep"
-    res = subprocess.run([sys.executable, "-m", "opbench.trace", str(log), "--replay",
-                          f"--replay-arg=--report-dir-path={rep}", "--replay-arg=--iters=2", "--replay-arg=--trials=1"],
-                         capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "opbench.trace",
+            str(log),
+            "--replay",
+            f"--replay-arg=--report-dir-path={rep}",
+            "--replay-arg=--iters=2",
+            "--replay-arg=--trials=1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     ag = list(csv.DictReader((rep / "all_gather_benchmark.csv").open()))
     ar = list(csv.DictReader((rep / "all_reduce_benchmark.csv").open()))

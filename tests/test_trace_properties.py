@@ -6,34 +6,65 @@ from unittest import mock
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from synth_trace import LineStyle, call_line
 
 from opbench.trace import parse as trace_parse
 from opbench.trace.parse import LogParser
-from synth_trace import LineStyle, call_line
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-FEW = settings(SETTINGS, max_examples=50)   # the slow-to-generate ones (keeps this file well under a minute)
-OPS = ["AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce", "Send", "Recv", "AlltoAll", "Gather",
-       "Scatter", "AllToAllPivot"]
-PREFIXES = ["", "[0] ", " 3: ", "[1,0]<stdout>:", "(RayTrainWorker pid=1, ip=10.0.0.2) ", "2024-05-01T12:00:00Z ",
-            "[2025-01-02 03:04:05] "]
+FEW = settings(SETTINGS, max_examples=50)  # the slow-to-generate ones (keeps this file well under a minute)
+OPS = [
+    "AllReduce",
+    "AllGather",
+    "ReduceScatter",
+    "Broadcast",
+    "Reduce",
+    "Send",
+    "Recv",
+    "AlltoAll",
+    "Gather",
+    "Scatter",
+    "AllToAllPivot",
+]
+PREFIXES = [
+    "",
+    "[0] ",
+    " 3: ",
+    "[1,0]<stdout>:",
+    "(RayTrainWorker pid=1, ip=10.0.0.2) ",
+    "2024-05-01T12:00:00Z ",
+    "[2025-01-02 03:04:05] ",
+]
 hosts = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-.", min_size=1, max_size=20).filter(
-    lambda h: h[0].isalpha())
+    lambda h: h[0].isalpha()
+)
 hexptr = st.integers(min_value=1, max_value=2**48).map(lambda v: f"0x{v:x}")
 
 
 @st.composite
 def calls(draw):
-    style = LineStyle(prefix=draw(st.sampled_from(PREFIXES)),
-                      nccl_ts=draw(st.sampled_from([None, "[2025-06-07 08:09:10] "])),
-                      rccl_us=draw(st.sampled_from([None, "1712345678.123456"])),
-                      rccl_acc=draw(st.sampled_from([None, "(nil)", "0x7f0011223344"])),
-                      rccl_task=draw(st.one_of(st.none(), st.tuples(st.integers(0, 99), st.integers(0, 4095)))))
-    kw = dict(op=draw(st.sampled_from(OPS)), opcount=draw(st.integers(0, 2**40)), count=draw(st.integers(0, 2**40)),
-              datatype=draw(st.integers(0, 11)), redop=draw(st.integers(0, 9)), root=draw(st.integers(-1, 4095)),
-              host=draw(hosts), pid=draw(st.integers(1, 2**22)), tid=draw(st.integers(1, 2**22)),
-              device=draw(st.integers(0, 15)), comm=draw(hexptr), nranks=draw(st.integers(1, 65536)),
-              stream=draw(st.one_of(hexptr, st.just("(nil)"))))
+    style = LineStyle(
+        prefix=draw(st.sampled_from(PREFIXES)),
+        nccl_ts=draw(st.sampled_from([None, "[2025-06-07 08:09:10] "])),
+        rccl_us=draw(st.sampled_from([None, "1712345678.123456"])),
+        rccl_acc=draw(st.sampled_from([None, "(nil)", "0x7f0011223344"])),
+        rccl_task=draw(st.one_of(st.none(), st.tuples(st.integers(0, 99), st.integers(0, 4095)))),
+    )
+    kw = dict(
+        op=draw(st.sampled_from(OPS)),
+        opcount=draw(st.integers(0, 2**40)),
+        count=draw(st.integers(0, 2**40)),
+        datatype=draw(st.integers(0, 11)),
+        redop=draw(st.integers(0, 9)),
+        root=draw(st.integers(-1, 4095)),
+        host=draw(hosts),
+        pid=draw(st.integers(1, 2**22)),
+        tid=draw(st.integers(1, 2**22)),
+        device=draw(st.integers(0, 15)),
+        comm=draw(hexptr),
+        nranks=draw(st.integers(1, 65536)),
+        stream=draw(st.one_of(hexptr, st.just("(nil)"))),
+    )
     return kw, style
 
 
@@ -48,9 +79,18 @@ def test_arbitrary_bytes_never_raise(data):
 
 
 @FEW
-@given(st.lists(st.one_of(st.text(max_size=80), st.sampled_from(["opCount ", "NCCL INFO ", "count 12 ", ": ", "\n",
-                                                                 "[nranks=8] stream 0x1", "Init COMPLETE", "comm "])),
-                max_size=60), calls())
+@given(
+    st.lists(
+        st.one_of(
+            st.text(max_size=80),
+            st.sampled_from(
+                ["opCount ", "NCCL INFO ", "count 12 ", ": ", "\n", "[nranks=8] stream 0x1", "Init COMPLETE", "comm "]
+            ),
+        ),
+        max_size=60,
+    ),
+    calls(),
+)
 def test_text_with_call_fragments_never_raises(pieces, call):
     kw, style = call
     line = call_line(**kw, style=style)
@@ -66,9 +106,17 @@ def test_text_with_call_fragments_never_raises(pieces, call):
 def test_round_trip(call, noise):
     kw, style = call
     [r] = LogParser().parse_bytes((noise + call_line(**kw, style=style) + "\n").encode())
-    assert (r.op, r.opcount, r.count, r.datatype, r.op_enum, r.root, r.comm, r.nranks, r.stream) == \
-        (kw["op"], kw["opcount"], kw["count"], kw["datatype"], kw["redop"], kw["root"], kw["comm"], kw["nranks"],
-         kw["stream"])
+    assert (r.op, r.opcount, r.count, r.datatype, r.op_enum, r.root, r.comm, r.nranks, r.stream) == (
+        kw["op"],
+        kw["opcount"],
+        kw["count"],
+        kw["datatype"],
+        kw["redop"],
+        kw["root"],
+        kw["comm"],
+        kw["nranks"],
+        kw["stream"],
+    )
     assert (r.host, r.pid, r.tid, r.device) == (kw["host"], kw["pid"], kw["tid"], kw["device"])
     assert (r.task, r.globalrank) == (style.rccl_task or (None, None))
     assert r.acc == style.rccl_acc
@@ -96,8 +144,15 @@ def job_logs(draw):
         kind = draw(st.sampled_from(["coll", "a2a", "pp", "noise", "torn"]))
         oc = draw(st.integers(0, 5))
         if kind == "coll":
-            lines.append(call_line(draw(st.sampled_from(["AllReduce", "AllGather", "ReduceScatter"])), oc,
-                                   draw(st.sampled_from([8, 1024])), draw(st.sampled_from([7, 9])), **kw))
+            lines.append(
+                call_line(
+                    draw(st.sampled_from(["AllReduce", "AllGather", "ReduceScatter"])),
+                    oc,
+                    draw(st.sampled_from([8, 1024])),
+                    draw(st.sampled_from([7, 9])),
+                    **kw,
+                )
+            )
         elif kind == "a2a":
             for peer in range(nranks):
                 lines += [call_line("Send", oc, 64, 9, root=peer, **kw), call_line("Recv", oc, 64, 9, root=peer, **kw)]
@@ -131,5 +186,5 @@ def test_fast_tally_equals_record_path(text, raw_p2p):
         os.remove(fh.name)
     assert fast.summary_rows() == slow.summary_rows()
     assert fast.per_rank_rows([]) == slow.per_rank_rows([])
-    assert fast.total_calls <= parser.stats.calls            # grouped Send/Recv lines fold into one AlltoAll
+    assert fast.total_calls <= parser.stats.calls  # grouped Send/Recv lines fold into one AlltoAll
     assert fast.total_calls == parser.stats.calls or not raw_p2p

@@ -28,40 +28,77 @@ from .runner import AttentionCase, ProblemCache, run_case
 from .schema import PASSES, SCHEMA, SHAPE_COLUMNS
 from .shapes import AttentionShape, cap_seqlen, load_attention_shapes, model_attention_shape, select_shapes
 
-SUMMARY = ["model", "batch_size", "seqlen_q", "seqlen_kv", "num_head_q", "num_head_kv", "head_dim_qk",
-           "head_dim_v", "backend", "fwd_time", "fwd_tflops", "bwd_time", "bwd_tflops", "fwdbwd_time",
-           "max_abs_err", "status"]
+SUMMARY = [
+    "model",
+    "batch_size",
+    "seqlen_q",
+    "seqlen_kv",
+    "num_head_q",
+    "num_head_kv",
+    "head_dim_qk",
+    "head_dim_v",
+    "backend",
+    "fwd_time",
+    "fwd_tflops",
+    "bwd_time",
+    "bwd_tflops",
+    "fwdbwd_time",
+    "max_abs_err",
+    "status",
+]
 PLAN_SUMMARY = [*SHAPE_COLUMNS[:8], "backend", "fwd_flops", "status"]
 CSV_NAME = "attention_benchmark.csv"
-CPU_MAX_SEQLEN = 128      # CPU attention at 4k-8k tokens takes minutes per case; GPUs run the real lengths
-CPU_BUDGET_S = 0.2        # per pass on CPU unless a timing flag is given: the default sweep ends in minutes
+CPU_MAX_SEQLEN = 128  # CPU attention at 4k-8k tokens takes minutes per case; GPUs run the real lengths
+CPU_BUDGET_S = 0.2  # per pass on CPU unless a timing flag is given: the default sweep ends in minutes
 TIMING_FLAGS = ("warmup", "min_iters", "max_iters", "rel_tol", "budget", "quick")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = cli.parser("opbench attention", __doc__)
     src = p.add_argument_group("shapes")
-    src.add_argument("--shapes-json-path", default=None,
-                     help="Primus attention shapes: a list of {model, seqlen_q, seqlen_kv, num_head_q, num_head_kv, "
-                          "head_dim_qk, head_dim_v, causal} (default: shapes/attention_shapes.json)")
-    cli.add_model_args(src, model_default="all",
-                       config_help="derive shapes from model configs instead (Primus model_configs.json, one object "
-                                   "or an HF config.json; 'builtin' = the built-in configs)")
-    src.add_argument("--seqlen", type=positive_int, default=None, help="sequence length (model configs only; "
-                     "default: each config's seqlen)")
+    src.add_argument(
+        "--shapes-json-path",
+        default=None,
+        help="Primus attention shapes: a list of {model, seqlen_q, seqlen_kv, num_head_q, num_head_kv, "
+        "head_dim_qk, head_dim_v, causal} (default: shapes/attention_shapes.json)",
+    )
+    cli.add_model_args(
+        src,
+        model_default="all",
+        config_help="derive shapes from model configs instead (Primus model_configs.json, one object "
+        "or an HF config.json; 'builtin' = the built-in configs)",
+    )
+    src.add_argument(
+        "--seqlen",
+        type=positive_int,
+        default=None,
+        help="sequence length (model configs only; default: each config's seqlen)",
+    )
     src.add_argument("--tp", type=positive_int, default=1, help="tensor parallel: divides query and KV heads")
-    src.add_argument("--cp", type=positive_int, default=1, help="context parallel: each ring step attends "
-                     "seqlen/cp queries to seqlen/cp keys")
-    src.add_argument("--max-seqlen", type=int, default=None,
-                     help=f"scale seqlen_q and seqlen_kv down together so neither exceeds this; 0 = no cap "
-                          f"(default: {CPU_MAX_SEQLEN} on CPU, no cap on GPU)")
+    src.add_argument(
+        "--cp",
+        type=positive_int,
+        default=1,
+        help="context parallel: each ring step attends seqlen/cp queries to seqlen/cp keys",
+    )
+    src.add_argument(
+        "--max-seqlen",
+        type=int,
+        default=None,
+        help=f"scale seqlen_q and seqlen_kv down together so neither exceeds this; 0 = no cap "
+        f"(default: {CPU_MAX_SEQLEN} on CPU, no cap on GPU)",
+    )
     run = p.add_argument_group("run")
     cli.add_mbs_arg(run, "--batch-sizes", dest="batch_sizes", help="micro-batch sizes, e.g. 1,2,4 (CSV: batch_size)")
-    run.add_argument("--backends", type=csv_list(), default=list(BACKENDS),
-                     help=f"any of {','.join(BACKENDS)} (default: all)")
+    run.add_argument(
+        "--backends", type=csv_list(), default=list(BACKENDS), help=f"any of {','.join(BACKENDS)} (default: all)"
+    )
     run.add_argument("--passes", type=csv_list(), default=list(PASSES), help="any of fwd,bwd,fwdbwd")
-    cli.add_output_args(run, dir_help=f"write DIR/{CSV_NAME} (default: out/{CSV_NAME})",
-                        csv_help="the CSV itself, written row by row (wins over --report-dir-path)")
+    cli.add_output_args(
+        run,
+        dir_help=f"write DIR/{CSV_NAME} (default: out/{CSV_NAME})",
+        csv_help="the CSV itself, written row by row (wins over --report-dir-path)",
+    )
     cli.add_dry_run_arg(run, "write the planned rows (status=planned)")
     cli.add_top_arg(run, None)
     run.add_argument("--list-backends", action="store_true", help="print the backends and exit")
@@ -79,8 +116,10 @@ def resolve_shapes(args: argparse.Namespace) -> list[AttentionShape]:
         return [model_attention_shape(c, args.seqlen, args.tp, args.cp) for c in configs]
     for flag, value, default in (("--seqlen", args.seqlen, None), ("--tp", args.tp, 1), ("--cp", args.cp, 1)):
         if value != default:
-            raise UsageError("applies to shapes derived with --model-config-path; a shapes JSON lists "
-                             "per-rank shapes already", field=flag)
+            raise UsageError(
+                "applies to shapes derived with --model-config-path; a shapes JSON lists per-rank shapes already",
+                field=flag,
+            )
     return select_shapes(load_attention_shapes(args.shapes_json_path), args.model)
 
 
@@ -115,28 +154,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     if device.type == "cpu" and not args.dry_run:
         if max_seqlen is None:
             max_seqlen = CPU_MAX_SEQLEN
-            print(f"note: CPU run: seqlens scaled down to at most {CPU_MAX_SEQLEN} (--max-seqlen 0 for the real "
-                  "lengths)", file=sys.stderr)
+            print(
+                f"note: CPU run: seqlens scaled down to at most {CPU_MAX_SEQLEN} (--max-seqlen 0 for the real lengths)",
+                file=sys.stderr,
+            )
         if not any(getattr(args, f) not in (None, False) for f in TIMING_FLAGS):
             timing = replace(TimingConfig.quick(), budget_s=CPU_BUDGET_S)
-            print(f"note: CPU run: quick timing ({CPU_BUDGET_S}s of calls per pass, at least "
-                  f"{timing.min_iters}); pass any timing flag to change", file=sys.stderr)
+            print(
+                f"note: CPU run: quick timing ({CPU_BUDGET_S}s of calls per pass, at least "
+                f"{timing.min_iters}); pass any timing flag to change",
+                file=sys.stderr,
+            )
     shapes = [cap_seqlen(s, max_seqlen) for s in shapes]
     cases = [AttentionCase(s, b, name, dtype) for s in shapes for b in args.batch_sizes for name in args.backends]
 
     par = {"tp": args.tp, "cp": args.cp} if args.model_config_path else {}
     extra = {**par, "device": info.name}
-    meta = environment(device, {"shapes_source": args.model_config_path
-                                or args.shapes_json_path or "builtin shapes/attention_shapes.json",
-                                "passes": args.passes, "max_seqlen": max_seqlen, "timing": vars(timing)})
+    meta = environment(
+        device,
+        {
+            "shapes_source": args.model_config_path or args.shapes_json_path or "builtin shapes/attention_shapes.json",
+            "passes": args.passes,
+            "max_seqlen": max_seqlen,
+            "timing": vars(timing),
+        },
+    )
     cache = ProblemCache()
     csv_path = cli.output_csv(args, CSV_NAME) or f"out/{CSV_NAME}"
     with CsvReport(csv_path, SCHEMA, meta) as report:
+
         def failed(case: AttentionCase, status: str, message: str) -> dict[str, Any]:
             return {**case.as_row(), "status": status, "error": message or None, **extra}
 
-        rows = run_sweep(cases, lambda c: {**run_case(c, device, args.passes, timing, cache), **extra},
-                         failed, report, desc="attention", dry_run=args.dry_run)
+        rows = run_sweep(
+            cases,
+            lambda c: {**run_case(c, device, args.passes, timing, cache), **extra},
+            failed,
+            report,
+            desc="attention",
+            dry_run=args.dry_run,
+        )
     print(f"attention on {info.name} ({dtype}, passes {','.join(args.passes)})")
     print(summary_table(rows, PLAN_SUMMARY if args.dry_run else SUMMARY, max_rows=args.top))
     reasons = unsupported_reasons(rows)

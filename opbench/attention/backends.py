@@ -32,8 +32,8 @@ BHSD = "bhsd"  # SDPA / eager: (batch, heads, seq, dim)
 @dataclass(frozen=True)
 class Prepared:
     fn: AttnFn
-    note: str = ""                      # what the row should say about how it ran (padding, TF32, …)
-    untimed_reason: str | None = None   # set when results can be checked but timing would be meaningless
+    note: str = ""  # what the row should say about how it ran (padding, TF32, …)
+    untimed_reason: str | None = None  # set when results can be checked but timing would be meaningless
 
 
 @dataclass(frozen=True)
@@ -45,10 +45,11 @@ class Backend:
 
 
 def _scale(shape: AttentionShape) -> float:
-    return shape.head_dim_qk ** -0.5
+    return shape.head_dim_qk**-0.5
 
 
 # --- math: eager matmul + softmax -------------------------------------------------------------------------
+
 
 def _build_math(shape: AttentionShape, device: torch.device, dtype: str) -> Prepared:
     return Prepared(partial(eager_attention, causal=shape.causal, scale=_scale(shape)))
@@ -56,8 +57,12 @@ def _build_math(shape: AttentionShape, device: torch.device, dtype: str) -> Prep
 
 # --- torch SDPA, default dispatch or one kernel ------------------------------------------------------------
 
-SDPA_KERNELS = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_efficient": "EFFICIENT_ATTENTION",
-                "sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_math": "MATH"}
+SDPA_KERNELS = {
+    "sdpa_flash": "FLASH_ATTENTION",
+    "sdpa_efficient": "EFFICIENT_ATTENTION",
+    "sdpa_cudnn": "CUDNN_ATTENTION",
+    "sdpa_math": "MATH",
+}
 CPU_SDPA_KERNELS = ("FLASH_ATTENTION", "MATH")  # the only SDPA kernels torch implements for CPU tensors
 
 
@@ -89,8 +94,9 @@ def _build_sdpa(kernel: str | None, shape: AttentionShape, device: torch.device,
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     if kernel and device.type == "cpu" and kernel not in CPU_SDPA_KERNELS:
-        raise Unsupported(f"torch has no CPU implementation of the SDPA {kernel} kernel "
-                          f"(CPU offers {' and '.join(CPU_SDPA_KERNELS)})")
+        raise Unsupported(
+            f"torch has no CPU implementation of the SDPA {kernel} kernel (CPU offers {' and '.join(CPU_SDPA_KERNELS)})"
+        )
     if kernel == "CUDNN_ATTENTION" and getattr(torch.version, "hip", None):
         raise Unsupported("cuDNN attention does not exist on ROCm")
     kwargs = sdpa_mask_kwargs(shape)
@@ -106,9 +112,11 @@ def _build_sdpa(kernel: str | None, shape: AttentionShape, device: torch.device,
                 return F.scaled_dot_product_attention(q, k, v, **kwargs)
         except RuntimeError as exc:
             if "No available kernel" in str(exc) or "No viable backend" in str(exc):
+
                 def retry() -> None:
                     with sdpa_kernel(chosen) if chosen is not None else contextlib.nullcontext():
                         F.scaled_dot_product_attention(q, k, v, **kwargs)
+
                 raise _sdpa_unavailable(kernel or "default", exc, retry) from None
             raise
         except TypeError as exc:
@@ -120,6 +128,7 @@ def _build_sdpa(kernel: str | None, shape: AttentionShape, device: torch.device,
 
 
 # --- flash-attn (FlashAttention-2, or FlashAttention-3's interface when installed) ------------------------
+
 
 def flash_attn_adapter(flash_attn_func: Callable[..., Any], shape: AttentionShape, pad_v: bool) -> Prepared:
     """Wrap a function with flash_attn_func's signature ``(q, k, v, dropout_p, softmax_scale, causal, …)``
@@ -145,8 +154,11 @@ def flash_attn_adapter(flash_attn_func: Callable[..., Any], shape: AttentionShap
 
 def load_flash_attn(device: torch.device) -> tuple[Callable[..., Any], str]:
     """(flash_attn_func, 'fa3'|'fa2'); FA3's interface only on Hopper (sm90), where it is built for."""
-    if device.type == "cuda" and not getattr(torch.version, "hip", None) \
-            and torch.cuda.get_device_capability(device)[0] == 9:
+    if (
+        device.type == "cuda"
+        and not getattr(torch.version, "hip", None)
+        and torch.cuda.get_device_capability(device)[0] == 9
+    ):
         try:
             from flash_attn_interface import flash_attn_func  # FlashAttention-3 (hopper/)
 
@@ -156,8 +168,9 @@ def load_flash_attn(device: torch.device) -> tuple[Callable[..., Any], str]:
     try:
         from flash_attn import flash_attn_func
     except ImportError as exc:
-        raise Unsupported(f"flash_attn is not installed ({exc.msg}); pip install flash-attn "
-                          "(on ROCm: the CK or Triton build)") from None
+        raise Unsupported(
+            f"flash_attn is not installed ({exc.msg}); pip install flash-attn (on ROCm: the CK or Triton build)"
+        ) from None
     return flash_attn_func, "fa2"
 
 
@@ -175,6 +188,7 @@ def _build_flash_attn(shape: AttentionShape, device: torch.device, dtype: str) -
 
 # --- triton: opbench's own kernel ---------------------------------------------------------------------------
 
+
 def _build_triton(shape: AttentionShape, device: torch.device, dtype: str) -> Prepared:
     from .triton_attention import interpreter_enabled, triton_attention
 
@@ -185,18 +199,25 @@ def _build_triton(shape: AttentionShape, device: torch.device, dtype: str) -> Pr
     fn = partial(triton_attention, causal=shape.causal, softmax_scale=_scale(shape))
     if device.type == "cpu":
         if not interpreter_enabled():
-            raise Unsupported("triton kernels need a GPU; on CPU run with TRITON_INTERPRET=1 to check "
-                              "correctness (never timed)")
-        return Prepared(fn, "TRITON_INTERPRET=1", untimed_reason="triton interpreter on CPU: checked against "
-                        "the reference, not timed (numpy emulation says nothing about kernel speed)")
+            raise Unsupported(
+                "triton kernels need a GPU; on CPU run with TRITON_INTERPRET=1 to check correctness (never timed)"
+            )
+        return Prepared(
+            fn,
+            "TRITON_INTERPRET=1",
+            untimed_reason="triton interpreter on CPU: checked against "
+            "the reference, not timed (numpy emulation says nothing about kernel speed)",
+        )
     return Prepared(fn, "fp32 tl.dot uses TF32" if dtype == "fp32" else "")
 
 
 BACKENDS: dict[str, Backend] = {
     "math": Backend("math", BHSD, _build_math, "eager matmul + softmax (materialises the scores)"),
     "sdpa": Backend("sdpa", BHSD, partial(_build_sdpa, None), "torch SDPA, torch picks the kernel"),
-    **{name: Backend(name, BHSD, partial(_build_sdpa, kernel), f"torch SDPA forced to {kernel} via sdpa_kernel")
-       for name, kernel in SDPA_KERNELS.items()},
+    **{
+        name: Backend(name, BHSD, partial(_build_sdpa, kernel), f"torch SDPA forced to {kernel} via sdpa_kernel")
+        for name, kernel in SDPA_KERNELS.items()
+    },
     "flash_attn": Backend("flash_attn", BSHD, _build_flash_attn, "flash_attn_func (FA3 interface on Hopper)"),
     "triton": Backend("triton", BSHD, _build_triton, "opbench's fused Triton kernel (fwd + bwd)"),
 }

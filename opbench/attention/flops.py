@@ -19,6 +19,12 @@ def visible_kv(seqlen_q: int, seqlen_kv: int, causal: bool) -> float:
 def attention_flops(shape: AttentionShape, batch_size: int, pass_: str = "fwd") -> float:
     """2 · batch · heads_q · seqlen_q · visible_kv · (head_dim_qk + head_dim_v) for the forward (q·kᵀ plus P·v);
     bwd = 2.5×, fwdbwd = 3.5×. KV heads (GQA) change bytes, not FLOPs."""
-    fwd = (2 * batch_size * shape.num_head_q * shape.seqlen_q
-           * visible_kv(shape.seqlen_q, shape.seqlen_kv, shape.causal) * (shape.head_dim_qk + shape.head_dim_v))
+    fwd = (
+        2
+        * batch_size
+        * shape.num_head_q
+        * shape.seqlen_q
+        * visible_kv(shape.seqlen_q, shape.seqlen_kv, shape.causal)
+        * (shape.head_dim_qk + shape.head_dim_v)
+    )
     return fwd * PASS_MULTIPLIER[pass_]

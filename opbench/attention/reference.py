@@ -12,8 +12,9 @@ import math
 import torch
 
 
-def causal_mask(seqlen_q: int, seqlen_kv: int, device: torch.device | str | None = None, row_start: int = 0,
-                rows: int | None = None) -> torch.Tensor:
+def causal_mask(
+    seqlen_q: int, seqlen_kv: int, device: torch.device | str | None = None, row_start: int = 0, rows: int | None = None
+) -> torch.Tensor:
     """Boolean (rows, seqlen_kv) mask, True = visible, for query rows [row_start, row_start + rows)."""
     rows = seqlen_q - row_start if rows is None else rows
     i = torch.arange(row_start, row_start + rows, device=device)[:, None]
@@ -36,8 +37,9 @@ def attention_probs(scores: torch.Tensor, mask: torch.Tensor | None, empty_rows:
     return probs
 
 
-def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                    scale: float | None = None) -> torch.Tensor:
+def eager_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None = None
+) -> torch.Tensor:
     """Plain matmul + softmax + matmul in (batch, heads, seq, dim) layout, GQA by repeating KV heads.
     This is what a model without a fused kernel runs; it materialises the (seqlen_q, seqlen_kv) scores."""
     group = q.shape[1] // k.shape[1]
@@ -58,9 +60,15 @@ def reference_precision(device: torch.device) -> torch.dtype:
 
 
 @torch.no_grad()
-def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                        grad_out: torch.Tensor | None = None, dtype: torch.dtype | None = None,
-                        chunk_bytes: int = 256 << 20):
+def reference_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    grad_out: torch.Tensor | None = None,
+    dtype: torch.dtype | None = None,
+    chunk_bytes: int = 256 << 20,
+):
     """The oracle: output (and dq, dk, dv for ``grad_out``) in flash-attn layout (batch, seq, heads, dim).
 
     Computed in ``dtype`` (default: ``reference_precision``) for as many KV-head groups and query rows at once
@@ -73,14 +81,17 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     batch, sq, heads, d_qk = q.shape
     skv, kv_heads, d_v = k.shape[1], k.shape[2], v.shape[3]
     group = heads // kv_heads
-    scale = d_qk ** -0.5
+    scale = d_qk**-0.5
     empty = has_empty_rows(sq, skv, causal)
     # (batch, kv_heads, group, seq, dim): a KV head and its query group side by side, broadcast in matmul
     qg = q.detach().to(dtype).reshape(batch, sq, kv_heads, group, d_qk).permute(0, 2, 3, 1, 4)
     kg = k.detach().to(dtype).permute(0, 2, 1, 3).unsqueeze(2)
     vg = v.detach().to(dtype).permute(0, 2, 1, 3).unsqueeze(2)
-    dog = None if grad_out is None else \
-        grad_out.detach().to(dtype).reshape(batch, sq, kv_heads, group, d_v).permute(0, 2, 3, 1, 4)
+    dog = (
+        None
+        if grad_out is None
+        else grad_out.detach().to(dtype).reshape(batch, sq, kv_heads, group, d_v).permute(0, 2, 3, 1, 4)
+    )
     out = torch.empty(batch, kv_heads, group, sq, d_v, dtype=dtype, device=q.device)
     if dog is not None:
         dq, dk, dv = torch.empty_like(qg), torch.zeros_like(kg), torch.zeros_like(vg)
@@ -91,10 +102,10 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     for b in range(batch):
         for h0 in range(0, kv_heads, heads_per_chunk):
             hs = slice(h0, h0 + heads_per_chunk)
-            kh, vh = kg[b, hs], vg[b, hs]                                   # (h, 1, skv, d)
+            kh, vh = kg[b, hs], vg[b, hs]  # (h, 1, skv, d)
             for r0 in range(0, sq, rows_per_chunk):
                 rows = slice(r0, min(sq, r0 + rows_per_chunk))
-                qh = qg[b, hs, :, rows]                                      # (h, group, r, d_qk)
+                qh = qg[b, hs, :, rows]  # (h, group, r, d_qk)
                 mask = causal_mask(sq, skv, q.device, r0, qh.shape[-2]) if causal else None
                 probs = attention_probs(torch.matmul(qh, kh.transpose(-1, -2)) * scale, mask, empty)
                 oh = torch.matmul(probs, vh)
@@ -107,7 +118,7 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
                 dk[b, hs] += torch.matmul(ds.transpose(-1, -2), qh).sum(1, keepdim=True) * scale
                 dv[b, hs] += torch.matmul(probs.transpose(-1, -2), doh).sum(1, keepdim=True)
 
-    def q_layout(t: torch.Tensor) -> torch.Tensor:   # back to (batch, seq, heads, dim)
+    def q_layout(t: torch.Tensor) -> torch.Tensor:  # back to (batch, seq, heads, dim)
         return t.permute(0, 3, 1, 2, 4).reshape(batch, sq, heads, t.shape[-1])
 
     def kv_layout(t: torch.Tensor) -> torch.Tensor:

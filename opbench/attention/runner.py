@@ -40,8 +40,13 @@ class AttentionCase:
     dtype: str
 
     def as_row(self) -> dict[str, Any]:
-        return {**self.shape.as_row(), "batch_size": self.batch_size, "dtype": self.dtype, "backend": self.backend,
-                "fwd_flops": attention_flops(self.shape, self.batch_size, "fwd")}
+        return {
+            **self.shape.as_row(),
+            "batch_size": self.batch_size,
+            "dtype": self.dtype,
+            "backend": self.backend,
+            "fwd_flops": attention_flops(self.shape, self.batch_size, "fwd"),
+        }
 
 
 @dataclass
@@ -95,8 +100,10 @@ def _stats_columns(pass_: str, stats: Stats, flops: float) -> dict[str, Any]:
 
 def check(case: AttentionCase, fn, layout: str, problem: Problem) -> dict[str, Any]:
     """Run the backend once on the problem; errors of the output (and of dq, dk, dv) against the oracle."""
-    q, k, v = (to_layout(t, layout).detach().requires_grad_(problem.grad_out is not None)
-               for t in (problem.q, problem.k, problem.v))
+    q, k, v = (
+        to_layout(t, layout).detach().requires_grad_(problem.grad_out is not None)
+        for t in (problem.q, problem.k, problem.v)
+    )
     out = fn(q, k, v)
     row: dict[str, Any] = {}
     row["max_abs_err"], row["max_rel_err"] = max_errors(from_layout(out, layout), problem.ref[0])
@@ -108,8 +115,15 @@ def check(case: AttentionCase, fn, layout: str, problem: Problem) -> dict[str, A
     return row
 
 
-def time_passes(fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, passes: Sequence[str],
-                device: torch.device, config: TimingConfig) -> dict[str, Stats]:
+def time_passes(
+    fn,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    passes: Sequence[str],
+    device: torch.device,
+    config: TimingConfig,
+) -> dict[str, Stats]:
     inputs = (q, k, v)
     stats: dict[str, Stats] = {}
     if "fwd" in passes:
@@ -119,23 +133,29 @@ def time_passes(fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, passes: S
         # Untimed, before each call: the next of two different output gradients, so no call repeats the
         # previous one's input (drawing a new one per call costs more than the CPU backward itself).
         pool = [torch.randn_like(out), torch.randn_like(out)]
-        current = [0]               # which of the pool the next call uses
+        current = [0]  # which of the pool the next call uses
 
         def fresh_grad() -> None:
             current[0] ^= 1
 
         if "bwd" in passes:
-            stats["bwd"] = measure(lambda: torch.autograd.grad(out, inputs, pool[current[0]], retain_graph=True),
-                                   device, config, before=fresh_grad)
+            stats["bwd"] = measure(
+                lambda: torch.autograd.grad(out, inputs, pool[current[0]], retain_graph=True),
+                device,
+                config,
+                before=fresh_grad,
+            )
         del out  # free the retained graph before fwdbwd builds its own
         if "fwdbwd" in passes:
-            stats["fwdbwd"] = measure(lambda: torch.autograd.grad(fn(q, k, v), inputs, pool[current[0]]),
-                                      device, config, before=fresh_grad)
+            stats["fwdbwd"] = measure(
+                lambda: torch.autograd.grad(fn(q, k, v), inputs, pool[current[0]]), device, config, before=fresh_grad
+            )
     return stats
 
 
-def run_case(case: AttentionCase, device: torch.device, passes: Sequence[str], config: TimingConfig,
-             cache: ProblemCache) -> dict[str, Any]:
+def run_case(
+    case: AttentionCase, device: torch.device, passes: Sequence[str], config: TimingConfig, cache: ProblemCache
+) -> dict[str, Any]:
     """One CSV row. Raises Unsupported (and lets OOM/errors propagate) for run_sweep to turn into a row."""
     backend = BACKENDS[case.backend]
     with_grads = any(p in passes for p in ("bwd", "fwdbwd"))
@@ -149,9 +169,11 @@ def run_case(case: AttentionCase, device: torch.device, passes: Sequence[str], c
         errors = check(case, prepared.fn, backend.layout, problem)
     row = {**case.as_row(), "note": prepared.note or None, **errors}
     tol = TOLERANCE.get(case.dtype, 5e-3)
-    wrong = [f"{what} rel err {row[col]:.3g} > {limit:.3g}" + (" (NaN/inf)" if math.isinf(row[col]) else "")
-             for what, col, limit in (("output", "max_rel_err", tol), ("grad", "grad_max_rel_err", 2 * tol))
-             if row.get(col) is not None and not row[col] <= limit]
+    wrong = [
+        f"{what} rel err {row[col]:.3g} > {limit:.3g}" + (" (NaN/inf)" if math.isinf(row[col]) else "")
+        for what, col, limit in (("output", "max_rel_err", tol), ("grad", "grad_max_rel_err", 2 * tol))
+        if row.get(col) is not None and not row[col] <= limit
+    ]
     if wrong:
         return {**row, "status": STATUS_ERROR, "error": "wrong result vs the reference: " + "; ".join(wrong)}
     if prepared.untimed_reason:

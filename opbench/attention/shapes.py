@@ -74,12 +74,18 @@ def parse_shape(obj: Any, where: str) -> AttentionShape:
     if not isinstance(causal, bool):
         raise UsageError(f"must be true or false, got {causal!r}", source=where, field="causal")
     if values["num_head_q"] % values["num_head_kv"]:
-        raise UsageError(f"{values['num_head_q']} query heads are not a multiple of {values['num_head_kv']} KV heads",
-                         source=where, field="num_head_kv")
+        raise UsageError(
+            f"{values['num_head_q']} query heads are not a multiple of {values['num_head_kv']} KV heads",
+            source=where,
+            field="num_head_kv",
+        )
     unknown = sorted(set(obj) - {"model", "causal", *SCHEMA_INT_FIELDS})
     if unknown:
-        raise UsageError(f"unknown field(s) {unknown}; the schema is model, {', '.join(SCHEMA_INT_FIELDS)}, causal",
-                         source=where, field=unknown[0])
+        raise UsageError(
+            f"unknown field(s) {unknown}; the schema is model, {', '.join(SCHEMA_INT_FIELDS)}, causal",
+            source=where,
+            field=unknown[0],
+        )
     return AttentionShape(model=model, causal=causal, **values)
 
 
@@ -102,8 +108,9 @@ def _split(total: int, parts: int, what: str, flag: str, model: str) -> int:
     return total // parts
 
 
-def model_attention_shape(cfg: ModelConfig, seqlen: int | None = None, tp: int = 1, cp: int = 1,
-                          causal: bool = True) -> AttentionShape:
+def model_attention_shape(
+    cfg: ModelConfig, seqlen: int | None = None, tp: int = 1, cp: int = 1, causal: bool = True
+) -> AttentionShape:
     """The self-attention kernel one rank runs in training.
 
     Tensor parallel splits query and KV heads (Megatron requires both to divide by tp). Context parallel is
@@ -125,10 +132,14 @@ def model_attention_shape(cfg: ModelConfig, seqlen: int | None = None, tp: int =
         heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
     local = _split(s, cp, "seqlen", "--cp", cfg.name)
     return AttentionShape(
-        model=cfg.name, seqlen_q=local, seqlen_kv=local,
+        model=cfg.name,
+        seqlen_q=local,
+        seqlen_kv=local,
         num_head_q=_split(heads, tp, "num_attention_heads", "--tp", cfg.name),
         num_head_kv=_split(kv_heads, tp, "num_key_value_heads", "--tp", cfg.name),
-        head_dim_qk=d_qk, head_dim_v=d_v, causal=causal,
+        head_dim_qk=d_qk,
+        head_dim_v=d_v,
+        causal=causal,
     )
 
 
@@ -139,8 +150,11 @@ def cap_seqlen(shape: AttentionShape, max_seqlen: int | None) -> AttentionShape:
     if not max_seqlen or longest <= max_seqlen:
         return shape
     scale = max_seqlen / longest
-    return replace(shape, seqlen_q=max(1, math.floor(shape.seqlen_q * scale)),
-                   seqlen_kv=max(1, math.floor(shape.seqlen_kv * scale)))
+    return replace(
+        shape,
+        seqlen_q=max(1, math.floor(shape.seqlen_q * scale)),
+        seqlen_kv=max(1, math.floor(shape.seqlen_kv * scale)),
+    )
 
 
 def select_shapes(shapes: Iterable[AttentionShape], models: str | Sequence[str] | None) -> list[AttentionShape]:

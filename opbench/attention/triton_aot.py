@@ -24,9 +24,11 @@ from .triton_attention import _pad_dim, block_config
 SHARED_LIMIT = {"cuda:90": 227 * 1024, "hip:gfx942": 64 * 1024}
 ITEMSIZE = {"bf16": 2, "fp16": 2, "fp32": 4}
 # kernel name -> (function, pointer arguments of the input dtype, fp32 pointers)
-KERNELS = {"fwd": (K.attn_fwd, {"Q", "K", "V", "O"}, {"LSE"}),
-           "dkdv": (K.attn_bwd_dkdv, {"Q", "K", "V", "DO", "DK", "DV"}, {"LSE", "DELTA"}),
-           "dq": (K.attn_bwd_dq, {"Q", "K", "V", "DO", "DQ"}, {"LSE", "DELTA"})}
+KERNELS = {
+    "fwd": (K.attn_fwd, {"Q", "K", "V", "O"}, {"LSE"}),
+    "dkdv": (K.attn_bwd_dkdv, {"Q", "K", "V", "DO", "DK", "DV"}, {"LSE", "DELTA"}),
+    "dq": (K.attn_bwd_dq, {"Q", "K", "V", "DO", "DQ"}, {"LSE", "DELTA"}),
+}
 
 
 @dataclass(frozen=True)
@@ -65,13 +67,24 @@ def compile_kernel(target_name: str, kind: str, dtype: str, d_qk: int, d_v: int,
     backend, arch = target_name.split(":")
     target = GPUTarget(backend, int(arch) if backend == "cuda" else arch, 32 if backend == "cuda" else 64)
     fn, ptrs, fp32_ptrs = KERNELS[kind]
-    cfg = block_config(_pad_dim(d_qk), _pad_dim(d_v), kind, torch.device("cuda"),
-                       itemsize=ITEMSIZE[dtype], rocm=backend == "hip")
-    constexprs = {"D_QK": d_qk, "D_V": d_v, "BD_QK": _pad_dim(d_qk), "BD_V": _pad_dim(d_v),
-                  "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": cfg["BLOCK_N"], "CAUSAL": causal}
-    src = ASTSource(fn=fn, signature=_signature(fn, dtype, ptrs, fp32_ptrs, constexprs),
-                    constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
-    compiled = triton.compile(src, target=target,
-                              options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})
-    return Compiled(cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"],
-                    int(compiled.metadata.shared))
+    cfg = block_config(
+        _pad_dim(d_qk), _pad_dim(d_v), kind, torch.device("cuda"), itemsize=ITEMSIZE[dtype], rocm=backend == "hip"
+    )
+    constexprs = {
+        "D_QK": d_qk,
+        "D_V": d_v,
+        "BD_QK": _pad_dim(d_qk),
+        "BD_V": _pad_dim(d_v),
+        "BLOCK_M": cfg["BLOCK_M"],
+        "BLOCK_N": cfg["BLOCK_N"],
+        "CAUSAL": causal,
+    }
+    src = ASTSource(
+        fn=fn,
+        signature=_signature(fn, dtype, ptrs, fp32_ptrs, constexprs),
+        constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
+    )
+    compiled = triton.compile(
+        src, target=target, options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
+    )
+    return Compiled(cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"], int(compiled.metadata.shared))

@@ -52,8 +52,15 @@ TILES = {
 }
 
 
-def block_config(bd_qk: int, bd_v: int, kind: str, device: torch.device, blocks: tuple[int, int] | None = None,
-                 itemsize: int = 2, rocm: bool | None = None) -> dict[str, int]:
+def block_config(
+    bd_qk: int,
+    bd_v: int,
+    kind: str,
+    device: torch.device,
+    blocks: tuple[int, int] | None = None,
+    itemsize: int = 2,
+    rocm: bool | None = None,
+) -> dict[str, int]:
     """Heuristic tile sizes (not autotuned): big tiles for small head dims, smaller for MLA's padded 256 and
     for 4-byte types; software pipelining on NVIDIA, none on ROCm (64 KiB LDS on MI300). Tiny tiles under the
     interpreter (its speed is numpy's; it is only for correctness). ``blocks`` = (BLOCK_M, BLOCK_N) overrides
@@ -84,12 +91,28 @@ def _dims(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, Any]:
     _, skv, kv_heads, d_v = v.shape
     if k.shape[:3] != v.shape[:3] or k.shape[3] != d_qk or k.shape[0] != batch or heads % kv_heads:
         raise ValueError(f"incompatible q/k/v shapes {tuple(q.shape)} {tuple(k.shape)} {tuple(v.shape)}")
-    return {"batch": batch, "sq": sq, "skv": skv, "heads": heads, "kv_heads": kv_heads, "group": heads // kv_heads,
-            "D_QK": d_qk, "D_V": d_v, "BD_QK": _pad_dim(d_qk), "BD_V": _pad_dim(d_v)}
+    return {
+        "batch": batch,
+        "sq": sq,
+        "skv": skv,
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "group": heads // kv_heads,
+        "D_QK": d_qk,
+        "D_V": d_v,
+        "BD_QK": _pad_dim(d_qk),
+        "BD_V": _pad_dim(d_v),
+    }
 
 
-def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sm_scale: float,
-                      blocks: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    sm_scale: float,
+    blocks: tuple[int, int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) with lse in log2 units, shape (batch·heads, seqlen_q), fp32."""
     kern = _kernels()
     n = _dims(q, k, v)
@@ -97,14 +120,34 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     lse = torch.empty(n["batch"] * n["heads"], n["sq"], dtype=torch.float32, device=q.device)
     cfg = block_config(n["BD_QK"], n["BD_V"], "fwd", q.device, blocks, q.element_size())
     grid = (kern["cdiv"](n["sq"], cfg["BLOCK_M"]), n["batch"] * n["heads"])
-    kern["fwd"][grid](q, k, v, out, lse, sm_scale * LOG2E, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
-                      n["heads"], n["group"], n["sq"], n["skv"], n["D_QK"], n["D_V"], n["BD_QK"], n["BD_V"],
-                      CAUSAL=causal, **cfg)
+    kern["fwd"][grid](
+        q,
+        k,
+        v,
+        out,
+        lse,
+        sm_scale * LOG2E,
+        *_strides(q),
+        *_strides(k),
+        *_strides(v),
+        *_strides(out),
+        n["heads"],
+        n["group"],
+        n["sq"],
+        n["skv"],
+        n["D_QK"],
+        n["D_V"],
+        n["BD_QK"],
+        n["BD_V"],
+        CAUSAL=causal,
+        **cfg,
+    )
     return out, lse
 
 
-def attention_backward(q, k, v, out, lse, grad_out, causal: bool, sm_scale: float,
-                       blocks: tuple[int, int] | None = None):
+def attention_backward(
+    q, k, v, out, lse, grad_out, causal: bool, sm_scale: float, blocks: tuple[int, int] | None = None
+):
     """(dq, dk, dv) for the forward that produced ``out`` and ``lse``."""
     kern = _kernels()
     n = _dims(q, k, v)
@@ -117,14 +160,57 @@ def attention_backward(q, k, v, out, lse, grad_out, causal: bool, sm_scale: floa
     common = (n["D_QK"], n["D_V"], n["BD_QK"], n["BD_V"])
     cfg = block_config(n["BD_QK"], n["BD_V"], "dkdv", q.device, blocks, q.element_size())
     grid = (kern["cdiv"](n["skv"], cfg["BLOCK_N"]), n["batch"] * n["kv_heads"])
-    kern["dkdv"][grid](q, k, v, grad_out, lse, delta, dk, dv, sm_scale * LOG2E, sm_scale,
-                       *_strides(q), *_strides(k), *_strides(v), *_strides(grad_out), *_strides(dk), *_strides(dv),
-                       n["heads"], n["kv_heads"], n["group"], n["sq"], n["skv"], *common, CAUSAL=causal, **cfg)
+    kern["dkdv"][grid](
+        q,
+        k,
+        v,
+        grad_out,
+        lse,
+        delta,
+        dk,
+        dv,
+        sm_scale * LOG2E,
+        sm_scale,
+        *_strides(q),
+        *_strides(k),
+        *_strides(v),
+        *_strides(grad_out),
+        *_strides(dk),
+        *_strides(dv),
+        n["heads"],
+        n["kv_heads"],
+        n["group"],
+        n["sq"],
+        n["skv"],
+        *common,
+        CAUSAL=causal,
+        **cfg,
+    )
     cfg = block_config(n["BD_QK"], n["BD_V"], "dq", q.device, blocks, q.element_size())
     grid = (kern["cdiv"](n["sq"], cfg["BLOCK_M"]), n["batch"] * n["heads"])
-    kern["dq"][grid](q, k, v, grad_out, lse, delta, dq, sm_scale * LOG2E, sm_scale,
-                     *_strides(q), *_strides(k), *_strides(v), *_strides(grad_out), *_strides(dq),
-                     n["heads"], n["group"], n["sq"], n["skv"], *common, CAUSAL=causal, **cfg)
+    kern["dq"][grid](
+        q,
+        k,
+        v,
+        grad_out,
+        lse,
+        delta,
+        dq,
+        sm_scale * LOG2E,
+        sm_scale,
+        *_strides(q),
+        *_strides(k),
+        *_strides(v),
+        *_strides(grad_out),
+        *_strides(dq),
+        n["heads"],
+        n["group"],
+        n["sq"],
+        n["skv"],
+        *common,
+        CAUSAL=causal,
+        **cfg,
+    )
     return dq, dk, dv
 
 
@@ -143,8 +229,14 @@ class _TritonAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
-def triton_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                     softmax_scale: float | None = None, blocks: tuple[int, int] | None = None) -> torch.Tensor:
+def triton_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    softmax_scale: float | None = None,
+    blocks: tuple[int, int] | None = None,
+) -> torch.Tensor:
     """Fused attention, (batch, seq, heads, dim) in and out, differentiable."""
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
     return _TritonAttention.apply(q, k, v, causal, scale, blocks)

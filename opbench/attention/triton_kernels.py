@@ -13,23 +13,24 @@ import triton.language as tl
 def _tile(ptr, rows, row_ok, stride_s, D: tl.constexpr, BD: tl.constexpr):
     """(rows, BD) block of a (seq, dim) slice; padding rows/columns read as 0."""
     d = tl.arange(0, BD)
-    return tl.load(ptr + rows[:, None] * stride_s + d[None, :], mask=row_ok[:, None] & (d[None, :] < D),
-                   other=0.0)
+    return tl.load(ptr + rows[:, None] * stride_s + d[None, :], mask=row_ok[:, None] & (d[None, :] < D), other=0.0)
 
 
 @triton.jit
 def _tile_t(ptr, cols, col_ok, stride_s, D: tl.constexpr, BD: tl.constexpr):
     """The same block transposed, (BD, cols), for q·kᵀ-style products."""
     d = tl.arange(0, BD)
-    return tl.load(ptr + cols[None, :] * stride_s + d[:, None], mask=col_ok[None, :] & (d[:, None] < D),
-                   other=0.0)
+    return tl.load(ptr + cols[None, :] * stride_s + d[:, None], mask=col_ok[None, :] & (d[:, None] < D), other=0.0)
 
 
 @triton.jit
 def _store_tile(ptr, rows, row_ok, stride_s, value, D: tl.constexpr, BD: tl.constexpr):
     d = tl.arange(0, BD)
-    tl.store(ptr + rows[:, None] * stride_s + d[None, :], value.to(ptr.dtype.element_ty),
-             mask=row_ok[:, None] & (d[None, :] < D))
+    tl.store(
+        ptr + rows[:, None] * stride_s + d[None, :],
+        value.to(ptr.dtype.element_ty),
+        mask=row_ok[:, None] & (d[None, :] < D),
+    )
 
 
 @triton.jit
@@ -54,11 +55,37 @@ def _kv_end(pid_m, SQ, SKV, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
 
 
 @triton.jit
-def attn_fwd(Q, K, V, O, LSE, qk_scale,
-             sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh,
-             H, GROUP, SQ, SKV,
-             D_QK: tl.constexpr, D_V: tl.constexpr, BD_QK: tl.constexpr, BD_V: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+def attn_fwd(
+    Q,
+    K,
+    V,
+    O,
+    LSE,
+    qk_scale,
+    sqb,
+    sqs,
+    sqh,
+    skb,
+    sks,
+    skh,
+    svb,
+    svs,
+    svh,
+    sob,
+    sos,
+    soh,
+    H,
+    GROUP,
+    SQ,
+    SKV,
+    D_QK: tl.constexpr,
+    D_V: tl.constexpr,
+    BD_QK: tl.constexpr,
+    BD_V: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+):
     pid_m = tl.program_id(0).to(tl.int64)  # int64: offsets exceed 2**31 on large shapes
     pid_bh = tl.program_id(1).to(tl.int64)  # int64: offsets exceed 2**31 on large shapes
     b = pid_bh // H
@@ -95,12 +122,48 @@ def attn_fwd(Q, K, V, O, LSE, qk_scale,
 
 
 @triton.jit
-def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale,
-                  sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sdob, sdos, sdoh,
-                  sdkb, sdks, sdkh, sdvb, sdvs, sdvh,
-                  H, HKV, GROUP, SQ, SKV,
-                  D_QK: tl.constexpr, D_V: tl.constexpr, BD_QK: tl.constexpr, BD_V: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+def attn_bwd_dkdv(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    DK,
+    DV,
+    qk_scale,
+    sm_scale,
+    sqb,
+    sqs,
+    sqh,
+    skb,
+    sks,
+    skh,
+    svb,
+    svs,
+    svh,
+    sdob,
+    sdos,
+    sdoh,
+    sdkb,
+    sdks,
+    sdkh,
+    sdvb,
+    sdvs,
+    sdvh,
+    H,
+    HKV,
+    GROUP,
+    SQ,
+    SKV,
+    D_QK: tl.constexpr,
+    D_V: tl.constexpr,
+    BD_QK: tl.constexpr,
+    BD_V: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+):
     pid_n = tl.program_id(0).to(tl.int64)  # int64: offsets exceed 2**31 on large shapes
     pid_bhk = tl.program_id(1).to(tl.int64)  # int64: offsets exceed 2**31 on large shapes
     b = pid_bhk // HKV
@@ -137,11 +200,43 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale,
 
 
 @triton.jit
-def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, qk_scale, sm_scale,
-                sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sdob, sdos, sdoh, sdqb, sdqs, sdqh,
-                H, GROUP, SQ, SKV,
-                D_QK: tl.constexpr, D_V: tl.constexpr, BD_QK: tl.constexpr, BD_V: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+def attn_bwd_dq(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    DQ,
+    qk_scale,
+    sm_scale,
+    sqb,
+    sqs,
+    sqh,
+    skb,
+    sks,
+    skh,
+    svb,
+    svs,
+    svh,
+    sdob,
+    sdos,
+    sdoh,
+    sdqb,
+    sdqs,
+    sdqh,
+    H,
+    GROUP,
+    SQ,
+    SKV,
+    D_QK: tl.constexpr,
+    D_V: tl.constexpr,
+    BD_QK: tl.constexpr,
+    BD_V: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+):
     pid_m = tl.program_id(0).to(tl.int64)  # int64: offsets exceed 2**31 on large shapes
     pid_bh = tl.program_id(1).to(tl.int64)  # int64: offsets exceed 2**31 on large shapes
     b = pid_bh // H

@@ -34,52 +34,116 @@ from .storage import Storage, parse_storage_options, preflight, remove_tree
 
 CSV_NAME = "ckpt_benchmark.csv"
 DEFAULT_SIZE_MB = 256.0
-SUMMARY = ["model", "method", "storage", "thread_count", "save_block_time", "save_total_time", "load_time",
-           "iter_folder_size", "save_bandwidth_in_mbps", "load_bandwidth_in_mbps", "accurate", "verified", "status"]
+SUMMARY = [
+    "model",
+    "method",
+    "storage",
+    "thread_count",
+    "save_block_time",
+    "save_total_time",
+    "load_time",
+    "iter_folder_size",
+    "save_bandwidth_in_mbps",
+    "load_bandwidth_in_mbps",
+    "accurate",
+    "verified",
+    "status",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = cli.parser("opbench ckpt", __doc__)
     g = p.add_argument_group("state (what is saved)")
     cli.add_model_args(g, with_name=False)
-    g.add_argument("--num-layers", type=positive_int, default=None,
-                   help="override the model's decoder layer count (to fit a big model on a small machine)")
-    g.add_argument("--optimizer", choices=OPTIMIZERS, default="adam",
-                   help="adam: exp_avg + exp_avg_sq per parameter; sgd: momentum_buffer (all fp32)")
+    g.add_argument(
+        "--num-layers",
+        type=positive_int,
+        default=None,
+        help="override the model's decoder layer count (to fit a big model on a small machine)",
+    )
+    g.add_argument(
+        "--optimizer",
+        choices=OPTIMIZERS,
+        default="adam",
+        help="adam: exp_avg + exp_avg_sq per parameter; sgd: momentum_buffer (all fp32)",
+    )
     g.add_argument("--param-dtype", choices=FLOAT_DTYPES, default="bf16", help="parameter dtype")
-    g.add_argument("--master-weights", action=argparse.BooleanOptionalAction, default=None,
-                   help="fp32 master copy of the parameters (default: on unless --param-dtype fp32)")
-    g.add_argument("--size-mb", type=csv_list(float), default=None,
-                   help=f"instead of a model: total MiB across all ranks, in --param-dtype tensors of realistic "
-                        f"sizes; comma-separated to sweep (default: {DEFAULT_SIZE_MB:g} when no model is given)")
+    g.add_argument(
+        "--master-weights",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="fp32 master copy of the parameters (default: on unless --param-dtype fp32)",
+    )
+    g.add_argument(
+        "--size-mb",
+        type=csv_list(float),
+        default=None,
+        help=f"instead of a model: total MiB across all ranks, in --param-dtype tensors of realistic "
+        f"sizes; comma-separated to sweep (default: {DEFAULT_SIZE_MB:g} when no model is given)",
+    )
     g = p.add_argument_group("methods and storage (every combination is one CSV row)")
-    g.add_argument("--methods", type=csv_list(str), default=["torch_save", "dcp", "dcp_async"],
-                   help=f"comma-separated from {','.join(METHODS)}")
-    g.add_argument("--storage", type=csv_list(str), default=None,
-                   help="directories and/or fsspec URLs (s3://bucket/prefix, gs://…, file://…, memory://), "
-                        "comma-separated (default: REPORT_DIR/ckpt_data)")
-    g.add_argument("--storage-options", default=None,
-                   help='JSON for the fsspec file system, e.g. \'{"endpoint_url": "http://127.0.0.1:9000"}\'')
-    g.add_argument("--thread-count", type=csv_list(positive_int), default=[1],
-                   help="DCP writer threads per rank, comma-separated to sweep")
-    g.add_argument("--single-file-per-rank", action=argparse.BooleanOptionalAction, default=True,
-                   help="DCP: one file per rank instead of one per tensor")
-    g.add_argument("--sync-files", action=argparse.BooleanOptionalAction, default=True,
-                   help="fsync every file before a save counts as done")
+    g.add_argument(
+        "--methods",
+        type=csv_list(str),
+        default=["torch_save", "dcp", "dcp_async"],
+        help=f"comma-separated from {','.join(METHODS)}",
+    )
+    g.add_argument(
+        "--storage",
+        type=csv_list(str),
+        default=None,
+        help="directories and/or fsspec URLs (s3://bucket/prefix, gs://…, file://…, memory://), "
+        "comma-separated (default: REPORT_DIR/ckpt_data)",
+    )
+    g.add_argument(
+        "--storage-options",
+        default=None,
+        help='JSON for the fsspec file system, e.g. \'{"endpoint_url": "http://127.0.0.1:9000"}\'',
+    )
+    g.add_argument(
+        "--thread-count",
+        type=csv_list(positive_int),
+        default=[1],
+        help="DCP writer threads per rank, comma-separated to sweep",
+    )
+    g.add_argument(
+        "--single-file-per-rank",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="DCP: one file per rank instead of one per tensor",
+    )
+    g.add_argument(
+        "--sync-files",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="fsync every file before a save counts as done",
+    )
     g = p.add_argument_group("measurement")
-    g.add_argument("--iterations", type=positive_int, default=3,
-                   help="saves per case, each to a new directory, then as many loads")
-    g.add_argument("--save-interval", type=float, default=0.0,
-                   help="async methods: seconds of simulated training after each async save returns; a save "
-                        "still running then makes accurate=false (default: 0, wait for it at once)")
-    g.add_argument("--drop-cache", action="store_true",
-                   help="evict the saved files from the page cache before each load (local storage)")
+    g.add_argument(
+        "--iterations", type=positive_int, default=3, help="saves per case, each to a new directory, then as many loads"
+    )
+    g.add_argument(
+        "--save-interval",
+        type=float,
+        default=0.0,
+        help="async methods: seconds of simulated training after each async save returns; a save "
+        "still running then makes accurate=false (default: 0, wait for it at once)",
+    )
+    g.add_argument(
+        "--drop-cache",
+        action="store_true",
+        help="evict the saved files from the page cache before each load (local storage)",
+    )
     cli.add_timeout_arg(g, 1800.0)
     g.add_argument("--keep", action="store_true", help="keep the checkpoints instead of deleting each case's")
     g.add_argument("--device", default="auto", help="where the state lives: auto (GPU if present), cpu, cuda")
     cli.add_output_args(g, dir_default="out", dir_help=f"where {CSV_NAME} goes")
-    g.add_argument("--nproc-per-node", type=positive_int, default=None,
-                   help="not under torchrun/srun: start torchrun with this many ranks on this machine")
+    g.add_argument(
+        "--nproc-per-node",
+        type=positive_int,
+        default=None,
+        help="not under torchrun/srun: start torchrun with this many ranks on this machine",
+    )
     cli.add_dry_run_arg(g, "print the states and the cases, save nothing")
     return p
 
@@ -91,8 +155,9 @@ def state_specs(args: argparse.Namespace) -> list[StateSpec]:
     if args.timeout <= 0:
         raise UsageError(f"must be positive, got {args.timeout:g}", field="--timeout")
     if args.size_mb is not None and (args.model or args.model_config_path):
-        raise UsageError("give either --size-mb or a model (--model / --model-config-path), not both",
-                         field="--size-mb")
+        raise UsageError(
+            "give either --size-mb or a model (--model / --model-config-path), not both", field="--size-mb"
+        )
     if args.model is None and args.model_config_path is None:
         sizes = args.size_mb or [DEFAULT_SIZE_MB]
         if any(s <= 0 for s in sizes):
@@ -102,8 +167,10 @@ def state_specs(args: argparse.Namespace) -> list[StateSpec]:
 
     configs = load_model_configs(args.model_config_path, None)
     chosen = select_models(configs, args.model) if args.model else configs
-    return [model_state_spec(with_num_layers(cfg, args.num_layers), args.optimizer, args.param_dtype,
-                             args.master_weights) for cfg in chosen]
+    return [
+        model_state_spec(with_num_layers(cfg, args.num_layers), args.optimizer, args.param_dtype, args.master_weights)
+        for cfg in chosen
+    ]
 
 
 def cases_for(state_index: int, storages: list[Storage], methods: list[str], threads: list[int]) -> list[Case]:
@@ -111,7 +178,7 @@ def cases_for(state_index: int, storages: list[Storage], methods: list[str], thr
     cases: list[Case] = []
     for storage, name in itertools.product(storages, methods):
         method = get_method(name)
-        for tc in (threads if method.uses_threads else [None]):
+        for tc in threads if method.uses_threads else [None]:
             cases.append(Case(state_index, storage, method, tc))
     return cases
 
@@ -129,10 +196,13 @@ def check_memory(specs: list[StateSpec], world: int, device_type: str) -> None:
     for spec in specs:
         need = spec.local_bytes(0, world) * local * 2
         if need > avail:
-            raise UsageError(f"state '{spec.label}' needs about {need / 2**30:.1f} GiB of memory on this node "
-                             f"({local} ranks × {spec.local_bytes(0, world) / 2**30:.2f} GiB, twice for "
-                             f"load/staging copies) but {avail / 2**30:.1f} GiB is available; use --num-layers or a "
-                             "smaller --size-mb", field="--model" if spec.optimizer else "--size-mb")
+            raise UsageError(
+                f"state '{spec.label}' needs about {need / 2**30:.1f} GiB of memory on this node "
+                f"({local} ranks × {spec.local_bytes(0, world) / 2**30:.2f} GiB, twice for "
+                f"load/staging copies) but {avail / 2**30:.1f} GiB is available; use --num-layers or a "
+                "smaller --size-mb",
+                field="--model" if spec.optimizer else "--size-mb",
+            )
 
 
 def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[StateSpec], list[Storage], RunOptions]:
@@ -142,22 +212,44 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[StateSpe
         get_method(name)
     options = parse_storage_options(args.storage_options)
     storages = [Storage(s, options) for s in (args.storage or [os.path.join(args.report_dir_path, "ckpt_data")])]
-    run = RunOptions(args.iterations, args.save_interval, args.drop_cache, args.keep,
-                     args.single_file_per_rank, args.sync_files, Faults.from_env(), args.timeout)
+    run = RunOptions(
+        args.iterations,
+        args.save_interval,
+        args.drop_cache,
+        args.keep,
+        args.single_file_per_rank,
+        args.sync_files,
+        Faults.from_env(),
+        args.timeout,
+    )
     return args, specs, storages, run
 
 
 def dry_run(args, specs: list[StateSpec], storages: list[Storage], world: int) -> int:
     from opbench.core.results import summary_table
 
-    rows = [dict(state=s.label, tensors=len(s.tensors), total_GiB=s.total_bytes / 2**30,
-                 per_rank_GiB=s.local_bytes(0, world) / 2**30, optimizer=s.optimizer, param_dtype=s.param_dtype,
-                 master_weights=s.master_weights, num_layers=s.num_layers) for s in specs]
+    rows = [
+        dict(
+            state=s.label,
+            tensors=len(s.tensors),
+            total_GiB=s.total_bytes / 2**30,
+            per_rank_GiB=s.local_bytes(0, world) / 2**30,
+            optimizer=s.optimizer,
+            param_dtype=s.param_dtype,
+            master_weights=s.master_weights,
+            num_layers=s.num_layers,
+        )
+        for s in specs
+    ]
     print(summary_table(rows, list(rows[0])))
     cases = cases_for(0, storages, args.methods, args.thread_count)
     print(f"\n{len(cases)} cases per state, {args.iterations} saves and loads each, world size {world}:")
-    print(summary_table([dict(method=c.method.name, storage=c.storage.spec, thread_count=c.thread_count)
-                         for c in cases], ["method", "storage", "thread_count"]))
+    print(
+        summary_table(
+            [dict(method=c.method.name, storage=c.storage.spec, thread_count=c.thread_count) for c in cases],
+            ["method", "storage", "thread_count"],
+        )
+    )
     return 0
 
 
@@ -169,8 +261,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         world = dist_env.world_size
         per_node = os.environ.get("LOCAL_WORLD_SIZE")
         if args.nproc_per_node and per_node and args.nproc_per_node != int(per_node):
-            raise UsageError(f"the launcher started {per_node} ranks per node, not {args.nproc_per_node}",
-                             field="--nproc-per-node")
+            raise UsageError(
+                f"the launcher started {per_node} ranks per node, not {args.nproc_per_node}", field="--nproc-per-node"
+            )
     else:
         world = args.nproc_per_node or 1
     if args.dry_run:
@@ -182,13 +275,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Check the storage here so a typo fails once, cleanly, before any rank starts.
         for storage in storages:
             remove_tree(storage, preflight(storage, world, needed_bytes(specs, run)))
-        return dist.relaunch(dist.torchrun_command(dist.without_flag(argv, "--nproc-per-node"), world,
-                                                   "opbench.ckpt", timeout_s=args.timeout), "opbench ckpt")
+        return dist.relaunch(
+            dist.torchrun_command(
+                dist.without_flag(argv, "--nproc-per-node"), world, "opbench.ckpt", timeout_s=args.timeout
+            ),
+            "opbench ckpt",
+        )
     return _run_ranks(args, specs, storages, run, dist_env or dist.single())
 
 
-def _run_ranks(args, specs: list[StateSpec], storages: list[Storage], run: RunOptions,
-               dist_env: dist.DistEnv) -> int:
+def _run_ranks(args, specs: list[StateSpec], storages: list[Storage], run: RunOptions, dist_env: dist.DistEnv) -> int:
     ranks = dist.Ranks.join(dist_env, args.device, args.timeout, cpu_group=True)
     try:
         return _benchmark(args, specs, storages, run, ranks)
@@ -209,9 +305,18 @@ def _benchmark(args, specs: list[StateSpec], storages: list[Storage], run: RunOp
     run_dirs = _preflight_all(ranks, storages, specs, run)
     meta: dict[str, Any] = {}
     if ranks.is_main:
-        meta = environment(ranks.device, dict(world_size=ranks.world_size, launcher=ranks.env.launcher,
-                                              nnodes=ranks.env.nnodes, args=vars(args), run_dirs=run_dirs,
-                                              states=[], cases=[]))
+        meta = environment(
+            ranks.device,
+            dict(
+                world_size=ranks.world_size,
+                launcher=ranks.env.launcher,
+                nnodes=ranks.env.nnodes,
+                args=vars(args),
+                run_dirs=run_dirs,
+                states=[],
+                cases=[],
+            ),
+        )
     report = ranks.open_report(os.path.join(args.report_dir_path, CSV_NAME), SCHEMA, meta)
     rows: list[dict[str, Any]] = []
     tiny = warm_up_state(ranks)
@@ -232,14 +337,26 @@ def _benchmark(args, specs: list[StateSpec], storages: list[Storage], run: RunOp
     print(f"\nwrote {report.path}")
     bad = [r for r in rows if r.get("status") != "ok" or r.get("verified") is False]
     if bad:
-        print(f"opbench ckpt: {len(bad)} of {len(rows)} cases failed or did not verify (see status/error)",
-              file=sys.stderr)
+        print(
+            f"opbench ckpt: {len(bad)} of {len(rows)} cases failed or did not verify (see status/error)",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
 
-def _sweep_state(args, index: int, spec: StateSpec, storages: list[Storage], run_dirs: list[str], run: RunOptions,
-                 ranks: dist.Ranks, tiny: Any, report: Any, meta: dict[str, Any]) -> list[dict[str, Any]]:
+def _sweep_state(
+    args,
+    index: int,
+    spec: StateSpec,
+    storages: list[Storage],
+    run_dirs: list[str],
+    run: RunOptions,
+    ranks: dist.Ranks,
+    tiny: Any,
+    report: Any,
+    meta: dict[str, Any],
+) -> list[dict[str, Any]]:
     """Every case of one state; the state is built here and freed when this returns."""
     from opbench.core.sweep import run_sweep
 
@@ -248,10 +365,17 @@ def _sweep_state(args, index: int, spec: StateSpec, storages: list[Storage], run
     cases = cases_for(index, storages, args.methods, args.thread_count)
     start = time.perf_counter()
     state = ShardedState.build(spec, ranks.rank, ranks.world_size, ranks.device)
-    state.dcp_state_dict()   # DTensor views made once, outside every timing
+    state.dcp_state_dict()  # DTensor views made once, outside every timing
     if ranks.is_main:
-        meta["states"].append(dict(label=spec.label, tensors=len(spec.tensors), total_bytes=spec.total_bytes,
-                                   rank0_bytes=state.local_bytes, build_s=time.perf_counter() - start))
+        meta["states"].append(
+            dict(
+                label=spec.label,
+                tensors=len(spec.tensors),
+                total_bytes=spec.total_bytes,
+                rank0_bytes=state.local_bytes,
+                build_s=time.perf_counter() - start,
+            )
+        )
 
     def measure(case: Case) -> dict[str, Any]:
         case_dir = f"{run_dirs[storages.index(case.storage)]}/{case.tag}"

@@ -56,9 +56,9 @@ class PendingSave:
 
 class Method:
     name = ""
-    async_type: str | None = None      # 'thread' | 'process' for dcp.async_save
-    uses_threads = False                # whether --thread-count applies
-    loads_in_place = False              # loads into the state's own tensors (scrambled first)
+    async_type: str | None = None  # 'thread' | 'process' for dcp.async_save
+    uses_threads = False  # whether --thread-count applies
+    loads_in_place = False  # loads into the state's own tensors (scrambled first)
 
     def save(self, state: ShardedState, storage: Storage, path: str, opts: SaveOptions) -> PendingSave:
         raise NotImplementedError
@@ -118,12 +118,21 @@ class Dcp(Method):
         if storage.is_url:
             from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
-            return FsspecWriter(path, single_file_per_rank=opts.single_file_per_rank, sync_files=opts.sync_files,
-                                thread_count=opts.thread_count, **dict(storage.options))
+            return FsspecWriter(
+                path,
+                single_file_per_rank=opts.single_file_per_rank,
+                sync_files=opts.sync_files,
+                thread_count=opts.thread_count,
+                **dict(storage.options),
+            )
         from torch.distributed.checkpoint import FileSystemWriter
 
-        return FileSystemWriter(path, single_file_per_rank=opts.single_file_per_rank, sync_files=opts.sync_files,
-                                thread_count=opts.thread_count)
+        return FileSystemWriter(
+            path,
+            single_file_per_rank=opts.single_file_per_rank,
+            sync_files=opts.sync_files,
+            thread_count=opts.thread_count,
+        )
 
     @staticmethod
     def reader(storage: Storage, path: str):
@@ -161,15 +170,19 @@ class DcpAsync(Dcp):
         kind = getattr(state_dict_saver, "AsyncCheckpointerType", None)
         member = getattr(kind, self.async_type.upper(), None) if kind is not None else None
         if member is None:
-            raise Unsupported(f"this torch ({torch.__version__}) has no dcp.async_save "
-                              f"async_checkpointer_type={self.async_type}")
+            raise Unsupported(
+                f"this torch ({torch.__version__}) has no dcp.async_save async_checkpointer_type={self.async_type}"
+            )
         return member
 
     def save(self, state, storage, path, opts):
         import torch.distributed.checkpoint as dcp
 
-        response = dcp.async_save(state.dcp_state_dict(), storage_writer=self.writer(storage, path, opts),
-                                  async_checkpointer_type=self.checkpointer_type())
+        response = dcp.async_save(
+            state.dcp_state_dict(),
+            storage_writer=self.writer(storage, path, opts),
+            async_checkpointer_type=self.checkpointer_type(),
+        )
         # Newer torch may return AsyncSaveResponse(staging_completion, upload_completion).
         return PendingSave(getattr(response, "upload_completion", response))
 

@@ -34,12 +34,12 @@ def bandwidth_mibps(size_bytes: float | None, seconds: float | None) -> float | 
 @dataclass(frozen=True)
 class RunOptions:
     iterations: int = 3
-    save_interval: float = 0.0     # simulated training seconds after an async save returns (0: wait at once)
+    save_interval: float = 0.0  # simulated training seconds after an async save returns (0: wait at once)
     drop_cache: bool = False
     keep: bool = False
     single_file_per_rank: bool = True
     sync_files: bool = True
-    faults: Faults = field(default_factory=Faults)   # OPBENCH_FAULTS (core.faults); none by default
+    faults: Faults = field(default_factory=Faults)  # OPBENCH_FAULTS (core.faults); none by default
     timeout_s: float = 1800.0
 
 
@@ -48,7 +48,7 @@ class Case:
     state_index: int
     storage: Storage
     method: Method
-    thread_count: int | None       # None where the method has no thread knob (torch_save)
+    thread_count: int | None  # None where the method has no thread knob (torch_save)
 
     @property
     def tag(self) -> str:
@@ -72,8 +72,15 @@ class CaseResult:
     warmup_s: float | None = None
 
 
-def _save_once(ranks: Ranks, state: ShardedState, case: Case, path: str, opts: SaveOptions,
-               save_interval: float, save: Callable[[], Any] | None = None) -> tuple[float, float, bool]:
+def _save_once(
+    ranks: Ranks,
+    state: ShardedState,
+    case: Case,
+    path: str,
+    opts: SaveOptions,
+    save_interval: float,
+    save: Callable[[], Any] | None = None,
+) -> tuple[float, float, bool]:
     """(block, total, overlapped) on this rank. block: until the call hands control back to the training loop;
     total: until the bytes are stored. With ``save_interval`` an async save gets that many seconds of simulated
     training; if it is still running then, the next checkpoint would have overlapped it (Primus' accurate=false)."""
@@ -90,8 +97,9 @@ def _save_once(ranks: Ranks, state: ShardedState, case: Case, path: str, opts: S
     return block, max(total, block), overlapped
 
 
-def _load_once(ranks: Ranks, state: ShardedState, case: Case, path: str,
-               load: Callable[[], Any] | None = None) -> tuple[float, list[str]]:
+def _load_once(
+    ranks: Ranks, state: ShardedState, case: Case, path: str, load: Callable[[], Any] | None = None
+) -> tuple[float, list[str]]:
     """(seconds, verification problems) on this rank; the check runs after the clock stops."""
     if case.method.loads_in_place:
         state.scramble()
@@ -124,8 +132,9 @@ def _warm_up(ranks: Ranks, tiny: ShardedState, case: Case, path: str, opts: Save
     return time.perf_counter() - start
 
 
-def run_case(ranks: Ranks, state: ShardedState, case: Case, case_dir: str, run: RunOptions,
-             tiny: ShardedState | None = None) -> CaseResult:
+def run_case(
+    ranks: Ranks, state: ShardedState, case: Case, case_dir: str, run: RunOptions, tiny: ShardedState | None = None
+) -> CaseResult:
     """Measure one case on every rank; raises (on every rank) if any rank failed. Leaves ``state`` holding its
     original contents whatever happens, and removes the case's files unless ``run.keep``."""
     opts = SaveOptions(case.thread_count or 1, run.single_file_per_rank, run.sync_files)
@@ -188,10 +197,16 @@ def case_row(case: Case, state: ShardedState, ranks: Ranks, run: RunOptions, res
     size = int(Stats.from_samples([float(s) for s in result.sizes]).median)
     row = base_row(case, state, ranks, run)
     row.update(
-        num_saved=len(result.total), num_loaded=len(result.load),
-        save_block_time=block.median, save_total_time=total.median, load_time=load.median,
-        save_block_time_max=block.max, save_total_time_min=total.min, save_total_time_max=total.max,
-        load_time_min=load.min, load_time_max=load.max,
+        num_saved=len(result.total),
+        num_loaded=len(result.load),
+        save_block_time=block.median,
+        save_total_time=total.median,
+        load_time=load.median,
+        save_block_time_max=block.max,
+        save_total_time_min=total.min,
+        save_total_time_max=total.max,
+        load_time_min=load.min,
+        load_time_max=load.max,
         iter_folder_size=size,
         save_bandwidth_in_mbps=bandwidth_mibps(size, total.median),
         load_bandwidth_in_mbps=bandwidth_mibps(size, load.median),
@@ -209,16 +224,29 @@ def base_row(case: Case, state: ShardedState, ranks: Ranks, run: RunOptions) -> 
     """The columns that describe the case, shared by measured and failed rows."""
     spec = state.spec
     return dict(
-        model=spec.label, num_layers=spec.num_layers, optimizer=spec.optimizer, param_dtype=spec.param_dtype,
-        state_bytes=spec.total_bytes, method=case.method.name, storage=case.storage.spec,
-        world_size=ranks.world_size, thread_count=case.thread_count, async_save=case.method.async_type is not None,
+        model=spec.label,
+        num_layers=spec.num_layers,
+        optimizer=spec.optimizer,
+        param_dtype=spec.param_dtype,
+        state_bytes=spec.total_bytes,
+        method=case.method.name,
+        storage=case.storage.spec,
+        world_size=ranks.world_size,
+        thread_count=case.thread_count,
+        async_save=case.method.async_type is not None,
         async_type=case.method.async_type,
         single_file_per_rank=run.single_file_per_rank if case.method.uses_threads else None,
-        sync_files=run.sync_files, drop_cache=run.drop_cache,
+        sync_files=run.sync_files,
+        drop_cache=run.drop_cache,
     )
 
 
 def sidecar_entry(case: Case, result: CaseResult) -> dict[str, Any]:
     """Per-iteration and per-rank values for the JSON sidecar."""
-    return dict(case=case.tag, method=case.method.name, storage=case.storage.spec, thread_count=case.thread_count,
-                **{k: v for k, v in asdict(result).items()})
+    return dict(
+        case=case.tag,
+        method=case.method.name,
+        storage=case.storage.spec,
+        thread_count=case.thread_count,
+        **{k: v for k, v in asdict(result).items()},
+    )

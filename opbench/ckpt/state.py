@@ -72,8 +72,9 @@ def shard_range(dim0: int, rank: int, world: int) -> tuple[int, int]:
     return start, max(0, min(size, dim0 - start))
 
 
-def model_state_spec(cfg, optimizer: str = "adam", param_dtype: str = "bf16",
-                     master_weights: bool | None = None) -> StateSpec:
+def model_state_spec(
+    cfg, optimizer: str = "adam", param_dtype: str = "bf16", master_weights: bool | None = None
+) -> StateSpec:
     """Parameters of ``cfg`` (HF names and shapes from opbench.models.params) plus master weights and moments."""
     from opbench.models.params import parameter_shapes
 
@@ -95,10 +96,14 @@ def synthetic_layer(prefix: str, hidden: int) -> list[tuple[str, tuple[int, ...]
     """A Llama-style decoder layer: four attention projections, a gated MLP (ffn = 8/3·hidden, multiple of 256)
     and two norms; gives --size-mb states the mix of tensor sizes a real model has."""
     ffn = -(-(8 * hidden // 3) // 256) * 256
-    attn: list[tuple[str, tuple[int, ...]]] = [(f"{prefix}.self_attn.{p}_proj.weight", (hidden, hidden))
-                                              for p in "qkvo"]
-    mlp = [(f"{prefix}.mlp.gate_proj.weight", (ffn, hidden)), (f"{prefix}.mlp.up_proj.weight", (ffn, hidden)),
-           (f"{prefix}.mlp.down_proj.weight", (hidden, ffn))]
+    attn: list[tuple[str, tuple[int, ...]]] = [
+        (f"{prefix}.self_attn.{p}_proj.weight", (hidden, hidden)) for p in "qkvo"
+    ]
+    mlp = [
+        (f"{prefix}.mlp.gate_proj.weight", (ffn, hidden)),
+        (f"{prefix}.mlp.up_proj.weight", (ffn, hidden)),
+        (f"{prefix}.mlp.down_proj.weight", (hidden, ffn)),
+    ]
     norms = [(f"{prefix}.input_layernorm.weight", (hidden,)), (f"{prefix}.post_attention_layernorm.weight", (hidden,))]
     return attn + mlp + norms
 
@@ -178,8 +183,9 @@ class ShardedState:
     def regenerate(self) -> None:
         """(Re)create every local shard from its seed; used at build time and after a failed verification."""
         for t in self.spec.tensors:
-            local = deterministic_tensor(t.local_shape(self.rank, self.world), t.dtype,
-                                         tensor_seed(t.key, self.rank), self.device)
+            local = deterministic_tensor(
+                t.local_shape(self.rank, self.world), t.dtype, tensor_seed(t.key, self.rank), self.device
+            )
             if t.key in self.tensors:
                 self.tensors[t.key].copy_(local)
             else:
@@ -197,8 +203,9 @@ class ShardedState:
             self._dtensors = {}
             for t in self.spec.tensors:
                 stride = torch.empty(t.shape, device="meta").stride()
-                self._dtensors[t.key] = DTensor.from_local(self.tensors[t.key], mesh, [Shard(0)], run_check=False,
-                                                           shape=torch.Size(t.shape), stride=stride)
+                self._dtensors[t.key] = DTensor.from_local(
+                    self.tensors[t.key], mesh, [Shard(0)], run_check=False, shape=torch.Size(t.shape), stride=stride
+                )
         return dict(self._dtensors)
 
     def scramble(self) -> None:
@@ -216,8 +223,10 @@ class ShardedState:
                 continue
             want = tuple(self.tensors[key].shape)
             if tuple(got.shape) != want or got.dtype != self.tensors[key].dtype:
-                problems.append(f"rank {self.rank}: '{key}' loaded as {got.dtype} {tuple(got.shape)}, "
-                                f"saved {self.tensors[key].dtype} {want}")
+                problems.append(
+                    f"rank {self.rank}: '{key}' loaded as {got.dtype} {tuple(got.shape)}, "
+                    f"saved {self.tensors[key].dtype} {want}"
+                )
             elif checksum(got) != expected:
                 problems.append(f"rank {self.rank}: '{key}' contents differ from what was saved (CRC-32)")
         return problems

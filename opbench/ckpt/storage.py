@@ -61,8 +61,9 @@ class Storage:
         try:
             return url_to_fs(self.root, **dict(self.options))
         except (ImportError, ValueError) as exc:
-            raise UsageError(f"no fsspec file system for '{self.protocol}://' ({exc})", source=self.spec,
-                             field="--storage") from None
+            raise UsageError(
+                f"no fsspec file system for '{self.protocol}://' ({exc})", source=self.spec, field="--storage"
+            ) from None
 
     def local_path(self, url: str) -> str | None:
         """``url`` (made by join) as a local file name, or None for remote storage."""
@@ -82,7 +83,7 @@ def parse_storage_options(text: str | None) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise UsageError(f"not valid JSON ({exc.msg} at character {exc.pos})", field="--storage-options") from None
     if not isinstance(value, dict):
-        raise UsageError("must be a JSON object like {\"default_block_size\": 5242880}", field="--storage-options")
+        raise UsageError('must be a JSON object like {"default_block_size": 5242880}', field="--storage-options")
     return value
 
 
@@ -90,8 +91,11 @@ def preflight(storage: Storage, world_size: int, needed_bytes: int) -> str:
     """Check, before anything is measured, that the storage exists, is writable and (locally) has room for
     ``needed_bytes``. Returns the run's root directory; raises UsageError naming the storage otherwise."""
     if storage.protocol == "memory" and world_size > 1:
-        raise UsageError("memory:// is private to each process, so ranks cannot share a checkpoint there; "
-                         "use it with one process", source=storage.spec, field="--storage")
+        raise UsageError(
+            "memory:// is private to each process, so ranks cannot share a checkpoint there; use it with one process",
+            source=storage.spec,
+            field="--storage",
+        )
     fs, _ = storage.filesystem()
     run_dir = storage.join(f"opbench_ckpt_{uuid.uuid4().hex[:12]}")
     probe = run_dir + "/.write_probe"
@@ -99,26 +103,34 @@ def preflight(storage: Storage, world_size: int, needed_bytes: int) -> str:
         if storage.protocol == "s3":
             bucket = storage.root.split("://", 1)[1].split("/", 1)[0]
             if not bucket:
-                raise UsageError("an s3:// URL needs a bucket (s3://bucket/prefix)", source=storage.spec,
-                                 field="--storage")
+                raise UsageError(
+                    "an s3:// URL needs a bucket (s3://bucket/prefix)", source=storage.spec, field="--storage"
+                )
             if not fs.exists(bucket):
-                raise UsageError(f"bucket '{bucket}' does not exist or is not visible with these credentials",
-                                 source=storage.spec, field="--storage")
+                raise UsageError(
+                    f"bucket '{bucket}' does not exist or is not visible with these credentials",
+                    source=storage.spec,
+                    field="--storage",
+                )
         fs.makedirs(run_dir, exist_ok=True)
         fs.pipe_file(probe, b"opbench write probe")
         fs.rm_file(probe)
     except UsageError:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure here is the user's storage, reported as one line
-        raise UsageError(f"cannot write there: {describe_os_error(exc)}", source=storage.spec,
-                         field="--storage") from None
+        raise UsageError(
+            f"cannot write there: {describe_os_error(exc)}", source=storage.spec, field="--storage"
+        ) from None
     if storage.local_root is not None:
         free = shutil.disk_usage(storage.local_path(run_dir) or run_dir).free
         if free < needed_bytes * FREE_SPACE_SLACK:
             remove_tree(storage, run_dir)
-            raise UsageError(f"needs {needed_bytes * FREE_SPACE_SLACK / 2**30:.2f} GiB free for the saved "
-                             f"iterations, has {free / 2**30:.2f} GiB (lower --iterations or the state size)",
-                             source=storage.spec, field="--storage")
+            raise UsageError(
+                f"needs {needed_bytes * FREE_SPACE_SLACK / 2**30:.2f} GiB free for the saved "
+                f"iterations, has {free / 2**30:.2f} GiB (lower --iterations or the state size)",
+                source=storage.spec,
+                field="--storage",
+            )
     return run_dir
 
 

@@ -32,66 +32,130 @@ examples:
 
 def build_parser() -> argparse.ArgumentParser:
     p = cli.parser(
-        "opbench comm", epilog=EXAMPLES,
+        "opbench comm",
+        epilog=EXAMPLES,
         description="Time collectives under torchrun with nccl-tests semantics: -b/-e are total buffer bytes "
-                    "per rank (max of send and receive), count is the per-rank NCCL count, busbw uses "
-                    "nccl-tests' factors. Rank 0 writes <report-dir>/<collective>_benchmark.csv.")
+        "per rank (max of send and receive), count is the per-rank NCCL count, busbw uses "
+        "nccl-tests' factors. Rank 0 writes <report-dir>/<collective>_benchmark.csv.",
+    )
     g = p.add_argument_group("launch (ignored when already under torchrun/srun)")
-    g.add_argument("--nproc-per-node", type=positive_int, default=None,
-                   help="start torchrun with this many ranks here (default: one per GPU, 1 on CPU)")
+    g.add_argument(
+        "--nproc-per-node",
+        type=positive_int,
+        default=None,
+        help="start torchrun with this many ranks here (default: one per GPU, 1 on CPU)",
+    )
     g.add_argument("--nnodes", type=positive_int, default=1, help="nodes in the job")
-    g.add_argument("--node-rank", type=int, default=int(os.environ.get("NODE_RANK", "0")),
-                   help="this node's index (default: $NODE_RANK or 0)")
+    g.add_argument(
+        "--node-rank",
+        type=int,
+        default=int(os.environ.get("NODE_RANK", "0")),
+        help="this node's index (default: $NODE_RANK or 0)",
+    )
     g.add_argument("--master-addr", default=os.environ.get("MASTER_ADDR"), help="rendezvous host ($MASTER_ADDR)")
-    g.add_argument("--master-port", type=int, default=None,
-                   help="rendezvous port (default: $MASTER_PORT, else a free port on one node, 29500 on several)")
-    g.add_argument("--backend", default=None, help="torch.distributed backend (default: nccl on GPU — RCCL on "
-                   "ROCm — and gloo on CPU)")
+    g.add_argument(
+        "--master-port",
+        type=int,
+        default=None,
+        help="rendezvous port (default: $MASTER_PORT, else a free port on one node, 29500 on several)",
+    )
+    g.add_argument(
+        "--backend",
+        default=None,
+        help="torch.distributed backend (default: nccl on GPU — RCCL on ROCm — and gloo on CPU)",
+    )
     cli.add_timeout_arg(g, 300.0)
     add_device_args(p, COMM_DTYPES)
 
     g = p.add_argument_group("what to run")
-    g.add_argument("--collectives", type=csv_list(str), default=list(RUNNABLE),
-                   help=f"comma-separated subset of {','.join(RUNNABLE)} (default: all)")
-    g.add_argument("-o", "--op", default="sum", choices=["sum", "prod", "max", "min", "avg"],
-                   help="reduction of all_reduce / reduce_scatter")
+    g.add_argument(
+        "--collectives",
+        type=csv_list(str),
+        default=list(RUNNABLE),
+        help=f"comma-separated subset of {','.join(RUNNABLE)} (default: all)",
+    )
+    g.add_argument(
+        "-o",
+        "--op",
+        default="sum",
+        choices=["sum", "prod", "max", "min", "avg"],
+        help="reduction of all_reduce / reduce_scatter",
+    )
     g.add_argument("-r", "--root", type=int, default=0, help="broadcast root, a rank within the group")
-    g.add_argument("--p2p-mode", choices=["ring", "pingpong"], default="ring",
-                   help="send_recv: ring (rank→rank+1 while receiving from rank-1, batch_isend_irecv) or pingpong "
-                        "(pairs 0↔1, 2↔3…; time = half the round trip)")
+    g.add_argument(
+        "--p2p-mode",
+        choices=["ring", "pingpong"],
+        default="ring",
+        help="send_recv: ring (rank→rank+1 while receiving from rank-1, batch_isend_irecv) or pingpong "
+        "(pairs 0↔1, 2↔3…; time = half the round trip)",
+    )
 
     g = p.add_argument_group("sizes (nccl-tests semantics; K/M/G = 1024 powers)")
     g.add_argument("-b", "--minbytes", type=parse_bytes, default=None, help="smallest size (default: 32M)")
     g.add_argument("-e", "--maxbytes", type=parse_bytes, default=None, help="largest size (default: minbytes)")
     g.add_argument("-i", "--stepbytes", type=parse_bytes, default=1 << 20, help="additive step (default: 1M)")
     g.add_argument("-f", "--stepfactor", type=int, default=1, help="multiplicative step, used when > 1")
-    g.add_argument("--sizes", type=csv_list(parse_bytes), default=None, metavar="B1,B2,…",
-                   help="explicit list of sizes (each an nccl-tests -b value)")
-    g.add_argument("--source-label", default=None,
-                   help="value of the CSV 'source' column for --sizes / sweep rows (default: 'sizes' / 'sweep')")
+    g.add_argument(
+        "--sizes",
+        type=csv_list(parse_bytes),
+        default=None,
+        metavar="B1,B2,…",
+        help="explicit list of sizes (each an nccl-tests -b value)",
+    )
+    g.add_argument(
+        "--source-label",
+        default=None,
+        help="value of the CSV 'source' column for --sizes / sweep rows (default: 'sizes' / 'sweep')",
+    )
     cli.add_model_args(g)
     g.add_argument("--tp", type=positive_int, default=None, help="tensor-parallel size (default: world size)")
     g.add_argument("--ep", type=positive_int, default=None, help="expert-parallel size (default: world size)")
     g.add_argument("--pp", type=positive_int, default=None, help="pipeline-parallel size (default: world size)")
     cli.add_mbs_arg(g, help="micro-batch sizes for model-derived sizes, e.g. 1,2,4,8")
     g.add_argument("--seqlen", type=positive_int, default=None, help="sequence length (default: the model's)")
-    g.add_argument("--sizes-from-trace", type=csv_list(str), default=None, metavar="LOG[,LOG]",
-                   help="replay the (collective, count, dtype, nranks) an NCCL_DEBUG=INFO log recorded")
+    g.add_argument(
+        "--sizes-from-trace",
+        type=csv_list(str),
+        default=None,
+        metavar="LOG[,LOG]",
+        help="replay the (collective, count, dtype, nranks) an NCCL_DEBUG=INFO log recorded",
+    )
 
     g = p.add_argument_group("measurement")
     g.add_argument("-w", "--warmup-iters", type=int, default=5, help="warm-up calls per size")
     g.add_argument("-n", "--iters", type=positive_int, default=20, help="timed back-to-back calls per trial")
-    g.add_argument("--trials", type=positive_int, default=3, help="timed loops per size; the CSV has the median "
-                   "and the min/max over trials")
-    g.add_argument("-z", "--blocking", type=int, nargs="?", const=1, default=0,
-                   help="synchronise after every call (nccl-tests -z 1)")
-    g.add_argument("-c", "--check", type=int, nargs="?", const=1, default=0,
-                   help="fill rank-dependent values and count wrong elements after a checked call (-c 1)")
+    g.add_argument(
+        "--trials",
+        type=positive_int,
+        default=3,
+        help="timed loops per size; the CSV has the median and the min/max over trials",
+    )
+    g.add_argument(
+        "-z",
+        "--blocking",
+        type=int,
+        nargs="?",
+        const=1,
+        default=0,
+        help="synchronise after every call (nccl-tests -z 1)",
+    )
+    g.add_argument(
+        "-c",
+        "--check",
+        type=int,
+        nargs="?",
+        const=1,
+        default=0,
+        help="fill rank-dependent values and count wrong elements after a checked call (-c 1)",
+    )
     g = p.add_argument_group("output")
     cli.add_output_args(g, dir_default="out", dir_help="where <collective>_benchmark.csv go")
     g.add_argument("--append", action="store_true", help="append to existing CSVs instead of replacing them")
-    cli.add_dry_run_arg(g, "print every planned case and the matching nccl-tests / rccl-tests command lines "
-                           "(no torch, no ranks; world size = --nproc-per-node × --nnodes)")
+    cli.add_dry_run_arg(
+        g,
+        "print every planned case and the matching nccl-tests / rccl-tests command lines "
+        "(no torch, no ranks; world size = --nproc-per-node × --nnodes)",
+    )
     return p
 
 
@@ -111,7 +175,7 @@ def _validate(args: argparse.Namespace) -> None:
     for path in args.sizes_from_trace or []:
         if path != "-" and not os.path.isfile(path):
             raise UsageError("no such file", source=path, field="--sizes-from-trace")
-    Faults.from_env()      # a malformed OPBENCH_FAULTS fails here, once, before any rank starts
+    Faults.from_env()  # a malformed OPBENCH_FAULTS fails here, once, before any rank starts
     _sweep(args)
 
 
@@ -138,12 +202,17 @@ def build_cases(args: argparse.Namespace, world_size: int, dtype: str) -> tuple[
         par = CommGroups.resolve(world_size, args.tp, args.ep, args.pp)
         models = select_models(load_model_configs(args.model_config_path, args.model_name), args.model)
         for model in models:
-            found = [c for mbs in args.mbs
-                     for c in model_cases(model, args.collectives, world_size, par, mbs, args.seqlen, dtype)]
+            found = [
+                c
+                for mbs in args.mbs
+                for c in model_cases(model, args.collectives, world_size, par, mbs, args.seqlen, dtype)
+            ]
             cases += found
             if not found:
-                notes.append(f"{model.name}: no traffic for {','.join(args.collectives)} at tp={par.tp} "
-                             f"ep={par.ep} pp={par.pp} (dimensions of 1 have none; all_to_all needs a MoE model)")
+                notes.append(
+                    f"{model.name}: no traffic for {','.join(args.collectives)} at tp={par.tp} "
+                    f"ep={par.ep} pp={par.pp} (dimensions of 1 have none; all_to_all needs a MoE model)"
+                )
     if args.sizes_from_trace:
         from opbench.trace.analyze import trace_sizes  # lazy: the log parser is only needed here
 
@@ -151,7 +220,7 @@ def build_cases(args: argparse.Namespace, world_size: int, dtype: str) -> tuple[
         found, skipped = trace_cases(trace_sizes(list(args.sizes_from_trace)), args.collectives, world_size, label)
         cases += found
         notes += skipped
-    cases.sort(key=lambda c: RUNNABLE.index(c.collective))   # stable: one table (and CSV run) per collective
+    cases.sort(key=lambda c: RUNNABLE.index(c.collective))  # stable: one table (and CSV run) per collective
     return cases, notes
 
 
@@ -167,8 +236,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         nproc = args.nproc_per_node or _local_gpus(args.device) or 1
         if nproc > 1 or args.nnodes > 1:
             port = args.master_port or (int(os.environ["MASTER_PORT"]) if "MASTER_PORT" in os.environ else None)
-            return dist.relaunch(dist.torchrun_command(argv, nproc, "opbench.comm", args.nnodes, args.node_rank,
-                                                       args.master_addr, port, args.timeout), "opbench comm")
+            return dist.relaunch(
+                dist.torchrun_command(
+                    argv, nproc, "opbench.comm", args.nnodes, args.node_rank, args.master_addr, port, args.timeout
+                ),
+                "opbench comm",
+            )
         dist_env = dist.single()
     return run(args, dist_env)
 
@@ -185,9 +258,11 @@ def dry_run(args: argparse.Namespace, dist_env: dist.DistEnv | None) -> int:
         per_node = max(1, world // dist_env.nnodes)
     dtype = args.dtype or "bf16"
     cases, notes = build_cases(args, world, dtype)
-    print(f"# plan: world size {world} ({world // per_node} node(s) × {per_node}), dtype {dtype}"
-          + ("" if args.dtype else " (the GPU default; CPU runs use fp32)")
-          + f", -n {args.iters} -w {args.warmup_iters}, {args.trials} trial(s)")
+    print(
+        f"# plan: world size {world} ({world // per_node} node(s) × {per_node}), dtype {dtype}"
+        + ("" if args.dtype else " (the GPU default; CPU runs use fp32)")
+        + f", -n {args.iters} -w {args.warmup_iters}, {args.trials} trial(s)"
+    )
     for note in notes:
         print(f"# note: {note}")
     if not cases:
@@ -204,17 +279,30 @@ def dry_run(args: argparse.Namespace, dist_env: dist.DistEnv | None) -> int:
         redop = TESTS_REDOP[case.redop] if coll.has_redop else None
         nodes = -(-nranks // per_node)
         for flavour, lines in commands.items():
-            lines.append(nccl_tests_command(case.collective, size, nranks, dtype, flavour=flavour,
-                                            launcher="single" if nodes == 1 else "mpi", nnodes=nodes, redop=redop,
-                                            iters=args.iters, warmup=args.warmup_iters, check=bool(args.check)))
+            lines.append(
+                nccl_tests_command(
+                    case.collective,
+                    size,
+                    nranks,
+                    dtype,
+                    flavour=flavour,
+                    launcher="single" if nodes == 1 else "mpi",
+                    nnodes=nodes,
+                    redop=redop,
+                    iters=args.iters,
+                    warmup=args.warmup_iters,
+                    check=bool(args.check),
+                )
+            )
     print(f"# {'collective':<13} {'size (B)':>12} {'count':>12} {'dtype':>6} {'nranks':>6}  source")
     print("\n".join(rows))
     same = commands["nccl"] == commands["rccl"]
     for flavour, lines in commands.items():
         if flavour == "rccl" and same:
             break
-        print(f"\n# {'nccl-tests and rccl-tests (same flags)' if same else flavour + '-tests'}, from the build "
-              "directory:")
+        print(
+            f"\n# {'nccl-tests and rccl-tests (same flags)' if same else flavour + '-tests'}, from the build directory:"
+        )
         print("\n".join(dict.fromkeys(lines)))
     return 0
 
@@ -242,13 +330,33 @@ def run(args: argparse.Namespace, dist_env: dist.DistEnv) -> int:
                 print(f"# note: {note}", file=sys.stderr)
         if not cases:
             raise UsageError("nothing to run: no sizes for the chosen collectives", field="--collectives")
-        cfg = RunConfig(iters=args.iters, warmup=args.warmup_iters, trials=args.trials, blocking=bool(args.blocking),
-                        check=bool(args.check), root=args.root, p2p_mode=args.p2p_mode, timeout_s=args.timeout,
-                        faults=Faults.from_env())
-        meta = run_meta(ranks.device, {"world_size": ranks.world_size, "nnodes": dist_env.nnodes,
-                                       "launcher": dist_env.launcher, "backend": ranks.backend, "dtype": dtype,
-                                       "iters": cfg.iters, "warmup_iters": cfg.warmup, "trials": cfg.trials,
-                                       "blocking": cfg.blocking, "check": cfg.check, "timeout_s": cfg.timeout_s})
+        cfg = RunConfig(
+            iters=args.iters,
+            warmup=args.warmup_iters,
+            trials=args.trials,
+            blocking=bool(args.blocking),
+            check=bool(args.check),
+            root=args.root,
+            p2p_mode=args.p2p_mode,
+            timeout_s=args.timeout,
+            faults=Faults.from_env(),
+        )
+        meta = run_meta(
+            ranks.device,
+            {
+                "world_size": ranks.world_size,
+                "nnodes": dist_env.nnodes,
+                "launcher": dist_env.launcher,
+                "backend": ranks.backend,
+                "dtype": dtype,
+                "iters": cfg.iters,
+                "warmup_iters": cfg.warmup,
+                "trials": cfg.trials,
+                "blocking": cfg.blocking,
+                "check": cfg.check,
+                "timeout_s": cfg.timeout_s,
+            },
+        )
         Bench(cfg, ranks).run(cases, Output(ranks, args.report_dir_path, meta, append=args.append))
     except CommFailure as exc:
         dist.fail_job("opbench comm", str(exc))

@@ -48,8 +48,11 @@ from .sizes import CommCase, count_for, group_layout
 
 _STATUS_CODES = [STATUS_OK, STATUS_UNSUPPORTED, STATUS_OOM, STATUS_ERROR]  # worst last
 # Errors that mean the job itself is broken (a peer died or hung): no row, stop every survivor.
-_FATAL = re.compile(r"timed out|timeout|connection (closed|reset|refused)|broken pipe|watchdog|abort|"
-                    r"remote worker|peer", re.IGNORECASE)
+_FATAL = re.compile(
+    r"timed out|timeout|connection (closed|reset|refused)|broken pipe|watchdog|abort|"
+    r"remote worker|peer",
+    re.IGNORECASE,
+)
 
 
 class CommFailure(Exception):
@@ -66,7 +69,7 @@ class RunConfig:
     root: int = 0
     p2p_mode: str = "ring"
     timeout_s: float = 300.0
-    faults: Faults = field(default_factory=Faults)   # OPBENCH_FAULTS (core.faults); none by default
+    faults: Faults = field(default_factory=Faults)  # OPBENCH_FAULTS (core.faults); none by default
 
 
 def is_fatal(exc: BaseException) -> bool:
@@ -88,7 +91,7 @@ def timed_loop(call, iters: int, device: torch.device, blocking: bool) -> float:
         return start.elapsed_time(end) / 1e3 / iters
     t0 = time.perf_counter_ns()
     for _ in range(iters):
-        call()          # gloo calls return when the data has arrived
+        call()  # gloo calls return when the data has arrived
     return (time.perf_counter_ns() - t0) / 1e9 / iters
 
 
@@ -119,8 +122,17 @@ class Bench:
         n = len(ranks)
         if not 0 <= self.cfg.root < n:
             raise Unsupported(f"root {self.cfg.root} is outside a group of {n} ranks")
-        return Ctx(group, ranks, ranks.index(self.rank), count_for(case, n), dtype_of(case.dtype), self.device,
-                   case.redop, self.cfg.root, self.cfg.p2p_mode)
+        return Ctx(
+            group,
+            ranks,
+            ranks.index(self.rank),
+            count_for(case, n),
+            dtype_of(case.dtype),
+            self.device,
+            case.redop,
+            self.cfg.root,
+            self.cfg.p2p_mode,
+        )
 
     # -- one case ------------------------------------------------------------------------------------------
     def _time(self, call) -> list[float]:
@@ -162,11 +174,21 @@ class Bench:
         size = coll.size_bytes(count, nranks, element_size(case.dtype))
         pattern = cfg.p2p_mode if case.collective == "send_recv" else ""
         row: dict[str, Any] = {
-            "collective": case.collective, "backend": self.backend, "world_size": self.world,
-            "nnodes": self.nnodes, "nranks": nranks, "dtype": case.dtype,
-            "redop": case.redop if coll.has_redop else "none", "root": cfg.root if coll.has_root else -1,
-            "size_bytes": size, "count": count, "inplace": inplace, "pattern": pattern, "iters": cfg.iters,
-            "trials": cfg.trials, "source": case.source,
+            "collective": case.collective,
+            "backend": self.backend,
+            "world_size": self.world,
+            "nnodes": self.nnodes,
+            "nranks": nranks,
+            "dtype": case.dtype,
+            "redop": case.redop if coll.has_redop else "none",
+            "root": cfg.root if coll.has_root else -1,
+            "size_bytes": size,
+            "count": count,
+            "inplace": inplace,
+            "pattern": pattern,
+            "iters": cfg.iters,
+            "trials": cfg.trials,
+            "source": case.source,
         }
         status, message, wrong = STATUS_OK, "", 0
         times = [math.nan] * cfg.trials
@@ -177,15 +199,17 @@ class Bench:
             ctx, bufs = self.ranks.agree(lambda: self._prepare(case, op, inplace))
             cfg.faults.before_timing(self.rank, cfg.timeout_s)
             times = self._time(cfg.faults.timed(op.bind(ctx, bufs), self.rank, self.device))
-            if pattern == "pingpong":            # one iteration is a round trip; report one way (osu_latency)
+            if pattern == "pingpong":  # one iteration is a round trip; report one way (osu_latency)
                 times = [t / 2 for t in times]
             if cfg.check:
                 wrong = self._check(op, ctx, bufs)
         except Exception as exc:
             if is_fatal(exc):
-                raise CommFailure(f"rank {self.rank}/{self.world}: {case.collective} at {size} B failed "
-                                  f"(--timeout {cfg.timeout_s:g} s): {' '.join(str(exc).split())[:300]} "
-                                  f"(a peer rank probably exited or hung)") from exc
+                raise CommFailure(
+                    f"rank {self.rank}/{self.world}: {case.collective} at {size} B failed "
+                    f"(--timeout {cfg.timeout_s:g} s): {' '.join(str(exc).split())[:300]} "
+                    f"(a peer rank probably exited or hung)"
+                ) from exc
             status, message = (exc.status, str(exc)) if isinstance(exc, RankFailure) else classify_failure(exc)
             print(f"[rank {self.rank}] {case.collective} {size} B: {status}: {message}", file=sys.stderr, flush=True)
         finally:
@@ -201,9 +225,11 @@ class Bench:
         try:
             all_gather_fn()(every, mine)
         except Exception as exc:
-            raise CommFailure(f"rank {self.rank}/{self.world}: gathering results after {row['collective']} "
-                              f"{size} B failed: {' '.join(str(exc).split())[:300]} "
-                              f"(a peer rank probably exited or hung)") from exc
+            raise CommFailure(
+                f"rank {self.rank}/{self.world}: gathering results after {row['collective']} "
+                f"{size} B failed: {' '.join(str(exc).split())[:300]} "
+                f"(a peer rank probably exited or hung)"
+            ) from exc
         table = every.view(self.world, -1).cpu()
         codes = table[:, 0].long().tolist()
         if any(codes):
@@ -216,10 +242,17 @@ class Bench:
         per_trial = table[:, 2:]
         avg, slowest = per_trial.mean(dim=0).tolist(), per_trial.max(dim=0).values.tolist()
         t = statistics.median(avg)
-        row.update(time_us=t * 1e6, time_us_max=statistics.median(slowest) * 1e6, time_us_trial_min=min(avg) * 1e6,
-                   time_us_trial_max=max(avg) * 1e6, algbw_gbs=coll.algbw_gbs(size, t),
-                   busbw_gbs=coll.busbw_gbs(size, t, nranks),
-                   wrong=int(table[:, 1].sum()) if self.cfg.check else None, status=STATUS_OK, error=None)
+        row.update(
+            time_us=t * 1e6,
+            time_us_max=statistics.median(slowest) * 1e6,
+            time_us_trial_min=min(avg) * 1e6,
+            time_us_trial_max=max(avg) * 1e6,
+            algbw_gbs=coll.algbw_gbs(size, t),
+            busbw_gbs=coll.busbw_gbs(size, t, nranks),
+            wrong=int(table[:, 1].sum()) if self.cfg.check else None,
+            status=STATUS_OK,
+            error=None,
+        )
         return row
 
     def run(self, cases: Sequence[CommCase], out: Output) -> list[dict[str, Any]]:
@@ -243,7 +276,7 @@ def dtype_of(name: str) -> torch.dtype:
 
 
 # -- the output: one CSV per collective (rank 0 writes, through Ranks.open_report), nccl-tests style console ---
-_HEAD = ("#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}")
+_HEAD = "#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}"
 
 
 class Output:
@@ -270,14 +303,34 @@ class Output:
             print(text, file=self.stream, flush=True)
 
     def _header(self, row: dict[str, Any]) -> None:
-        self._print(f"#\n# {row['collective']}: backend {row['backend']}, world {row['world_size']} "
-                    f"({row['nnodes']} node{'s' if row['nnodes'] != 1 else ''}), iters {row['iters']}, "
-                    f"trials {row['trials']}; time = median over trials of the rank average")
+        self._print(
+            f"#\n# {row['collective']}: backend {row['backend']}, world {row['world_size']} "
+            f"({row['nnodes']} node{'s' if row['nnodes'] != 1 else ''}), iters {row['iters']}, "
+            f"trials {row['trials']}; time = median over trials of the rank average"
+        )
         self._print("#" + " " * 58 + "out-of-place" + " " * 23 + "in-place")
-        self._print(_HEAD.format("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
-                                 "time", "algbw", "busbw", "#wrong"))
-        self._print(_HEAD.format("(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)",
-                                 "(GB/s)", "(GB/s)", ""))
+        self._print(
+            _HEAD.format(
+                "size",
+                "count",
+                "type",
+                "redop",
+                "root",
+                "time",
+                "algbw",
+                "busbw",
+                "#wrong",
+                "time",
+                "algbw",
+                "busbw",
+                "#wrong",
+            )
+        )
+        self._print(
+            _HEAD.format(
+                "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", ""
+            )
+        )
 
     @staticmethod
     def _half(row: dict[str, Any] | None) -> str:
@@ -298,8 +351,10 @@ class Output:
             self._header(first)
         by_variant = {r["inplace"]: r for r in rows}
         type_name = dtype_info(first["dtype"]).nccl_tests
-        line = (f" {first['size_bytes']:>11}  {first['count']:>12}  {type_name:>8}  {first['redop']:>6}  "
-                f"{first['root']:>6}" + self._half(by_variant.get(False)) + self._half(by_variant.get(True)))
+        line = (
+            f" {first['size_bytes']:>11}  {first['count']:>12}  {type_name:>8}  {first['redop']:>6}  "
+            f"{first['root']:>6}" + self._half(by_variant.get(False)) + self._half(by_variant.get(True))
+        )
         extra = [first["source"]] if first["source"] != "sweep" else []
         if first["nranks"] != first["world_size"]:
             extra.insert(0, f"nranks {first['nranks']}")

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-CHUNK = 1 << 24   # elements filled/checked per step, so a check never needs 8 bytes of index per element at once
+CHUNK = 1 << 24  # elements filled/checked per step, so a check never needs 8 bytes of index per element at once
 
 
 @dataclass(frozen=True)
@@ -29,15 +29,15 @@ class Ctx:
     """What a collective call needs: its group (global ranks in group order), this rank's place in it, and
     the per-rank NCCL ``count``."""
 
-    group: Any                 # ProcessGroup, or None for the default group
+    group: Any  # ProcessGroup, or None for the default group
     ranks: tuple[int, ...]
-    rank: int                  # index of this process in ``ranks``
+    rank: int  # index of this process in ``ranks``
     count: int
     dtype: torch.dtype
     device: torch.device
     redop: str = "sum"
-    root: int = 0              # index in ``ranks``
-    pattern: str = "ring"      # send_recv: "ring" | "pingpong"
+    root: int = 0  # index in ``ranks``
+    pattern: str = "ring"  # send_recv: "ring" | "pingpong"
 
     @property
     def n(self) -> int:
@@ -46,23 +46,23 @@ class Ctx:
 
 @dataclass
 class Buffers:
-    send: torch.Tensor         # what this rank contributes (a view into ``recv`` for in-place variants)
-    recv: torch.Tensor         # what this rank ends up with
+    send: torch.Tensor  # what this rank contributes (a view into ``recv`` for in-place variants)
+    recv: torch.Tensor  # what this rank ends up with
 
 
 @dataclass(frozen=True)
 class CommOp:
     name: str
-    variants: tuple[bool, ...]                          # in-place flags the torch API allows
+    variants: tuple[bool, ...]  # in-place flags the torch API allows
     reduces: bool
     alloc: Callable[[Ctx, bool], Buffers]
-    bind: Callable[[Ctx, Buffers], Callable[[], Any]]   # -> the call, ready to repeat
+    bind: Callable[[Ctx, Buffers], Callable[[], Any]]  # -> the call, ready to repeat
     expected: Callable[[Ctx, torch.Tensor], torch.Tensor]  # recv element index -> value (float32)
 
 
 # -- check values -----------------------------------------------------------------------------------------
 def _modulus(dtype: torch.dtype) -> int:
-    return 7 if dtype.itemsize == 1 and dtype.is_floating_point else 127   # fp8 e5m2 is exact to 8
+    return 7 if dtype.itemsize == 1 and dtype.is_floating_point else 127  # fp8 e5m2 is exact to 8
 
 
 def tagged(ctx: Ctx, rank: int | torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -82,8 +82,8 @@ def reduce_expected(ctx: Ctx, g: torch.Tensor) -> torch.Tensor:
     if ctx.redop == "avg":
         return v / ctx.n
     if ctx.redop in ("prod", "min") and ctx.n > 1:
-        return torch.zeros_like(v)   # every other rank contributes 0
-    return v                         # sum, max
+        return torch.zeros_like(v)  # every other rank contributes 0
+    return v  # sum, max
 
 
 def input_values(op: CommOp, ctx: Ctx, idx: torch.Tensor) -> torch.Tensor:
@@ -112,7 +112,7 @@ def _zeros(ctx: Ctx, numel: int) -> torch.Tensor:
 
 
 def _own_chunk(ctx: Ctx, big: torch.Tensor) -> torch.Tensor:
-    return big[ctx.rank * ctx.count:(ctx.rank + 1) * ctx.count]
+    return big[ctx.rank * ctx.count : (ctx.rank + 1) * ctx.count]
 
 
 def _single(ctx: Ctx, inplace: bool) -> Buffers:
@@ -152,7 +152,7 @@ def sendrecv_peers(ctx: Ctx) -> tuple[int, int]:
 
 def _bind_send_recv(ctx: Ctx, b: Buffers) -> Callable[[], None]:
     to, frm = sendrecv_peers(ctx)
-    if ctx.pattern == "pingpong":     # even ranks serve, odd ranks return: one iteration is one round trip
+    if ctx.pattern == "pingpong":  # even ranks serve, odd ranks return: one iteration is one round trip
         send: Callable[[], Any] = partial(dist.send, b.send, ctx.ranks[to], group=ctx.group)
         recv: Callable[[], Any] = partial(dist.recv, b.recv, ctx.ranks[frm], group=ctx.group)
         first, second = (send, recv) if ctx.rank % 2 == 0 else (recv, send)
@@ -160,37 +160,75 @@ def _bind_send_recv(ctx: Ctx, b: Buffers) -> Callable[[], None]:
         def pingpong() -> None:
             first()
             second()
+
         return pingpong
-    ops = [dist.P2POp(dist.isend, b.send, ctx.ranks[to], ctx.group),
-           dist.P2POp(dist.irecv, b.recv, ctx.ranks[frm], ctx.group)]
+    ops = [
+        dist.P2POp(dist.isend, b.send, ctx.ranks[to], ctx.group),
+        dist.P2POp(dist.irecv, b.recv, ctx.ranks[frm], ctx.group),
+    ]
 
     def ring() -> None:
         for work in dist.batch_isend_irecv(ops):
             work.wait()
+
     return ring
 
 
 # ``bind`` returns the call itself (a functools.partial straight into torch.distributed where possible), so
 # the timed loop adds no Python layers of its own between iterations.
-OPS: dict[str, CommOp] = {op.name: op for op in (
-    CommOp("all_reduce", (True,), True, _single,
-           lambda c, b: partial(dist.all_reduce, b.recv, op=reduce_op(c.redop), group=c.group),
-           reduce_expected),
-    CommOp("all_gather", (False, True), False, _gather_buffers,
-           lambda c, b: partial(all_gather_fn(), b.recv, b.send, group=c.group),
-           lambda c, i: tagged(c, i // c.count, i % c.count)),
-    CommOp("reduce_scatter", (False, True), True, _scatter_buffers,
-           lambda c, b: partial(_reduce_scatter_fn(), b.recv, b.send, op=reduce_op(c.redop), group=c.group),
-           lambda c, i: reduce_expected(c, c.rank * c.count + i)),
-    CommOp("all_to_all", (False,), False, lambda c, ip: _pair(c, c.n * c.count),
-           lambda c, b: partial(dist.all_to_all_single, b.recv, b.send, group=c.group),
-           lambda c, i: tagged(c, i // c.count, c.rank * c.count + i % c.count)),
-    CommOp("send_recv", (False,), False, lambda c, ip: _pair(c, c.count), _bind_send_recv,
-           lambda c, i: tagged(c, sendrecv_peers(c)[1], i)),
-    CommOp("broadcast", (True,), False, _single,
-           lambda c, b: partial(dist.broadcast, b.recv, c.ranks[c.root], group=c.group),
-           lambda c, i: tagged(c, c.root, i)),
-)}
+OPS: dict[str, CommOp] = {
+    op.name: op
+    for op in (
+        CommOp(
+            "all_reduce",
+            (True,),
+            True,
+            _single,
+            lambda c, b: partial(dist.all_reduce, b.recv, op=reduce_op(c.redop), group=c.group),
+            reduce_expected,
+        ),
+        CommOp(
+            "all_gather",
+            (False, True),
+            False,
+            _gather_buffers,
+            lambda c, b: partial(all_gather_fn(), b.recv, b.send, group=c.group),
+            lambda c, i: tagged(c, i // c.count, i % c.count),
+        ),
+        CommOp(
+            "reduce_scatter",
+            (False, True),
+            True,
+            _scatter_buffers,
+            lambda c, b: partial(_reduce_scatter_fn(), b.recv, b.send, op=reduce_op(c.redop), group=c.group),
+            lambda c, i: reduce_expected(c, c.rank * c.count + i),
+        ),
+        CommOp(
+            "all_to_all",
+            (False,),
+            False,
+            lambda c, ip: _pair(c, c.n * c.count),
+            lambda c, b: partial(dist.all_to_all_single, b.recv, b.send, group=c.group),
+            lambda c, i: tagged(c, i // c.count, c.rank * c.count + i % c.count),
+        ),
+        CommOp(
+            "send_recv",
+            (False,),
+            False,
+            lambda c, ip: _pair(c, c.count),
+            _bind_send_recv,
+            lambda c, i: tagged(c, sendrecv_peers(c)[1], i),
+        ),
+        CommOp(
+            "broadcast",
+            (True,),
+            False,
+            _single,
+            lambda c, b: partial(dist.broadcast, b.recv, c.ranks[c.root], group=c.group),
+            lambda c, i: tagged(c, c.root, i),
+        ),
+    )
+}
 
 
 # -- fill and verify ---------------------------------------------------------------------------------------

@@ -23,14 +23,15 @@ if TYPE_CHECKING:
 # The collectives this benchmark runs (core.collectives also knows `reduce`, which the torchrun driver does not time).
 RUNNABLE = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast")
 
+
 @dataclass(frozen=True)
 class CommCase:
     """One collective at one size. ``group_size`` None = the whole world; ``group_stride`` spaces a group's
     ranks (1 = neighbours, as Megatron's TP groups; world/pp = one rank per pipeline stage)."""
 
     collective: str
-    size_bytes: int          # requested nccl-tests -b value
-    dtype: str               # opbench dtype name (fp32, bf16, …)
+    size_bytes: int  # requested nccl-tests -b value
+    dtype: str  # opbench dtype name (fp32, bf16, …)
     source: str
     group_size: int | None = None
     group_stride: int = 1
@@ -64,8 +65,9 @@ def sweep_bytes(minbytes: int, maxbytes: int, stepbytes: int, stepfactor: int) -
     return sizes
 
 
-def cases_for_sizes(collectives: Sequence[str], sizes: Iterable[int], dtype: str, source: str,
-                    redop: str = "sum") -> list[CommCase]:
+def cases_for_sizes(
+    collectives: Sequence[str], sizes: Iterable[int], dtype: str, source: str, redop: str = "sum"
+) -> list[CommCase]:
     """Every collective at every size, collective-major (one CSV per collective fills in order)."""
     sizes = list(sizes)
     return [CommCase(c, s, dtype, source, redop=redop) for c in collectives for s in sizes]
@@ -79,8 +81,9 @@ def group_layout(world_size: int, size: int, stride: int = 1) -> list[list[int]]
     stride 1 gives neighbours [0..size), [size..2·size), …; stride world/size gives one rank per block.
     """
     if size < 1 or stride < 1 or world_size % (size * stride):
-        raise UsageError(f"groups of {size} ranks {stride} apart do not tile a world of {world_size} ranks",
-                         field="group")
+        raise UsageError(
+            f"groups of {size} ranks {stride} apart do not tile a world of {world_size} ranks", field="group"
+        )
     blocks = world_size // (size * stride)
     return [[a + stride * (j + size * b) for j in range(size)] for b in range(blocks) for a in range(stride)]
 
@@ -113,8 +116,15 @@ class CommGroups:
         return self.tp if world_size % (self.tp * self.ep) == 0 else 1
 
 
-def model_cases(model: ModelConfig, collectives: Sequence[str], world_size: int, par: CommGroups, mbs: int,
-                seqlen: int | None, dtype: str) -> list[CommCase]:
+def model_cases(
+    model: ModelConfig,
+    collectives: Sequence[str],
+    world_size: int,
+    par: CommGroups,
+    mbs: int,
+    seqlen: int | None,
+    dtype: str,
+) -> list[CommCase]:
     """The activation-sized collectives of one training step of ``model`` (docs/conventions.md, "GEMM shapes of a training step" tokens T = mbs·seq).
 
     TP all-reduce of the layer output (T·hidden, over tp ranks); SP all-gather / reduce-scatter of the same
@@ -130,24 +140,32 @@ def model_cases(model: ModelConfig, collectives: Sequence[str], world_size: int,
     tokens, hidden = mbs * seq, model.hidden_size
     elt = element_size(dtype)
     act = f"mbs·seq·hidden={mbs}·{seq}·{hidden}"
-    plan: dict[str, tuple[int, int, int, str]] = {}   # collective -> (elements, group, stride, label)
+    plan: dict[str, tuple[int, int, int, str]] = {}  # collective -> (elements, group, stride, label)
     if par.tp > 1:
         plan["all_reduce"] = (tokens * hidden, par.tp, 1, f"TP all-reduce {act} tp={par.tp}")
         plan["all_gather"] = (tokens * hidden, par.tp, 1, f"SP all-gather {act} tp={par.tp}")
         plan["reduce_scatter"] = (tokens * hidden, par.tp, 1, f"SP reduce-scatter {act} tp={par.tp}")
     if par.ep > 1 and model.is_moe:
         k = model.num_experts_per_tok
-        plan["all_to_all"] = (tokens * k * hidden, par.ep, par.ep_stride(world_size),
-                              f"EP all-to-all mbs·seq·top_k·hidden={mbs}·{seq}·{k}·{hidden} ep={par.ep}")
+        plan["all_to_all"] = (
+            tokens * k * hidden,
+            par.ep,
+            par.ep_stride(world_size),
+            f"EP all-to-all mbs·seq·top_k·hidden={mbs}·{seq}·{k}·{hidden} ep={par.ep}",
+        )
     if par.pp > 1:
         plan["send_recv"] = (tokens * hidden, par.pp, world_size // par.pp, f"PP send/recv {act} pp={par.pp}")
-    return [CommCase(c, plan[c][0] * elt, dtype, f"{model.name}: {plan[c][3]}", plan[c][1], plan[c][2])
-            for c in collectives if c in plan]
+    return [
+        CommCase(c, plan[c][0] * elt, dtype, f"{model.name}: {plan[c][3]}", plan[c][1], plan[c][2])
+        for c in collectives
+        if c in plan
+    ]
 
 
 # -- sizes from an NCCL log ---------------------------------------------------------------------------------
-def trace_cases(sizes: Iterable[TraceSize], collectives: Sequence[str], world_size: int,
-                label: str) -> tuple[list[CommCase], list[str]]:
+def trace_cases(
+    sizes: Iterable[TraceSize], collectives: Sequence[str], world_size: int, label: str
+) -> tuple[list[CommCase], list[str]]:
     """Replay logged calls at their per-rank count and datatype. A call logged on n ranks runs on groups of
     n ranks when n divides the world, else on the whole world with the same per-rank count (the source says
     so). Returns (cases, notes about what was left out)."""
@@ -166,5 +184,5 @@ def trace_cases(sizes: Iterable[TraceSize], collectives: Sequence[str], world_si
         dtype = BY_ENUM[t.dtype_enum].name
         size = COLLECTIVES[t.collective].size_bytes(t.count, group, element_size(dtype))
         cases.append(CommCase(t.collective, size, dtype, where, group, 1, redop))
-    cases.sort(key=lambda c: RUNNABLE.index(c.collective))   # stable: keeps the log's order within one
+    cases.sort(key=lambda c: RUNNABLE.index(c.collective))  # stable: keeps the log's order within one
     return cases, notes

@@ -40,8 +40,12 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         default = action.default
-        if ("default" in text or default in (None, False, argparse.SUPPRESS) or action.option_strings == []
-                or isinstance(action, (argparse._HelpAction, argparse._VersionAction))):
+        if (
+            "default" in text
+            or default in (None, False, argparse.SUPPRESS)
+            or action.option_strings == []
+            or isinstance(action, (argparse._HelpAction, argparse._VersionAction))
+        ):
             return text
         if isinstance(default, (list, tuple)):
             if not default:
@@ -121,8 +125,9 @@ def parse_bytes(text: str) -> int:
 
 def add_device_args(parser: argparse.ArgumentParser, dtypes: Sequence[str] = ("bf16", "fp16", "fp32")) -> None:
     parser.add_argument("--device", default="auto", help="auto (GPU if present, else CPU), cpu, cuda, cuda:N")
-    parser.add_argument("--dtype", choices=list(dtypes), default=None,
-                        help="element type (default: bf16 on GPU, fp32 on CPU)")
+    parser.add_argument(
+        "--dtype", choices=list(dtypes), default=None, help="element type (default: bf16 on GPU, fp32 on CPU)"
+    )
 
 
 def add_timing_args(parser: argparse.ArgumentParser, note: str = "") -> None:
@@ -132,46 +137,86 @@ def add_timing_args(parser: argparse.ArgumentParser, note: str = "") -> None:
 
     d, q = TimingConfig(), TimingConfig.quick()
     g = parser.add_argument_group("timing", note or None)
-    g.add_argument("--warmup", type=int, default=None, help=f"minimum warm-up calls per shape (default: {d.warmup_iters})")
-    g.add_argument("--min-iters", type=int, default=None, help=f"minimum timed calls per shape (default: {d.min_iters})")
-    g.add_argument("--max-iters", type=int, default=None, help=f"maximum timed calls per shape (default: {d.max_iters})")
-    g.add_argument("--rel-tol", type=float, default=None,
-                   help=f"stop when the median is stable to this fraction (default: {d.rel_tol:g})")
-    g.add_argument("--budget", type=float, default=None,
-                   help=f"seconds of timed calls per shape (default: {d.budget_s:g})")
-    g.add_argument("--quick", action="store_true",
-                   help=f"smoke runs: {q.min_iters}-{q.max_iters} calls, {q.budget_s:g} s per shape")
+    g.add_argument(
+        "--warmup", type=int, default=None, help=f"minimum warm-up calls per shape (default: {d.warmup_iters})"
+    )
+    g.add_argument(
+        "--min-iters", type=int, default=None, help=f"minimum timed calls per shape (default: {d.min_iters})"
+    )
+    g.add_argument(
+        "--max-iters", type=int, default=None, help=f"maximum timed calls per shape (default: {d.max_iters})"
+    )
+    g.add_argument(
+        "--rel-tol",
+        type=float,
+        default=None,
+        help=f"stop when the median is stable to this fraction (default: {d.rel_tol:g})",
+    )
+    g.add_argument(
+        "--budget", type=float, default=None, help=f"seconds of timed calls per shape (default: {d.budget_s:g})"
+    )
+    g.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"smoke runs: {q.min_iters}-{q.max_iters} calls, {q.budget_s:g} s per shape",
+    )
 
 
-def add_model_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, model_default: str | None = None,
-                   model_help: str = "model name(s) from the configs, comma-separated, or 'all'",
-                   config_help: str = "", with_name: bool = True) -> None:
+def add_model_args(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    *,
+    model_default: str | None = None,
+    model_help: str = "model name(s) from the configs, comma-separated, or 'all'",
+    config_help: str = "",
+    with_name: bool = True,
+) -> None:
     """--model-config-path / --model (/ --model-name): the same flags, the same meaning, in every tool."""
-    parser.add_argument("--model-config-path", default=None, metavar="PATH",
-                        help=config_help or "Primus model_configs.json list, one object, or a Hugging Face "
-                             "config.json (default: the built-in configs; 'builtin' names them explicitly)")
+    parser.add_argument(
+        "--model-config-path",
+        default=None,
+        metavar="PATH",
+        help=config_help
+        or "Primus model_configs.json list, one object, or a Hugging Face "
+        "config.json (default: the built-in configs; 'builtin' names them explicitly)",
+    )
     parser.add_argument("--model", default=model_default, help=model_help)
     if with_name:
         parser.add_argument("--model-name", default=None, help="name for an HF config.json (default: the file's stem)")
 
 
-def add_mbs_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *aliases: str, dest: str = "mbs",
-                help: str = "micro-batch sizes, e.g. 1,2,4,8") -> None:
+def add_mbs_arg(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    *aliases: str,
+    dest: str = "mbs",
+    help: str = "micro-batch sizes, e.g. 1,2,4,8",
+) -> None:
     """--mbs is always a list."""
-    parser.add_argument("--mbs", *aliases, dest=dest, type=csv_list(positive_int), default=[1], metavar="N[,N...]",
-                        help=help)
+    parser.add_argument(
+        "--mbs", *aliases, dest=dest, type=csv_list(positive_int), default=[1], metavar="N[,N...]", help=help
+    )
 
 
-def add_output_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, dir_default: str | None = None,
-                    dir_help: str = "folder the CSVs (and their .meta.json sidecars) go to",
-                    csv_help: str | None = None, csv_default: str | None = None,
-                    csv_aliases: Sequence[str] = ()) -> None:
+def add_output_args(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    *,
+    dir_default: str | None = None,
+    dir_help: str = "folder the CSVs (and their .meta.json sidecars) go to",
+    csv_help: str | None = None,
+    csv_default: str | None = None,
+    csv_aliases: Sequence[str] = (),
+) -> None:
     """Where output goes, in every tool: ``--report-dir-path DIR`` (the tool's standard file names inside), and
     for single-CSV tools ``--report-csv-path FILE`` to name the file itself (it wins over the folder)."""
     parser.add_argument("--report-dir-path", default=dir_default, metavar="DIR", help=dir_help)
     if csv_help is not None:
-        parser.add_argument("--report-csv-path", *csv_aliases, dest="report_csv_path", default=csv_default,
-                            metavar="FILE", help=csv_help)
+        parser.add_argument(
+            "--report-csv-path",
+            *csv_aliases,
+            dest="report_csv_path",
+            default=csv_default,
+            metavar="FILE",
+            help=csv_help,
+        )
 
 
 def output_csv(args: argparse.Namespace, file_name: str) -> str | None:
@@ -189,8 +234,15 @@ def _top_rows(text: str) -> int | None:
 
 
 def add_top_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, default: int | None, *aliases: str) -> None:
-    parser.add_argument("--top", *aliases, dest="top", type=_top_rows, default=default, metavar="N",
-                        help="rows shown in each console table, 0 = all" + (" (default: all)" if default is None else ""))
+    parser.add_argument(
+        "--top",
+        *aliases,
+        dest="top",
+        type=_top_rows,
+        default=default,
+        metavar="N",
+        help="rows shown in each console table, 0 = all" + (" (default: all)" if default is None else ""),
+    )
 
 
 def add_dry_run_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, what: str) -> None:
@@ -198,9 +250,14 @@ def add_dry_run_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, w
 
 
 def add_timeout_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, default: float) -> None:
-    parser.add_argument("--timeout", type=float, default=default, metavar="SECONDS",
-                        help="seconds the rendezvous or any collective may take before the job fails with one "
-                             "clear error (a dead or hung rank)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=default,
+        metavar="SECONDS",
+        help="seconds the rendezvous or any collective may take before the job fails with one "
+        "clear error (a dead or hung rank)",
+    )
 
 
 def timing_config(args: argparse.Namespace):
@@ -210,8 +267,11 @@ def timing_config(args: argparse.Namespace):
 
     cfg = TimingConfig.quick() if getattr(args, "quick", False) else TimingConfig()
     overrides = {
-        "warmup_iters": args.warmup, "min_iters": args.min_iters, "max_iters": args.max_iters,
-        "rel_tol": args.rel_tol, "budget_s": args.budget,
+        "warmup_iters": args.warmup,
+        "min_iters": args.min_iters,
+        "max_iters": args.max_iters,
+        "rel_tol": args.rel_tol,
+        "budget_s": args.budget,
     }
     for key, value in overrides.items():
         if value is not None and value < 0:

@@ -20,9 +20,9 @@ class Collective:
     ``count`` is the per-rank NCCL count (what an NCCL_DEBUG line and nccl-tests' count column show).
     """
 
-    name: str                    # opbench name: what every CSV's `collective` column holds
-    nccl_op: str                 # name in NCCL logs and NCCL's API
-    binary: str                  # nccl-tests / rccl-tests binary
+    name: str  # opbench name: what every CSV's `collective` column holds
+    nccl_op: str  # name in NCCL logs and NCCL's API
+    binary: str  # nccl-tests / rccl-tests binary
     busbw_factor: Callable[[int], float]
     count_scales_with_ranks: bool  # size = count·n·elt (gathers, scatters, all-to-all) vs count·elt
     has_redop: bool = False
@@ -54,21 +54,32 @@ def _one(n: int) -> float:
     return 1.0
 
 
-COLLECTIVES: dict[str, Collective] = {c.name: c for c in (
-    Collective("all_reduce", "AllReduce", "all_reduce_perf", _allreduce, False, has_redop=True),
-    Collective("all_gather", "AllGather", "all_gather_perf", _ring, True),
-    Collective("reduce_scatter", "ReduceScatter", "reduce_scatter_perf", _ring, True, has_redop=True),
-    Collective("all_to_all", "AlltoAll", "alltoall_perf", _ring, True),
-    Collective("send_recv", "SendRecv", "sendrecv_perf", _one, False),
-    Collective("broadcast", "Broadcast", "broadcast_perf", _one, False, has_root=True),
-    Collective("reduce", "Reduce", "reduce_perf", _one, False, has_redop=True, has_root=True),
-)}
+COLLECTIVES: dict[str, Collective] = {
+    c.name: c
+    for c in (
+        Collective("all_reduce", "AllReduce", "all_reduce_perf", _allreduce, False, has_redop=True),
+        Collective("all_gather", "AllGather", "all_gather_perf", _ring, True),
+        Collective("reduce_scatter", "ReduceScatter", "reduce_scatter_perf", _ring, True, has_redop=True),
+        Collective("all_to_all", "AlltoAll", "alltoall_perf", _ring, True),
+        Collective("send_recv", "SendRecv", "sendrecv_perf", _one, False),
+        Collective("broadcast", "Broadcast", "broadcast_perf", _one, False, has_root=True),
+        Collective("reduce", "Reduce", "reduce_perf", _one, False, has_redop=True, has_root=True),
+    )
+}
 
 # NCCL log op names (all eras, RCCL included) -> opbench collective name.
 NCCL_OP_TO_COLLECTIVE: dict[str, str] = {
-    "AllReduce": "all_reduce", "AllGather": "all_gather", "ReduceScatter": "reduce_scatter",
-    "Broadcast": "broadcast", "Reduce": "reduce", "AlltoAll": "all_to_all", "AllToAll": "all_to_all",
-    "AllToAllPivot": "all_to_all", "Send": "send_recv", "Recv": "send_recv", "SendRecv": "send_recv",
+    "AllReduce": "all_reduce",
+    "AllGather": "all_gather",
+    "ReduceScatter": "reduce_scatter",
+    "Broadcast": "broadcast",
+    "Reduce": "reduce",
+    "AlltoAll": "all_to_all",
+    "AllToAll": "all_to_all",
+    "AllToAllPivot": "all_to_all",
+    "Send": "send_recv",
+    "Recv": "send_recv",
+    "SendRecv": "send_recv",
 }
 # Every op name an NCCL/RCCL COLL line may carry; Gather and Scatter (NCCL 2.28) have no nccl-tests binary.
 NCCL_OPS: tuple[str, ...] = (*NCCL_OP_TO_COLLECTIVE, "Gather", "Scatter")
@@ -90,9 +101,14 @@ def collective_for_op(nccl_op: str) -> str | None:
 
 
 # Names a file of nccl-tests output may carry (binary or collective), longest first so 'reduce' is tried last.
-_NAME_HINTS = sorted(((hint, name) for name, c in COLLECTIVES.items()
-                      for hint in {name, c.binary.removesuffix("_perf"), c.nccl_op.lower()}),
-                     key=lambda pair: -len(pair[0]))
+_NAME_HINTS = sorted(
+    (
+        (hint, name)
+        for name, c in COLLECTIVES.items()
+        for hint in {name, c.binary.removesuffix("_perf"), c.nccl_op.lower()}
+    ),
+    key=lambda pair: -len(pair[0]),
+)
 
 
 def collective_from_path(*paths: object) -> str | None:
@@ -105,9 +121,20 @@ def collective_from_path(*paths: object) -> str | None:
     return None
 
 
-def nccl_tests_command(collective: str, size_bytes: int, nranks: int, dtype: str | int, *,
-                       flavour: str = "nccl", launcher: str = "single", redop: str | None = None,
-                       nnodes: int = 1, iters: int = 20, warmup: int = 5, check: bool = False) -> str:
+def nccl_tests_command(
+    collective: str,
+    size_bytes: int,
+    nranks: int,
+    dtype: str | int,
+    *,
+    flavour: str = "nccl",
+    launcher: str = "single",
+    redop: str | None = None,
+    nnodes: int = 1,
+    iters: int = 20,
+    warmup: int = 5,
+    check: bool = False,
+) -> str:
     """A runnable nccl-tests/rccl-tests line for one size (-b = -e = ``size_bytes`` in nccl-tests semantics).
 
     ``launcher='single'``: one process drives all GPUs (``-g nranks``, single node only);

@@ -24,8 +24,12 @@ class Peak:
     hbm_tbs: float
 
     def tflops(self, dtype: str) -> float | None:
-        return {"bf16": self.bf16_tflops, "fp16": self.bf16_tflops, "fp8": self.fp8_tflops,
-                "fp32": self.fp32_tflops}.get(dtype)
+        return {
+            "bf16": self.bf16_tflops,
+            "fp16": self.bf16_tflops,
+            "fp8": self.fp8_tflops,
+            "fp32": self.fp32_tflops,
+        }.get(dtype)
 
 
 # Matched in order against the lower-cased device name; the first hit wins (so "h100 pcie" before "h100").

@@ -40,8 +40,8 @@ class DistEnv:
     world_size: int
     local_rank: int
     nnodes: int
-    launcher: str                   # "torchrun" | "slurm" | "single"
-    node_rank: int | None = None    # torchrun GROUP_RANK or SLURM_NODEID; None when the launcher gives none
+    launcher: str  # "torchrun" | "slurm" | "single"
+    node_rank: int | None = None  # torchrun GROUP_RANK or SLURM_NODEID; None when the launcher gives none
     host: str = ""
 
     @property
@@ -73,7 +73,7 @@ def detect(env: Mapping[str, str] | None = None) -> DistEnv | None:
     if "RANK" in env and "WORLD_SIZE" in env:
         world = _env_int(env, "WORLD_SIZE")
         local_world = _optional_int(env, "LOCAL_WORLD_SIZE")
-        if "GROUP_WORLD_SIZE" in env:            # torchrun: one agent (worker group) per node
+        if "GROUP_WORLD_SIZE" in env:  # torchrun: one agent (worker group) per node
             nnodes = _env_int(env, "GROUP_WORLD_SIZE")
         elif local_world:
             nnodes = max(1, world // local_world)
@@ -82,13 +82,20 @@ def detect(env: Mapping[str, str] | None = None) -> DistEnv | None:
         node_rank = _optional_int(env, "GROUP_RANK")
         if node_rank is None:
             node_rank = _optional_int(env, "SLURM_NODEID")
-        return DistEnv(_env_int(env, "RANK"), world, _optional_int(env, "LOCAL_RANK") or 0, nnodes, "torchrun",
-                       node_rank, host)
+        return DistEnv(
+            _env_int(env, "RANK"), world, _optional_int(env, "LOCAL_RANK") or 0, nnodes, "torchrun", node_rank, host
+        )
     # Inside `srun` (a job step); a batch script's own shell has SLURM_PROCID too but no SLURM_STEP_ID.
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and "SLURM_STEP_ID" in env:
-        return DistEnv(_env_int(env, "SLURM_PROCID"), _env_int(env, "SLURM_NTASKS"),
-                       _optional_int(env, "SLURM_LOCALID") or 0, _optional_int(env, "SLURM_NNODES") or 1, "slurm",
-                       _optional_int(env, "SLURM_NODEID"), host)
+        return DistEnv(
+            _env_int(env, "SLURM_PROCID"),
+            _env_int(env, "SLURM_NTASKS"),
+            _optional_int(env, "SLURM_LOCALID") or 0,
+            _optional_int(env, "SLURM_NNODES") or 1,
+            "slurm",
+            _optional_int(env, "SLURM_NODEID"),
+            host,
+        )
     return None
 
 
@@ -102,24 +109,40 @@ def export_slurm_rendezvous(dist_env: DistEnv, env: dict[str, str] | None = None
     env = os.environ if env is None else env  # type: ignore[assignment]
     assert env is not None
     if "MASTER_ADDR" not in env:
-        raise UsageError("running under srun needs MASTER_ADDR (e.g. export MASTER_ADDR=$(scontrol show "
-                         "hostnames $SLURM_JOB_NODELIST | head -n1))", field="MASTER_ADDR")
+        raise UsageError(
+            "running under srun needs MASTER_ADDR (e.g. export MASTER_ADDR=$(scontrol show "
+            "hostnames $SLURM_JOB_NODELIST | head -n1))",
+            field="MASTER_ADDR",
+        )
     env.setdefault("MASTER_PORT", "29500")
     env.update(RANK=str(dist_env.rank), WORLD_SIZE=str(dist_env.world_size), LOCAL_RANK=str(dist_env.local_rank))
 
 
 # -- self-launch ---------------------------------------------------------------------------------------------
-def torchrun_command(argv: Sequence[str], nproc_per_node: int, module: str, nnodes: int = 1, node_rank: int = 0,
-                     master_addr: str | None = None, master_port: int | None = None,
-                     timeout_s: float | None = None) -> list[str]:
+def torchrun_command(
+    argv: Sequence[str],
+    nproc_per_node: int,
+    module: str,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+    timeout_s: float | None = None,
+) -> list[str]:
     """``python -m torch.distributed.run … -m <module> <argv>`` for this machine's share of the job.
 
     One node: ``--standalone`` (torchrun picks a free port) unless a port is given. Several nodes: the static
     rendezvous at MASTER_ADDR:MASTER_PORT, with its join timeout bounded by ``timeout_s`` so a node that never
     arrives ends the job instead of hanging it.
     """
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}",
-           f"--nnodes={nnodes}", f"--node-rank={node_rank}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={nproc_per_node}",
+        f"--nnodes={nnodes}",
+        f"--node-rank={node_rank}",
+    ]
     if nnodes == 1 and master_port is None:
         cmd.append("--standalone")
     else:
@@ -139,8 +162,8 @@ _ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 def _relay_stderr(src: IO[str], prog: str) -> None:
     """Copy the job's stderr through, minus torchrun's agent logs and failure traceback; end with one line naming
     the rank that failed first (torchrun's "Root Cause")."""
-    held: list[str] = []          # a traceback being read: torchrun's own is dropped, a rank's is passed on
-    summary = False               # inside torchrun's "==== … FAILED ====" block
+    held: list[str] = []  # a traceback being read: torchrun's own is dropped, a rank's is passed on
+    summary = False  # inside torchrun's "==== … FAILED ====" block
     root: dict[str, str] = {}
     in_root = False
     for line in src:
@@ -169,9 +192,13 @@ def _relay_stderr(src: IO[str], prog: str) -> None:
     sys.stderr.writelines(held)
     if summary:
         code = root.get("exitcode", "?")
-        print(f"{prog}: error: rank {root.get('rank', '?')} ended with exit code {code}"
-              f"{' (killed by a signal)' if code.startswith('-') else ''}; torchrun stopped the other ranks "
-              "(the ranks' own messages are above)", file=sys.stderr, flush=True)
+        print(
+            f"{prog}: error: rank {root.get('rank', '?')} ended with exit code {code}"
+            f"{' (killed by a signal)' if code.startswith('-') else ''}; torchrun stopped the other ranks "
+            "(the ranks' own messages are above)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def relaunch(cmd: Sequence[str], prog: str = "opbench") -> int:
@@ -184,7 +211,7 @@ def relaunch(cmd: Sequence[str], prog: str = "opbench") -> int:
         _relay_stderr(proc.stderr, prog)
         return proc.wait()
     except KeyboardInterrupt:
-        return proc.wait()      # torchrun got the same Ctrl-C and stops the ranks itself
+        return proc.wait()  # torchrun got the same Ctrl-C and stops the ranks itself
 
 
 def without_flag(argv: Sequence[str], flag: str) -> list[str]:
@@ -238,8 +265,9 @@ def init_process_group(dist_env: DistEnv, backend: str, device: Any, timeout_s: 
         return
     if dist_env.launcher == "slurm" and "RANK" not in os.environ:
         export_slurm_rendezvous(dist_env)
-    dist.init_process_group(backend, init_method="env://", rank=dist_env.rank, world_size=dist_env.world_size,
-                            timeout=timeout, **kwargs)
+    dist.init_process_group(
+        backend, init_method="env://", rank=dist_env.rank, world_size=dist_env.world_size, timeout=timeout, **kwargs
+    )
 
 
 class RankFailure(Exception):
@@ -276,8 +304,14 @@ class Ranks:
         return self.env.rank == 0
 
     @classmethod
-    def join(cls, dist_env: DistEnv, device_spec: str | None, timeout_s: float, backend: str | None = None,
-             cpu_group: bool = False) -> Ranks:
+    def join(
+        cls,
+        dist_env: DistEnv,
+        device_spec: str | None,
+        timeout_s: float,
+        backend: str | None = None,
+        cpu_group: bool = False,
+    ) -> Ranks:
         """Pick this rank's device, join the process group. ``cpu_group`` adds a gloo backend beside NCCL
         (``cpu:gloo,cuda:nccl``) for tools that also move CPU tensors (DCP's async save)."""
         device = local_device(device_spec, dist_env.local_rank)

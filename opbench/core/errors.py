@@ -30,7 +30,9 @@ class UsageError(Exception):
         super().__init__(f"{where}: {message}" if where else message)
 
 
-def run_cli(main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None, prog: str = "opbench") -> int:
+def run_cli(
+    main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None, prog: str = "opbench"
+) -> int:
     """Run a module's ``main`` and map user errors and Ctrl-C to exit codes without tracebacks."""
     try:
         return int(main(argv) or 0)

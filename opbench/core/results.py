@@ -41,8 +41,12 @@ def environment(device: torch.device | None = None, extra: Mapping[str, Any] | N
     }
     torch_mod = sys.modules.get("torch")
     if torch_mod is not None:
-        meta.update(torch=torch_mod.__version__, cuda=torch_mod.version.cuda,
-                    hip=getattr(torch_mod.version, "hip", None), cpu_threads=torch_mod.get_num_threads())
+        meta.update(
+            torch=torch_mod.__version__,
+            cuda=torch_mod.version.cuda,
+            hip=getattr(torch_mod.version, "hip", None),
+            cpu_threads=torch_mod.get_num_threads(),
+        )
     if device is not None:
         from .device import device_info
 
@@ -76,8 +80,9 @@ def sidecar_path(csv_path: Path) -> Path:
 class CsvReport:
     """Append-only CSV whose header is a benchmark's schema; keys outside it are an error (catches typos)."""
 
-    def __init__(self, path: str | os.PathLike, schema: Schema, meta: Mapping[str, Any] | None = None,
-                 append: bool = False):
+    def __init__(
+        self, path: str | os.PathLike, schema: Schema, meta: Mapping[str, Any] | None = None, append: bool = False
+    ):
         self.path = Path(path)
         self.schema = schema
         self.columns = list(schema.columns)
@@ -149,8 +154,9 @@ class NullReport:
         pass
 
 
-def summary_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], floatfmt: str = ".4g",
-                  max_rows: int | None = None) -> str:
+def summary_table(
+    rows: Sequence[Mapping[str, Any]], columns: Sequence[str], floatfmt: str = ".4g", max_rows: int | None = None
+) -> str:
     """Console table (tabulate); empty cells stay empty."""
     from tabulate import tabulate
 

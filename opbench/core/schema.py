@@ -16,20 +16,24 @@ from dataclasses import dataclass, field
 class Schema:
     """One CSV kind. ``version`` goes up whenever a column is renamed, removed or changes meaning."""
 
-    benchmark: str                          # the sidecar's "benchmark" and the report's kind
-    title: str                              # section title in the report
+    benchmark: str  # the sidecar's "benchmark" and the report's kind
+    title: str  # section title in the report
     version: int
     columns: tuple[str, ...]
-    keys: tuple[str, ...]                   # identify a row across runs (report --compare, failed-row lists)
-    metrics: Mapping[str, str]              # headline metric -> unit: what `report --compare` sets side by side
-    signature: tuple[str, ...] = ()         # columns that identify a header-only CSV; default keys + metrics
-    file_hint: str = ""                     # regex on the file name, breaks ties between header matches
-    units: Mapping[str, str] = field(default_factory=dict)   # units of other columns worth stating
+    keys: tuple[str, ...]  # identify a row across runs (report --compare, failed-row lists)
+    metrics: Mapping[str, str]  # headline metric -> unit: what `report --compare` sets side by side
+    signature: tuple[str, ...] = ()  # columns that identify a header-only CSV; default keys + metrics
+    file_hint: str = ""  # regex on the file name, breaks ties between header matches
+    units: Mapping[str, str] = field(default_factory=dict)  # units of other columns worth stating
 
     def __post_init__(self) -> None:
         known = set(self.columns)
-        for group, names in (("keys", self.keys), ("metrics", tuple(self.metrics)), ("signature", self.signature),
-                             ("units", tuple(self.units))):
+        for group, names in (
+            ("keys", self.keys),
+            ("metrics", tuple(self.metrics)),
+            ("signature", self.signature),
+            ("units", tuple(self.units)),
+        ):
             missing = [n for n in names if n not in known]
             if missing:
                 raise ValueError(f"schema {self.benchmark}: {group} {missing} are not columns")

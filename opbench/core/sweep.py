@@ -42,7 +42,7 @@ def classify_failure(exc: BaseException) -> tuple[str, str]:
 
 
 def _is_torch_oom(exc: BaseException) -> bool:
-    torch = sys.modules.get("torch")      # no torch loaded: the exception cannot be torch's
+    torch = sys.modules.get("torch")  # no torch loaded: the exception cannot be torch's
     return torch is not None and isinstance(exc, torch.OutOfMemoryError)
 
 

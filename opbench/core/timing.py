@@ -62,12 +62,12 @@ class Stats:
 
 @dataclass(frozen=True)
 class TimingConfig:
-    warmup_iters: int = 2          # at least this many untimed calls ...
-    warmup_s: float = 0.05         # ... and at least this long
+    warmup_iters: int = 2  # at least this many untimed calls ...
+    warmup_s: float = 0.05  # ... and at least this long
     min_iters: int = 5
     max_iters: int = 1000
-    rel_tol: float = 0.02          # stop when the median moves less than this between batches
-    budget_s: float = 2.0          # per measured shape, timed calls only
+    rel_tol: float = 0.02  # stop when the median moves less than this between batches
+    budget_s: float = 2.0  # per measured shape, timed calls only
 
     @classmethod
     def quick(cls) -> TimingConfig:
@@ -125,8 +125,14 @@ def _hold_stream(device: torch.device, seconds: float) -> None:
         torch.cuda._sleep(int(min(seconds, MAX_HOLD_S) * rate))
 
 
-def _run_batch(fn: Callable[[], Any], n: int, device: torch.device, before: Callable[[], Any] | None,
-               hold_s: float = 0.0, calls_per_sample: int = 1) -> tuple[list[float], float]:
+def _run_batch(
+    fn: Callable[[], Any],
+    n: int,
+    device: torch.device,
+    before: Callable[[], Any] | None,
+    hold_s: float = 0.0,
+    calls_per_sample: int = 1,
+) -> tuple[list[float], float]:
     """Time ``n`` samples of ``calls_per_sample`` calls each; returns the per-call time of each sample and the
     host's seconds per call spent enqueueing them."""
     import torch
@@ -192,7 +198,7 @@ def measure(
     batch = int(min(max(config.min_iters, config.budget_s / 5 / est), config.max_iters))
     batch = max(1, batch)
     host_per_call = est  # the warm-up's wall time per call bounds the host's enqueue time from above
-    gpu_per_call = 0.0   # unknown until the first batch: hold for the whole batch then
+    gpu_per_call = 0.0  # unknown until the first batch: hold for the whole batch then
     group = 1
     while True:
         n = min(batch, config.max_iters - len(samples))
@@ -201,8 +207,9 @@ def measure(
         lag = max(0.0, host_per_call - gpu_per_call)
         if device.type == "cuda" and lag > 0:
             n = min(n, GPU_BATCH_CAP)
-        got, host_per_call = _run_batch(fn, n, device, before, calls_per_sample=group,
-                                        hold_s=1.25 * lag * n * group + 2e-4 if lag > 0 else 0.0)
+        got, host_per_call = _run_batch(
+            fn, n, device, before, calls_per_sample=group, hold_s=1.25 * lag * n * group + 2e-4 if lag > 0 else 0.0
+        )
         gpu_per_call = statistics.median(got)
         if device.type == "cuda" and group == 1 and gpu_per_call < MIN_SAMPLE_S:
             # The first batch only calibrated: time groups from now on, and keep only grouped samples.

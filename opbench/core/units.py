@@ -11,7 +11,7 @@ def human_bytes(value: object) -> str:
     """64 KiB, 1.5 GiB, 28 GiB; empty for a missing value (never a fake zero)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
-    size, units = float(value), ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]   # type: ignore[arg-type]
+    size, units = float(value), ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]  # type: ignore[arg-type]
     step = min(int(math.log(abs(size), 1024)) if abs(size) >= 1 else 0, len(units) - 1)
-    scaled = size / 1024 ** step
+    scaled = size / 1024**step
     return f"{scaled:.0f} {units[step]}" if scaled == int(scaled) else f"{scaled:.3g} {units[step]}"

@@ -24,8 +24,18 @@ from .commands import commands_text, run_comm
 from .model import FsdpCollective, fsdp_collectives, grouped, step_totals
 from .schema import SCHEMA
 
-TABLE = ["unit", "units", "collective", "count", "dtype", "nranks", "calls_per_step", "bytes_per_rank",
-         "nccl_tests_bytes", "bytes_per_step"]
+TABLE = [
+    "unit",
+    "units",
+    "collective",
+    "count",
+    "dtype",
+    "nranks",
+    "calls_per_step",
+    "bytes_per_rank",
+    "nccl_tests_bytes",
+    "bytes_per_step",
+]
 
 CSV_NAME = "fsdp_collectives.csv"
 EXAMPLES = """\
@@ -44,50 +54,103 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("FSDP")
     g.add_argument("--world-size", type=positive_int, required=True, help="ranks in the data-parallel job")
     g.add_argument("--nnodes", type=positive_int, default=1, help="nodes the ranks are spread over")
-    g.add_argument("--replicate", type=positive_int, default=1,
-                   help="HSDP: shard within world_size/N contiguous ranks, all-reduce across N replicas")
-    g.add_argument("--fsdp-version", type=int, choices=[1, 2], default=2,
-                   help="2: fully_shard, per-parameter padding; 1: FlatParameter padding")
-    g.add_argument("--param-dtype", choices=FLOAT_DTYPES, default="bf16",
-                   help="all-gather dtype, MixedPrecisionPolicy.param_dtype")
-    g.add_argument("--reduce-dtype", choices=FLOAT_DTYPES, default="fp32",
-                   help="reduce-scatter / all-reduce dtype, MixedPrecisionPolicy.reduce_dtype")
-    g.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction, default=True,
-                   help="layers all-gather again in backward (the root never does; default: on)")
-    g.add_argument("--use-orig-params", action=argparse.BooleanOptionalAction, default=True,
-                   help="FSDP1 only: 16-byte alignment padding between parameters (default: on)")
-    g.add_argument("--mode", choices=["exact", "approx"], default="exact",
-                   help="approx: Primus' layer weights / n (no norms, no root), with the difference to exact")
+    g.add_argument(
+        "--replicate",
+        type=positive_int,
+        default=1,
+        help="HSDP: shard within world_size/N contiguous ranks, all-reduce across N replicas",
+    )
+    g.add_argument(
+        "--fsdp-version",
+        type=int,
+        choices=[1, 2],
+        default=2,
+        help="2: fully_shard, per-parameter padding; 1: FlatParameter padding",
+    )
+    g.add_argument(
+        "--param-dtype", choices=FLOAT_DTYPES, default="bf16", help="all-gather dtype, MixedPrecisionPolicy.param_dtype"
+    )
+    g.add_argument(
+        "--reduce-dtype",
+        choices=FLOAT_DTYPES,
+        default="fp32",
+        help="reduce-scatter / all-reduce dtype, MixedPrecisionPolicy.reduce_dtype",
+    )
+    g.add_argument(
+        "--reshard-after-forward",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="layers all-gather again in backward (the root never does; default: on)",
+    )
+    g.add_argument(
+        "--use-orig-params",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="FSDP1 only: 16-byte alignment padding between parameters (default: on)",
+    )
+    g.add_argument(
+        "--mode",
+        choices=["exact", "approx"],
+        default="exact",
+        help="approx: Primus' layer weights / n (no norms, no root), with the difference to exact",
+    )
     g = p.add_argument_group("output")
-    cli.add_output_args(g, dir_help=f"write DIR/{CSV_NAME}; with --run also the comm CSVs (default: no CSV; "
-                                    "--run writes to out/fsdp_comm)",
-                        csv_help="the CSV itself: one row per (model, unit, collective)", csv_aliases=("--csv",))
-    g.add_argument("--commands", action="store_true",
-                   help="print rccl-tests / nccl-tests and opbench comm lines for the unique sizes")
-    g.add_argument("--run", action="store_true",
-                   help="time the unique sizes with opbench comm (torchrun on this machine)")
+    cli.add_output_args(
+        g,
+        dir_help=f"write DIR/{CSV_NAME}; with --run also the comm CSVs (default: no CSV; "
+        "--run writes to out/fsdp_comm)",
+        csv_help="the CSV itself: one row per (model, unit, collective)",
+        csv_aliases=("--csv",),
+    )
+    g.add_argument(
+        "--commands",
+        action="store_true",
+        help="print rccl-tests / nccl-tests and opbench comm lines for the unique sizes",
+    )
+    g.add_argument(
+        "--run", action="store_true", help="time the unique sizes with opbench comm (torchrun on this machine)"
+    )
     return p
 
 
 def model_rows(cfg: ModelConfig, args: argparse.Namespace) -> tuple[list[FsdpCollective], list[FsdpCollective]]:
     """(rows of the chosen mode, exact rows)."""
-    opts = dict(param_dtype=args.param_dtype, reduce_dtype=args.reduce_dtype, replicate=args.replicate,
-                reshard_after_forward=args.reshard_after_forward, nnodes=args.nnodes)
-    exact = fsdp_collectives(cfg, args.world_size, version=args.fsdp_version, use_orig_params=args.use_orig_params,
-                             **opts)
+    opts = dict(
+        param_dtype=args.param_dtype,
+        reduce_dtype=args.reduce_dtype,
+        replicate=args.replicate,
+        reshard_after_forward=args.reshard_after_forward,
+        nnodes=args.nnodes,
+    )
+    exact = fsdp_collectives(
+        cfg, args.world_size, version=args.fsdp_version, use_orig_params=args.use_orig_params, **opts
+    )
     return (approx_collectives(cfg, args.world_size, **opts) if args.mode == "approx" else exact), exact
 
 
 def csv_row(cfg: ModelConfig, args: argparse.Namespace, c: FsdpCollective, exact_count: int | None) -> dict[str, Any]:
     row = {k: v for k, v in c.to_row().items() if k in SCHEMA.columns}
-    return {**row, "model": cfg.name, "mode": args.mode, "fsdp_version": args.fsdp_version,
-            "world_size": args.world_size, "replicate": args.replicate, "exact_count": exact_count}
+    return {
+        **row,
+        "model": cfg.name,
+        "mode": args.mode,
+        "fsdp_version": args.fsdp_version,
+        "world_size": args.world_size,
+        "replicate": args.replicate,
+        "exact_count": exact_count,
+    }
 
 
 def totals_table(rows: Sequence[FsdpCollective]) -> list[dict[str, Any]]:
-    return [{"collective": t["collective"], "calls_per_step": t["calls_per_step"],
-             "GB_per_step": t["bytes_per_step"] / 1e9, "busbw_GB_per_step": t["busbw_bytes_per_step"] / 1e9}
-            for t in step_totals(rows)]
+    return [
+        {
+            "collective": t["collective"],
+            "calls_per_step": t["calls_per_step"],
+            "GB_per_step": t["bytes_per_step"] / 1e9,
+            "busbw_GB_per_step": t["busbw_bytes_per_step"] / 1e9,
+        }
+        for t in step_totals(rows)
+    ]
 
 
 def header(cfg: ModelConfig, args: argparse.Namespace) -> str:
@@ -95,16 +158,19 @@ def header(cfg: ModelConfig, args: argparse.Namespace) -> str:
     hsdp = f", HSDP {args.replicate} replicas × {shard}" if args.replicate > 1 else ""
     v1 = f", use_orig_params={args.use_orig_params}" if args.fsdp_version == 1 else ""
     mode = "approx (Primus: layer weights / n, no root)" if args.mode == "approx" else "exact"
-    return (f"== {cfg.name}: FSDP{args.fsdp_version} {mode}, world size {args.world_size} on {args.nnodes} "
-            f"node(s){hsdp}; all_gather {args.param_dtype}, reduce_scatter {args.reduce_dtype}, "
-            f"reshard_after_forward={args.reshard_after_forward}{v1}")
+    return (
+        f"== {cfg.name}: FSDP{args.fsdp_version} {mode}, world size {args.world_size} on {args.nnodes} "
+        f"node(s){hsdp}; all_gather {args.param_dtype}, reduce_scatter {args.reduce_dtype}, "
+        f"reshard_after_forward={args.reshard_after_forward}{v1}"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configs = select_models(load_model_configs(args.model_config_path, args.model_name), args.model)
-    results = [(cfg, *model_rows(cfg, args)) for cfg in configs]   # all errors surface before any output
+    results = [(cfg, *model_rows(cfg, args)) for cfg in configs]  # all errors surface before any output
     from opbench.core.results import CsvReport, environment, summary_table  # imports torch: after validation
+
     report = None
     csv_path = cli.output_csv(args, CSV_NAME)
     run_dir = args.report_dir_path or "out/fsdp_comm"
@@ -115,14 +181,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(header(cfg, args))
         print(summary_table(grouped(rows), TABLE))
         print("per step:")
-        print(summary_table(totals_table(rows), ["collective", "calls_per_step", "GB_per_step", "busbw_GB_per_step"],
-                            floatfmt=".3f"))
+        print(
+            summary_table(
+                totals_table(rows), ["collective", "calls_per_step", "GB_per_step", "busbw_GB_per_step"], floatfmt=".3f"
+            )
+        )
         if args.mode == "approx":
             print("approx vs exact (missing = what the approximation leaves out):")
-            print(summary_table(compare(exact, rows), ["unit", "units", "collective", "exact_count", "approx_count",
-                                                       "missing_elements", "missing_pct"], floatfmt=".4f"))
-            print(summary_table(compare_totals(exact, rows), ["collective", "exact_bytes_per_step",
-                                                              "approx_bytes_per_step", "missing_pct"], floatfmt=".3f"))
+            print(
+                summary_table(
+                    compare(exact, rows),
+                    ["unit", "units", "collective", "exact_count", "approx_count", "missing_elements", "missing_pct"],
+                    floatfmt=".4f",
+                )
+            )
+            print(
+                summary_table(
+                    compare_totals(exact, rows),
+                    ["collective", "exact_bytes_per_step", "approx_bytes_per_step", "missing_pct"],
+                    floatfmt=".3f",
+                )
+            )
         exact_counts = {(c.unit, c.collective): c.count for c in exact}
         if report:
             report.extend(csv_row(cfg, args, c, exact_counts.get((c.unit, c.collective))) for c in rows)
@@ -131,8 +210,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(commands_text(rows, run_dir))
         if args.run:
             if any(c.nnodes > 1 for c in rows):
-                raise UsageError("--run launches on this machine only; a process group spans nodes: run the "
-                                 "'opbench comm' lines from --commands on every node", field="--run")
+                raise UsageError(
+                    "--run launches on this machine only; a process group spans nodes: run the "
+                    "'opbench comm' lines from --commands on every node",
+                    field="--run",
+                )
             worst = max(worst, run_comm(rows, run_dir))
         print()
     if report:

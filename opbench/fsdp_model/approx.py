@@ -24,9 +24,17 @@ def layer_weights(specs) -> int:
     return sum(s.numel for s in specs if len(s.shape) >= 2)
 
 
-def approx_collectives(cfg: ModelConfig, world_size: int, *, param_dtype: str = "bf16", reduce_dtype: str = "fp32",
-                       reshard_after_forward: bool = True, replicate: int = 1, nnodes: int = 1,
-                       **_ignored: Any) -> list[FsdpCollective]:
+def approx_collectives(
+    cfg: ModelConfig,
+    world_size: int,
+    *,
+    param_dtype: str = "bf16",
+    reduce_dtype: str = "fp32",
+    reshard_after_forward: bool = True,
+    replicate: int = 1,
+    nnodes: int = 1,
+    **_ignored: Any,
+) -> list[FsdpCollective]:
     """Decoder layers only, count = layer weights // shard size (floor, as Primus)."""
     layout = check_layout(world_size, replicate, nnodes)
     check_dtype(param_dtype, "--param-dtype")
@@ -36,8 +44,15 @@ def approx_collectives(cfg: ModelConfig, world_size: int, *, param_dtype: str = 
         if unit == ROOT:
             continue
         weights = layer_weights(specs)
-        rows += unit_collectives(unit, weights // layout.shard, weights, layout, param_dtype=param_dtype,
-                                 reduce_dtype=reduce_dtype, reshard_after_forward=reshard_after_forward)
+        rows += unit_collectives(
+            unit,
+            weights // layout.shard,
+            weights,
+            layout,
+            param_dtype=param_dtype,
+            reduce_dtype=reduce_dtype,
+            reshard_after_forward=reshard_after_forward,
+        )
     return rows
 
 
@@ -48,8 +63,16 @@ def compare(exact: Sequence[FsdpCollective], approx: Sequence[FsdpCollective]) -
     rows = []
     for c in exact:
         a = approx_count.get((c.unit, c.collective), 0)
-        rows.append({"unit": c.unit, "collective": c.collective, "exact_count": c.count, "approx_count": a,
-                     "missing_elements": c.count - a, "missing_pct": 100.0 * (c.count - a) / c.count if c.count else 0.0})
+        rows.append(
+            {
+                "unit": c.unit,
+                "collective": c.collective,
+                "exact_count": c.count,
+                "approx_count": a,
+                "missing_elements": c.count - a,
+                "missing_pct": 100.0 * (c.count - a) / c.count if c.count else 0.0,
+            }
+        )
     return group_rows(rows, ("collective", "exact_count", "approx_count"))
 
 
@@ -59,8 +82,14 @@ def compare_totals(exact: Sequence[FsdpCollective], approx: Sequence[FsdpCollect
     rows = []
     for t in step_totals(exact):
         approx_bytes = a.get(t["collective"], {}).get("bytes_per_step", 0)
-        rows.append({"collective": t["collective"], "exact_bytes_per_step": t["bytes_per_step"],
-                     "approx_bytes_per_step": approx_bytes,
-                     "missing_pct": 100.0 * (t["bytes_per_step"] - approx_bytes) / t["bytes_per_step"]
-                     if t["bytes_per_step"] else 0.0})
+        rows.append(
+            {
+                "collective": t["collective"],
+                "exact_bytes_per_step": t["bytes_per_step"],
+                "approx_bytes_per_step": approx_bytes,
+                "missing_pct": 100.0 * (t["bytes_per_step"] - approx_bytes) / t["bytes_per_step"]
+                if t["bytes_per_step"]
+                else 0.0,
+            }
+        )
     return rows

@@ -19,15 +19,28 @@ FLAVOURS = {"rccl": "rccl-tests (ROCm)", "nccl": "nccl-tests (CUDA)"}
 
 
 def describe(c: FsdpCollective) -> str:
-    return (f"{c.collective} {c.unit}: count {c.count} {c.dtype}, {c.nranks} ranks, -b {c.nccl_tests_bytes}, "
-            f"{c.calls_per_step}/step")
+    return (
+        f"{c.collective} {c.unit}: count {c.count} {c.dtype}, {c.nranks} ranks, -b {c.nccl_tests_bytes}, "
+        f"{c.calls_per_step}/step"
+    )
 
 
 def tests_lines(c: FsdpCollective, flavour: str) -> list[str]:
     """Single-process (-g N, when the group fits one node) and MPI (-g 1) lines for one size."""
     launchers = (["single"] if c.nnodes == 1 else []) + ["mpi"]
-    return [nccl_tests_command(c.collective, c.nccl_tests_bytes, c.nranks, c.dtype, flavour=flavour, redop=c.redop,
-                               launcher=launcher, nnodes=c.nnodes) for launcher in launchers]
+    return [
+        nccl_tests_command(
+            c.collective,
+            c.nccl_tests_bytes,
+            c.nranks,
+            c.dtype,
+            flavour=flavour,
+            redop=c.redop,
+            launcher=launcher,
+            nnodes=c.nnodes,
+        )
+        for launcher in launchers
+    ]
 
 
 @dataclass(frozen=True)
@@ -42,9 +55,20 @@ class CommRun:
     redop: str | None
 
     def argv(self, report_dir: str) -> list[str]:
-        args = ["--nproc-per-node", str(self.nranks // self.nnodes), "--collectives", ",".join(self.collectives),
-                "--sizes", ",".join(str(s) for s in self.sizes), "--dtype", self.dtype,
-                "--report-dir-path", report_dir, "--source-label", "fsdp"]
+        args = [
+            "--nproc-per-node",
+            str(self.nranks // self.nnodes),
+            "--collectives",
+            ",".join(self.collectives),
+            "--sizes",
+            ",".join(str(s) for s in self.sizes),
+            "--dtype",
+            self.dtype,
+            "--report-dir-path",
+            report_dir,
+            "--source-label",
+            "fsdp",
+        ]
         if self.nnodes > 1:
             args[2:2] = ["--nnodes", str(self.nnodes)]
         if self.redop:
@@ -66,8 +90,10 @@ def comm_runs(collectives: Sequence[FsdpCollective]) -> list[CommRun]:
             sizes.append(c.nccl_tests_bytes)
         if c.redop is not None and c.redop not in redops:
             redops.append(c.redop)
-    return [CommRun(tuple(names), tuple(sizes), dtype, nranks, nnodes, redops[0] if redops else None)
-            for (dtype, nranks, nnodes), (names, sizes, redops) in groups.items()]
+    return [
+        CommRun(tuple(names), tuple(sizes), dtype, nranks, nnodes, redops[0] if redops else None)
+        for (dtype, nranks, nnodes), (names, sizes, redops) in groups.items()
+    ]
 
 
 def commands_text(collectives: Sequence[FsdpCollective], report_dir: str = "out/fsdp_comm") -> str:

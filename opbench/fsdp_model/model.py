@@ -41,18 +41,18 @@ class FsdpCollective:
     """
 
     unit: str
-    collective: str          # opbench name: all_gather | reduce_scatter | all_reduce
+    collective: str  # opbench name: all_gather | reduce_scatter | all_reduce
     count: int
-    dtype: str               # opbench dtype name (bf16, fp32, …)
+    dtype: str  # opbench dtype name (bf16, fp32, …)
     nranks: int
     calls_per_step: int
-    unit_numel: int = 0      # unpadded parameter elements in the unit
-    nnodes: int = 1          # nodes the communicator spans
+    unit_numel: int = 0  # unpadded parameter elements in the unit
+    nnodes: int = 1  # nodes the communicator spans
     redop: str | None = None  # reduction op of ReduceScatter / AllReduce (nccl-tests -o)
     bytes_per_rank: int = field(init=False)
     nccl_tests_bytes: int = field(init=False)
     bytes_per_step: int = field(init=False)
-    busbw_bytes_per_step: int = field(init=False)   # bytes_per_step × busbw factor, rounded
+    busbw_bytes_per_step: int = field(init=False)  # bytes_per_step × busbw factor, rounded
 
     def __post_init__(self) -> None:
         coll = COLLECTIVES[self.collective]
@@ -61,8 +61,9 @@ class FsdpCollective:
         object.__setattr__(self, "bytes_per_rank", self.count * elt)
         object.__setattr__(self, "nccl_tests_bytes", size)
         object.__setattr__(self, "bytes_per_step", size * self.calls_per_step)
-        object.__setattr__(self, "busbw_bytes_per_step",
-                           round(size * self.calls_per_step * coll.busbw_factor(self.nranks)))
+        object.__setattr__(
+            self, "busbw_bytes_per_step", round(size * self.calls_per_step * coll.busbw_factor(self.nranks))
+        )
 
     @property
     def nccl_op(self) -> str:
@@ -74,6 +75,7 @@ class FsdpCollective:
 
 
 # ---- padding formulas (one function each) --------------------------------------------------------------------
+
 
 def fsdp2_shard_numel(shape: Sequence[int], shard: int) -> int:
     """FSDP2 padded per-rank numel of one parameter: ceil(d0 / shard) rows × the other dims."""
@@ -96,6 +98,7 @@ def fsdp1_shard_numel(numels: Iterable[int], shard: int, aligned_numel: int) -> 
 
 
 # ---- the model ----------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -143,8 +146,9 @@ def check_dtype(name: str, flag: str) -> str:
     return name
 
 
-def unit_shard_counts(cfg: ModelConfig, shard: int, *, version: int = 2, param_dtype: str = "bf16",
-                      use_orig_params: bool = True) -> dict[str, tuple[int, int]]:
+def unit_shard_counts(
+    cfg: ModelConfig, shard: int, *, version: int = 2, param_dtype: str = "bf16", use_orig_params: bool = True
+) -> dict[str, tuple[int, int]]:
     """unit -> (per-rank padded count, unpadded numel), root first, then layers in order."""
     if version not in (1, 2):
         raise UsageError(f"must be 1 or 2, got {version!r}", field="--fsdp-version")
@@ -172,26 +176,66 @@ def gradient_redop(version: int, reduce_dtype: str) -> str:
     return "avg" if version == 2 and reduce_dtype in ("fp32", "bf16") else "sum"
 
 
-def unit_collectives(unit: str, count: int, numel: int, layout: Layout, *, param_dtype: str, reduce_dtype: str,
-                     reshard_after_forward: bool, reshard_root: bool = False, version: int = 2) -> list[FsdpCollective]:
+def unit_collectives(
+    unit: str,
+    count: int,
+    numel: int,
+    layout: Layout,
+    *,
+    param_dtype: str,
+    reduce_dtype: str,
+    reshard_after_forward: bool,
+    reshard_root: bool = False,
+    version: int = 2,
+) -> list[FsdpCollective]:
     """The collectives one unit issues per step, given its per-rank shard count (shared by exact and approx)."""
     rows: list[FsdpCollective] = []
     redop = gradient_redop(version, reduce_dtype)
-    if layout.shard > 1:   # FSDP skips both collectives on a 1-rank shard group
+    if layout.shard > 1:  # FSDP skips both collectives on a 1-rank shard group
         nodes = layout.shard_group_nodes
-        rows.append(FsdpCollective(unit, "all_gather", count, param_dtype, layout.shard,
-                                   all_gathers_per_step(unit, reshard_after_forward, reshard_root), numel, nodes))
+        rows.append(
+            FsdpCollective(
+                unit,
+                "all_gather",
+                count,
+                param_dtype,
+                layout.shard,
+                all_gathers_per_step(unit, reshard_after_forward, reshard_root),
+                numel,
+                nodes,
+            )
+        )
         rows.append(FsdpCollective(unit, "reduce_scatter", count, reduce_dtype, layout.shard, 1, numel, nodes, redop))
     if layout.replicate > 1:
-        rows.append(FsdpCollective(unit=unit, collective="all_reduce", count=count, dtype=reduce_dtype,
-                                   nranks=layout.replicate, calls_per_step=1, unit_numel=numel,
-                                   nnodes=layout.replicate_group_nodes, redop=redop))
+        rows.append(
+            FsdpCollective(
+                unit=unit,
+                collective="all_reduce",
+                count=count,
+                dtype=reduce_dtype,
+                nranks=layout.replicate,
+                calls_per_step=1,
+                unit_numel=numel,
+                nnodes=layout.replicate_group_nodes,
+                redop=redop,
+            )
+        )
     return rows
 
 
-def fsdp_collectives(cfg: ModelConfig, world_size: int, *, version: int = 2, param_dtype: str = "bf16",
-                     reduce_dtype: str = "fp32", reshard_after_forward: bool = True, replicate: int = 1,
-                     nnodes: int = 1, use_orig_params: bool = True, reshard_root: bool = False) -> list[FsdpCollective]:
+def fsdp_collectives(
+    cfg: ModelConfig,
+    world_size: int,
+    *,
+    version: int = 2,
+    param_dtype: str = "bf16",
+    reduce_dtype: str = "fp32",
+    reshard_after_forward: bool = True,
+    replicate: int = 1,
+    nnodes: int = 1,
+    use_orig_params: bool = True,
+    reshard_root: bool = False,
+) -> list[FsdpCollective]:
     """Every FSDP collective of one forward+backward step, one entry per (unit, collective).
 
     ``param_dtype`` is the all-gather dtype (MixedPrecisionPolicy.param_dtype), ``reduce_dtype`` the
@@ -201,25 +245,36 @@ def fsdp_collectives(cfg: ModelConfig, world_size: int, *, version: int = 2, par
     layout = check_layout(world_size, replicate, nnodes)
     check_dtype(param_dtype, "--param-dtype")
     check_dtype(reduce_dtype, "--reduce-dtype")
-    counts = unit_shard_counts(cfg, layout.shard, version=version, param_dtype=param_dtype,
-                               use_orig_params=use_orig_params)
+    counts = unit_shard_counts(
+        cfg, layout.shard, version=version, param_dtype=param_dtype, use_orig_params=use_orig_params
+    )
     rows: list[FsdpCollective] = []
     for unit, (count, numel) in counts.items():
-        rows += unit_collectives(unit, count, numel, layout, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-                                 reshard_after_forward=reshard_after_forward, reshard_root=reshard_root,
-                                 version=version)
+        rows += unit_collectives(
+            unit,
+            count,
+            numel,
+            layout,
+            param_dtype=param_dtype,
+            reduce_dtype=reduce_dtype,
+            reshard_after_forward=reshard_after_forward,
+            reshard_root=reshard_root,
+            version=version,
+        )
     return rows
 
 
 # ---- summaries ----------------------------------------------------------------------------------------------
+
 
 def step_totals(collectives: Sequence[FsdpCollective]) -> list[dict[str, Any]]:
     """Per collective and overall: calls, bytes moved (nccl-tests size × calls) and busbw-equivalent bytes."""
     totals: dict[str, dict[str, Any]] = {}
     for c in collectives:
         for key in (c.collective, "total"):
-            t = totals.setdefault(key, {"collective": key, "calls_per_step": 0, "bytes_per_step": 0,
-                                        "busbw_bytes_per_step": 0})
+            t = totals.setdefault(
+                key, {"collective": key, "calls_per_step": 0, "bytes_per_step": 0, "busbw_bytes_per_step": 0}
+            )
             t["calls_per_step"] += c.calls_per_step
             t["bytes_per_step"] += c.bytes_per_step
             t["busbw_bytes_per_step"] += c.busbw_bytes_per_step
@@ -241,8 +296,9 @@ def unit_range(units_: Sequence[str]) -> str:
     return ",".join(others + ([f"layers.{text}"] if layers else []))
 
 
-def group_rows(rows: Sequence[dict[str, Any]], key_fields: Sequence[str],
-               sum_fields: Sequence[str] = ()) -> list[dict[str, Any]]:
+def group_rows(
+    rows: Sequence[dict[str, Any]], key_fields: Sequence[str], sum_fields: Sequence[str] = ()
+) -> list[dict[str, Any]]:
     """Rows of units that agree on ``key_fields`` collapsed into one (unit list compacted, ``units`` counted,
     ``sum_fields`` added up); the root never merges with layers."""
     runs: dict[tuple, list[dict[str, Any]]] = {}
@@ -261,8 +317,11 @@ def group_rows(rows: Sequence[dict[str, Any]], key_fields: Sequence[str],
 
 def grouped(collectives: Sequence[FsdpCollective]) -> list[dict[str, Any]]:
     """Units with identical collectives collapsed into one row (for the console table)."""
-    return group_rows([c.to_row() for c in collectives], ("collective", "count", "dtype", "nranks", "calls_per_step"),
-                      ("bytes_per_step", "busbw_bytes_per_step"))
+    return group_rows(
+        [c.to_row() for c in collectives],
+        ("collective", "count", "dtype", "nranks", "calls_per_step"),
+        ("bytes_per_step", "busbw_bytes_per_step"),
+    )
 
 
 def unique_sizes(collectives: Sequence[FsdpCollective]) -> list[FsdpCollective]:
@@ -273,5 +332,17 @@ def unique_sizes(collectives: Sequence[FsdpCollective]) -> list[FsdpCollective]:
     return list(seen.values())
 
 
-__all__ = ["FsdpCollective", "Layout", "ParamSpec", "fsdp_collectives", "fsdp1_shard_numel", "fsdp2_shard_numel",
-           "group_rows", "grouped", "step_totals", "unique_sizes", "unit_collectives", "unit_shard_counts"]
+__all__ = [
+    "FsdpCollective",
+    "Layout",
+    "ParamSpec",
+    "fsdp_collectives",
+    "fsdp1_shard_numel",
+    "fsdp2_shard_numel",
+    "group_rows",
+    "grouped",
+    "step_totals",
+    "unique_sizes",
+    "unit_collectives",
+    "unit_shard_counts",
+]

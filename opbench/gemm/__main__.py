@@ -38,10 +38,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--etp", type=positive_int, default=1, help="expert tensor-parallel size")
     p.add_argument("--passes", type=csv_list(), default=list(PASSES), help="any of fwd,dgrad,wgrad")
     p.add_argument("--layers", type=csv_list(), default=None, help=f"subset of {','.join(ALL_LAYERS)} (default: all)")
-    p.add_argument("--backends", type=csv_list(), default=["auto"],
-                   help=f"auto (torch, and torch_grouped for expert GEMMs) or any of {','.join(BACKENDS)}")
-    p.add_argument("--cache", choices=["cold", "warm"], default="cold",
-                   help="cold: rotate operand sets larger than the last-level cache between calls")
+    p.add_argument(
+        "--backends",
+        type=csv_list(),
+        default=["auto"],
+        help=f"auto (torch, and torch_grouped for expert GEMMs) or any of {','.join(BACKENDS)}",
+    )
+    p.add_argument(
+        "--cache",
+        choices=["cold", "warm"],
+        default="cold",
+        help="cold: rotate operand sets larger than the last-level cache between calls",
+    )
     cli.add_dry_run_arg(p, "write the planned rows (status=planned)")
     cli.add_top_arg(p, None)
     add_device_args(p, dtypes=GEMM_DTYPES)
@@ -89,16 +97,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         seqlen = args.seqlen or cfg.seqlen
         cases = expand_cases(shapes, args.backends, dtype)
         extra_cols = {"seqlen": seqlen, "tp": par.tp, "ep": par.ep, "cp": par.cp, "device": info.name}
-        meta = environment(device, {"model": cfg.name, "model_config": cfg.to_dict(),
-                                    "parallel": vars(par), "timing": vars(timing), "cache": args.cache})
+        meta = environment(
+            device,
+            {
+                "model": cfg.name,
+                "model_config": cfg.to_dict(),
+                "parallel": vars(par),
+                "timing": vars(timing),
+                "cache": args.cache,
+            },
+        )
         path = report_path(args.report_dir_path, cfg.name)
         with CsvReport(path, SCHEMA, meta) as report:
-            def failed(case: GemmCase, status: str, message: str) -> dict[str, Any]:
-                return {**case.shape.as_row(), "dtype": case.effective_dtype, "backend": case.backend,
-                        "status": status, "error": message, **extra_cols}
 
-            rows = run_sweep(cases, lambda c: {**run_case(c, info, timing, cold=args.cache == "cold"), **extra_cols},
-                             failed, report, desc=f"gemm {cfg.name}", dry_run=args.dry_run)
+            def failed(case: GemmCase, status: str, message: str) -> dict[str, Any]:
+                return {
+                    **case.shape.as_row(),
+                    "dtype": case.effective_dtype,
+                    "backend": case.backend,
+                    "status": status,
+                    "error": message,
+                    **extra_cols,
+                }
+
+            rows = run_sweep(
+                cases,
+                lambda c: {**run_case(c, info, timing, cold=args.cache == "cold"), **extra_cols},
+                failed,
+                report,
+                desc=f"gemm {cfg.name}",
+                dry_run=args.dry_run,
+            )
         print(f"\n{cfg.name} on {info.name} ({dtype}, tp={par.tp} ep={par.ep} cp={par.cp}, seqlen={seqlen})")
         print(summary_table(rows, SUMMARY, max_rows=args.top))
         print(f"wrote {path} ({len(rows)} rows)")

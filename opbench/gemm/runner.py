@@ -31,7 +31,9 @@ class GemmCase:
         return BACKENDS[self.backend].input_dtype or self.dtype
 
 
-def make_operands(shape: GemmShape, dtype: str, device: torch.device, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def make_operands(
+    shape: GemmShape, dtype: str, device: torch.device, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A [G?,m,k] and B [G?,k,n] as views over storage in the pass's layout (transA: A stored [k,m], …)."""
     g = (shape.groups,) if shape.groups > 1 else ()
     a_store = (*g, shape.k, shape.m) if shape.trans_a else (*g, shape.m, shape.k)
@@ -40,7 +42,7 @@ def make_operands(shape: GemmShape, dtype: str, device: torch.device, generator:
     # Drawn on the device (generator's device) in the working dtype: no multi-GB host copies for lm_head.
     # Scaled so C has unit-order entries in every dtype (fp16 would overflow on raw randn for large k).
     a = torch.randn(a_store, generator=generator, dtype=work, device=device)
-    b = torch.randn(b_store, generator=generator, dtype=work, device=device).mul_(shape.k ** -0.5)
+    b = torch.randn(b_store, generator=generator, dtype=work, device=device).mul_(shape.k**-0.5)
     if dtype == "fp8":
         fp8 = torch_dtype("fp8")
         a, b = a.to(fp8), b.to(fp8)
@@ -51,8 +53,9 @@ def make_operands(shape: GemmShape, dtype: str, device: torch.device, generator:
     return a, b
 
 
-def max_rel_err(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, generator: torch.Generator,
-                col_chunk: int = 8192) -> float:
+def max_rel_err(
+    c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, generator: torch.Generator, col_chunk: int = 8192
+) -> float:
     """max |C − C_ref| / max |C_ref| over up to REF_ROWS sampled rows of C.
 
     The reference runs on the same device in fp64 (CPU) or fp32 (GPU, TF32 off by torch's default), column
@@ -64,8 +67,8 @@ def max_rel_err(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, generator: to
     c_rows = c.index_select(-2, rows)
     worst = scale = 0.0
     for j in range(0, b.shape[-1], col_chunk):
-        ref = torch.matmul(a_rows, b[..., j:j + col_chunk].to(ref_dtype))
-        worst = max(worst, (c_rows[..., j:j + col_chunk].to(ref_dtype) - ref).abs().max().item())
+        ref = torch.matmul(a_rows, b[..., j : j + col_chunk].to(ref_dtype))
+        worst = max(worst, (c_rows[..., j : j + col_chunk].to(ref_dtype) - ref).abs().max().item())
         scale = max(scale, ref.abs().max().item())
     return worst / scale if scale > 0 else worst
 
@@ -77,7 +80,9 @@ def run_case(case: GemmCase, info: DeviceInfo, timing: TimingConfig, cold: bool 
     dtype = case.effective_dtype
     if backend.grouped_only and shape.groups == 1:
         raise Unsupported("not a grouped GEMM (groups=1); the torch backend times it")
-    gen = torch.Generator().manual_seed(zlib.crc32(f"{shape.layer}/{shape.pass_}/{shape.m}/{shape.n}/{shape.k}".encode()))
+    gen = torch.Generator().manual_seed(
+        zlib.crc32(f"{shape.layer}/{shape.pass_}/{shape.m}/{shape.n}/{shape.k}".encode())
+    )
     elt = element_size(dtype)
     per_set = shape.bytes_moved(elt)
     n_sets = rotation_count(per_set, info.device) if cold else 1

@@ -21,22 +21,45 @@ def _configs() -> list[triton.Config]:
         return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 4}, num_warps=1)]
     out = []
     for bm, bn, bk, warps, stages in (
-        (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 128, 32, 4, 4),
-        (128, 64, 32, 4, 4), (64, 128, 32, 4, 4), (64, 64, 32, 4, 4), (32, 64, 32, 4, 5),
+        (128, 256, 64, 8, 3),
+        (256, 128, 64, 8, 3),
+        (128, 128, 64, 4, 4),
+        (128, 128, 32, 4, 4),
+        (128, 64, 32, 4, 4),
+        (64, 128, 32, 4, 4),
+        (64, 64, 32, 4, 4),
+        (32, 64, 32, 4, 5),
     ):
-        out.append(triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
-                                 num_warps=warps, num_stages=stages))
+        out.append(
+            triton.Config(
+                {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=warps, num_stages=stages
+            )
+        )
     return out
 
 
 @triton.autotune(configs=_configs(), key=["M", "N", "K"])
 @triton.jit
 def _matmul_kernel(
-    a_ptr, b_ptr, c_ptr, M, N, K,
-    stride_ag, stride_am, stride_ak,
-    stride_bg, stride_bk, stride_bn,
-    stride_cg, stride_cm, stride_cn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    stride_ag,
+    stride_am,
+    stride_ak,
+    stride_bg,
+    stride_bk,
+    stride_bn,
+    stride_cg,
+    stride_cm,
+    stride_cn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
 ):
     pid = tl.program_id(0)
     g = tl.program_id(1).to(tl.int64)  # g·stride_bg passes 2**31 on e.g. DeepSeek-V3's 256 expert weights
@@ -85,9 +108,20 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) ->
         return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), G)
 
     _matmul_kernel[grid](
-        a3, b3, c3, M, N, K,
-        a3.stride(0), a3.stride(1), a3.stride(2),
-        b3.stride(0), b3.stride(1), b3.stride(2),
-        c3.stride(0), c3.stride(1), c3.stride(2),
+        a3,
+        b3,
+        c3,
+        M,
+        N,
+        K,
+        a3.stride(0),
+        a3.stride(1),
+        a3.stride(2),
+        b3.stride(0),
+        b3.stride(1),
+        b3.stride(2),
+        c3.stride(0),
+        c3.stride(1),
+        c3.stride(2),
     )
     return out

@@ -52,8 +52,8 @@ class ModelConfig:
     num_hidden_layers: int | None = None
     architecture: str = "llama"
     tie_word_embeddings: bool = False
-    attention_bias: bool = False       # q/k/v (and o for Llama's flag) biases
-    qk_norm: bool = False              # Qwen3 per-head q_norm / k_norm weights
+    attention_bias: bool = False  # q/k/v (and o for Llama's flag) biases
+    qk_norm: bool = False  # Qwen3 per-head q_norm / k_norm weights
     # MoE
     n_routed_experts: int = 0
     num_experts_per_tok: int = 0
@@ -85,8 +85,12 @@ class ModelConfig:
         """Which decoder layers carry routed experts (DeepSeek first_k_dense_replace/moe_layer_freq, Qwen sparse step)."""
         if not self.is_moe:
             return False
-        return (index >= self.first_k_dense_replace and index % self.moe_layer_freq == 0
-                and index not in self.mlp_only_layers and (index + 1) % self.decoder_sparse_step == 0)
+        return (
+            index >= self.first_k_dense_replace
+            and index % self.moe_layer_freq == 0
+            and index not in self.mlp_only_layers
+            and (index + 1) % self.decoder_sparse_step == 0
+        )
 
     @property
     def has_dense_mlp_layers(self) -> bool:
@@ -94,8 +98,12 @@ class ModelConfig:
             return True
         if self.num_hidden_layers is not None:
             return any(not self.is_moe_layer(i) for i in range(self.num_hidden_layers))
-        return self.first_k_dense_replace > 0 or bool(self.mlp_only_layers) or self.decoder_sparse_step > 1 \
+        return (
+            self.first_k_dense_replace > 0
+            or bool(self.mlp_only_layers)
+            or self.decoder_sparse_step > 1
             or self.moe_layer_freq > 1
+        )
 
     @property
     def expert_intermediate_size(self) -> int:
@@ -125,13 +133,19 @@ def _pick(obj: Mapping[str, Any], canonical: str) -> tuple[str | None, Any]:
     return None, None
 
 
-def _int_field(obj: Mapping[str, Any], canonical: str, where: str, *, required: bool, allow_zero: bool = False) -> int | None:
+def _int_field(
+    obj: Mapping[str, Any], canonical: str, where: str, *, required: bool, allow_zero: bool = False
+) -> int | None:
     key, value = _pick(obj, canonical)
     if key is None:
         if required:
             raise UsageError("missing", source=where, field=canonical)
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and not value.is_integer()):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (isinstance(value, float) and not value.is_integer())
+    ):
         raise UsageError(f"must be an integer, got {value!r}", source=where, field=key)
     value = int(value)
     if value < 0 or (value == 0 and not allow_zero):
@@ -145,10 +159,17 @@ def _architecture(obj: Mapping[str, Any], name: str) -> str:
         return mt
     archs = " ".join(obj.get("architectures") or []).lower()
     hint = f"{mt} {archs} {name}".lower().replace("-", "_").replace(".", "")
-    for arch, needles in (("deepseek_v3", ("deepseek_v3", "deepseekv3")), ("deepseek_v2", ("deepseek",)),
-                          ("mixtral", ("mixtral",)), ("qwen3_moe", ("qwen3_moe", "qwen3moe")),
-                          ("qwen2_moe", ("qwen2_moe", "qwen2moe")), ("qwen3", ("qwen3",)), ("qwen2", ("qwen2", "qwen")),
-                          ("mistral", ("mistral",)), ("llama", ("llama",))):
+    for arch, needles in (
+        ("deepseek_v3", ("deepseek_v3", "deepseekv3")),
+        ("deepseek_v2", ("deepseek",)),
+        ("mixtral", ("mixtral",)),
+        ("qwen3_moe", ("qwen3_moe", "qwen3moe")),
+        ("qwen2_moe", ("qwen2_moe", "qwen2moe")),
+        ("qwen3", ("qwen3",)),
+        ("qwen2", ("qwen2", "qwen")),
+        ("mistral", ("mistral",)),
+        ("llama", ("llama",)),
+    ):
         if any(n in hint for n in needles):
             if arch == "qwen3" and _pick(obj, "n_routed_experts")[0]:
                 return "qwen3_moe"
@@ -168,9 +189,10 @@ def parse_model_config(obj: Mapping[str, Any], source: str, default_name: str | 
     if not name or not isinstance(name, str):
         raise UsageError("missing (a name for the model)", source=source, field="model")
     where = _where(source, name)
+
     def req(field_name: str) -> int:
         value = _int_field(obj, field_name, where, required=True)
-        assert value is not None   # a missing required field raised UsageError above
+        assert value is not None  # a missing required field raised UsageError above
         return value
 
     def opt(field_name: str, allow_zero: bool = False) -> int | None:
@@ -180,13 +202,17 @@ def parse_model_config(obj: Mapping[str, Any], source: str, default_name: str | 
     heads = req("num_attention_heads")
     kv_heads = opt("num_key_value_heads") or heads
     if heads % kv_heads:
-        raise UsageError(f"{heads} attention heads are not a multiple of {kv_heads} KV heads", source=where,
-                         field="num_key_value_heads")
+        raise UsageError(
+            f"{heads} attention heads are not a multiple of {kv_heads} KV heads",
+            source=where,
+            field="num_key_value_heads",
+        )
     head_dim = opt("head_dim")
     if head_dim is None:
         if hidden % heads:
-            raise UsageError(f"absent, and hidden_size {hidden} is not divisible by {heads} heads", source=where,
-                             field="head_dim")
+            raise UsageError(
+                f"absent, and hidden_size {hidden} is not divisible by {heads} heads", source=where, field="head_dim"
+            )
         head_dim = hidden // heads
     arch = _architecture(obj, name)
     experts = opt("n_routed_experts", allow_zero=True) or 0
@@ -195,7 +221,9 @@ def parse_model_config(obj: Mapping[str, Any], source: str, default_name: str | 
         raise UsageError("missing for a MoE model", source=where, field="num_experts_per_tok")
     if top_k > experts and experts:
         raise UsageError(f"top-k {top_k} exceeds {experts} experts", source=where, field="num_experts_per_tok")
-    mla_fields = {f: opt(f) for f in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")}
+    mla_fields = {
+        f: opt(f) for f in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+    }
     if mla_fields["kv_lora_rank"] is not None:
         for f in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             if mla_fields[f] is None:
@@ -247,7 +275,9 @@ def read_json(path: Path) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UsageError(f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", source=str(path)) from None
+        raise UsageError(
+            f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", source=str(path)
+        ) from None
 
 
 def load_model_configs(path: str | os.PathLike | None = None, model_name: str | None = None) -> list[ModelConfig]:
@@ -281,6 +311,8 @@ def select_models(configs: Sequence[ModelConfig], selection: str | Iterable[str]
     by_name = {c.name.lower(): c for c in configs}
     missing = [w for w in wanted if w.lower() not in by_name]
     if missing:
-        raise UsageError(f"unknown model {', '.join(repr(m) for m in missing)}; available: "
-                         f"{', '.join(c.name for c in configs)}", field="--model")
+        raise UsageError(
+            f"unknown model {', '.join(repr(m) for m in missing)}; available: {', '.join(c.name for c in configs)}",
+            field="--model",
+        )
     return [by_name[w.lower()] for w in wanted]

@@ -54,22 +54,27 @@ def _norm(name: str, size: int) -> Named:
 
 
 def _gated_mlp(prefix: str, hidden: int, ffn: int, bias: bool) -> Named:
-    return (_linear(f"{prefix}.gate_proj", ffn, hidden, bias) + _linear(f"{prefix}.up_proj", ffn, hidden, bias)
-            + _linear(f"{prefix}.down_proj", hidden, ffn, bias))
+    return (
+        _linear(f"{prefix}.gate_proj", ffn, hidden, bias)
+        + _linear(f"{prefix}.up_proj", ffn, hidden, bias)
+        + _linear(f"{prefix}.down_proj", hidden, ffn, bias)
+    )
 
 
 def _fused_experts(prefix: str, experts: int, hidden: int, ffn: int) -> Named:
-    return [(f"{prefix}.experts.gate_up_proj", (experts, 2 * ffn, hidden)),
-            (f"{prefix}.experts.down_proj", (experts, hidden, ffn))]
+    return [
+        (f"{prefix}.experts.gate_up_proj", (experts, 2 * ffn, hidden)),
+        (f"{prefix}.experts.down_proj", (experts, hidden, ffn)),
+    ]
 
 
 def _attention_biases(cfg: ModelConfig) -> tuple[bool, bool]:
     """(q/k/v bias, o_proj bias) as each architecture's modeling file decides them."""
     arch = cfg.architecture
     if arch in ("mistral", "mixtral"):
-        return False, False                       # hard-coded bias=False
+        return False, False  # hard-coded bias=False
     if arch == "qwen2":
-        return True, False                        # q/k/v bias=True always, o_proj bias=False
+        return True, False  # q/k/v bias=True always, o_proj bias=False
     if arch == "qwen2_moe":
         return bool(cfg.raw.get("qkv_bias", cfg.attention_bias)), False
     return cfg.attention_bias, cfg.attention_bias  # llama, qwen3(_moe): one flag for all four
@@ -78,8 +83,12 @@ def _attention_biases(cfg: ModelConfig) -> tuple[bool, bool]:
 def _standard_attention(cfg: ModelConfig, p: str) -> Named:
     qkv_bias, o_bias = _attention_biases(cfg)
     h, q, kv = cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
-    params = (_linear(f"{p}.q_proj", q, h, qkv_bias) + _linear(f"{p}.k_proj", kv, h, qkv_bias)
-              + _linear(f"{p}.v_proj", kv, h, qkv_bias) + _linear(f"{p}.o_proj", h, q, o_bias))
+    params = (
+        _linear(f"{p}.q_proj", q, h, qkv_bias)
+        + _linear(f"{p}.k_proj", kv, h, qkv_bias)
+        + _linear(f"{p}.v_proj", kv, h, qkv_bias)
+        + _linear(f"{p}.o_proj", h, q, o_bias)
+    )
     if cfg.architecture in ("qwen3", "qwen3_moe") or cfg.qk_norm:
         params += _norm(f"{p}.q_norm", cfg.head_dim) + _norm(f"{p}.k_norm", cfg.head_dim)
     return params
@@ -93,12 +102,18 @@ def _mla_attention(cfg: ModelConfig, p: str) -> Named:
     if cfg.q_lora_rank is None:
         params = _linear(f"{p}.q_proj", heads * qk_head, h, False)
     else:
-        params = (_linear(f"{p}.q_a_proj", cfg.q_lora_rank, h, bias) + _norm(f"{p}.q_a_layernorm", cfg.q_lora_rank)
-                  + _linear(f"{p}.q_b_proj", heads * qk_head, cfg.q_lora_rank, False))
+        params = (
+            _linear(f"{p}.q_a_proj", cfg.q_lora_rank, h, bias)
+            + _norm(f"{p}.q_a_layernorm", cfg.q_lora_rank)
+            + _linear(f"{p}.q_b_proj", heads * qk_head, cfg.q_lora_rank, False)
+        )
     kv_rank = cfg.kv_lora_rank or 0
-    params += (_linear(f"{p}.kv_a_proj_with_mqa", kv_rank + rope, h, bias) + _norm(f"{p}.kv_a_layernorm", kv_rank)
-               + _linear(f"{p}.kv_b_proj", heads * (nope + v), kv_rank, False)
-               + _linear(f"{p}.o_proj", h, heads * v, bias))
+    params += (
+        _linear(f"{p}.kv_a_proj_with_mqa", kv_rank + rope, h, bias)
+        + _norm(f"{p}.kv_a_layernorm", kv_rank)
+        + _linear(f"{p}.kv_b_proj", heads * (nope + v), kv_rank, False)
+        + _linear(f"{p}.o_proj", h, heads * v, bias)
+    )
     return params
 
 
@@ -111,15 +126,22 @@ def _moe(cfg: ModelConfig, p: str) -> Named:
     if arch == "mixtral":
         return router + experts
     if arch == "qwen2_moe":
-        return (router + experts + _gated_mlp(f"{p}.shared_expert", h, cfg.shared_intermediate_size, False)
-                + _linear(f"{p}.shared_expert_gate", 1, h, False))
+        return (
+            router
+            + experts
+            + _gated_mlp(f"{p}.shared_expert", h, cfg.shared_intermediate_size, False)
+            + _linear(f"{p}.shared_expert_gate", 1, h, False)
+        )
     if arch == "qwen3_moe":
         return experts + router
     if arch in ("deepseek_v2", "deepseek_v3"):
-        shared = cfg.expert_intermediate_size * cfg.n_shared_experts   # HF: moe_intermediate_size × n_shared
+        shared = cfg.expert_intermediate_size * cfg.n_shared_experts  # HF: moe_intermediate_size × n_shared
         return experts + router + _gated_mlp(f"{p}.shared_experts", h, shared, _mlp_bias(cfg))
-    raise UsageError(f"architecture '{arch}' has no mixture-of-experts layout in transformers",
-                     source=cfg.source or cfg.name, field="n_routed_experts")
+    raise UsageError(
+        f"architecture '{arch}' has no mixture-of-experts layout in transformers",
+        source=cfg.source or cfg.name,
+        field="n_routed_experts",
+    )
 
 
 def _mlp_bias(cfg: ModelConfig) -> bool:
@@ -140,8 +162,11 @@ def layer_parameters(cfg: ModelConfig, index: int) -> Named:
 def parameter_shapes(cfg: ModelConfig) -> list[ParamSpec]:
     """All parameters in ``model.named_parameters()`` order; tied embeddings list no ``lm_head.weight``."""
     if cfg.num_hidden_layers is None:
-        raise UsageError("missing; needed to list every decoder layer's parameters",
-                         source=cfg.source or cfg.name, field="num_hidden_layers")
+        raise UsageError(
+            "missing; needed to list every decoder layer's parameters",
+            source=cfg.source or cfg.name,
+            field="num_hidden_layers",
+        )
     h = cfg.hidden_size
     specs = [ParamSpec("model.embed_tokens.weight", (cfg.vocab_size, h), ROOT)]
     for i in range(cfg.num_hidden_layers):

@@ -11,15 +11,24 @@ from opbench.core import cli
 from opbench.core.errors import run_cli
 
 
-
 def build_parser() -> argparse.ArgumentParser:
     p = cli.parser("opbench report", __doc__)
     p.add_argument("results_dir", metavar="RESULTS_DIR", help="folder with opbench CSVs (and their .meta.json)")
-    p.add_argument("--report-dir-path", "--out", dest="out", default=None, metavar="DIR",
-                   help="where report.md and the PNGs go (default: RESULTS_DIR/report)")
-    p.add_argument("--compare", default=None, metavar="OTHER_RESULTS_DIR",
-                   help="a second results folder (e.g. before an upgrade): tables gain <metric>_other and "
-                        "<metric>_ratio = this / other")
+    p.add_argument(
+        "--report-dir-path",
+        "--out",
+        dest="out",
+        default=None,
+        metavar="DIR",
+        help="where report.md and the PNGs go (default: RESULTS_DIR/report)",
+    )
+    p.add_argument(
+        "--compare",
+        default=None,
+        metavar="OTHER_RESULTS_DIR",
+        help="a second results folder (e.g. before an upgrade): tables gain <metric>_other and "
+        "<metric>_ratio = this / other",
+    )
     cli.add_top_arg(p, 40)
     p.add_argument("--no-plots", action="store_true", help="write only report.md")
     return p
@@ -27,11 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from .build import build_report   # pandas: only once the arguments are known good
+    from .build import build_report  # pandas: only once the arguments are known good
 
     out = args.out if args.out is not None else f"{args.results_dir.rstrip('/')}/report"
-    report = build_report(args.results_dir, out, compare=args.compare, top=args.top,
-                          plots=not args.no_plots)
+    report = build_report(args.results_dir, out, compare=args.compare, top=args.top, plots=not args.no_plots)
     found = report.found
     rows = sum(len(s.ok) for s in report.sections)
     print(f"read {len(found.files)} CSV(s) ({rows} ok rows)" if found else "", end="")
@@ -39,8 +47,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f", skipped {len(found.skipped)}: " + ", ".join(rel for rel, _ in found.skipped), end="")
     print(f"\nwrote {report.path} with {len(report.plots)} plot(s)")
     if report.missing:
-        print(f"plots not made ({len(report.missing)}): " + "; ".join(f"{k}: {v}" for k, v in report.missing.items()),
-              file=sys.stderr)
+        print(
+            f"plots not made ({len(report.missing)}): " + "; ".join(f"{k}: {v}" for k, v in report.missing.items()),
+            file=sys.stderr,
+        )
     return 0
 
 

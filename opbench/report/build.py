@@ -15,15 +15,20 @@ from .tables import Section, build_sections
 
 @dataclass
 class Report:
-    path: Path                               # report.md
+    path: Path  # report.md
     sections: list[Section]
-    plots: list[Plot]                        # made
-    missing: dict[str, str] = field(default_factory=dict)   # plot file → why not made
+    plots: list[Plot]  # made
+    missing: dict[str, str] = field(default_factory=dict)  # plot file → why not made
     found: Discovery | None = None
 
 
-def build_report(results_dir: str | Path, out_dir: str | Path, compare: str | Path | None = None,
-                 top: int | None = 40, plots: bool = True) -> Report:
+def build_report(
+    results_dir: str | Path,
+    out_dir: str | Path,
+    compare: str | Path | None = None,
+    top: int | None = 40,
+    plots: bool = True,
+) -> Report:
     """Read every opbench CSV under results_dir (and compare's, if given) and write out_dir/report.md + PNGs."""
     found = require_results(discover(results_dir))
     other = require_results(discover(compare)) if compare is not None else None

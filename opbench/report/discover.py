@@ -27,8 +27,10 @@ from opbench.gemm.schema import SCHEMA as GEMM
 from opbench.trace.schema import NCCL_TESTS, TRACE, TRACE_FSDP, TRACE_PER_COMM, TRACE_PER_RANK
 
 # Report order: one section per schema, in this order.
-SCHEMAS: dict[str, Schema] = {s.benchmark: s for s in (
-    GEMM, ATTENTION, COMM, NCCL_TESTS, FSDP, TRACE, TRACE_PER_RANK, TRACE_PER_COMM, TRACE_FSDP, CKPT)}
+SCHEMAS: dict[str, Schema] = {
+    s.benchmark: s
+    for s in (GEMM, ATTENTION, COMM, NCCL_TESTS, FSDP, TRACE, TRACE_PER_RANK, TRACE_PER_COMM, TRACE_FSDP, CKPT)
+}
 
 
 @dataclass
@@ -40,14 +42,14 @@ class ResultFile:
     kind: Schema
     frame: pd.DataFrame
     meta: dict[str, Any] = field(default_factory=dict)
-    identified_by: str = "sidecar"           # "sidecar" | "header"
+    identified_by: str = "sidecar"  # "sidecar" | "header"
 
 
 @dataclass
 class Discovery:
     root: Path
     files: list[ResultFile]
-    skipped: list[tuple[str, str]]   # (relative path, why)
+    skipped: list[tuple[str, str]]  # (relative path, why)
 
     def of_kind(self, kind: str) -> list[ResultFile]:
         return [f for f in self.files if f.kind.benchmark == kind]

@@ -29,10 +29,13 @@ def _escape(text: str) -> str:
 def markdown_table(frame: pd.DataFrame) -> str:
     """Numbers right-aligned, text left; cells formatted by ``cell``."""
     rows = [[_escape(cell(v)) for v in row] for row in frame.itertuples(index=False, name=None)]
-    align = ["right" if pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c])
-             else "left" for c in frame.columns]
-    return tabulate(rows, headers=[str(c) for c in frame.columns], tablefmt="github", disable_numparse=True,
-                    colalign=align)
+    align = [
+        "right" if pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c]) else "left"
+        for c in frame.columns
+    ]
+    return tabulate(
+        rows, headers=[str(c) for c in frame.columns], tablefmt="github", disable_numparse=True, colalign=align
+    )
 
 
 def _stack(meta: dict[str, Any]) -> str:
@@ -47,10 +50,19 @@ def environment_frame(found: Discovery) -> pd.DataFrame:
     rows = []
     for f in found.files:
         m = f.meta
-        rows.append({"file": f.rel, "benchmark": f.kind.title, "device": m.get("device_name", ""),
-                     "accelerator stack": _stack(m), "torch": m.get("torch", ""), "opbench": m.get("opbench", ""),
-                     "host": m.get("host", ""), "ranks": m.get("world_size", m.get("WORLD_SIZE", "")),
-                     "utc_time": m.get("utc_time", "")})
+        rows.append(
+            {
+                "file": f.rel,
+                "benchmark": f.kind.title,
+                "device": m.get("device_name", ""),
+                "accelerator stack": _stack(m),
+                "torch": m.get("torch", ""),
+                "opbench": m.get("opbench", ""),
+                "host": m.get("host", ""),
+                "ranks": m.get("world_size", m.get("WORLD_SIZE", "")),
+                "utc_time": m.get("utc_time", ""),
+            }
+        )
     return pd.DataFrame(rows, columns=list(ENV_COLUMNS))
 
 
@@ -78,8 +90,12 @@ def failed_md(section: Section) -> list[str]:
     if failed.empty:
         return []
     counts = ", ".join(f"{status}: {n}" for status, n in failed["status"].value_counts().items())
-    return [f"### Rows not measured ({len(failed)}: {counts})", "",
-            markdown_table(failed.drop(columns=["file"], errors="ignore")), ""]
+    return [
+        f"### Rows not measured ({len(failed)}: {counts})",
+        "",
+        markdown_table(failed.drop(columns=["file"], errors="ignore")),
+        "",
+    ]
 
 
 def plot_md(plot: Plot, missing: dict[str, str]) -> list[str]:
@@ -97,20 +113,36 @@ def section_md(section: Section, planned: Sequence[Plot], missing: dict[str, str
     for table in section.tables:
         out += table_md(table)
         out += [line for p in mine if p.group is not None and p.group == table.title for line in plot_md(p, missing)]
-    out += [line for p in mine if p.group is None or p.group not in {t.title for t in section.tables}
-            for line in plot_md(p, missing)]
+    out += [
+        line
+        for p in mine
+        if p.group is None or p.group not in {t.title for t in section.tables}
+        for line in plot_md(p, missing)
+    ]
     out += failed_md(section)
     return out
 
 
-def report_markdown(found: Discovery, sections: Sequence[Section], planned: Sequence[Plot], missing: dict[str, str],
-                    other: Discovery | None = None) -> str:
-    out = ["# opbench report", "",
-           f"Results: `{found.root}` ({len(found.files)} CSV file(s)); written by opbench {opbench.__version__}.", ""]
+def report_markdown(
+    found: Discovery,
+    sections: Sequence[Section],
+    planned: Sequence[Plot],
+    missing: dict[str, str],
+    other: Discovery | None = None,
+) -> str:
+    out = [
+        "# opbench report",
+        "",
+        f"Results: `{found.root}` ({len(found.files)} CSV file(s)); written by opbench {opbench.__version__}.",
+        "",
+    ]
     if other is not None:
-        out += [f"Compared with: `{other.root}` ({len(other.files)} CSV file(s)). Ratio columns are "
-                "this run / the other run, matched on each table's identifying columns; `_other` columns are "
-                "the other run's values.", ""]
+        out += [
+            f"Compared with: `{other.root}` ({len(other.files)} CSV file(s)). Ratio columns are "
+            "this run / the other run, matched on each table's identifying columns; `_other` columns are "
+            "the other run's values.",
+            "",
+        ]
     out += environment_md(found, "Environment")
     if other is not None:
         out += environment_md(other, "Environment of the compared run")

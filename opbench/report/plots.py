@@ -28,8 +28,8 @@ class Plot:
     kind: str
     filename: str
     title: str
-    draw: Callable[[Any], None]        # draws onto a matplotlib Figure
-    group: str | None = None           # the split table it belongs under (a collective), None = after the tables
+    draw: Callable[[Any], None]  # draws onto a matplotlib Figure
+    group: str | None = None  # the split table it belongs under (a collective), None = after the tables
 
 
 def _safe(name: object) -> str:
@@ -55,12 +55,13 @@ def _size_axis(ax: Any) -> None:
 
 # ---- collectives: busbw vs size ----------------------------------------------------------------------------
 
+
 def _busbw_lines(comm: pd.DataFrame, tests: pd.DataFrame) -> list[tuple[str, pd.Series, pd.Series, str]]:
     """(label, x, y, linestyle) per opbench variant and per nccl-tests block."""
     lines = []
     group_cols = [c for c in ("backend", "world_size", "nnodes", "dtype", "source", "inplace") if c in comm]
     shown = [c for c in _varying(comm, group_cols) if c != "inplace"]
-    for _, part in (comm.groupby(group_cols, sort=True, dropna=False) if not comm.empty else []):
+    for _, part in comm.groupby(group_cols, sort=True, dropna=False) if not comm.empty else []:
         row = part.iloc[0]
         variant = "in-place" if bool(row["inplace"]) else "out-of-place"
         name = " ".join(["opbench", str(row["backend"]), *[str(row[c]) for c in shown if c != "backend"], variant])
@@ -74,8 +75,9 @@ def _busbw_lines(comm: pd.DataFrame, tests: pd.DataFrame) -> list[tuple[str, pd.
             for block, variant in (("oop", "out-of-place"), ("ip", "in-place")):
                 y = part[f"{block}_busbw_gbs"]
                 if y.notna().any():
-                    lines.append((" ".join(p for p in ("nccl/rccl-tests", extra, variant) if p),
-                                  part["size_bytes"], y, "--"))
+                    lines.append(
+                        (" ".join(p for p in ("nccl/rccl-tests", extra, variant) if p), part["size_bytes"], y, "--")
+                    )
     return lines
 
 
@@ -89,34 +91,48 @@ def _draw_busbw(collective: str, comm: pd.DataFrame, tests: pd.DataFrame) -> Cal
         ax.set_ylabel("busbw (GB/s)")
         ax.set_title(f"{collective}: bus bandwidth vs message size")
         ax.legend(fontsize="small")
+
     return draw
 
 
 # ---- GEMM: TFLOPS per layer and pass -----------------------------------------------------------------------
 
+
 def _draw_gemm(model: str, frame: pd.DataFrame) -> Callable[[Any], None]:
     def draw(fig: Any) -> None:
         ax = fig.add_subplot()
         extra = _varying(frame, ("mbs", "backend", "dtype", "tp", "ep", "cp"))
-        cats = frame.assign(_x=frame["layer"].astype(str) + frame.apply(
-            lambda r: ("\n" + _label(r, extra)) if extra else "", axis=1))
+        cats = frame.assign(
+            _x=frame["layer"].astype(str) + frame.apply(lambda r: ("\n" + _label(r, extra)) if extra else "", axis=1)
+        )
         xs = list(dict.fromkeys(cats["_x"]))
         passes = [p for p in PASS_ORDER if p in set(cats["pass"])] + sorted(set(cats["pass"]) - set(PASS_ORDER))
         width = 0.8 / max(1, len(passes))
         for i, p in enumerate(passes):
             vals = cats[cats["pass"] == p].groupby("_x")["tflops"].median()
-            ax.bar([j + (i - (len(passes) - 1) / 2) * width for j in range(len(xs))],
-                   [vals.get(x, float("nan")) for x in xs], width, label=p)
-        ax.set_xticks(range(len(xs)), xs, rotation=30 if len(xs) > 6 else 0, ha="right" if len(xs) > 6 else "center",
-                      fontsize="small")
+            ax.bar(
+                [j + (i - (len(passes) - 1) / 2) * width for j in range(len(xs))],
+                [vals.get(x, float("nan")) for x in xs],
+                width,
+                label=p,
+            )
+        ax.set_xticks(
+            range(len(xs)),
+            xs,
+            rotation=30 if len(xs) > 6 else 0,
+            ha="right" if len(xs) > 6 else "center",
+            fontsize="small",
+        )
         ax.set_ylabel("TFLOPS")
         ax.set_title(f"GEMM TFLOPS per layer and pass: {model}")
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(title="pass")
+
     return draw
 
 
 # ---- attention: TFLOPS vs sequence length ------------------------------------------------------------------
+
 
 def _draw_attention(model: str, frame: pd.DataFrame) -> Callable[[Any], None]:
     def draw(fig: Any) -> None:
@@ -127,7 +143,7 @@ def _draw_attention(model: str, frame: pd.DataFrame) -> Callable[[Any], None]:
         axes = fig.subplots(1, max(1, len(passes)), sharey=True, squeeze=False)[0]
         for ax, p in zip(axes, passes):
             for key, part in frame.groupby(["backend", *extra], sort=True):
-                points = part.groupby("seqlen_q")[f"{p}_tflops"].median()     # repeated shapes: one point
+                points = part.groupby("seqlen_q")[f"{p}_tflops"].median()  # repeated shapes: one point
                 label = " ".join(str(k) for k in (key if isinstance(key, tuple) else (key,)))
                 ax.plot(points.index, points.values, marker="o", label=label)
             ax.set_xscale("log", base=2)
@@ -138,16 +154,19 @@ def _draw_attention(model: str, frame: pd.DataFrame) -> Callable[[Any], None]:
         axes[0].set_ylabel("TFLOPS")
         axes[-1].legend(fontsize="small")
         fig.suptitle(f"Attention TFLOPS vs sequence length: {model}")
+
     return draw
 
 
 # ---- checkpoint: bandwidth per method ----------------------------------------------------------------------
 
+
 def _draw_ckpt(frame: pd.DataFrame) -> Callable[[Any], None]:
     def draw(fig: Any) -> None:
         ax = fig.add_subplot()
-        extra = _varying(frame, ("model", "storage_kind", "world_size", "thread_count", "single_file_per_rank",
-                                 "drop_cache"))
+        extra = _varying(
+            frame, ("model", "storage_kind", "world_size", "thread_count", "single_file_per_rank", "drop_cache")
+        )
         labels = frame.apply(lambda r: " ".join([str(r["method"]), *[f"{c}={r[c]}" for c in extra]]), axis=1)
         x = range(len(frame))
         ax.bar([i - 0.2 for i in x], frame["save_bandwidth_in_mbps"], 0.4, label="save")
@@ -157,10 +176,12 @@ def _draw_ckpt(frame: pd.DataFrame) -> Callable[[Any], None]:
         ax.set_title("Checkpoint bandwidth per method")
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend()
+
     return draw
 
 
 # ---- planning and rendering --------------------------------------------------------------------------------
+
 
 def plan_plots(sections: Sequence[Section]) -> list[Plot]:
     """Every plot the sections call for, in section order (no matplotlib needed)."""
@@ -169,20 +190,39 @@ def plan_plots(sections: Sequence[Section]) -> list[Plot]:
     plots: list[Plot] = []
     comm = by_kind.get("comm", pd.DataFrame())
     collectives = sorted(set(comm.get("collective", [])) | set(tests.get("collective", [])))
-    home = "comm" if not comm.empty else "nccl_tests"   # without opbench rows the plot goes with nccl-tests
+    home = "comm" if not comm.empty else "nccl_tests"  # without opbench rows the plot goes with nccl-tests
     for coll in collectives:
         c = comm[comm["collective"] == coll] if not comm.empty else comm
         t = tests[tests["collective"] == coll] if not tests.empty else tests
-        plots.append(Plot(home, f"busbw_{_safe(coll)}.png", f"{coll} busbw vs message size",
-                          _draw_busbw(coll, c, t), group=str(coll)))
+        plots.append(
+            Plot(
+                home,
+                f"busbw_{_safe(coll)}.png",
+                f"{coll} busbw vs message size",
+                _draw_busbw(coll, c, t),
+                group=str(coll),
+            )
+        )
     gemm = by_kind.get("gemm", pd.DataFrame())
-    for model, part in (gemm.groupby("model", sort=True) if not gemm.empty else []):
-        plots.append(Plot("gemm", f"gemm_tflops_{_safe(model)}.png", f"GEMM TFLOPS per layer and pass: {model}",
-                          _draw_gemm(str(model), part)))
+    for model, part in gemm.groupby("model", sort=True) if not gemm.empty else []:
+        plots.append(
+            Plot(
+                "gemm",
+                f"gemm_tflops_{_safe(model)}.png",
+                f"GEMM TFLOPS per layer and pass: {model}",
+                _draw_gemm(str(model), part),
+            )
+        )
     attn = by_kind.get("attention", pd.DataFrame())
-    for model, part in (attn.groupby("model", sort=True) if not attn.empty else []):
-        plots.append(Plot("attention", f"attention_tflops_{_safe(model)}.png",
-                          f"Attention TFLOPS vs sequence length: {model}", _draw_attention(str(model), part)))
+    for model, part in attn.groupby("model", sort=True) if not attn.empty else []:
+        plots.append(
+            Plot(
+                "attention",
+                f"attention_tflops_{_safe(model)}.png",
+                f"Attention TFLOPS vs sequence length: {model}",
+                _draw_attention(str(model), part),
+            )
+        )
     ckpt = by_kind.get("ckpt", pd.DataFrame())
     if not ckpt.empty:
         plots.append(Plot("ckpt", "ckpt_bandwidth.png", "Checkpoint bandwidth per method", _draw_ckpt(ckpt)))
@@ -205,7 +245,7 @@ def render(plots: Sequence[Plot], out_dir: Path) -> tuple[list[Plot], dict[str, 
         try:
             plot.draw(fig)
             fig.savefig(out_dir / plot.filename, dpi=100)
-        except (ValueError, TypeError, KeyError) as exc:      # odd data must not cost the whole report
+        except (ValueError, TypeError, KeyError) as exc:  # odd data must not cost the whole report
             missing[plot.filename] = f"could not draw: {type(exc).__name__}: {exc}"
             continue
         made.append(plot)

@@ -30,21 +30,21 @@ Order = Callable[[pd.DataFrame], list[tuple[str, bool]]]
 
 @dataclass(frozen=True)
 class TableSpec:
-    columns: tuple[str, ...]                 # shown, in this order (absent ones are left out)
-    derived: tuple[str, ...] = ()            # display columns made here from the schema's (DERIVE)
+    columns: tuple[str, ...]  # shown, in this order (absent ones are left out)
+    derived: tuple[str, ...] = ()  # display columns made here from the schema's (DERIVE)
     key_map: tuple[tuple[str, str], ...] = ()  # schema key -> derived column compared across runs instead
-    order: Order = lambda frame: []          # (column, ascending) pairs
-    optional: tuple[str, ...] = ()           # shown only when they vary
-    sparse: tuple[str, ...] = ()             # shown only when some row has a value
-    split: str | None = None                 # one table per value of this column
-    about: str = ""                          # one line under the section title: what the order means
+    order: Order = lambda frame: []  # (column, ascending) pairs
+    optional: tuple[str, ...] = ()  # shown only when they vary
+    sparse: tuple[str, ...] = ()  # shown only when some row has a value
+    split: str | None = None  # one table per value of this column
+    about: str = ""  # one line under the section title: what the order means
 
 
 @dataclass
 class Table:
     title: str | None
-    frame: pd.DataFrame                      # display columns, sorted, at most --top rows
-    hidden: int = 0                          # rows beyond --top
+    frame: pd.DataFrame  # display columns, sorted, at most --top rows
+    hidden: int = 0  # rows beyond --top
 
 
 @dataclass
@@ -52,8 +52,8 @@ class Section:
     kind: Schema
     files: list[str]
     tables: list[Table]
-    failed: pd.DataFrame                     # rows with status != ok: keys + status + error
-    ok: pd.DataFrame                         # all ok rows with derived columns (plots use these)
+    failed: pd.DataFrame  # rows with status != ok: keys + status + error
+    ok: pd.DataFrame  # all ok rows with derived columns (plots use these)
     notes: list[str] = field(default_factory=list)
 
 
@@ -67,69 +67,217 @@ def _gemm_order(frame: pd.DataFrame) -> list[tuple[str, bool]]:
     return [(metric, True)]
 
 
-_SHAPE = ("model", "batch_size", "seqlen_q", "seqlen_kv", "num_head_q", "num_head_kv", "head_dim_qk", "head_dim_v",
-          "causal", "dtype")
+_SHAPE = (
+    "model",
+    "batch_size",
+    "seqlen_q",
+    "seqlen_kv",
+    "num_head_q",
+    "num_head_kv",
+    "head_dim_qk",
+    "head_dim_v",
+    "causal",
+    "dtype",
+)
 
 SPECS: dict[str, TableSpec] = {
     "gemm": TableSpec(
-        columns=("model", "layer", "pass", "mbs", "m", "n", "k", "groups", "tp", "ep", "cp", "dtype", "backend",
-                 "time_ms", "tflops", "pct_of_peak"), derived=("time_ms",), order=_gemm_order, optional=("groups", "tp", "ep", "cp"),
-        about="Least efficient first: by % of peak where the device's peak is known, else by TFLOPS."),
+        columns=(
+            "model",
+            "layer",
+            "pass",
+            "mbs",
+            "m",
+            "n",
+            "k",
+            "groups",
+            "tp",
+            "ep",
+            "cp",
+            "dtype",
+            "backend",
+            "time_ms",
+            "tflops",
+            "pct_of_peak",
+        ),
+        derived=("time_ms",),
+        order=_gemm_order,
+        optional=("groups", "tp", "ep", "cp"),
+        about="Least efficient first: by % of peak where the device's peak is known, else by TFLOPS.",
+    ),
     "attention": TableSpec(
-        columns=("model", "batch_size", "seqlen q/kv", "heads q/kv", "head_dim qk/v", "causal", "tp", "cp", "dtype",
-                 "backend", "fwd_ms", "fwd_tflops", "bwd_ms", "bwd_tflops", "fwdbwd_ms"),
+        columns=(
+            "model",
+            "batch_size",
+            "seqlen q/kv",
+            "heads q/kv",
+            "head_dim qk/v",
+            "causal",
+            "tp",
+            "cp",
+            "dtype",
+            "backend",
+            "fwd_ms",
+            "fwd_tflops",
+            "bwd_ms",
+            "bwd_tflops",
+            "fwdbwd_ms",
+        ),
         derived=("seqlen q/kv", "heads q/kv", "head_dim qk/v", "fwd_ms", "bwd_ms", "fwdbwd_ms"),
-        order=lambda f: [(c, True) for c in _SHAPE] + [("fwd_tflops", False)], optional=("tp", "cp"),
+        order=lambda f: [(c, True) for c in _SHAPE] + [("fwd_tflops", False)],
+        optional=("tp", "cp"),
         about="Per shape, the fastest forward backend first. Times are medians; TFLOPS as docs/conventions.md "
-              "counts them (causal masks count the visible half)."),
+        "counts them (causal masks count the visible half).",
+    ),
     "comm": TableSpec(
-        columns=("backend", "world_size", "nnodes", "dtype", "redop", "source", "size", "size_bytes", "count",
-                 "inplace", "time_us", "time_us_max", "algbw_gbs", "busbw_gbs", "wrong", "tests_busbw_gbs",
-                 "busbw_vs_tests"),
+        columns=(
+            "backend",
+            "world_size",
+            "nnodes",
+            "dtype",
+            "redop",
+            "source",
+            "size",
+            "size_bytes",
+            "count",
+            "inplace",
+            "time_us",
+            "time_us_max",
+            "algbw_gbs",
+            "busbw_gbs",
+            "wrong",
+            "tests_busbw_gbs",
+            "busbw_vs_tests",
+        ),
         derived=("size", "tests_busbw_gbs", "busbw_vs_tests"),
         order=_by("backend", "world_size", "nnodes", "dtype", "source", "size_bytes", "inplace"),
-        optional=("nnodes", "redop", "source", "wrong"), sparse=("tests_busbw_gbs", "busbw_vs_tests"),
+        optional=("nnodes", "redop", "source", "wrong"),
+        sparse=("tests_busbw_gbs", "busbw_vs_tests"),
         split="collective",
         about="busbw per message size (nccl-tests semantics); tests_busbw_gbs is nccl-tests / rccl-tests' busbw "
-              "for the same collective, size and variant when their parsed output is in the folder."),
+        "for the same collective, size and variant when their parsed output is in the folder.",
+    ),
     "nccl_tests": TableSpec(
-        columns=("type", "redop", "nranks", "size", "size_bytes", "count", "oop_time_us", "oop_busbw_gbs",
-                 "oop_wrong", "ip_time_us", "ip_busbw_gbs", "ip_wrong", "file"),
-        derived=("size",), order=_by("type", "redop", "nranks", "size_bytes"),
-        optional=("redop", "nranks", "oop_wrong", "ip_wrong", "file"), split="collective",
-        about="Parsed nccl-tests / rccl-tests output (oop = out-of-place, ip = in-place)."),
+        columns=(
+            "type",
+            "redop",
+            "nranks",
+            "size",
+            "size_bytes",
+            "count",
+            "oop_time_us",
+            "oop_busbw_gbs",
+            "oop_wrong",
+            "ip_time_us",
+            "ip_busbw_gbs",
+            "ip_wrong",
+            "file",
+        ),
+        derived=("size",),
+        order=_by("type", "redop", "nranks", "size_bytes"),
+        optional=("redop", "nranks", "oop_wrong", "ip_wrong", "file"),
+        split="collective",
+        about="Parsed nccl-tests / rccl-tests output (oop = out-of-place, ip = in-place).",
+    ),
     "fsdp": TableSpec(
-        columns=("model", "mode", "fsdp_version", "world_size", "replicate", "unit", "units", "collective", "count",
-                 "dtype", "nranks", "calls_per_step", "bytes_per_rank", "nccl_tests_bytes", "size", "bytes_per_step"),
-        derived=("units", "size"), optional=("mode", "fsdp_version", "world_size", "replicate", "units"),
-        about="Per-rank NCCL counts per FSDP unit; identical layers are one row; nccl_tests_bytes is the -b value."),
+        columns=(
+            "model",
+            "mode",
+            "fsdp_version",
+            "world_size",
+            "replicate",
+            "unit",
+            "units",
+            "collective",
+            "count",
+            "dtype",
+            "nranks",
+            "calls_per_step",
+            "bytes_per_rank",
+            "nccl_tests_bytes",
+            "size",
+            "bytes_per_step",
+        ),
+        derived=("units", "size"),
+        optional=("mode", "fsdp_version", "world_size", "replicate", "units"),
+        about="Per-rank NCCL counts per FSDP unit; identical layers are one row; nccl_tests_bytes is the -b value.",
+    ),
     "trace": TableSpec(
-        columns=("op", "count", "dtype", "redop", "nranks", "calls", "bytes", "nccl_tests_bytes", "total_bytes",
-                 "total", "note"),
-        derived=("total",), order=lambda f: [("total_bytes" if "total_bytes" in f else "bytes", False)], optional=("note",),
-        about="Distinct collectives of the logged job, most bytes first."),
+        columns=(
+            "op",
+            "count",
+            "dtype",
+            "redop",
+            "nranks",
+            "calls",
+            "bytes",
+            "nccl_tests_bytes",
+            "total_bytes",
+            "total",
+            "note",
+        ),
+        derived=("total",),
+        order=lambda f: [("total_bytes" if "total_bytes" in f else "bytes", False)],
+        optional=("note",),
+        about="Distinct collectives of the logged job, most bytes first.",
+    ),
     "trace_per_rank": TableSpec(
-        columns=("rank", "host", "pid", "device", "globalrank", "op", "calls", "bytes", "distinct_sizes"), order=_by("bytes", ascending=False),
-        optional=("rank", "globalrank"), about="Calls and bytes per logging process, most bytes first."),
+        columns=("rank", "host", "pid", "device", "globalrank", "op", "calls", "bytes", "distinct_sizes"),
+        order=_by("bytes", ascending=False),
+        optional=("rank", "globalrank"),
+        about="Calls and bytes per logging process, most bytes first.",
+    ),
     "trace_per_comm": TableSpec(
-        columns=("comm", "nranks", "ranks_logged", "calls", "bytes", "ops"), order=_by("bytes", ascending=False),
-        about="Calls and bytes per NCCL communicator, most bytes first."),
+        columns=("comm", "nranks", "ranks_logged", "calls", "bytes", "ops"),
+        order=_by("bytes", ascending=False),
+        about="Calls and bytes per NCCL communicator, most bytes first.",
+    ),
     "trace_fsdp": TableSpec(
-        columns=("unit", "collective", "count", "dtype", "nranks", "calls_per_step", "log_calls", "log_dtype",
-                 "matched"), order=_by("matched"),
-        about="Logged FSDP collectives against the FSDP model's prediction, mismatches first."),
+        columns=(
+            "unit",
+            "collective",
+            "count",
+            "dtype",
+            "nranks",
+            "calls_per_step",
+            "log_calls",
+            "log_dtype",
+            "matched",
+        ),
+        order=_by("matched"),
+        about="Logged FSDP collectives against the FSDP model's prediction, mismatches first.",
+    ),
     "ckpt": TableSpec(
-        columns=("model", "method", "async_type", "storage", "world_size", "thread_count", "async_save",
-                 "single_file_per_rank", "sync_files", "drop_cache", "num_saved", "size", "save_block_time",
-                 "save_total_time", "load_time", "save_bandwidth_in_mbps", "load_bandwidth_in_mbps", "accurate",
-                 "verified"),
-        derived=("size", "storage_kind"), key_map=(("storage", "storage_kind"),),
+        columns=(
+            "model",
+            "method",
+            "async_type",
+            "storage",
+            "world_size",
+            "thread_count",
+            "async_save",
+            "single_file_per_rank",
+            "sync_files",
+            "drop_cache",
+            "num_saved",
+            "size",
+            "save_block_time",
+            "save_total_time",
+            "load_time",
+            "save_bandwidth_in_mbps",
+            "load_bandwidth_in_mbps",
+            "accurate",
+            "verified",
+        ),
+        derived=("size", "storage_kind"),
+        key_map=(("storage", "storage_kind"),),
         optional=("async_type", "single_file_per_rank", "sync_files", "drop_cache"),
         order=_by("save_bandwidth_in_mbps"),
-        about="Slowest save first; bandwidths are MiB/s (Primus' *_in_mbps names), times are seconds."),
+        about="Slowest save first; bandwidths are MiB/s (Primus' *_in_mbps names), times are seconds.",
+    ),
 }
 assert set(SPECS) == set(SCHEMAS)
-ALWAYS_DERIVED = ("file",)          # Discovery.frame adds the file each row came from
+ALWAYS_DERIVED = ("file",)  # Discovery.frame adds the file each row came from
 
 
 def keys_of(kind: str) -> tuple[str, ...]:
@@ -144,6 +292,7 @@ def metrics_of(kind: str) -> tuple[str, ...]:
 
 # ---- small helpers -----------------------------------------------------------------------------------------
 
+
 def ok_rows(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[frame["status"] == "ok"] if "status" in frame else frame
 
@@ -154,7 +303,9 @@ def failed_rows(frame: pd.DataFrame, kind: str) -> pd.DataFrame:
         return frame.iloc[0:0]
     spec = SPECS[kind]
     bad = frame[frame["status"] != "ok"]
-    keys = tuple(c for c in SCHEMAS[kind].keys if c in bad and (c not in spec.optional or bad[c].nunique(dropna=True) > 1))
+    keys = tuple(
+        c for c in SCHEMAS[kind].keys if c in bad and (c not in spec.optional or bad[c].nunique(dropna=True) > 1)
+    )
     cols = [*keys, *(c for c in ("status", "error", "file") if c in bad)]
     return bad[cols].assign(status=bad["status"].fillna("(missing)"))
 
@@ -171,14 +322,19 @@ def _storage_kind(url: object) -> str:
 
 # ---- derived columns ---------------------------------------------------------------------------------------
 
+
 def _derive_gemm(f: pd.DataFrame) -> pd.DataFrame:
     return f.assign(time_ms=f["time_s"] * 1e3)
 
 
 def _derive_attention(f: pd.DataFrame) -> pd.DataFrame:
-    out = f.assign(**{"seqlen q/kv": _joined(f, "seqlen_q", "seqlen_kv"),
-                      "heads q/kv": _joined(f, "num_head_q", "num_head_kv"),
-                      "head_dim qk/v": _joined(f, "head_dim_qk", "head_dim_v")})
+    out = f.assign(
+        **{
+            "seqlen q/kv": _joined(f, "seqlen_q", "seqlen_kv"),
+            "heads q/kv": _joined(f, "num_head_q", "num_head_kv"),
+            "head_dim qk/v": _joined(f, "head_dim_qk", "head_dim_v"),
+        }
+    )
     for p in ("fwd", "bwd", "fwdbwd"):
         if f"{p}_time" in f:
             out[f"{p}_ms"] = f[f"{p}_time"] * 1e3
@@ -225,8 +381,12 @@ def attach_tests(comm: pd.DataFrame, tests: pd.DataFrame) -> pd.DataFrame:
     if comm.empty or tests.empty or "collective" not in tests:
         return comm
     t = tests.assign(_dt=tests["type"].map(_dtype_enum))
-    long = pd.concat([t.assign(inplace=flag, tests_busbw_gbs=t[col])
-                      for flag, col in ((True, "ip_busbw_gbs"), (False, "oop_busbw_gbs"))])
+    long = pd.concat(
+        [
+            t.assign(inplace=flag, tests_busbw_gbs=t[col])
+            for flag, col in ((True, "ip_busbw_gbs"), (False, "oop_busbw_gbs"))
+        ]
+    )
     long = long.dropna(subset=["tests_busbw_gbs"])
     left = comm.assign(_dt=comm["dtype"].map(_dtype_enum), inplace=comm["inplace"].astype(bool))
     keys = ["collective", "size_bytes", "inplace"] + (["_dt"] if long["_dt"].notna().all() else [])
@@ -264,12 +424,16 @@ def fsdp_step_totals(ok: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
         return []
     calls = ok.assign(_calls=ok["calls_per_step"] * ok.get("units", 1))
     group = [c for c in ("model", "mode", "fsdp_version", "world_size", "replicate", "collective") if c in ok]
-    totals = calls.groupby(group, sort=False, dropna=False).agg(calls_per_step=("_calls", "sum"),
-                                                                  bytes_per_step=("bytes_per_step", "sum"))
+    totals = calls.groupby(group, sort=False, dropna=False).agg(
+        calls_per_step=("_calls", "sum"), bytes_per_step=("bytes_per_step", "sum")
+    )
     totals = totals.reset_index()
     totals["size_per_step"] = totals["bytes_per_step"].map(human_bytes)
-    shown = [c for c in totals if c not in ("mode", "fsdp_version", "world_size", "replicate")
-             or totals[c].nunique(dropna=True) > 1]
+    shown = [
+        c
+        for c in totals
+        if c not in ("mode", "fsdp_version", "world_size", "replicate") or totals[c].nunique(dropna=True) > 1
+    ]
     return [("Per training step", totals[shown])]
 
 
@@ -277,6 +441,7 @@ EXTRA_TABLES: dict[str, Callable[[pd.DataFrame], list[tuple[str, pd.DataFrame]]]
 
 
 # ---- --compare ---------------------------------------------------------------------------------------------
+
 
 def _key_text(value: object) -> str:
     """One canonical text per key value, so 1, 1.0 and '1' match and a missing value matches a missing one."""
@@ -296,8 +461,7 @@ def compare(this: pd.DataFrame, other: pd.DataFrame, kind: str) -> tuple[pd.Data
         return this, 0
 
     def keyed(frame: pd.DataFrame) -> pd.DataFrame:
-        cols = {f"_k_{k}": (frame[k] if k in frame else pd.Series("", index=frame.index)).map(_key_text)
-                for k in keys}
+        cols = {f"_k_{k}": (frame[k] if k in frame else pd.Series("", index=frame.index)).map(_key_text) for k in keys}
         return frame.assign(**cols)
 
     kcols = [f"_k_{k}" for k in keys]
@@ -322,18 +486,26 @@ def compare_columns(kind: str, frame: pd.DataFrame) -> tuple[str, ...]:
 
 # ---- tables ------------------------------------------------------------------------------------------------
 
+
 def visible_columns(frame: pd.DataFrame, columns: tuple[str, ...], spec: TableSpec) -> list[str]:
     """Columns present in the frame; optional ones only when they vary, sparse ones only when filled somewhere."""
-    return [c for c in columns if c in frame and (c not in spec.optional or frame[c].nunique(dropna=True) > 1)
-            and (c not in spec.sparse or frame[c].notna().any())]
+    return [
+        c
+        for c in columns
+        if c in frame
+        and (c not in spec.optional or frame[c].nunique(dropna=True) > 1)
+        and (c not in spec.sparse or frame[c].notna().any())
+    ]
 
 
-def sorted_table(frame: pd.DataFrame, spec: TableSpec, columns: tuple[str, ...], title: str | None,
-                 top: int | None) -> Table:
+def sorted_table(
+    frame: pd.DataFrame, spec: TableSpec, columns: tuple[str, ...], title: str | None, top: int | None
+) -> Table:
     order = [(c, asc) for c, asc in spec.order(frame) if c in frame]
     if order:
-        frame = frame.sort_values([c for c, _ in order], ascending=[a for _, a in order], kind="stable",
-                                  na_position="last")
+        frame = frame.sort_values(
+            [c for c, _ in order], ascending=[a for _, a in order], kind="stable", na_position="last"
+        )
     shown = frame[visible_columns(frame, columns, spec)]
     hidden = max(0, len(shown) - top) if top else 0
     return Table(title, shown.head(top) if top else shown, hidden)
@@ -373,6 +545,7 @@ def build_sections(found: Discovery, top: int | None = None, other: Discovery | 
 
 
 # ---- cell formatting ---------------------------------------------------------------------------------------
+
 
 def cell(value: object) -> str:
     """4 significant digits for floats (whole numbers and values ≥ 10⁴ without exponent), integers in full,

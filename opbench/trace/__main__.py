@@ -24,18 +24,27 @@ CSV_NAME = "trace_summary.csv"
 def build_parser() -> argparse.ArgumentParser:
     from .actions import add_action_args
 
-    p = cli.parser("opbench trace", "Summarise the collectives in NCCL/RCCL debug logs "
-                   "(NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL).")
+    p = cli.parser(
+        "opbench trace", "Summarise the collectives in NCCL/RCCL debug logs (NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL)."
+    )
     p.add_argument("logs", nargs="+", metavar="LOG", help="log files (plain or .gz); '-' reads stdin")
-    cli.add_output_args(p, dir_help=f"write DIR/{CSV_NAME} (and its _per_rank / _per_comm / _fsdp siblings)",
-                        csv_help="summary CSV: one row per distinct (op, count, datatype, redop, nranks); the "
-                                 "breakdowns go beside it as <stem>_per_rank.csv, … (default: no CSV)",
-                        csv_aliases=("--csv",))
+    cli.add_output_args(
+        p,
+        dir_help=f"write DIR/{CSV_NAME} (and its _per_rank / _per_comm / _fsdp siblings)",
+        csv_help="summary CSV: one row per distinct (op, count, datatype, redop, nranks); the "
+        "breakdowns go beside it as <stem>_per_rank.csv, … (default: no CSV)",
+        csv_aliases=("--csv",),
+    )
     p.add_argument("--per-rank", action="store_true", help="calls and bytes per rank and op (CSV: <stem>_per_rank.csv)")
-    p.add_argument("--per-comm", action="store_true", help="calls and bytes per communicator (CSV: <stem>_per_comm.csv)")
+    p.add_argument(
+        "--per-comm", action="store_true", help="calls and bytes per communicator (CSV: <stem>_per_comm.csv)"
+    )
     cli.add_top_arg(p, 15)
-    p.add_argument("--raw-p2p", action="store_true",
-                   help="keep Send/Recv lines as logged instead of merging grouped ones into AlltoAll")
+    p.add_argument(
+        "--raw-p2p",
+        action="store_true",
+        help="keep Send/Recv lines as logged instead of merging grouped ones into AlltoAll",
+    )
     add_action_args(p)
     return p
 

@@ -33,26 +33,43 @@ _TESTS_REDOP = {"sum": "sum", "prod": "prod", "max": "max", "min": "min", "avg":
 def add_action_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("nccl-tests / rccl-tests commands")
     g.add_argument("--commands", action="store_true", help="print one benchmark command per distinct size")
-    g.add_argument("--flavour", choices=["auto", "nccl", "rccl"], default="auto",
-                   help="auto: rccl-tests when the log has RCCL fields (task/globalrank/acc) or torch is ROCm")
-    g.add_argument("--launcher", choices=["auto", "single", "mpi"], default="auto",
-                   help="single: one process, -g nranks; mpi: mpirun -np nranks … -g 1; "
-                        "auto: single when nranks fits one node (--gpus-per-node)")
+    g.add_argument(
+        "--flavour",
+        choices=["auto", "nccl", "rccl"],
+        default="auto",
+        help="auto: rccl-tests when the log has RCCL fields (task/globalrank/acc) or torch is ROCm",
+    )
+    g.add_argument(
+        "--launcher",
+        choices=["auto", "single", "mpi"],
+        default="auto",
+        help="single: one process, -g nranks; mpi: mpirun -np nranks … -g 1; "
+        "auto: single when nranks fits one node (--gpus-per-node)",
+    )
     g.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node for -g / mpirun hosts")
     r = p.add_argument_group("replay with the torchrun comm benchmark")
-    r.add_argument("--replay", action="store_true",
-                   help="run torchrun … -m opbench.comm --sizes-from-trace LOG on this machine")
-    r.add_argument("--nproc-per-node", type=int, default=None,
-                   help="ranks for --replay (default: the largest nranks in the log)")
-    r.add_argument("--replay-arg", action="append", default=[], metavar="ARG",
-                   help="extra argument for opbench.comm (repeatable), e.g. --replay-arg=--quick")
+    r.add_argument(
+        "--replay", action="store_true", help="run torchrun … -m opbench.comm --sizes-from-trace LOG on this machine"
+    )
+    r.add_argument(
+        "--nproc-per-node", type=int, default=None, help="ranks for --replay (default: the largest nranks in the log)"
+    )
+    r.add_argument(
+        "--replay-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra argument for opbench.comm (repeatable), e.g. --replay-arg=--quick",
+    )
     cli.add_dry_run_arg(r, "with --replay, print the replay command instead of running it")
     f = p.add_argument_group("compare with the FSDP model")
-    f.add_argument("--compare-fsdp", metavar="CFG",
-                   help="model config (Primus JSON / HF config.json) or a built-in model name")
+    f.add_argument(
+        "--compare-fsdp", metavar="CFG", help="model config (Primus JSON / HF config.json) or a built-in model name"
+    )
     f.add_argument("--model", default=None, help="model name inside CFG when it holds several")
-    f.add_argument("--world-size", type=int, default=None,
-                   help="FSDP world size (default: nranks of the log's AllGathers)")
+    f.add_argument(
+        "--world-size", type=int, default=None, help="FSDP world size (default: nranks of the log's AllGathers)"
+    )
     f.add_argument("--param-dtype", default=None, help="all-gather dtype (default: the log's AllGather dtype)")
     f.add_argument("--reduce-dtype", default=None, help="reduce-scatter dtype (default: the log's ReduceScatter dtype)")
 
@@ -76,8 +93,10 @@ def write_csv(path: str | None, schema: Schema, rows: list[dict[str, Any]], meta
 def run(args: argparse.Namespace, summary: TraceSummary, parser: LogParser) -> int:
     st = parser.stats
     files = len(st.files)
-    print(f"parsed {files} file{'s' if files != 1 else ''} ({human_bytes(st.bytes)}): {st.lines:,} lines, "
-          f"{st.calls:,} calls, {st.skipped:,} skipped lines ({st.fragments:,} torn/incomplete call fragments)")
+    print(
+        f"parsed {files} file{'s' if files != 1 else ''} ({human_bytes(st.bytes)}): {st.lines:,} lines, "
+        f"{st.calls:,} calls, {st.skipped:,} skipped lines ({st.fragments:,} torn/incomplete call fragments)"
+    )
     for err in st.read_errors:
         print(f"warning: stopped reading early: {err}", file=sys.stderr)
     rows = summary.summary_rows()
@@ -90,8 +109,13 @@ def run(args: argparse.Namespace, summary: TraceSummary, parser: LogParser) -> i
     if args.per_rank:
         rank_rows = summary.per_rank_rows(parser.inits)
         print("\nper rank:")
-        print(summary_table(rank_rows, [c for c in TRACE_PER_RANK.columns if c != "globalrank" or summary.rccl_fields],
-                            max_rows=max(args.top, 64)))
+        print(
+            summary_table(
+                rank_rows,
+                [c for c in TRACE_PER_RANK.columns if c != "globalrank" or summary.rccl_fields],
+                max_rows=max(args.top, 64),
+            )
+        )
         for note in summary.rank_mismatch():
             print(f"warning: ranks disagree: {note}")
         write_csv(side_csv(args.csv, "per_rank"), TRACE_PER_RANK, rank_rows, meta)
@@ -116,8 +140,15 @@ def print_top(rows: list[dict[str, Any]], top: int) -> None:
     shown = []
     for r in rows[:top]:
         share = (r["total_bytes"] or 0) / total * 100 if total else 0.0
-        shown.append({**r, "size": human_bytes(r["bytes"]), "-b": human_bytes(r["nccl_tests_bytes"]),
-                      "total": human_bytes(r["total_bytes"]), "%": f"{share:.1f}"})
+        shown.append(
+            {
+                **r,
+                "size": human_bytes(r["bytes"]),
+                "-b": human_bytes(r["nccl_tests_bytes"]),
+                "total": human_bytes(r["total_bytes"]),
+                "%": f"{share:.1f}",
+            }
+        )
     print(f"\ntop operations by total bytes ({len(rows)} distinct sizes, {human_bytes(total)} in all):")
     cols = ["op", "count", "dtype", "redop", "nranks", "calls", "size", "-b", "total", "%"]
     if any(r["note"] for r in rows[:top]):
@@ -158,8 +189,9 @@ def benchmark_commands(rows: list[dict[str, Any]], flav: str, launcher: str, gpu
         if mode == "single" and n > gpus_per_node:
             mode, nnodes = "mpi", math.ceil(n / gpus_per_node)
         redop = _TESTS_REDOP.get(r["redop"] or "") if COLLECTIVES[coll].has_redop else None
-        cmd = nccl_tests_command(coll, r["nccl_tests_bytes"], n, r["datatype"], flavour=flav, launcher=mode,
-                                 redop=redop, nnodes=nnodes)
+        cmd = nccl_tests_command(
+            coll, r["nccl_tests_bytes"], n, r["datatype"], flavour=flav, launcher=mode, redop=redop, nnodes=nnodes
+        )
         if cmd in seen:
             continue
         seen.add(cmd)
@@ -172,12 +204,21 @@ def benchmark_commands(rows: list[dict[str, Any]], flav: str, launcher: str, gpu
 # -- replay -------------------------------------------------------------------------------------------------
 def replay_command(logs: Sequence[str], nproc: int, extra: Sequence[str]) -> list[str]:
     """torchrun line that times the log's sizes with the comm benchmark (opbench.comm --sizes-from-trace)."""
-    return ["torchrun", "--standalone", f"--nproc-per-node={nproc}", "-m", "opbench.comm",
-            "--sizes-from-trace", ",".join(logs), *extra]
+    return [
+        "torchrun",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "opbench.comm",
+        "--sizes-from-trace",
+        ",".join(logs),
+        *extra,
+    ]
 
 
-def replay(logs: Sequence[str], rows: list[dict[str, Any]], nproc: int | None, extra: Sequence[str],
-           dry_run: bool) -> int:
+def replay(
+    logs: Sequence[str], rows: list[dict[str, Any]], nproc: int | None, extra: Sequence[str], dry_run: bool
+) -> int:
     if "-" in logs:
         raise UsageError("cannot replay a log read from stdin; pass the file path", field="--replay")
     n = nproc or max(r["nranks"] for r in rows if r["collective"] in COLLECTIVES)
@@ -190,8 +231,9 @@ def replay(logs: Sequence[str], rows: list[dict[str, Any]], nproc: int | None, e
     try:
         return subprocess.call(cmd)
     except FileNotFoundError:
-        raise UsageError("torchrun not found on PATH (install torch or activate its environment)",
-                         field="--replay") from None
+        raise UsageError(
+            "torchrun not found on PATH (install torch or activate its environment)", field="--replay"
+        ) from None
 
 
 # -- FSDP comparison ----------------------------------------------------------------------------------------
@@ -213,7 +255,7 @@ def compare_fsdp(args: argparse.Namespace, rows: list[dict[str, Any]], meta: dic
     if os.path.exists(cfg_arg):
         configs = load_model_configs(cfg_arg)
         configs = select_models(configs, args.model) if args.model else configs
-    else:                                             # a built-in model name
+    else:  # a built-in model name
         configs = select_models(load_model_configs(), cfg_arg)
     if len(configs) != 1:
         raise UsageError(f"holds {len(configs)} models; pick one with --model", source=cfg_arg, field="--model")
@@ -229,8 +271,9 @@ def compare_fsdp(args: argparse.Namespace, rows: list[dict[str, Any]], meta: dic
 
     param = args.param_dtype or opbench_dtype(_dominant(rows, "AllGather", "datatype"), "bf16")
     reduce = args.reduce_dtype or opbench_dtype(_dominant(rows, "ReduceScatter", "datatype"), "fp32")
-    predicted = fsdp_collectives(cfg, world, version=2, param_dtype=param, reduce_dtype=reduce,
-                                 reshard_after_forward=True, replicate=1)
+    predicted = fsdp_collectives(
+        cfg, world, version=2, param_dtype=param, reduce_dtype=reduce, reshard_after_forward=True, replicate=1
+    )
     log_by_key: dict[tuple[str, int], dict[str, Any]] = {}
     for r in rows:
         if r["op"] in ("AllGather", "ReduceScatter") and r["nranks"] == world:
@@ -244,18 +287,35 @@ def compare_fsdp(args: argparse.Namespace, rows: list[dict[str, Any]], meta: dic
         hit = log_by_key.get((c.nccl_op, c.count))
         if hit:
             matched_keys.add((c.nccl_op, c.count))
-        out.append({"unit": c.unit, "collective": c.collective, "count": c.count, "dtype": c.dtype,
-                    "nranks": c.nranks, "calls_per_step": c.calls_per_step, "nccl_tests_bytes": c.nccl_tests_bytes,
-                    "log_calls": hit["calls"] if hit else 0,
-                    "log_dtype": ",".join(sorted(hit["dtypes"])) if hit else None, "matched": bool(hit),
-                    "steps_in_log": None})
+        out.append(
+            {
+                "unit": c.unit,
+                "collective": c.collective,
+                "count": c.count,
+                "dtype": c.dtype,
+                "nranks": c.nranks,
+                "calls_per_step": c.calls_per_step,
+                "nccl_tests_bytes": c.nccl_tests_bytes,
+                "log_calls": hit["calls"] if hit else 0,
+                "log_dtype": ",".join(sorted(hit["dtypes"])) if hit else None,
+                "matched": bool(hit),
+                "steps_in_log": None,
+            }
+        )
     _steps_in_log(out, world)
     n_units = len(out)
     n_hit = sum(bool(r["matched"]) for r in out)
-    print(f"\nFSDP2 model ({cfg.name}, world {world}, param {param}, reduce {reduce}): "
-          f"{n_hit} of {n_units} predicted AllGather/ReduceScatter entries found in the log")
-    print(summary_table(_group_units(out), ["units", "collective", "count", "dtype", "calls_per_step", "log_calls",
-                                            "matched"], max_rows=40))
+    print(
+        f"\nFSDP2 model ({cfg.name}, world {world}, param {param}, reduce {reduce}): "
+        f"{n_hit} of {n_units} predicted AllGather/ReduceScatter entries found in the log"
+    )
+    print(
+        summary_table(
+            _group_units(out),
+            ["units", "collective", "count", "dtype", "calls_per_step", "log_calls", "matched"],
+            max_rows=40,
+        )
+    )
     extra = sorted(k for k in log_by_key if k not in matched_keys)
     if extra:
         shown = ", ".join(f"{op} {count} (x{log_by_key[(op, count)]['calls']})" for op, count in extra[:10])

@@ -6,9 +6,8 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import Counter
-import sys
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
 
 from opbench.core.errors import UsageError
 
@@ -108,5 +107,5 @@ def trace_sizes(paths: list[str]) -> list[TraceSize]:
         if row["collective"] is None or row["datatype"] not in BY_ENUM:
             continue
         key = (row["collective"], row["count"], row["datatype"], row["nranks"], row["redop"])
-        merged[key] = merged.get(key, 0) + row["calls"]      # Send and Recv rows fold into send_recv
+        merged[key] = merged.get(key, 0) + row["calls"]  # Send and Recv rows fold into send_recv
     return [TraceSize(c, n, d, r, op, calls) for (c, n, d, r, op), calls in sorted(merged.items(), key=str)]

@@ -40,15 +40,25 @@ CSV_NAME = "nccl_tests.csv"
 
 
 # -d names across eras (NCCL 1 names, nccl-tests and rccl-tests fp8 spellings)
-TYPE_NAMES = frozenset({d.nccl_tests for d in DTYPES.values()} | {d.rccl_tests for d in DTYPES.values()}
-                       | {"char", "int", "half", "float", "double", "int64", "uint64", "bfloat16"})
+TYPE_NAMES = frozenset(
+    {d.nccl_tests for d in DTYPES.values()}
+    | {d.rccl_tests for d in DTYPES.values()}
+    | {"char", "int", "half", "float", "double", "int64", "uint64", "bfloat16"}
+)
 _BINARY_TO_COLLECTIVE = {c.binary: name for name, c in COLLECTIVES.items()}
 _BINARY = re.compile(r"\b([a-z][a-z0-9_]*?)_perf\b")
 # Start of an interleaved NCCL/RCCL debug line ("[ts] host:pid:tid [dev]"): everything from there on is not table.
 _NCCL_PREFIX = re.compile(r"(?:\[\d{4}-\d\d-\d\d[ T][\d:.]+\] )?[A-Za-z][\w.\-]*:\d+:\d+ \[-?\d+\]")
 _NUM_HEAD = re.compile(r"^-?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
-_HEADER_ALIASES = {"bytes": "size", "n": "count", "op": "redop", "res": "wrong", "error": "wrong", "#wrong": "wrong",
-                   "cputime": "time"}
+_HEADER_ALIASES = {
+    "bytes": "size",
+    "n": "count",
+    "op": "redop",
+    "res": "wrong",
+    "error": "wrong",
+    "#wrong": "wrong",
+    "cputime": "time",
+}
 _BLOCK_FIELDS = ("time", "algbw", "busbw", "wrong", "i_min", "i_max", "i_p99", "i_cv%")
 
 
@@ -59,7 +69,7 @@ class Layout:
     lead: list[str] = field(default_factory=lambda: ["size", "count", "type", "redop", "root"])
     block_fields: list[str] = field(default_factory=lambda: ["time", "algbw", "busbw", "wrong"])
     blocks: list[str] = field(default_factory=lambda: ["oop", "ip"])
-    time_scale: float = 1.0          # v1 printed milliseconds
+    time_scale: float = 1.0  # v1 printed milliseconds
     wrong_kind: str = "#wrong"
 
     @property
@@ -76,8 +86,9 @@ class Layout:
         block_fields = rest[: starts[1]] if len(starts) > 1 else rest
         blocks = labels if len(labels) == len(starts) else (["oop", "ip"] if len(starts) == 2 else ["ip"] * len(starts))
         raw_wrong = next((n.lower() for n in names if n.lower() in ("#wrong", "error", "res")), "#wrong")
-        return cls(lead, block_fields, blocks[:2], 1000.0 if v1 else 1.0,
-                   "#wrong" if raw_wrong == "#wrong" else "error")
+        return cls(
+            lead, block_fields, blocks[:2], 1000.0 if v1 else 1.0, "#wrong" if raw_wrong == "#wrong" else "error"
+        )
 
 
 def _num(tok: str, allow_tail: bool = False) -> float | None:
@@ -132,7 +143,7 @@ class OutputParser:
         self.table: list[dict[str, Any]] = []
         self.pending: _Pending | None = None
         self.lines = 0
-        self.dropped = 0            # rows whose values never completed
+        self.dropped = 0  # rows whose values never completed
 
     def rows(self, lines: Iterable[str]) -> Iterator[dict[str, Any]]:
         for line in lines:
@@ -150,7 +161,7 @@ class OutputParser:
             if self._row_start(before.split()) is None:
                 yield from self._comment(after)
                 return
-            data = before                              # a row with a trailing "# note"
+            data = before  # a row with a trailing "# note"
         tokens = data.split()
         if not tokens:
             return
@@ -159,7 +170,7 @@ class OutputParser:
             if self.pending is not None:
                 self._continue(tokens)
             else:
-                m = _BINARY.search(data)            # e.g. "+ mpirun -np 8 ./build/all_reduce_perf -b 8 …"
+                m = _BINARY.search(data)  # e.g. "+ mpirun -np 8 ./build/all_reduce_perf -b 8 …"
                 if m:
                     self.collective = collective_from_binary(m.group(1))
             return
@@ -169,7 +180,7 @@ class OutputParser:
         self._start_row(tokens, start, interrupted)
 
     def _comment(self, text: str) -> Iterator[dict[str, Any]]:
-        m = _BINARY.search(text)                    # "# Collective test starting: all_reduce_perf"
+        m = _BINARY.search(text)  # "# Collective test starting: all_reduce_perf"
         if m:
             self.collective = collective_from_binary(m.group(1))
         words = text.split()
@@ -201,9 +212,16 @@ class OutputParser:
 
     def _start_row(self, tokens: list[str], s: int, interrupted: bool) -> None:
         lay = self.layout
-        row: dict[str, Any] = dict.fromkeys(NCCL_TESTS.columns)      # a block that was not run stays empty, never 0
-        row.update(collective=self.collective, size_bytes=int(tokens[s]), count=int(tokens[s + 1]), type=tokens[s + 2],
-                   nranks=self.nranks or None, wrong_kind=lay.wrong_kind, source=self.source)
+        row: dict[str, Any] = dict.fromkeys(NCCL_TESTS.columns)  # a block that was not run stays empty, never 0
+        row.update(
+            collective=self.collective,
+            size_bytes=int(tokens[s]),
+            count=int(tokens[s + 1]),
+            type=tokens[s + 2],
+            nranks=self.nranks or None,
+            wrong_kind=lay.wrong_kind,
+            source=self.source,
+        )
         i = s + 3
         for name in lay.lead[3:]:
             if i >= len(tokens):
@@ -216,7 +234,7 @@ class OutputParser:
                 row["root"] = int(tok)
                 i += 1
             elif name == "root" and i == len(tokens) - 1 and interrupted and _num(tok, allow_tail=True) is not None:
-                row["root"] = int(_num(tok, allow_tail=True))   # type: ignore[arg-type]
+                row["root"] = int(_num(tok, allow_tail=True))  # type: ignore[arg-type]
                 i += 1
         self.pending = _Pending(row, [])
         self._take_values(tokens[i:], interrupted)
@@ -225,7 +243,7 @@ class OutputParser:
         """Values of a row that NCCL lines interrupted, on a later line (after any launcher prefix)."""
         k = 0
         while k < min(2, len(tokens)) and not _is_num(tokens[k]) and any(c in tokens[k] for c in "[]<>:()"):
-            k += 1                                     # launcher prefix tokens
+            k += 1  # launcher prefix tokens
         if k < len(tokens) and _is_num(tokens[k]):
             self._take_values(tokens[k:], interrupted=True)
 
@@ -249,7 +267,7 @@ class OutputParser:
         elif not interrupted:
             per = len(self.layout.block_fields)
             if len(pend.values) == per and len(self.layout.blocks) == 2:
-                self._finish_row(["ip"])                 # out-of-place not run (trace replay): in-place only
+                self._finish_row(["ip"])  # out-of-place not run (trace replay): in-place only
             else:
                 self.dropped += 1
                 self.pending = None
@@ -261,14 +279,17 @@ class OutputParser:
         row = pend.row
         per = len(lay.block_fields)
         for b, label in enumerate(blocks):
-            vals = dict(zip(lay.block_fields, pend.values[b * per:(b + 1) * per]))
+            vals = dict(zip(lay.block_fields, pend.values[b * per : (b + 1) * per]))
             t = _num(vals.get("time", "N/A"))
             row[f"{label}_time_us"] = t * lay.time_scale if t is not None else None
             row[f"{label}_algbw_gbs"] = _num(vals.get("algbw", "N/A"))
             row[f"{label}_busbw_gbs"] = _num(vals.get("busbw", "N/A"))
             wrong = _num(vals.get("wrong", "N/A"))
-            row[f"{label}_wrong"] = int(wrong) if wrong is not None and lay.wrong_kind == "#wrong" and \
-                math.isfinite(wrong) and wrong.is_integer() else wrong
+            row[f"{label}_wrong"] = (
+                int(wrong)
+                if wrong is not None and lay.wrong_kind == "#wrong" and math.isfinite(wrong) and wrong.is_integer()
+                else wrong
+            )
         self.table.append(row)
         self.pending = None
 
@@ -300,9 +321,12 @@ def iter_file_rows(path: str) -> Iterator[dict[str, Any]]:
 def build_parser() -> argparse.ArgumentParser:
     p = cli.parser("opbench nccl-tests", "Parse nccl-tests / rccl-tests output (all table eras) into one CSV.")
     p.add_argument("outputs", nargs="+", metavar="OUT", help="output files (plain or .gz); '-' reads stdin")
-    cli.add_output_args(p, dir_help=f"write DIR/{CSV_NAME}",
-                        csv_help="write all rows here (default: no CSV); columns: " + ", ".join(NCCL_TESTS.columns),
-                        csv_aliases=("--csv",))
+    cli.add_output_args(
+        p,
+        dir_help=f"write DIR/{CSV_NAME}",
+        csv_help="write all rows here (default: no CSV); columns: " + ", ".join(NCCL_TESTS.columns),
+        csv_aliases=("--csv",),
+    )
     cli.add_top_arg(p, 40, "--max-rows")
     return p
 
@@ -330,8 +354,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not rows:
         print("no nccl-tests/rccl-tests result rows found", file=sys.stderr)
         return 1
-    shown = ["collective", "size_bytes", "type", "redop", "oop_time_us", "oop_busbw_gbs", "ip_time_us",
-             "ip_busbw_gbs", "oop_wrong", "avg_busbw"]
+    shown = [
+        "collective",
+        "size_bytes",
+        "type",
+        "redop",
+        "oop_time_us",
+        "oop_busbw_gbs",
+        "ip_time_us",
+        "ip_busbw_gbs",
+        "oop_wrong",
+        "avg_busbw",
+    ]
     print(summary_table(rows, shown, max_rows=args.top))
     if args.csv:
         print(f"wrote {args.csv} ({len(rows)} rows)")

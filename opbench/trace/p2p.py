@@ -24,8 +24,8 @@ Memory: at most one open group per (process, comm), each capped at ``4·nranks +
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Hashable, Iterable, Iterator
 
 from .parse import P2P_OPS, CallRecord
 
@@ -42,8 +42,12 @@ class _Group:
 
     def accepts(self, rec: CallRecord) -> bool:
         side = self.sends if rec.op == "Send" else self.recvs
-        return (rec.opcount == self.opcount and rec.nranks == self.nranks and rec.root not in side
-                and len(self.lines) < 4 * self.nranks + 8)
+        return (
+            rec.opcount == self.opcount
+            and rec.nranks == self.nranks
+            and rec.root not in side
+            and len(self.lines) < 4 * self.nranks + 8
+        )
 
     def add(self, rec: CallRecord) -> None:
         self.lines.append(rec)
@@ -69,8 +73,14 @@ class _Group:
         else:
             total = sum(r.count for r in self.sends.values())
             op, count = "AlltoAllv", -(-total // n)
-        return dataclasses.replace(first, op=op, count=count, root=-1, recvbuff=self.recvs[min(peers)].recvbuff,
-                                   inferred=f"{GROUPED_NOTE} ({len(self.lines)} lines)")
+        return dataclasses.replace(
+            first,
+            op=op,
+            count=count,
+            root=-1,
+            recvbuff=self.recvs[min(peers)].recvbuff,
+            inferred=f"{GROUPED_NOTE} ({len(self.lines)} lines)",
+        )
 
 
 class P2pGrouper:

@@ -29,14 +29,15 @@ import io
 import re
 import sys
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO
 
 from opbench.core.collectives import COLLECTIVES, NCCL_OP_TO_COLLECTIVE, redop_name
 from opbench.core.dtypes import BY_ENUM
 
-BLOCK = 1 << 20          # bytes read per step
-MAX_LINE = 1 << 20       # a "line" longer than this without a newline is cut (garbage)
+BLOCK = 1 << 20  # bytes read per step
+MAX_LINE = 1 << 20  # a "line" longer than this without a newline is cut (garbage)
 
 _OPS = rb"AllReduce|AllGather|ReduceScatter|Broadcast|Reduce|Send|Recv|AlltoAll|AllToAll|AllToAllPivot|Gather|Scatter"
 # "host:pid:tid [dev]" — the host may be glued to a launcher tag ('[1,0]<stdout>:host'), hence the excluded chars
@@ -55,16 +56,21 @@ _FULL = re.compile(
 # _FULL capturing only those; PREFIX and ARGS re-parse the spans once per distinct key (TraceSummary.add_raw).
 TALLY_FIELDS = ("prefix", "op", "args", "globalrank")
 _TALLY_INDEX = tuple(_FULL.groupindex[f] for f in TALLY_FIELDS)
-_KEYED = re.compile(re.sub(rb"\(\?P<(\w+)>", lambda m: m.group(0) if m.group(1).decode() in TALLY_FIELDS else b"(?:",
-                           _FULL.pattern))
+_KEYED = re.compile(
+    re.sub(rb"\(\?P<(\w+)>", lambda m: m.group(0) if m.group(1).decode() in TALLY_FIELDS else b"(?:", _FULL.pattern)
+)
 PREFIX = re.compile(_WHO)
-ARGS = re.compile(rb"count (?P<count>\d+) datatype (?P<datatype>\d+) op (?P<redop>\d+) root (?P<root>-?\d+) "
-                  rb"comm (?P<comm>\S+) \[nranks=(?P<nranks>\d+)\]")
+ARGS = re.compile(
+    rb"count (?P<count>\d+) datatype (?P<datatype>\d+) op (?P<redop>\d+) root (?P<root>-?\d+) "
+    rb"comm (?P<comm>\S+) \[nranks=(?P<nranks>\d+)\]"
+)
 _TWO_ON_A_LINE = re.compile(rb"opCount [^\n]*opCount ")
 # "comm 0x… rank 3 nranks 8 cudaDev 3 [nvmlDev 3] busId … [commId 0x…] - Init COMPLETE" (INIT subsystem)
-_INIT = re.compile(rb"(?:" + _WHO + rb" (?:[0-9.]+ )?NCCL INFO )?"
-                   rb"(?:\w+ )?comm (?P<comm>\S+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev -?\d+"
-                   rb"[^\n]*?(?:commId (?P<commid>0x[0-9a-fA-F]+)[^\n]*?)?Init COMPLETE")
+_INIT = re.compile(
+    rb"(?:" + _WHO + rb" (?:[0-9.]+ )?NCCL INFO )?"
+    rb"(?:\w+ )?comm (?P<comm>\S+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev -?\d+"
+    rb"[^\n]*?(?:commId (?P<commid>0x[0-9a-fA-F]+)[^\n]*?)?Init COMPLETE"
+)
 _RCCL_MARKERS = (b" globalrank ", b" acc 0x", b" acc (nil)")
 P2P_OPS = frozenset({"Send", "Recv"})
 _ROOTED = frozenset({"Broadcast", "Reduce", "Gather", "Scatter"})
@@ -94,8 +100,8 @@ class CallRecord:
     pid: int | None = None
     tid: int | None = None
     device: int | None = None
-    inferred: str | None = None    # set on records synthesised from other lines (grouped Send/Recv → AlltoAll)
-    torn: bool = False             # a torn line: junk may be glued to ``host`` (HostFixer repairs it)
+    inferred: str | None = None  # set on records synthesised from other lines (grouped Send/Recv → AlltoAll)
+    torn: bool = False  # a torn line: junk may be glued to ``host`` (HostFixer repairs it)
 
     @property
     def collective(self) -> str | None:
@@ -160,20 +166,27 @@ class ParseStats:
     lines: int = 0
     call_lines: int = 0
     calls: int = 0
-    fragments: int = 0      # 'opCount ' occurrences that were not a complete call (torn / truncated lines)
+    fragments: int = 0  # 'opCount ' occurrences that were not a complete call (torn / truncated lines)
     init_lines: int = 0
-    cut_lines: int = 0      # over-long lines cut at MAX_LINE
-    rccl_fields: bool = False   # RCCL-only fields (acc, task/globalrank) were seen
-    read_errors: list[str] = field(default_factory=list)   # e.g. a truncated .gz (what came before is kept)
+    cut_lines: int = 0  # over-long lines cut at MAX_LINE
+    rccl_fields: bool = False  # RCCL-only fields (acc, task/globalrank) were seen
+    read_errors: list[str] = field(default_factory=list)  # e.g. a truncated .gz (what came before is kept)
 
     @property
     def skipped(self) -> int:
         return self.lines - self.call_lines
 
     def as_dict(self) -> dict[str, int]:
-        return {"bytes": self.bytes, "lines": self.lines, "calls": self.calls, "call_lines": self.call_lines,
-                "skipped_lines": self.skipped, "fragments": self.fragments, "init_lines": self.init_lines,
-                "cut_lines": self.cut_lines}
+        return {
+            "bytes": self.bytes,
+            "lines": self.lines,
+            "calls": self.calls,
+            "call_lines": self.call_lines,
+            "skipped_lines": self.skipped,
+            "fragments": self.fragments,
+            "init_lines": self.init_lines,
+            "cut_lines": self.cut_lines,
+        }
 
 
 def open_log(path: str) -> BinaryIO:
@@ -202,8 +215,7 @@ class HostFixer:
         if not host or not hosts:
             return host
         own = hosts.get(host, 0)
-        best = [(n, g) for g, n in hosts.items()
-                if g != host and n > own and (host.endswith(g) or g.endswith(host))]
+        best = [(n, g) for g, n in hosts.items() if g != host and n > own and (host.endswith(g) or g.endswith(host))]
         return max(best)[1] if best else host
 
 
@@ -217,11 +229,49 @@ def _i(b: bytes | None) -> int | None:
 
 def record_from_match(m: re.Match[bytes], torn: bool = False) -> CallRecord:
     """The CallRecord for one ``_FULL`` match (every field the line has)."""
-    (_prefix, host, pid, tid, dev, op, opcount, sendbuff, recvbuff, acc, _args, count, datatype, redop, root, comm,
-     nranks, stream, task, globalrank) = m.groups()
-    return CallRecord(op.decode("ascii"), int(opcount, 16), int(count), int(datatype), int(redop), int(root),
-                      _s(comm), int(nranks), _s(stream), _s(sendbuff), _s(recvbuff), _s(acc), _i(task),
-                      _i(globalrank), _s(host), _i(pid), _i(tid), _i(dev), torn=torn)
+    (
+        _prefix,
+        host,
+        pid,
+        tid,
+        dev,
+        op,
+        opcount,
+        sendbuff,
+        recvbuff,
+        acc,
+        _args,
+        count,
+        datatype,
+        redop,
+        root,
+        comm,
+        nranks,
+        stream,
+        task,
+        globalrank,
+    ) = m.groups()
+    return CallRecord(
+        op.decode("ascii"),
+        int(opcount, 16),
+        int(count),
+        int(datatype),
+        int(redop),
+        int(root),
+        _s(comm),
+        int(nranks),
+        _s(stream),
+        _s(sendbuff),
+        _s(recvbuff),
+        _s(acc),
+        _i(task),
+        _i(globalrank),
+        _s(host),
+        _i(pid),
+        _i(tid),
+        _i(dev),
+        torn=torn,
+    )
 
 
 def _calls_with_flags(block: bytes) -> Iterator[tuple[re.Match[bytes], bool, bool]]:
@@ -268,8 +318,9 @@ class LogParser:
             out += self._records(block)
         return out
 
-    def tally(self, path: str, counts: RawTally, sink: RecordSink | None = None,
-              busy: Callable[[], bool] = lambda: False) -> None:
+    def tally(
+        self, path: str, counts: RawTally, sink: RecordSink | None = None, busy: Callable[[], bool] = lambda: False
+    ) -> None:
         """Add each call's key spans (TALLY_FIELDS) to ``counts``.
 
         Counting is all C (``findall`` + ``Counter.update``); only a line holding two 'opCount ' (a torn
@@ -283,7 +334,7 @@ class LogParser:
             found = _KEYED.findall(block)
             counts.update(found)
             self.stats.call_lines += len(found)
-            for m in _TWO_ON_A_LINE.finditer(block):     # rare: torn lines; re-key their torn calls
+            for m in _TWO_ON_A_LINE.finditer(block):  # rare: torn lines; re-key their torn calls
                 self._flag_torn_line(block, m.start(), counts)
             self._block_stats(block, len(found))
 
@@ -293,7 +344,7 @@ class LogParser:
         end = block.find(b"\n", pos)
         for m, first, torn in _calls_with_flags(block[start:] if end < 0 else block[start:end]):
             if torn:
-                key = tuple(g or b"" for g in m.group(*_TALLY_INDEX))   # findall's b"" for a missing group
+                key = tuple(g or b"" for g in m.group(*_TALLY_INDEX))  # findall's b"" for a missing group
                 counts[key] -= 1
                 if not counts[key]:
                     del counts[key]
@@ -327,7 +378,7 @@ class LogParser:
         """Whole-line blocks of about BLOCK bytes; lines are counted here."""
         stats = self.stats
         tail = b""
-        read = getattr(fh, "read1", fh.read)   # read1: a truncated .gz still yields what precedes the damage
+        read = getattr(fh, "read1", fh.read)  # read1: a truncated .gz still yields what precedes the damage
         while True:
             try:
                 chunk = read(BLOCK)
@@ -348,7 +399,7 @@ class LogParser:
                 else:
                     tail = data
                 continue
-            tail = data[cut + 1:]
+            tail = data[cut + 1 :]
             block = data[: cut + 1]
             stats.lines += block.count(b"\n")
             yield block
@@ -363,8 +414,10 @@ class LogParser:
 
     def _inits(self, block: bytes) -> None:
         for m in _INIT.finditer(block):
-            host, pid, dev, comm, rank, nranks, commid = m.group("host", "pid", "dev", "comm", "rank", "nranks",
-                                                                 "commid")
-            self.inits.append(InitRecord(_s(host), _i(pid), _i(dev), _s(comm) or "", int(rank), int(nranks),
-                                         _s(commid)))
+            host, pid, dev, comm, rank, nranks, commid = m.group(
+                "host", "pid", "dev", "comm", "rank", "nranks", "commid"
+            )
+            self.inits.append(
+                InitRecord(_s(host), _i(pid), _i(dev), _s(comm) or "", int(rank), int(nranks), _s(commid))
+            )
             self.stats.init_lines += 1

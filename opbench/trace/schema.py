@@ -4,9 +4,23 @@
 from opbench.core.schema import Schema
 
 TRACE = Schema(
-    benchmark="trace", title="NCCL trace summary", version=2,   # 2: dtype holds opbench names (bf16)
-    columns=("op", "collective", "count", "datatype", "dtype", "redop", "nranks", "calls", "bytes",
-             "nccl_tests_bytes", "total_bytes", "note"),
+    benchmark="trace",
+    title="NCCL trace summary",
+    version=2,  # 2: dtype holds opbench names (bf16)
+    columns=(
+        "op",
+        "collective",
+        "count",
+        "datatype",
+        "dtype",
+        "redop",
+        "nranks",
+        "calls",
+        "bytes",
+        "nccl_tests_bytes",
+        "total_bytes",
+        "note",
+    ),
     keys=("op", "count", "datatype", "redop", "nranks"),
     metrics={"calls": "calls"},
     signature=("op", "count", "datatype", "dtype", "redop", "nranks", "calls", "bytes", "nccl_tests_bytes"),
@@ -15,7 +29,9 @@ TRACE = Schema(
 )
 
 TRACE_PER_RANK = Schema(
-    benchmark="trace_per_rank", title="NCCL trace per rank", version=1,
+    benchmark="trace_per_rank",
+    title="NCCL trace per rank",
+    version=1,
     columns=("rank", "host", "pid", "device", "globalrank", "op", "calls", "bytes", "distinct_sizes"),
     keys=("host", "pid", "device", "op"),
     metrics={"bytes": "B"},
@@ -24,7 +40,9 @@ TRACE_PER_RANK = Schema(
 )
 
 TRACE_PER_COMM = Schema(
-    benchmark="trace_per_comm", title="NCCL trace per communicator", version=1,
+    benchmark="trace_per_comm",
+    title="NCCL trace per communicator",
+    version=1,
     columns=("comm", "commid", "nranks", "ranks_logged", "calls", "bytes", "ops"),
     keys=("comm", "nranks"),
     metrics={},
@@ -34,9 +52,22 @@ TRACE_PER_COMM = Schema(
 )
 
 TRACE_FSDP = Schema(
-    benchmark="trace_fsdp", title="NCCL trace vs FSDP model", version=2,   # 2: collective holds opbench names
-    columns=("unit", "collective", "count", "dtype", "nranks", "calls_per_step", "nccl_tests_bytes", "log_calls",
-             "log_dtype", "matched", "steps_in_log"),
+    benchmark="trace_fsdp",
+    title="NCCL trace vs FSDP model",
+    version=2,  # 2: collective holds opbench names
+    columns=(
+        "unit",
+        "collective",
+        "count",
+        "dtype",
+        "nranks",
+        "calls_per_step",
+        "nccl_tests_bytes",
+        "log_calls",
+        "log_dtype",
+        "matched",
+        "steps_in_log",
+    ),
     keys=("unit", "collective", "dtype", "nranks"),
     metrics={},
     signature=("unit", "collective", "count", "calls_per_step", "log_calls", "matched"),
@@ -45,14 +76,39 @@ TRACE_FSDP = Schema(
 )
 
 NCCL_TESTS = Schema(
-    benchmark="nccl_tests", title="nccl-tests / rccl-tests", version=1,
-    columns=("collective", "size_bytes", "count", "type", "redop", "root",
-             "oop_time_us", "oop_algbw_gbs", "oop_busbw_gbs", "oop_wrong",
-             "ip_time_us", "ip_algbw_gbs", "ip_busbw_gbs", "ip_wrong",
-             "avg_busbw", "nranks", "wrong_kind", "source"),
+    benchmark="nccl_tests",
+    title="nccl-tests / rccl-tests",
+    version=1,
+    columns=(
+        "collective",
+        "size_bytes",
+        "count",
+        "type",
+        "redop",
+        "root",
+        "oop_time_us",
+        "oop_algbw_gbs",
+        "oop_busbw_gbs",
+        "oop_wrong",
+        "ip_time_us",
+        "ip_algbw_gbs",
+        "ip_busbw_gbs",
+        "ip_wrong",
+        "avg_busbw",
+        "nranks",
+        "wrong_kind",
+        "source",
+    ),
     keys=("collective", "size_bytes", "type", "redop", "nranks"),
     metrics={"oop_busbw_gbs": "GB/s", "ip_busbw_gbs": "GB/s"},
     signature=("size_bytes", "count", "type", "oop_time_us", "oop_busbw_gbs", "ip_time_us", "ip_busbw_gbs"),
     file_hint=r"nccl|rccl",
-    units={"size_bytes": "B", "oop_time_us": "µs", "ip_time_us": "µs", "oop_algbw_gbs": "GB/s", "ip_algbw_gbs": "GB/s", "avg_busbw": "GB/s"},
+    units={
+        "size_bytes": "B",
+        "oop_time_us": "µs",
+        "ip_time_us": "µs",
+        "oop_algbw_gbs": "GB/s",
+        "ip_algbw_gbs": "GB/s",
+        "avg_busbw": "GB/s",
+    },
 )

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from opbench.core.collectives import COLLECTIVES, NCCL_OP_TO_COLLECTIVE
 from opbench.core.dtypes import BY_ENUM
-from .parse import ARGS, INFERRED_OPS, PREFIX, CallRecord, HostFixer, InitRecord, RawTally, redop_for
 
+from .parse import ARGS, INFERRED_OPS, PREFIX, CallRecord, HostFixer, InitRecord, RawTally, redop_for
 
 ProcKey = tuple["str | None", "int | None", "int | None"]  # (host, pid, device)
 
@@ -33,7 +34,7 @@ class Key:
     comm: str
     globalrank: int | None
     note: str | None = None
-    torn: bool = False          # from a torn line: the host may carry glued junk until repair_hosts()
+    torn: bool = False  # from a torn line: the host may carry glued junk until repair_hosts()
 
     @property
     def proc(self) -> ProcKey:
@@ -75,12 +76,26 @@ class TraceSummary:
 
     def add(self, rec: CallRecord, n: int = 1) -> None:
         note = rec.inferred.split(" (")[0] if rec.inferred else None
-        self.counts[Key(rec.op, rec.count, rec.datatype, rec.op_enum, rec.nranks, rec.host, rec.pid, rec.device,
-                        rec.comm, rec.globalrank, note, rec.torn)] += n
+        self.counts[
+            Key(
+                rec.op,
+                rec.count,
+                rec.datatype,
+                rec.op_enum,
+                rec.nranks,
+                rec.host,
+                rec.pid,
+                rec.device,
+                rec.comm,
+                rec.globalrank,
+                note,
+                rec.torn,
+            )
+        ] += n
         if rec.task is not None or rec.acc is not None:
             self.rccl_fields = True
 
-    def extend(self, records: Iterable[CallRecord]) -> "TraceSummary":
+    def extend(self, records: Iterable[CallRecord]) -> TraceSummary:
         for rec in records:
             self.add(rec)
         return self
@@ -92,9 +107,22 @@ class TraceSummary:
             a = ARGS.match(args)
             p = PREFIX.match(prefix) if prefix else None
             host, pid, dev = (_dec(p.group("host")), _int(p.group("pid")), _int(p.group("dev"))) if p else (None,) * 3
-            self.counts[Key(op.decode("ascii"), int(a.group("count")), int(a.group("datatype")),
-                            int(a.group("redop")), int(a.group("nranks")), host, pid, dev,
-                            _dec(a.group("comm")) or "", _int(grank or None), None, len(key) > 4)] += n
+            self.counts[
+                Key(
+                    op.decode("ascii"),
+                    int(a.group("count")),
+                    int(a.group("datatype")),
+                    int(a.group("redop")),
+                    int(a.group("nranks")),
+                    host,
+                    pid,
+                    dev,
+                    _dec(a.group("comm")) or "",
+                    _int(grank or None),
+                    None,
+                    len(key) > 4,
+                )
+            ] += n
 
     def repair_hosts(self) -> None:
         """Hosts from torn lines ('0x7fdgx07') become the host of the same pid seen on clean lines
@@ -127,14 +155,22 @@ class TraceSummary:
             dt = BY_ENUM.get(datatype)
             collective = NCCL_OP_TO_COLLECTIVE.get(op) or INFERRED_OPS.get(op)
             nbytes = count * dt.size if dt else None
-            rows.append({
-                "op": op, "collective": collective, "count": count, "datatype": datatype,
-                "dtype": dt.name if dt else f"dtype{datatype}", "redop": redop, "nranks": nranks,
-                "calls": calls, "bytes": nbytes,
-                "nccl_tests_bytes": nccl_tests_bytes(collective, count, nranks, datatype),
-                "total_bytes": nbytes * calls if nbytes is not None else None,
-                "note": "; ".join(sorted(notes)) or None,
-            })
+            rows.append(
+                {
+                    "op": op,
+                    "collective": collective,
+                    "count": count,
+                    "datatype": datatype,
+                    "dtype": dt.name if dt else f"dtype{datatype}",
+                    "redop": redop,
+                    "nranks": nranks,
+                    "calls": calls,
+                    "bytes": nbytes,
+                    "nccl_tests_bytes": nccl_tests_bytes(collective, count, nranks, datatype),
+                    "total_bytes": nbytes * calls if nbytes is not None else None,
+                    "note": "; ".join(sorted(notes)) or None,
+                }
+            )
         rows.sort(key=lambda r: (-(r["total_bytes"] or 0), r["op"], r["count"]))
         return rows
 
@@ -151,10 +187,26 @@ class TraceSummary:
         rows = []
         for (proc, grank, op), (calls, nbytes, sizes) in acc.items():
             rank = grank if grank is not None else world.get(proc)
-            rows.append({"rank": rank, "host": proc[0], "pid": proc[1], "device": proc[2], "globalrank": grank,
-                         "op": op, "calls": calls, "bytes": nbytes, "distinct_sizes": len(sizes)})
-        rows.sort(key=lambda r: (r["rank"] if r["rank"] is not None else 1 << 30,
-                                 proc_label(r["host"], r["pid"], r["device"]), r["op"]))
+            rows.append(
+                {
+                    "rank": rank,
+                    "host": proc[0],
+                    "pid": proc[1],
+                    "device": proc[2],
+                    "globalrank": grank,
+                    "op": op,
+                    "calls": calls,
+                    "bytes": nbytes,
+                    "distinct_sizes": len(sizes),
+                }
+            )
+        rows.sort(
+            key=lambda r: (
+                r["rank"] if r["rank"] is not None else 1 << 30,
+                proc_label(r["host"], r["pid"], r["device"]),
+                r["op"],
+            )
+        )
         return rows
 
     def per_comm_rows(self, inits: list[InitRecord]) -> list[dict[str, Any]]:
@@ -166,8 +218,10 @@ class TraceSummary:
         for k, n in self.counts.items():
             cid = commid.get((k.proc, k.comm))
             label = cid if cid else f"{proc_label(*k.proc)}/{k.comm}"
-            row = merged.setdefault((label, k.nranks), {"comm": label, "commid": cid, "nranks": k.nranks,
-                                                        "calls": 0, "bytes": 0, "_ops": Counter()})
+            row = merged.setdefault(
+                (label, k.nranks),
+                {"comm": label, "commid": cid, "nranks": k.nranks, "calls": 0, "bytes": 0, "_ops": Counter()},
+            )
             procs[(label, k.nranks)].add(k.proc)
             row["calls"] += n
             row["bytes"] += (k.nbytes or 0) * n
