@@ -140,8 +140,11 @@ def job_logs(draw):
     lines = []
     for _ in range(draw(st.integers(1, 12))):
         me = draw(st.integers(0, nranks - 1))
-        kw = dict(host=f"node{me % 2}", pid=100 + me, tid=200 + me, device=me, comm=f"0xc{me}", nranks=nranks)
-        kind = draw(st.sampled_from(["coll", "a2a", "pp", "noise", "torn"]))
+        style = LineStyle(prefix=draw(st.sampled_from(PREFIXES)), rccl_us=draw(st.sampled_from([None, "1.5"])))
+        kw = dict(
+            host=f"node{me % 2}", pid=100 + me, tid=200 + me, device=me, comm=f"0xc{me}", nranks=nranks, style=style
+        )
+        kind = draw(st.sampled_from(["coll", "a2a", "pp", "noise", "torn", "torn_p2p", "glued", "odd", "cut"]))
         oc = draw(st.integers(0, 5))
         if kind == "coll":
             lines.append(
@@ -160,16 +163,30 @@ def job_logs(draw):
             lines.append(call_line(draw(st.sampled_from(["Send", "Recv"])), oc, 32, 9, root=(me + 1) % nranks, **kw))
         elif kind == "noise":
             lines.append(draw(st.text(alphabet="abc 0123:[]", max_size=30)))
-        else:
+        elif kind == "torn":
             line = call_line("AllReduce", oc, 8, 7, **kw)
             lines.append(line[: draw(st.integers(10, len(line) - 5))] + call_line("AllGather", oc, 16, 9, **kw))
+        elif kind == "torn_p2p":  # a torn line inside an all-to-all group
+            for peer in range(nranks):
+                send = call_line("Send", oc, 64, 9, root=peer, **kw)
+                if peer == 0:
+                    send = call_line("Recv", oc, 64, 9, root=1, **kw)[: draw(st.integers(10, 120))] + send
+                lines += [send, call_line("Recv", oc, 64, 9, root=peer, **kw)]
+        elif kind == "glued":  # two complete calls on one line
+            lines.append(call_line("AllReduce", oc, 8, 7, **kw) + call_line("Send", oc, 32, 9, root=0, **kw))
+        elif kind == "odd":  # one call that only _FULL reads (the op glued to a tag, no NCCL prefix)
+            lines.append("x:" + call_line("Broadcast", oc, 4, 9, **kw).split("NCCL INFO ", 1)[1])
+        else:  # a truncated call
+            line = call_line("ReduceScatter", oc, 8, 7, **kw)
+            lines.append(line[: draw(st.integers(10, len(line) - 5))])
     return "\n".join(lines) + "\n"
 
 
 @FEW
-@given(job_logs(), st.booleans())
-def test_fast_tally_equals_record_path(text, raw_p2p):
-    """analyze() counts at regex speed; the same log through CallRecords must give the same tables."""
+@given(job_logs(), st.booleans(), st.sampled_from([64, 300, 1 << 20]))
+def test_fast_tally_equals_record_path(text, raw_p2p, block):
+    """analyze() counts at regex speed; the same log through CallRecords must give the same tables, whatever
+    the read block (groups and torn lines across block edges)."""
     import os
     import tempfile
 
@@ -179,8 +196,9 @@ def test_fast_tally_equals_record_path(text, raw_p2p):
     with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as fh:
         fh.write(text)
     try:
-        fast, parser = analyze([fh.name], raw_p2p=raw_p2p)
-        slow = TraceSummary().extend(iter_records(LogParser(), [fh.name], raw_p2p=raw_p2p))
+        with mock.patch.object(trace_parse, "BLOCK", block):
+            fast, parser = analyze([fh.name], raw_p2p=raw_p2p)
+            slow = TraceSummary().extend(iter_records(LogParser(), [fh.name], raw_p2p=raw_p2p))
         slow.repair_hosts()
     finally:
         os.remove(fh.name)

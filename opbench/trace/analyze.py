@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from opbench.core.errors import UsageError
 
-from .p2p import P2pGrouper, group_p2p
-from .parse import CallRecord, LogParser
+from .p2p import GROUPED_NOTE, Group, P2pGrouper, group_p2p, merged_record
+from .parse import P2P_OPS, CallRecord, LineKey, LogParser, record_from_line
 from .summary import TraceSummary
 
 
@@ -71,23 +71,79 @@ def _reading(path: str) -> Iterator[None]:
         raise UsageError(f"cannot read: {exc.strerror or exc}", source=path) from None
 
 
+class _Tally:
+    """The LineSink behind ``analyze``: LINE matches are counted as raw tuples (``Counter.update``: no Python
+    per call) and parsed once per distinct tuple at the end; Send/Recv go through the P2pGrouper, and a group
+    of lines that is an all-to-all is counted as one LineKey (op AlltoAll/AlltoAllv, its count) in ``merged``."""
+
+    def __init__(self, summary: TraceSummary, raw_p2p: bool) -> None:
+        self.summary = summary
+        self.raw: Counter[LineKey] = Counter()
+        self.merged: Counter[LineKey] = Counter()
+        self.grouper = None if raw_p2p else P2pGrouper(self._emit, self.raw, self.merged)
+        self.unmerged: list[LineKey] = []  # Send/Recv lines of groups that are no all-to-all, counted per block
+
+    def lines(self, found: list[LineKey]) -> None:
+        if self.grouper is not None:
+            self.grouper.lines(found)
+            self._count_unmerged()
+        else:
+            self.raw.update(map(_without_opcount, found))  # --raw-p2p: Send/Recv counted as logged
+
+    def record(self, rec: CallRecord) -> None:
+        if self.grouper is None or rec.op not in P2P_OPS:
+            self.summary.add(rec)
+        else:
+            self.grouper.record(rec)
+
+    def finish(self) -> None:
+        if self.grouper is not None:
+            self.grouper.finish()
+            self._count_unmerged()
+        self.summary.add_raw(self.raw)
+        self.summary.add_raw(self.merged, note=GROUPED_NOTE)
+
+    def _emit(self, group: Group) -> None:
+        if not group.records:
+            assert self.grouper is not None
+            a2a = group.alltoall(self.grouper.rest_dtype)
+            if a2a is None:
+                self.unmerged += group.items
+            else:
+                who, _, _, _, _, rest, grank, _ = group.items[0]
+                self.merged[(who, b"", b"", a2a[0].encode(), b"%d" % a2a[1], rest, grank, b"")] += 1
+            return
+        first = group.items[0]
+        merged = merged_record(group, first if isinstance(first, CallRecord) else record_from_line(first))
+        if merged is not None:
+            self.summary.add(merged)
+            return
+        for item in group.items:
+            if isinstance(item, CallRecord):
+                self.summary.add(item)
+            else:
+                self.raw[_without_opcount(item)] += 1
+
+    def _count_unmerged(self) -> None:
+        if self.unmerged:
+            self.raw.update(map(_without_opcount, self.unmerged))
+            self.unmerged.clear()
+
+
+def _without_opcount(key: LineKey) -> LineKey:
+    """A Send/Recv LineKey with its opCount blanked (it would make every call distinct); others unchanged."""
+    return (key[0], b"", b"", key[1], key[4], key[5], key[6], b"") if key[2] else key
+
+
 def analyze(paths: Sequence[str], raw_p2p: bool = False) -> tuple[TraceSummary, LogParser]:
-    """Parse logs into a TraceSummary: calls are tallied at regex speed; blocks with Send/Recv go through
-    CallRecords so all-to-all recognition (p2p) sees them in log order."""
+    """Parse logs into a TraceSummary at regex speed (LogParser.tally); Send/Recv lines are grouped into
+    all-to-alls (p2p) in log order unless ``raw_p2p``."""
     parser, summary = LogParser(), TraceSummary()
-    raw: Counter[tuple] = Counter()
-    grouper = None if raw_p2p else P2pGrouper()
-
-    def sink(rec: CallRecord) -> None:
-        for out in grouper.feed(rec, (rec.host, rec.pid, rec.device, rec.comm)) if grouper is not None else [rec]:
-            summary.add(out)
-
+    tally = _Tally(summary, raw_p2p)
     for path in check_paths(paths):
         with _reading(path):
-            parser.tally(path, raw, sink, busy=lambda: bool(grouper and grouper.open_keys))
-    if grouper is not None:
-        summary.extend(grouper.finish())
-    summary.add_raw(raw)
+            parser.tally(path, tally)
+    tally.finish()
     summary.rccl_fields |= parser.stats.rccl_fields
     summary.repair_hosts()
     return summary, parser

@@ -16,7 +16,17 @@ from typing import Any
 from opbench.core.collectives import COLLECTIVES, NCCL_OP_TO_COLLECTIVE
 from opbench.core.dtypes import BY_ENUM
 
-from .parse import ARGS, INFERRED_OPS, PREFIX, CallRecord, HostFixer, InitRecord, RawTally, redop_for
+from .parse import (
+    INFERRED_OPS,
+    TORN_MARK,
+    CallRecord,
+    HostFixer,
+    InitRecord,
+    LineKey,
+    redop_for,
+    rest_fields,
+    who_fields,
+)
 
 ProcKey = tuple["str | None", "int | None", "int | None"]  # (host, pid, device)
 
@@ -59,14 +69,6 @@ def proc_label(host: str | None, pid: int | None, device: int | None) -> str:
     return f"{host or '?'}:{pid if pid is not None else '?'}[{device if device is not None else '?'}]"
 
 
-def _dec(b: bytes | None) -> str | None:
-    return None if b is None else b.decode("utf-8", "replace")
-
-
-def _int(b: bytes | None) -> int | None:
-    return None if b is None else int(b)
-
-
 class TraceSummary:
     """The tally and the tables derived from it."""
 
@@ -100,29 +102,27 @@ class TraceSummary:
             self.add(rec)
         return self
 
-    def add_raw(self, raw: RawTally) -> None:
-        """Merge a LogParser.tally: its keys are raw spans (parse.TALLY_FIELDS), parsed here once each."""
-        for key, n in raw.items():
-            prefix, op, args, grank = key[:4]
-            a = ARGS.match(args)
-            p = PREFIX.match(prefix) if prefix else None
-            host, pid, dev = (_dec(p.group("host")), _int(p.group("pid")), _int(p.group("dev"))) if p else (None,) * 3
-            self.counts[
-                Key(
-                    op.decode("ascii"),
-                    int(a.group("count")),
-                    int(a.group("datatype")),
-                    int(a.group("redop")),
-                    int(a.group("nranks")),
-                    host,
-                    pid,
-                    dev,
-                    _dec(a.group("comm")) or "",
-                    _int(grank or None),
-                    None,
-                    len(key) > 4,
-                )
-            ] += n
+    def add_raw(self, raw: Counter[LineKey], note: str | None = None) -> None:
+        """Merge LINE matches counted by ``analyze`` (parse.LineKey, opCount left out), parsed here once each;
+        ``note`` marks synthesised calls (p2p.GROUPED_NOTE)."""
+        for (who, p2p, _, op, count, rest, grank, _), n in raw.items():
+            host, pid, dev = who_fields(who)
+            dt, op_enum, _, comm, nranks = rest_fields(rest)
+            key = Key(
+                (p2p or op).decode("ascii"),
+                int(count),
+                dt,
+                op_enum,
+                nranks,
+                host,
+                pid,
+                dev,
+                comm,
+                int(grank) if grank else None,
+                note,
+                who.startswith(TORN_MARK),
+            )
+            self.counts[key] += n
 
     def repair_hosts(self) -> None:
         """Hosts from torn lines ('0x7fdgx07') become the host of the same pid seen on clean lines
@@ -171,7 +171,9 @@ class TraceSummary:
                     "note": "; ".join(sorted(notes)) or None,
                 }
             )
-        rows.sort(key=lambda r: (-(r["total_bytes"] or 0), r["op"], r["count"]))
+        rows.sort(  # a total order, so the table does not depend on the order calls were met
+            key=lambda r: (-(r["total_bytes"] or 0), r["op"], r["count"], r["datatype"], r["redop"] or "", r["nranks"])
+        )
         return rows
 
     def per_rank_rows(self, inits: list[InitRecord]) -> list[dict[str, Any]]:
@@ -205,6 +207,7 @@ class TraceSummary:
                 r["rank"] if r["rank"] is not None else 1 << 30,
                 proc_label(r["host"], r["pid"], r["device"]),
                 r["op"],
+                r["globalrank"] if r["globalrank"] is not None else -1,
             )
         )
         return rows
@@ -232,7 +235,7 @@ class TraceSummary:
             row["ranks_logged"] = len(procs[key])
             row["ops"] = " ".join(f"{op}x{n}" for op, n in ops.most_common())
             rows.append(row)
-        rows.sort(key=lambda r: (-r["bytes"], r["comm"]))
+        rows.sort(key=lambda r: (-r["bytes"], r["comm"], r["nranks"]))
         return rows
 
     def rank_mismatch(self) -> list[str]:
