@@ -1,4 +1,5 @@
-"""NCCL/RCCL COLL log parser: every line variant of REFERENCE §5, torn lines, garbage, gz/stdin, summary CSV."""
+"""NCCL/RCCL COLL log parser: every line variant of docs/conventions.md ("NCCL debug-log lines"), torn lines, garbage,
+gz/stdin, summary CSV."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from opbench.trace.__main__ import main as trace_main
 from opbench.trace.analyze import trace_sizes
 from opbench.trace.parse import LogParser
 
-# The figure REFERENCE §6 quotes from a real Llama-3-70B trace at 8 ranks.
+# The layer count a real Llama-3-70B trace at 8 ranks shows (docs/conventions.md, "FSDP collective sizes").
 LAYER = 106956800
 
 
@@ -323,6 +324,18 @@ def test_summary_csv_contract(tmp_path, cli):
     assert (comm["commid"], comm["ranks_logged"], comm["calls"]) == ("0x7c1f3e5a9b2d4c61", "8", "72")
 
 
+def test_top_limits_the_console_tables_and_zero_shows_all(tmp_path, cli):
+    log = str(_job_log(tmp_path))
+    one = cli(log, "--top", "1", "--per-rank")
+    assert one.returncode == 0, one.stderr
+    assert "… 2 more sizes (see --csv)" in one.stdout
+    every = cli(log, "--top", "0", "--per-rank", "--per-comm")  # 0 = all, in the breakdown tables too
+    assert every.returncode == 0, every.stderr
+    assert "more sizes" not in every.stdout and "more rows" not in every.stdout
+    per_rank = every.stdout.split("per rank:")[1].split("per communicator:")[0]
+    assert sum(line.split()[0].isdigit() for line in per_rank.splitlines() if line.strip()) == 24  # 8 ranks x 3 ops
+
+
 def test_commands_nccl_and_rccl(tmp_path, cli):
     res = cli(str(_job_log(tmp_path)), "--commands")
     assert res.returncode == 0, res.stderr
@@ -381,8 +394,9 @@ def test_replay_dry_run_builds_torchrun_command(cli, tmp_path, monkeypatch):
 
 
 def test_compare_fsdp_matches_reference_llama3_70b_layer_count(cli, tmp_path):
-    """REFERENCE §6: a real Llama-3-70B NCCL trace at 8 ranks shows layer count 106956800. Two steps of a log
-    with that layer count (and a root count the model does not predict) against the FSDP2 model."""
+    """A real Llama-3-70B NCCL trace at 8 ranks shows layer count 106956800 (docs/conventions.md, "FSDP
+    collective sizes"). Two steps of a log with that layer count (and a root count the model does not predict)
+    against the FSDP2 model."""
     import itertools
 
     from synth_trace import fsdp_job_lines
@@ -443,3 +457,11 @@ def test_replay_runs_the_torchrun_comm_benchmark(tmp_path):
     assert ag and ar
     # the logged per-rank counts come back as nccl-tests sizes: AllGather 4096 fp32 x 2 ranks, AllReduce 1024 fp32
     assert {int(r["size_bytes"]) for r in ag} == {4096 * 4 * 2} and {int(r["size_bytes"]) for r in ar} == {4096}
+
+
+def test_human_bytes_keeps_three_digit_values_readable():
+    from opbench.core.units import human_bytes
+
+    # 262669312 fp32 elements: the root ReduceScatter of Llama-3-70B at 8 ranks (was printed "1e+03 MiB")
+    assert human_bytes(262669312 * 4) == "1002 MiB"
+    assert [human_bytes(v) for v in (1536, 1 << 30, 213913600, 0, None)] == ["1.5 KiB", "1 GiB", "204 MiB", "0 B", ""]

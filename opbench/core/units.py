@@ -14,4 +14,6 @@ def human_bytes(value: object) -> str:
     size, units = float(value), ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]  # type: ignore[arg-type]
     step = min(int(math.log(abs(size), 1024)) if abs(size) >= 1 else 0, len(units) - 1)
     scaled = size / 1024**step
-    return f"{scaled:.0f} {units[step]}" if scaled == int(scaled) else f"{scaled:.3g} {units[step]}"
+    if scaled == int(scaled) or abs(scaled) >= 100:  # 3 significant digits would turn 1002 into "1e+03"
+        return f"{scaled:.0f} {units[step]}"
+    return f"{scaled:.3g} {units[step]}"

@@ -113,7 +113,7 @@ def run(args: argparse.Namespace, summary: TraceSummary, parser: LogParser) -> i
             summary_table(
                 rank_rows,
                 [c for c in TRACE_PER_RANK.columns if c != "globalrank" or summary.rccl_fields],
-                max_rows=max(args.top, 64),
+                max_rows=_at_least(args.top, 64),
             )
         )
         for note in summary.rank_mismatch():
@@ -123,7 +123,9 @@ def run(args: argparse.Namespace, summary: TraceSummary, parser: LogParser) -> i
         comm_rows = summary.per_comm_rows(parser.inits)
         print("\nper communicator:")
         shown = [{**r, "bytes": human_bytes(r["bytes"])} for r in comm_rows]
-        print(summary_table(shown, [c for c in TRACE_PER_COMM.columns if c != "commid"], max_rows=max(args.top, 32)))
+        print(
+            summary_table(shown, [c for c in TRACE_PER_COMM.columns if c != "commid"], max_rows=_at_least(args.top, 32))
+        )
         write_csv(side_csv(args.csv, "per_comm"), TRACE_PER_COMM, comm_rows, meta)
     if args.commands:
         print()
@@ -135,7 +137,13 @@ def run(args: argparse.Namespace, summary: TraceSummary, parser: LogParser) -> i
     return 0
 
 
-def print_top(rows: list[dict[str, Any]], top: int) -> None:
+def _at_least(top: int | None, rows: int) -> int | None:
+    """Rows of a breakdown table: --top, but at least ``rows`` (one line per rank and op needs more than the
+    summary's 15); None (--top 0) shows all."""
+    return None if top is None else max(top, rows)
+
+
+def print_top(rows: list[dict[str, Any]], top: int | None) -> None:
     total = sum(r["total_bytes"] or 0 for r in rows)
     shown = []
     for r in rows[:top]:
@@ -154,7 +162,7 @@ def print_top(rows: list[dict[str, Any]], top: int) -> None:
     if any(r["note"] for r in rows[:top]):
         cols.append("note")
     print(summary_table(shown, cols))
-    if len(rows) > top:
+    if top is not None and len(rows) > top:
         print(f"… {len(rows) - top} more sizes (see --csv)")
 
 
