@@ -9,7 +9,7 @@ with RCCL's `` acc 0x…|(nil)`` before ``count`` (2.27) and `` task N globalran
 old RCCL's µs timestamp between ``[dev]`` and ``NCCL INFO``, NCCL's optional ``[YYYY-mm-dd HH:MM:SS] `` prefix,
 and whatever launchers glue in front (``[0] ``, `` 0: ``, ``[1,0]<stdout>:``, Ray tags, collector timestamps).
 
-Why it is fast and small: the file is read in 1 MiB byte blocks (never decoded) and ONE compiled regex,
+Why it is fast and small: the file is read in 128 KiB byte blocks (never decoded) and ONE compiled regex,
 anchored at line starts (``LINE``), runs over a whole block with ``findall``: the regex engine, not Python,
 jumps from line to line and splits the fields, and ``tally`` only counts the distinct field tuples (the summary
 needs nothing else). Send/Recv lines, whose opCount and peer matter for all-to-all recognition, come out of the
@@ -18,12 +18,13 @@ block plus one partial line; lines longer than ``MAX_LINE`` without a newline (b
 pattern is linear in the line length (possessive repeats, a bounded host, an op only at a word start), so a
 megabyte of garbage costs no more than a megabyte of calls.
 
-``LINE`` knows one call per line, starting at a token boundary. A line holding two ``opCount `` (two processes
-writing into one line: a torn line), and any stretch of lines where ``LINE`` found fewer calls than there are
-``opCount ``, is read again with ``_FULL``, which finds calls anywhere in a line. There the interrupted call
-fails to match (counted in ``ParseStats.fragments``) and a complete call after it keeps the prefix right before
-it; such calls are flagged ``torn`` because junk may be glued to their host ('0x7fnode07'), and
-TraceSummary.repair_hosts() maps them to the host of the same pid seen on clean lines (HostFixer).
+``LINE`` knows one call per line, after its ``host:pid:tid [dev] NCCL INFO`` header. A line holding two
+``opCount `` (two processes writing into one line: a torn line) comes out of LINE as its text and is read with
+``_FULL``, which finds calls anywhere in a line; so is any stretch of lines where LINE found fewer calls than
+there are ``opCount `` (a truncated call, a call without its header). There the interrupted call fails to match
+(counted in ``ParseStats.fragments``) and a complete call after it keeps the prefix right before it; such calls
+are flagged ``torn`` because junk may be glued to their host ('0x7fnode07'), and TraceSummary.repair_hosts()
+maps them to the host of the same pid seen on clean lines (HostFixer).
 Nothing in here raises on bad input.
 """
 
@@ -42,7 +43,7 @@ from typing import BinaryIO, Protocol
 from opbench.core.collectives import COLLECTIVES, NCCL_OP_TO_COLLECTIVE, redop_name
 from opbench.core.dtypes import BY_ENUM
 
-BLOCK = 1 << 20  # bytes read per step
+BLOCK = 128 << 10  # bytes read per step: a block's matches stay in the CPU caches (measured 5-20 % faster than 1 MiB)
 MAX_LINE = 1 << 20  # a "line" longer than this without a newline is cut (garbage)
 
 # "host:pid:tid [dev]"; the host may be glued to a launcher tag ('[1,0]<stdout>:host'), hence the excluded
