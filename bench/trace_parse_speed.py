@@ -1,18 +1,29 @@
-"""How fast and how small is opbench's NCCL log parser? (issue 6 "done when")
+"""How fast and how small is ``opbench trace`` against the per-line regex loop people write first? (issue 11)
 
-Generates a realistic NCCL_DEBUG=INFO COLL log (FSDP2 Llama-3-70B-like sizes on 8 ranks, launcher prefixes,
-training output every 40 lines, a torn line every 5000) of --size-mb, then times on the same file:
+Generates an NCCL_DEBUG=INFO COLL log of --size-mb (tests/synth_trace.py):
 
-* ``opbench``  : trace.parse.LogParser + Send/Recv grouping + summary tallies (what ``opbench trace`` runs);
-* ``parse``    : LogParser alone (records built, nothing kept);
-* ``naive``    : the per-line loop people write first: text mode, one regex (prefix + body) ``search`` per line,
-                 a dict of fields per match, a Counter of sizes.
+* ``--job mixed`` (default): a pipeline-parallel MoE job on 16 ranks and a pre-2.28 NCCL: pipeline Send/Recv,
+  a TP AllReduce and an all-to-all token dispatch logged as grouped Send/Recv per layer (about 90 % of the call
+  lines are Send/Recv, in every block), data-parallel ReduceScatter/AllGather; four format variants (NCCL,
+  NCCL >= 2.26 timestamps, RCCL with acc/task/globalrank, old RCCL with µs timestamps) behind four launcher
+  prefixes, ranks interleaved line by line, training output every 40 lines, a torn line every 5000;
+* ``--job fsdp``: FSDP2 Llama-3-70B-like AllGather/ReduceScatter on 8 ranks (no Send/Recv).
 
-Each method runs --repeats times in a fresh subprocess (so the OS page cache is warm for all and peak RSS is
-that method's alone); reported: median MB/s, spread, peak RSS (ru_maxrss) above an idle interpreter that imported
-the same modules, and tracemalloc's peak of Python allocations for one extra run. Throughput is given per CPU
-second (process_time: steady on a shared machine) and per wall second. Memory is shown for two file
-sizes to make "constant" visible. Run:  python bench/trace_parse_speed.py [--size-mb 100] [--repeats 3]
+Then runs, each as a whole process on the same file (warm page cache), interleaved --repeats times so machine
+load hits every method alike:
+
+* ``opbench``: ``python -m opbench.trace LOG --csv OUT`` (parse, all-to-all grouping, tables, CSV + sidecar);
+* ``naive``:   ``python -c`` with a text-mode ``for line in file`` loop, one regex ``search`` per line (prefix +
+  body), a dict of the fields per match and a Counter of sizes;
+* ``records`` (with --records): ``LogParser.calls`` + Send/Recv grouping, a CallRecord per call (the Python API).
+
+CPU time (user + sys) and peak RSS come from ``os.wait4`` of each child (started from a small spawner process,
+so the bench's own memory is not counted). The verdict is the median of the ratios of
+CPU times of each back-to-back pair of runs (naive / opbench: neighbours in time share the machine's load;
+CPU time is the steadier figure on a shared machine), with their range, the ratio of the fastest runs and
+whether both counted the same calls. Run:
+
+    python bench/trace_parse_speed.py [--size-mb 150] [--repeats 5] [--job mixed|fsdp] [--records] [--log LOG]
 """
 
 from __future__ import annotations
@@ -20,184 +31,162 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 
-NAIVE = re.compile(
+# The naive loop, as a self-contained program (so its process pays no import of opbench).
+NAIVE = r"""
+import re, sys
+from collections import Counter
+CALL = re.compile(
     r"(\S+):(\d+):(\d+) \[(\d+)\] (?:\S+ )?NCCL INFO (\w+): opCount ([0-9a-fA-F]+) sendbuff (\S+) recvbuff (\S+) "
     r"(?:acc (\S+) )?count (\d+) datatype (\d+) op (\d+) root (-?\d+) comm (\S+) \[nranks=(\d+)\] stream (\S+)"
     r"(?: task (-?\d+) globalrank (-?\d+))?"
 )
-KEYS = (
-    "host",
-    "pid",
-    "tid",
-    "device",
-    "op",
-    "opcount",
-    "sendbuff",
-    "recvbuff",
-    "acc",
-    "count",
-    "datatype",
-    "redop",
-    "root",
-    "comm",
-    "nranks",
-    "stream",
-    "task",
-    "globalrank",
-)
+KEYS = ("host", "pid", "tid", "device", "op", "opcount", "sendbuff", "recvbuff", "acc", "count", "datatype",
+        "redop", "root", "comm", "nranks", "stream", "task", "globalrank")
+sizes = Counter()
+with open(sys.argv[1], encoding="utf-8", errors="replace") as fh:
+    for line in fh:
+        m = CALL.search(line)
+        if m:
+            d = dict(zip(KEYS, m.groups()))
+            sizes[(d["op"], int(d["count"]), int(d["datatype"]), int(d["redop"]), int(d["nranks"]))] += 1
+print(sum(sizes.values()))
+"""
+
+RECORDS = r"""
+import sys
+from opbench.trace.analyze import iter_records
+from opbench.trace.parse import LogParser
+parser = LogParser()
+for _ in iter_records(parser, [sys.argv[1]]):
+    pass
+print(parser.stats.calls)
+"""
 
 
-def run_naive(path: str) -> int:
-    sizes: Counter = Counter()
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for line in fh:
-            m = NAIVE.search(line)
-            if m:
-                d = dict(zip(KEYS, m.groups()))
-                sizes[(d["op"], int(d["count"]), int(d["datatype"]), int(d["redop"]), int(d["nranks"]))] += 1
-    return sum(sizes.values())
+# Runs one command and prints its rusage as JSON. The bench's children are started through this small process:
+# a child forked straight from the bench would report the bench's own memory as its peak RSS.
+SPAWN = r"""
+import json, os, sys, time
+out, argv = sys.argv[1], sys.argv[2:]
+t0 = time.perf_counter()
+pid = os.posix_spawn(argv[0], argv, os.environ,
+                     file_actions=[(os.POSIX_SPAWN_OPEN, 1, out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)])
+_, status, ru = os.wait4(pid, 0)
+print(json.dumps({"cpu": ru.ru_utime + ru.ru_stime, "wall": time.perf_counter() - t0,
+                  "rss_mib": ru.ru_maxrss / 1024, "rc": os.waitstatus_to_exitcode(status)}))
+"""
 
 
-def run_opbench(path: str) -> int:
-    from opbench.trace.analyze import analyze
-
-    summary, _ = analyze([path])
-    return summary.total_calls
-
-
-def run_parse(path: str) -> int:
-    from opbench.trace.parse import LogParser
-
-    p = LogParser()
-    for _ in p.calls(path):
-        pass
-    return p.stats.calls
+def timed(argv: list[str], tmp: str) -> dict:
+    """One run of ``argv``: CPU seconds (user + sys), wall seconds, peak RSS (MiB) and its stdout."""
+    out = os.path.join(tmp, "stdout.txt")
+    res = subprocess.run([sys.executable, "-c", SPAWN, out, *argv], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise SystemExit(f"spawning {argv[:4]} failed:\n{res.stderr[-2000:]}")
+    run = json.loads(res.stdout)
+    with open(out, encoding="utf-8") as fh:
+        run["stdout"] = fh.read()
+    if run["rc"] != 0:
+        raise SystemExit(f"{' '.join(argv[:4])}… failed (rc {run['rc']}); run it by hand to see why")
+    return run
 
 
-METHODS = {"opbench": run_opbench, "parse": run_parse, "naive": run_naive}
-
-
-def child(method: str, path: str, trace: bool) -> None:
-    """One timed run in this (fresh) process; prints a JSON line."""
-    import resource
-
-    import opbench.trace.analyze
-    import opbench.trace.summary  # noqa: F401
-
-    if trace:
-        import tracemalloc
-
-        tracemalloc.start()
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    c0 = time.process_time()
-    t0 = time.perf_counter()
-    calls = METHODS[method](path)
-    dt = time.perf_counter() - t0
-    cpu = time.process_time() - c0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    out = {
-        "method": method,
-        "seconds": dt,
-        "cpu_seconds": cpu,
-        "calls": calls,
-        "rss_base_kib": base,
-        "rss_peak_kib": peak,
+def commands(log: str, out_csv: str) -> dict[str, list[str]]:
+    py = sys.executable
+    return {
+        "opbench": [py, "-m", "opbench.trace", log, "--csv", out_csv],
+        "naive": [py, "-c", NAIVE, log],
+        "records": [py, "-c", RECORDS, log],
     }
-    if trace:
-        out["tracemalloc_peak_bytes"] = tracemalloc.get_traced_memory()[1]
-    print(json.dumps(out))
 
 
-def spawn(method: str, path: str, trace: bool = False) -> dict:
-    res = subprocess.run(
-        [sys.executable, __file__, "--child", method, path] + (["--trace"] if trace else []),
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return json.loads(res.stdout.strip().splitlines()[-1])
+def calls_of(method: str, run: dict, out_csv: str) -> int:
+    if method == "opbench":
+        with open(os.path.splitext(out_csv)[0] + ".meta.json", encoding="utf-8") as fh:
+            return int(json.load(fh)["calls"])
+    return int(run["stdout"].strip().splitlines()[-1])
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--size-mb", type=float, default=100.0, help="generated log size (default 100)")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--size-mb", type=float, nargs="+", default=[150.0], help="generated log size(s) (default 150)")
+    ap.add_argument("--job", choices=("mixed", "fsdp"), default="mixed", help="what the generated log holds")
+    ap.add_argument("--repeats", type=int, default=5, help="interleaved runs per method (default 5)")
+    ap.add_argument("--records", action="store_true", help="also time the per-call CallRecord road")
     ap.add_argument("--log", help="use this log instead of generating one")
-    ap.add_argument("--keep", action="store_true", help="keep the generated log")
-    ap.add_argument("--child", nargs=2, metavar=("METHOD", "PATH"), help=argparse.SUPPRESS)
-    ap.add_argument("--trace", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--keep", action="store_true", help="keep the generated log(s)")
     args = ap.parse_args()
-    if args.child:
-        child(args.child[0], args.child[1], args.trace)
-        return 0
 
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(root, "tests"))
     from synth_trace import write_log  # the tests' log generator
+    from tabulate import tabulate
 
     tmp = tempfile.mkdtemp(prefix="opbench-trace-bench-")
-    logs = []
-    if args.log:
-        logs.append(args.log)
-    else:
-        for mb in (args.size_mb / 4, args.size_mb):
-            path = os.path.join(tmp, f"job_{mb:g}MB.log")
-            t0 = time.perf_counter()
-            write_log(path, int(mb * 1e6))
-            print(f"generated {path}: {os.path.getsize(path) / 1e6:.1f} MB in {time.perf_counter() - t0:.1f} s")
-            logs.append(path)
-    results = []
-    for path in logs:
-        mb = os.path.getsize(path) / 1e6
-        with open(path, "rb") as fh:  # warm the page cache once for everyone
+    out_csv = os.path.join(tmp, "sizes.csv")
+    logs = [args.log] if args.log else []
+    for mb in [] if args.log else args.size_mb:
+        path = os.path.join(tmp, f"{args.job}_{mb:g}MB.log")
+        t0 = time.perf_counter()
+        write_log(path, int(mb * 1e6), job=args.job)
+        print(f"generated {path}: {os.path.getsize(path) / 1e6:.1f} MB in {time.perf_counter() - t0:.1f} s")
+        logs.append(path)
+    methods = ["opbench", "naive"] + (["records"] if args.records else [])
+
+    rows, verdicts = [], []
+    for log in logs:
+        mb = os.path.getsize(log) / 1e6
+        with open(log, "rb") as fh:  # warm the page cache once for everyone
             while fh.read(1 << 24):
                 pass
-        runs_by: dict[str, list[dict]] = {m: [] for m in METHODS}
-        for _ in range(args.repeats):  # interleaved, so machine load hits every method alike
-            for method in METHODS:
-                runs_by[method].append(spawn(method, path))
-        for method, runs in runs_by.items():
-            traced = spawn(method, path, trace=True)
-            rates = [mb / r["seconds"] for r in runs]
-            cpu_rates = [mb / r["cpu_seconds"] for r in runs]
-            results.append(
+        cmds = commands(log, out_csv)
+        runs: dict[str, list[dict]] = {m: [] for m in methods}
+        calls: dict[str, int] = {}
+        for _ in range(args.repeats):
+            for method in methods:
+                run = timed(cmds[method], tmp)
+                calls[method] = calls_of(method, run, out_csv)
+                runs[method].append(run)
+        for method in methods:
+            cpu = [r["cpu"] for r in runs[method]]
+            rows.append(
                 {
                     "file_mb": round(mb, 1),
                     "method": method,
-                    "calls": runs[0]["calls"],
-                    "cpu_mb_per_s_median": round(statistics.median(cpu_rates), 1),
-                    "cpu_mb_per_s_min": round(min(cpu_rates), 1),
-                    "cpu_mb_per_s_max": round(max(cpu_rates), 1),
-                    "wall_mb_per_s_median": round(statistics.median(rates), 1),
-                    "wall_seconds_median": round(statistics.median(r["seconds"] for r in runs), 3),
-                    "rss_peak_mib": round(max(r["rss_peak_kib"] for r in runs) / 1024, 1),
-                    "rss_growth_mib": round(max(r["rss_peak_kib"] - r["rss_base_kib"] for r in runs) / 1024, 1),
-                    "tracemalloc_peak_mib": round(traced["tracemalloc_peak_bytes"] / 2**20, 2),
+                    "calls": calls[method],
+                    "cpu_s_median": round(statistics.median(cpu), 2),
+                    "cpu_s_min": round(min(cpu), 2),
+                    "cpu_s_max": round(max(cpu), 2),
+                    "cpu_mb_per_s": round(mb / statistics.median(cpu), 1),
+                    "wall_s_median": round(statistics.median(r["wall"] for r in runs[method]), 2),
+                    "peak_rss_mib": round(max(r["rss_mib"] for r in runs[method]), 1),
                 }
             )
-    from tabulate import tabulate
-
-    print(tabulate(results, headers="keys"))
-    by = {(r["file_mb"], r["method"]): r for r in results}
-    for path in logs:
-        mb = round(os.path.getsize(path) / 1e6, 1)
-        ours, naive = by[(mb, "opbench")], by[(mb, "naive")]
-        print(
-            f"{mb} MB: opbench {ours['cpu_mb_per_s_median']} MB/s vs naive {naive['cpu_mb_per_s_median']} MB/s "
-            f"(CPU time) = {ours['cpu_mb_per_s_median'] / naive['cpu_mb_per_s_median']:.2f}x; wall "
-            f"{ours['wall_mb_per_s_median'] / naive['wall_mb_per_s_median']:.2f}x; calls agree: "
-            f"{ours['calls'] == naive['calls']} ({ours['calls']} vs {naive['calls']})"
+        ours, naive = runs["opbench"], runs["naive"]
+        pairs = sorted(n["cpu"] / o["cpu"] for n, o in zip(naive, ours))  # runs next to each other in time
+        best = min(r["cpu"] for r in naive) / min(r["cpu"] for r in ours)
+        wall = statistics.median(r["wall"] for r in naive) / statistics.median(r["wall"] for r in ours)
+        verdicts.append(
+            f"{mb:.1f} MB: opbench is {statistics.median(pairs):.2f}x the naive loop (median of {len(pairs)} "
+            f"back-to-back CPU-time ratios, range {pairs[0]:.2f}-{pairs[-1]:.2f}; fastest runs {best:.2f}x; "
+            f"median wall {wall:.2f}x); calls agree: {calls['opbench'] == calls['naive']} "
+            f"({calls['opbench']} vs {calls['naive']})"
         )
-    if not args.keep and not args.log:
-        for path in logs:
-            os.remove(path)
+    print(tabulate(rows, headers="keys"))
+    print("\n".join(verdicts))
+    if not args.keep:
+        for log in logs if not args.log else []:
+            os.remove(log)
+    for name in os.listdir(tmp):
+        if name.startswith(("sizes", "stdout")):
+            os.remove(os.path.join(tmp, name))
+    if not os.listdir(tmp):
         os.rmdir(tmp)
     return 0
 
