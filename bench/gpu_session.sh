@@ -9,7 +9,7 @@ OUT=${OUT:-out/gpu_session}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 PY=${PYTHON:-python3}
-STEPS=${STEPS:-"env gemm grouped attention harness bwd_split comm faults ckpt"}
+STEPS=${STEPS:-"env selftest gemm grouped attention harness bwd_split comm faults ckpt"}
 step() {  # step NAME LIMIT_S CMD...
     local name=$1 limit=$2; shift 2
     case " $STEPS " in *" $name "*) ;; *) return 0;; esac
@@ -21,6 +21,7 @@ step() {  # step NAME LIMIT_S CMD...
     tail -n 40 "$OUT/$name.log"
 }
 step env 60 bash -c "nvidia-smi; $PY -c 'import torch, triton; print(torch.__version__, torch.version.cuda, torch.version.hip, triton.__version__, torch.cuda.get_device_name(0))'"
+step selftest 150 $PY -m opbench selftest --report-dir-path "$OUT/selftest"
 step gemm 200 $PY -m opbench gemm --model Llama3.1_8B --seqlen 4096 --tp 8 --dtype bf16 \
     --backends torch,torch_grouped,triton,fp8 --budget 0.3 --report-dir-path "$OUT/gemm"
 step grouped 150 $PY -m opbench gemm --model DeepSeek_V2_Lite --seqlen 4096 --ep 8 --dtype bf16 \

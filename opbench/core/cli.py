@@ -31,6 +31,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "nccl-tests": ("opbench.trace.nccl_tests", "parse nccl-tests / rccl-tests output"),
     "ckpt": ("opbench.ckpt.__main__", "checkpoint save/load benchmark"),
     "report": ("opbench.report.__main__", "turn a results folder into a summary with plots"),
+    "selftest": ("opbench.selftest.__main__", "every backend on a tiny case, checked: is this install right?"),
 }
 
 

@@ -24,12 +24,25 @@ from opbench.core.results import sidecar_path
 from opbench.core.schema import Schema
 from opbench.fsdp_model.schema import SCHEMA as FSDP
 from opbench.gemm.schema import SCHEMA as GEMM
+from opbench.selftest.schema import SCHEMA as SELFTEST
 from opbench.trace.schema import NCCL_TESTS, TRACE, TRACE_FSDP, TRACE_PER_COMM, TRACE_PER_RANK
 
 # Report order: one section per schema, in this order.
 SCHEMAS: dict[str, Schema] = {
     s.benchmark: s
-    for s in (GEMM, ATTENTION, COMM, NCCL_TESTS, FSDP, TRACE, TRACE_PER_RANK, TRACE_PER_COMM, TRACE_FSDP, CKPT)
+    for s in (
+        SELFTEST,
+        GEMM,
+        ATTENTION,
+        COMM,
+        NCCL_TESTS,
+        FSDP,
+        TRACE,
+        TRACE_PER_RANK,
+        TRACE_PER_COMM,
+        TRACE_FSDP,
+        CKPT,
+    )
 }
 
 

@@ -275,6 +275,12 @@ SPECS: dict[str, TableSpec] = {
         order=_by("save_bandwidth_in_mbps"),
         about="Slowest save first; bandwidths are MiB/s (Primus' *_in_mbps names), times are seconds.",
     ),
+    "selftest": TableSpec(
+        columns=("area", "backend", "device", "dtype", "correct", "max_error", "tolerance", "tflops", "gbs"),
+        order=_by("area", "backend"),
+        sparse=("tflops", "gbs"),
+        about="Backends that ran and gave the right answer; wrong and unavailable ones are listed below it.",
+    ),
 }
 assert set(SPECS) == set(SCHEMAS)
 ALWAYS_DERIVED = ("file",)  # Discovery.frame adds the file each row came from
