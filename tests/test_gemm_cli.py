@@ -133,6 +133,24 @@ def test_dry_run_plans_every_row(run, tmp_path):
     assert all(x["time_s"] == "" for x in rows)
 
 
+def test_raw_shapes_as_primus_mnk(run, tmp_path):
+    """Primus' --M --N --K --trans_a --trans_b: shapes without a model, in the layout asked for."""
+    r = run(
+        "opbench.gemm", "--mnk", "96x64x32,40x24x16", "--layout", "TN", "--quick", "--report-dir-path", str(tmp_path)
+    )
+    assert r.returncode == 0, r.stderr
+    rows = read(tmp_path / "benchmark_gemm_raw.csv")
+    assert [(x["layer"], x["pass"], x["m"], x["n"], x["k"]) for x in rows] == [
+        ("raw", "raw", "96", "64", "32"),
+        ("raw", "raw", "40", "24", "16"),
+    ]
+    for x in rows:
+        assert (x["transA"], x["transB"], x["status"], x["backend"]) == ("True", "False", "ok", "torch")
+        assert float(x["max_rel_err"]) < 1e-5
+        t = float(x["time_s"])
+        assert float(x["tflops"]) == pytest.approx(2 * int(x["m"]) * int(x["n"]) * int(x["k"]) / t / 1e12, rel=1e-3)
+
+
 @pytest.mark.parametrize(
     "args,needle",
     [
@@ -143,6 +161,9 @@ def test_dry_run_plans_every_row(run, tmp_path):
         (["--model", "Llama2_7B", "--mbs", "0"], "field '--mbs': must be positive"),
         (["--model", "Llama2_7B", "--max-iters", "0"], "field '--max-iters': must be at least 1"),
         (["--model", "Llama2_7B", "--min-iters", "9", "--max-iters", "3"], "exceeds --max-iters 3"),
+        (["--mnk", "4096x4096"], "'4096x4096' is not MxNxK with positive integers"),
+        (["--mnk", "8x8x0"], "'8x8x0' is not MxNxK"),
+        (["--mnk", "8x8x8", "--model", "Llama2_7B"], "raw shapes take no model"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(run, tmp_path, args, needle):

@@ -21,7 +21,7 @@ from opbench.models import load_model_configs, select_models
 from .backends import BACKENDS
 from .runner import GemmCase, run_case
 from .schema import SCHEMA
-from .shapes import ALL_LAYERS, PASSES, GemmShape, ModelParallel, gemm_shapes
+from .shapes import ALL_LAYERS, LAYOUTS, PASSES, RAW, GemmShape, ModelParallel, gemm_shapes, parse_mnk, raw_shapes
 
 SUMMARY = ["layer", "pass", "mbs", "m", "n", "k", "groups", "backend", "time_s", "tflops", "pct_of_peak", "status"]
 
@@ -50,11 +50,32 @@ def build_parser() -> argparse.ArgumentParser:
         default="cold",
         help="cold: rotate operand sets larger than the last-level cache between calls",
     )
+    raw = p.add_argument_group("raw shapes (no model; Primus' --M --N --K --trans_a --trans_b)")
+    raw.add_argument(
+        "--mnk",
+        type=parse_mnk_arg,
+        default=None,
+        metavar="MxNxK[,…]",
+        help="time these GEMMs instead of a model's: rows with layer=raw in benchmark_gemm_raw.csv",
+    )
+    raw.add_argument(
+        "--layout",
+        choices=list(LAYOUTS),
+        default="NT",
+        help="A and B stored as-is (N) or transposed (T); NT is a linear layer's forward",
+    )
     cli.add_dry_run_arg(p, "write the planned rows (status=planned)")
     cli.add_top_arg(p, None)
     add_device_args(p, dtypes=GEMM_DTYPES)
     add_timing_args(p)
     return p
+
+
+def parse_mnk_arg(text: str) -> list[tuple[int, int, int]]:
+    try:
+        return parse_mnk(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def report_path(report_dir: str, model: str) -> Path:
@@ -84,30 +105,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     bad_passes = [x for x in args.passes if x not in PASSES]
     if bad_passes:
         raise UsageError(f"unknown pass(es) {bad_passes}; choose from {','.join(PASSES)}", field="--passes")
-    configs = select_models(load_model_configs(args.model_config_path, args.model_name), args.model)
     par = ModelParallel(tp=args.tp, ep=args.ep, cp=args.cp, etp=args.etp)
     # Derive every model's shapes first: bad input fails before anything is timed or written.
-    plans = [(cfg, gemm_shapes(cfg, args.mbs, args.seqlen, par, args.layers, args.passes)) for cfg in configs]
+    plans: list[tuple[str, dict[str, Any], int | None, list[GemmShape]]]
+    if args.mnk:
+        if args.model or args.model_config_path:
+            raise UsageError("raw shapes take no model: leave out --model / --model-config-path", field="--mnk")
+        plans = [(RAW, {"mnk": args.mnk, "layout": args.layout}, None, raw_shapes(args.mnk, args.layout))]
+    else:
+        configs = select_models(load_model_configs(args.model_config_path, args.model_name), args.model)
+        plans = [
+            (
+                cfg.name,
+                cfg.to_dict(),
+                args.seqlen or cfg.seqlen,
+                gemm_shapes(cfg, args.mbs, args.seqlen, par, args.layers, args.passes),
+            )
+            for cfg in configs
+        ]
 
     device = resolve_device(args.device)
     info = device_info(device)
     dtype = args.dtype or default_dtype_name(device)
     timing = timing_config(args)
-    for cfg, shapes in plans:
-        seqlen = args.seqlen or cfg.seqlen
+    for name, model_config, seqlen, shapes in plans:
         cases = expand_cases(shapes, args.backends, dtype)
         extra_cols = {"seqlen": seqlen, "tp": par.tp, "ep": par.ep, "cp": par.cp, "device": info.name}
         meta = environment(
             device,
             {
-                "model": cfg.name,
-                "model_config": cfg.to_dict(),
+                "model": name,
+                "model_config": model_config,
                 "parallel": vars(par),
                 "timing": vars(timing),
                 "cache": args.cache,
             },
         )
-        path = report_path(args.report_dir_path, cfg.name)
+        path = report_path(args.report_dir_path, name)
         with CsvReport(path, SCHEMA, meta) as report:
 
             def failed(case: GemmCase, status: str, message: str) -> dict[str, Any]:
@@ -125,10 +159,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 lambda c: {**run_case(c, info, timing, cold=args.cache == "cold"), **extra_cols},
                 failed,
                 report,
-                desc=f"gemm {cfg.name}",
+                desc=f"gemm {name}",
                 dry_run=args.dry_run,
             )
-        print(f"\n{cfg.name} on {info.name} ({dtype}, tp={par.tp} ep={par.ep} cp={par.cp}, seqlen={seqlen})")
+        where = f"layout {args.layout}" if name == RAW else f"tp={par.tp} ep={par.ep} cp={par.cp}, seqlen={seqlen}"
+        print(f"\n{name} on {info.name} ({dtype}, {where})")
         print(summary_table(rows, SUMMARY, max_rows=args.top))
         print(f"wrote {path} ({len(rows)} rows)")
     return 0

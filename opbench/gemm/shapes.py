@@ -186,3 +186,28 @@ def gemm_shapes(
                 m, n, k, ta, tb = pass_shape(p, layer.tokens, layer.n, layer.k)
                 shapes.append(GemmShape(cfg.name, layer.name, p, mbs, m, n, k, layer.groups, ta, tb))
     return shapes
+
+
+LAYOUTS = {"NN": (False, False), "NT": (False, True), "TN": (True, False), "TT": (True, True)}
+RAW = "raw"
+
+
+def parse_mnk(text: str) -> list[tuple[int, int, int]]:
+    """``--mnk 8192x8192x8192,4096x14336x4096``: (m, n, k) triples, each a positive integer (ValueError if not)."""
+    out = []
+    for item in text.split(","):
+        parts = item.strip().lower().split("x")
+        if len(parts) != 3 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+            raise UsageError(
+                f"'{item.strip()}' is not MxNxK with positive integers (e.g. 4096x14336x4096)", field="--mnk"
+            )
+        m, n, k = (int(p) for p in parts)
+        out.append((m, n, k))
+    return out
+
+
+def raw_shapes(mnk: Sequence[tuple[int, int, int]], layout: str) -> list[GemmShape]:
+    """Shapes given as numbers, no model (Primus' --M --N --K --trans_a --trans_b): layer and pass are ``raw``,
+    the layout letters say whether A and B are stored transposed (docs/conventions.md, "GEMM shapes")."""
+    trans_a, trans_b = LAYOUTS[layout]
+    return [GemmShape(RAW, RAW, RAW, 1, m, n, k, 1, trans_a, trans_b) for m, n, k in mnk]
