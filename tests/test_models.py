@@ -225,3 +225,81 @@ def test_unknown_model_lists_available():
 
 def test_builtin_keyword_and_none_load_the_shipped_list():
     assert [c.name for c in load_model_configs("builtin")] == [c.name for c in load_model_configs()]
+
+
+# A DeepSeek-V2-Lite entry as Primus' model_configs.json writes it: its DeepSeek keys, no first_k_dense_replace.
+PRIMUS_DEEPSEEK = {
+    "model": "Deepseek_V2_Lite",
+    "seqlen": 4096,
+    "hidden_size": 2048,
+    "intermediate_size": 10944,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "head_dim": 192,
+    "vocab_size": 102400,
+    "kv_lora_rank": 512,
+    "moe_intermediate_size": 1408,
+    "num_experts_per_tok": 6,
+    "n_routed_experts": 64,
+    "n_shared_experts": 2,
+    "q_lora_rank": None,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+}
+PRIMUS_LLAMA = {
+    "model": "Llama2_7B",
+    "seqlen": 4096,
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "head_dim": 128,
+    "vocab_size": 32000,
+}
+
+
+def test_primus_deepseek_without_first_k_dense_replace_warns_once_when_chosen(tmp_path, capsys):
+    path = tmp_path / "model_configs.json"
+    path.write_text(json.dumps([PRIMUS_LLAMA, PRIMUS_DEEPSEEK]))
+    configs = load_model_configs(str(path))
+    assert select_models(configs, "Llama2_7B")[0].name == "Llama2_7B"
+    assert capsys.readouterr().err == ""  # the DeepSeek entry is not chosen: no word about it
+    (ds,) = select_models(configs, "deepseek_v2_lite")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model 'Deepseek_V2_Lite': no first_k_dense_replace" in err[0] and str(path) in err[0]
+    assert ds.first_k_dense_replace == 0 and ds.is_moe
+
+
+def test_primus_names_resolve_to_the_builtin_models():
+    configs = load_model_configs(None)
+    chosen = select_models(configs, "Mistral_8x7B,MISTRAL_8x22B,Deepseek_V2_Lite,deepseek_v3,llama3.1_8b")
+    assert [c.name for c in chosen] == [
+        "Mixtral_8x7B",
+        "Mixtral_8x22B",
+        "DeepSeek_V2_Lite",
+        "DeepSeek_V3",
+        "Llama3.1_8B",
+    ]
+    assert chosen[0].n_routed_experts == 8  # the real MoE model, not Primus' dense stand-in
+
+
+def test_primus_deepseek_rows_have_no_dense_mlp_and_say_why(run, tmp_path):
+    path = tmp_path / "model_configs.json"
+    path.write_text(json.dumps([PRIMUS_DEEPSEEK]))
+    r = run(
+        "opbench.gemm",
+        "--model-config-path",
+        str(path),
+        "--model",
+        "Deepseek_V2_Lite",
+        "--dry-run",
+        "--report-dir-path",
+        str(tmp_path),
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("warning:") == 1 and "first_k_dense_replace" in r.stderr
+    layers = {
+        line.split(",")[1] for line in (tmp_path / "benchmark_gemm_Deepseek_V2_Lite.csv").read_text().splitlines()[1:]
+    }
+    assert "mlp_gate_up" not in layers and {"expert_gate_up", "shared_gate_up", "mla_kv_down"} <= layers

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -72,6 +73,7 @@ class ModelConfig:
     v_head_dim: int | None = None
     source: str = ""
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    notes: tuple[str, ...] = field(default=(), compare=False)  # what the config left out and what that changes
 
     @property
     def is_moe(self) -> bool:
@@ -120,6 +122,10 @@ class ModelConfig:
         d = asdict(self)
         d.pop("raw")
         return d
+
+
+# Primus' names for models the built-in configs name otherwise (lower case): its scripts call Mixtral "Mistral".
+PRIMUS_NAMES = {"mistral_8x7b": "mixtral_8x7b", "mistral_8x22b": "mixtral_8x22b"}
 
 
 def _where(source: str, name: str | None) -> str:
@@ -233,6 +239,13 @@ def parse_model_config(obj: Mapping[str, Any], source: str, default_name: str | 
         raise UsageError("must be a list of layer indices", source=where, field="mlp_only_layers")
     tie = obj.get("tie_word_embeddings", False)
     attention_bias = bool(obj.get("attention_bias", arch in ("qwen2", "qwen2_moe")))
+    notes = []
+    if experts and arch.startswith("deepseek") and "first_k_dense_replace" not in obj:
+        # Primus' own model_configs.json has DeepSeek entries without it; DeepSeek's configs have 1 (V2, V2-Lite), 3 (V3)
+        notes.append(
+            f"{where}: no first_k_dense_replace, so every layer is taken as MoE and the dense MLP GEMMs "
+            "of DeepSeek's first layers are left out (DeepSeek's own configs say 1 for V2/V2-Lite, 3 for V3)"
+        )
     return ModelConfig(
         name=name,
         hidden_size=hidden,
@@ -258,6 +271,7 @@ def parse_model_config(obj: Mapping[str, Any], source: str, default_name: str | 
         mlp_only_layers=tuple(mlp_only),
         source=source,
         raw=dict(obj),
+        notes=tuple(notes),
         **mla_fields,
     )
 
@@ -304,15 +318,26 @@ def load_model_configs(path: str | os.PathLike | None = None, model_name: str | 
 
 
 def select_models(configs: Sequence[ModelConfig], selection: str | Iterable[str] | None) -> list[ModelConfig]:
-    """``None``/'all' keeps every model; otherwise names (comma-separated) must exist, case-insensitively."""
+    """``None``/'all' keeps every model; otherwise names (comma-separated) must exist, case-insensitively, or be a
+    Primus name of one (``PRIMUS_NAMES``: Primus calls Mixtral "Mistral_8x7B"). Each chosen model's notes (what its
+    config left out) are printed to stderr, one line each."""
     if selection is None or selection == "all":
-        return list(configs)
-    wanted = [s.strip() for s in (selection.split(",") if isinstance(selection, str) else selection) if s.strip()]
-    by_name = {c.name.lower(): c for c in configs}
-    missing = [w for w in wanted if w.lower() not in by_name]
-    if missing:
-        raise UsageError(
-            f"unknown model {', '.join(repr(m) for m in missing)}; available: {', '.join(c.name for c in configs)}",
-            field="--model",
-        )
-    return [by_name[w.lower()] for w in wanted]
+        chosen = list(configs)
+    else:
+        wanted = [s.strip() for s in (selection.split(",") if isinstance(selection, str) else selection) if s.strip()]
+        by_name = {c.name.lower(): c for c in configs}
+
+        def find(name: str) -> ModelConfig | None:
+            return by_name.get(name.lower()) or by_name.get(PRIMUS_NAMES.get(name.lower(), ""))
+
+        missing = [w for w in wanted if find(w) is None]
+        if missing:
+            raise UsageError(
+                f"unknown model {', '.join(repr(m) for m in missing)}; available: {', '.join(c.name for c in configs)}",
+                field="--model",
+            )
+        chosen = [c for c in map(find, wanted) if c is not None]
+    for cfg in chosen:
+        for note in cfg.notes:
+            print(f"warning: {note}", file=sys.stderr)
+    return chosen
