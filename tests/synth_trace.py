@@ -114,6 +114,7 @@ def fsdp_job_lines(
     noise_every: int = 40,
     torn_every: int = 5000,
     prefix: bool = True,
+    reduce: tuple[int, int] = (9, 4),
 ) -> Iterator[str]:
     """An endless FSDP2-like job log (Llama-3-70B-ish sizes at 8 ranks), step after step.
 
@@ -129,8 +130,10 @@ def fsdp_job_lines(
     while True:
         plan = [("AllGather", root_count, 9, 0)]
         plan += [("AllGather", layer_count, 9, 0)] * layers
-        plan += [("AllGather", layer_count, 9, 0), ("ReduceScatter", layer_count, 7, 0)] * layers
-        plan += [("ReduceScatter", root_count, 7, 0), ("AllReduce", 1, 7, 0)]
+        # FSDP2 with reduce_dtype unset: reduce-scatter in bf16 with NCCL avg (op 4), as a real Llama-3-70B trace shows
+        # ``reduce`` = (NCCL datatype, op) of the reduce-scatters; (7, 4) is torchtitan's fp32 reduce_dtype
+        plan += [("AllGather", layer_count, 9, 0), ("ReduceScatter", layer_count, *reduce)] * layers
+        plan += [("ReduceScatter", root_count, *reduce), ("AllReduce", 1, 7, 0)]
         for op, count, dt, redop in plan:
             for p in procs:
                 style = LineStyle(

@@ -42,7 +42,11 @@ def test_llama3_70b_8_ranks_matches_the_nccl_trace():
     assert ag.bytes_per_rank == 106956800 * 2
     assert ag.nccl_tests_bytes == 106956800 * 2 * 8  # the gathered buffer, not the shard
     rs = rows[("layers.79", "reduce_scatter")]
-    assert (rs.count, rs.dtype, rs.calls_per_step, rs.nccl_tests_bytes) == (106956800, "fp32", 1, 106956800 * 4 * 8)
+    # the trace's "ReduceScatter … count 106956800 datatype 9 op 4": bf16 with avg, FSDP2 without a reduce_dtype
+    assert (rs.count, rs.dtype, rs.redop, rs.calls_per_step) == (106956800, "bf16", "avg", 1)
+    assert rs.nccl_tests_bytes == 106956800 * 2 * 8
+    titan = by_key(fsdp_collectives(builtin("Llama3.1_70B"), 8, reduce_dtype="fp32"))[("layers.79", "reduce_scatter")]
+    assert (titan.dtype, titan.redop, titan.nccl_tests_bytes) == ("fp32", "avg", 106956800 * 4 * 8)
     root = rows[("root", "all_gather")]
     assert root.count == (2 * 128256 * 8192 + 8192) // 8 and root.calls_per_step == 1
     assert len(rows) == 2 * 81
@@ -83,8 +87,8 @@ def test_reshard_hsdp_and_totals():
     hsdp = by_key(fsdp_collectives(cfg, 16, replicate=2, nnodes=2))
     ag, ar = hsdp[("layers.0", "all_gather")], hsdp[("layers.0", "all_reduce")]
     assert (ag.nranks, ag.nnodes) == (8, 1)
-    assert (ar.count, ar.nranks, ar.nnodes, ar.dtype, ar.redop) == (ag.count, 2, 2, "fp32", "avg")
-    assert ar.nccl_tests_bytes == ag.count * 4
+    assert (ar.count, ar.nranks, ar.nnodes, ar.dtype, ar.redop) == (ag.count, 2, 2, "bf16", "avg")
+    assert ar.nccl_tests_bytes == ag.count * 2
     only_replicas = fsdp_collectives(cfg, 4, replicate=4)  # shard groups of 1: FSDP skips AG/RS
     assert {r.collective for r in only_replicas} == {"all_reduce"}
     totals = {t["collective"]: t for t in step_totals(list(hsdp.values()))}
@@ -93,7 +97,7 @@ def test_reshard_hsdp_and_totals():
 
 
 def test_commands_use_nccl_tests_sizes_and_runs_group_by_dtype():
-    rows = fsdp_collectives(builtin("Llama3.1_70B"), 8)
+    rows = fsdp_collectives(builtin("Llama3.1_70B"), 8, reduce_dtype="fp32")  # torchtitan's fp32 reductions
     text = commands_text(rows)
     assert "./build/all_gather_perf -b 1711308800 -e 1711308800 -d bfloat16 -n 20 -w 5 -g 8" in text
     assert "mpirun -np 8 --bind-to numa ./build/all_gather_perf -b 1711308800" in text
@@ -104,7 +108,7 @@ def test_commands_use_nccl_tests_sizes_and_runs_group_by_dtype():
         (("all_gather",), "bf16", (4202708992, 1711308800)),
         (("reduce_scatter",), "fp32", (8405417984, 3422617600)),
     ]
-    same_dtype = comm_runs(fsdp_collectives(builtin("Llama3.1_70B"), 8, reduce_dtype="bf16"))
+    same_dtype = comm_runs(fsdp_collectives(builtin("Llama3.1_70B"), 8))  # the default: reduce in the param dtype
     assert len(same_dtype) == 1 and same_dtype[0].collectives == ("all_gather", "reduce_scatter")
 
 

@@ -411,13 +411,37 @@ def test_compare_fsdp_matches_reference_llama3_70b_layer_count(cli, tmp_path):
     out = tmp_path / "s.csv"
     res = cli(str(log), "--compare-fsdp", "Llama3.1_70B", "--csv", str(out))
     assert res.returncode == 0, res.stderr
-    assert "param bf16, reduce fp32" in res.stdout and "160 of 162 predicted" in res.stdout
+    assert "param bf16, reduce bf16" in res.stdout  # FSDP2's default: reduce in the param dtype, with avg
+    assert "160 of 162 predicted AllGather/ReduceScatter counts found in the log, 160 with the same" in res.stdout
     rows = list(csv.DictReader((tmp_path / "s_fsdp.csv").open()))
     layers = [r for r in rows if r["unit"].startswith("layers.")]
     assert len(layers) == 160 and all(r["matched"] == "True" and r["count"] == str(LAYER) for r in layers)
     assert {r["steps_in_log"] for r in layers} == {"2"}
     assert [r["matched"] for r in rows if r["unit"] == "root"] == ["False", "False"]
     assert "log sizes the model does not predict (2)" in res.stdout
+
+
+def test_compare_fsdp_checks_dtype_and_reduction_too(cli, tmp_path):
+    """A job that reduces in fp32 (torchtitan sets MixedPrecisionPolicy.reduce_dtype) matches on counts only,
+    and is told which flag says so; with that flag, every layer matches."""
+    import itertools
+
+    from synth_trace import fsdp_job_lines
+
+    lines = fsdp_job_lines(nranks=8, layers=80, layer_count=LAYER, torn_every=0, noise_every=0, reduce=(7, 4))
+    log = tmp_path / "titan.log"
+    log.write_text("\n".join(itertools.islice(lines, 8 * (1 + 80 + 160 + 2))) + "\n")
+    out = tmp_path / "s.csv"
+    res = cli(str(log), "--compare-fsdp", "Llama3.1_70B", "--csv", str(out))
+    assert res.returncode == 0, res.stderr
+    assert "162 of 162 predicted AllGather/ReduceScatter counts found in the log, 81 with the same" in res.stdout
+    assert "model bf16/avg, log fp32/avg" in res.stdout and "--reduce-dtype fp32" in res.stdout
+    rs = [r for r in csv.DictReader((tmp_path / "s_fsdp.csv").open()) if r["collective"] == "reduce_scatter"]
+    assert {(r["dtype"], r["redop"], r["log_dtype"], r["log_redop"], r["matched"]) for r in rs} == {
+        ("bf16", "avg", "fp32", "avg", "False")
+    }
+    titan = cli(str(log), "--compare-fsdp", "Llama3.1_70B", "--reduce-dtype", "fp32")
+    assert "162 of 162 predicted AllGather/ReduceScatter counts found in the log, 162 with the same" in titan.stdout
 
 
 def test_compare_fsdp_unknown_model_is_usage_error(cli, tmp_path):

@@ -73,8 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--reduce-dtype",
         choices=FLOAT_DTYPES,
-        default="fp32",
-        help="reduce-scatter / all-reduce dtype, MixedPrecisionPolicy.reduce_dtype",
+        default=None,
+        help="reduce-scatter / all-reduce dtype, MixedPrecisionPolicy.reduce_dtype (default: the --param-dtype, as "
+        "FSDP2 with reduce_dtype unset; torchtitan reduces in fp32)",
     )
     g.add_argument(
         "--reshard-after-forward",
@@ -160,7 +161,7 @@ def header(cfg: ModelConfig, args: argparse.Namespace) -> str:
     mode = "approx (Primus: layer weights / n, no root)" if args.mode == "approx" else "exact"
     return (
         f"== {cfg.name}: FSDP{args.fsdp_version} {mode}, world size {args.world_size} on {args.nnodes} "
-        f"node(s){hsdp}; all_gather {args.param_dtype}, reduce_scatter {args.reduce_dtype}, "
+        f"node(s){hsdp}; all_gather {args.param_dtype}, reduce_scatter {args.reduce_dtype or args.param_dtype}, "
         f"reshard_after_forward={args.reshard_after_forward}{v1}"
     )
 

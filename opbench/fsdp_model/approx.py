@@ -29,7 +29,7 @@ def approx_collectives(
     world_size: int,
     *,
     param_dtype: str = "bf16",
-    reduce_dtype: str = "fp32",
+    reduce_dtype: str | None = None,
     reshard_after_forward: bool = True,
     replicate: int = 1,
     nnodes: int = 1,
@@ -38,6 +38,7 @@ def approx_collectives(
     """Decoder layers only, count = layer weights // shard size (floor, as Primus)."""
     layout = check_layout(world_size, replicate, nnodes)
     check_dtype(param_dtype, "--param-dtype")
+    reduce_dtype = reduce_dtype or param_dtype  # FSDP2's default, as fsdp_collectives
     check_dtype(reduce_dtype, "--reduce-dtype")
     rows: list[FsdpCollective] = []
     for unit, specs in units(parameter_shapes(cfg)).items():

@@ -229,7 +229,7 @@ def fsdp_collectives(
     *,
     version: int = 2,
     param_dtype: str = "bf16",
-    reduce_dtype: str = "fp32",
+    reduce_dtype: str | None = None,
     reshard_after_forward: bool = True,
     replicate: int = 1,
     nnodes: int = 1,
@@ -239,11 +239,13 @@ def fsdp_collectives(
     """Every FSDP collective of one forward+backward step, one entry per (unit, collective).
 
     ``param_dtype`` is the all-gather dtype (MixedPrecisionPolicy.param_dtype), ``reduce_dtype`` the
-    reduce-scatter / all-reduce dtype. ``use_orig_params`` matters for FSDP1 only; ``reshard_root`` models a
+    reduce-scatter / all-reduce dtype; None reduces in ``param_dtype``, as FSDP2 does when
+    MixedPrecisionPolicy.reduce_dtype is unset (docs/conventions.md, "FSDP collective sizes"). ``use_orig_params`` matters for FSDP1 only; ``reshard_root`` models a
     root wrapped with an explicit ``reshard_after_forward=True`` (it then all-gathers again in backward).
     """
     layout = check_layout(world_size, replicate, nnodes)
     check_dtype(param_dtype, "--param-dtype")
+    reduce_dtype = reduce_dtype or param_dtype
     check_dtype(reduce_dtype, "--reduce-dtype")
     counts = unit_shard_counts(
         cfg, layout.shard, version=version, param_dtype=param_dtype, use_orig_params=use_orig_params

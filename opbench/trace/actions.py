@@ -254,7 +254,10 @@ def _dominant(rows: list[dict[str, Any]], op: str, key: str) -> Any:
 
 
 def compare_fsdp(args: argparse.Namespace, rows: list[dict[str, Any]], meta: dict[str, Any]) -> list[dict[str, Any]]:
-    """Match the log's AllGather/ReduceScatter counts against fsdp_collectives() for the same world size."""
+    """Match the log's AllGather/ReduceScatter against fsdp_collectives() for the same world size: counts, then
+    dtype and reduction. The all-gather dtype is the log's unless --param-dtype says otherwise (it is a choice of
+    the job); the reduce-scatter dtype is FSDP2's default, the param dtype, unless --reduce-dtype says otherwise,
+    so a job that reduces in fp32 (torchtitan) shows up as a dtype mismatch with a hint."""
     from opbench.core.dtypes import BY_ENUM, FLOAT_DTYPES
     from opbench.fsdp_model.model import fsdp_collectives
     from opbench.models import load_model_configs, select_models
@@ -278,52 +281,82 @@ def compare_fsdp(args: argparse.Namespace, rows: list[dict[str, Any]], meta: dic
         return found.name if found is not None and found.name in FLOAT_DTYPES else fallback
 
     param = args.param_dtype or opbench_dtype(_dominant(rows, "AllGather", "datatype"), "bf16")
-    reduce = args.reduce_dtype or opbench_dtype(_dominant(rows, "ReduceScatter", "datatype"), "fp32")
+    reduce = args.reduce_dtype or param
     predicted = fsdp_collectives(
         cfg, world, version=2, param_dtype=param, reduce_dtype=reduce, reshard_after_forward=True, replicate=1
     )
     log_by_key: dict[tuple[str, int], dict[str, Any]] = {}
     for r in rows:
         if r["op"] in ("AllGather", "ReduceScatter") and r["nranks"] == world:
-            entry = log_by_key.setdefault((r["op"], r["count"]), {"calls": 0, "dtypes": set()})
+            entry = log_by_key.setdefault((r["op"], r["count"]), {"calls": 0, "dtypes": set(), "redops": set()})
             entry["calls"] += r["calls"]
             entry["dtypes"].add(r["dtype"])
-    out, matched_keys = [], set()
+            if r["redop"]:
+                entry["redops"].add(r["redop"])
+    out: list[dict[str, Any]] = []
+    matched_keys = set()
     for c in predicted:
         if c.nccl_op not in ("AllGather", "ReduceScatter"):
             continue
         hit = log_by_key.get((c.nccl_op, c.count))
         if hit:
             matched_keys.add((c.nccl_op, c.count))
+        same = hit is not None and hit["dtypes"] == {c.dtype} and (c.redop is None or hit["redops"] == {c.redop})
         out.append(
             {
                 "unit": c.unit,
                 "collective": c.collective,
                 "count": c.count,
                 "dtype": c.dtype,
+                "redop": c.redop,
                 "nranks": c.nranks,
                 "calls_per_step": c.calls_per_step,
                 "nccl_tests_bytes": c.nccl_tests_bytes,
                 "log_calls": hit["calls"] if hit else 0,
                 "log_dtype": ",".join(sorted(hit["dtypes"])) if hit else None,
-                "matched": bool(hit),
+                "log_redop": ",".join(sorted(hit["redops"])) if hit else None,
+                "matched": same,
                 "steps_in_log": None,
             }
         )
     _steps_in_log(out, world)
     n_units = len(out)
+    n_count = sum(bool(r["log_calls"]) for r in out)
     n_hit = sum(bool(r["matched"]) for r in out)
     print(
         f"\nFSDP2 model ({cfg.name}, world {world}, param {param}, reduce {reduce}): "
-        f"{n_hit} of {n_units} predicted AllGather/ReduceScatter entries found in the log"
+        f"{n_count} of {n_units} predicted AllGather/ReduceScatter counts found in the log, "
+        f"{n_hit} with the same dtype and reduction"
     )
     print(
         summary_table(
             _group_units(out),
-            ["units", "collective", "count", "dtype", "calls_per_step", "log_calls", "matched"],
+            [
+                "units",
+                "collective",
+                "count",
+                "dtype",
+                "redop",
+                "calls_per_step",
+                "log_calls",
+                "log_dtype",
+                "log_redop",
+                "matched",
+            ],
             max_rows=40,
         )
     )
+    for r in out:
+        if r["log_calls"] and not r["matched"]:
+            hint = ""
+            if r["collective"] == "reduce_scatter" and r["log_dtype"] != r["dtype"] and not args.reduce_dtype:
+                hint = f" (a job that sets MixedPrecisionPolicy.reduce_dtype, as torchtitan: --reduce-dtype {r['log_dtype']})"
+            print(
+                f"dtype/reduction differ: {r['collective']} count {r['count']}: model {r['dtype']}"
+                f"{'/' + r['redop'] if r['redop'] else ''}, log {r['log_dtype']}"
+                f"{'/' + r['log_redop'] if r['log_redop'] else ''}{hint}"
+            )
+            break
     extra = sorted(k for k in log_by_key if k not in matched_keys)
     if extra:
         shown = ", ".join(f"{op} {count} (x{log_by_key[(op, count)]['calls']})" for op, count in extra[:10])

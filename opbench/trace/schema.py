@@ -54,17 +54,19 @@ TRACE_PER_COMM = Schema(
 TRACE_FSDP = Schema(
     benchmark="trace_fsdp",
     title="NCCL trace vs FSDP model",
-    version=2,  # 2: collective holds opbench names
+    version=3,  # 2: collective holds opbench names; 3: redop/log_redop, matched = count, dtype and reduction agree
     columns=(
         "unit",
         "collective",
         "count",
         "dtype",
+        "redop",
         "nranks",
         "calls_per_step",
         "nccl_tests_bytes",
         "log_calls",
         "log_dtype",
+        "log_redop",
         "matched",
         "steps_in_log",
     ),
