@@ -192,3 +192,36 @@ def test_dry_run_writes_planned_rows(tmp_path):
     assert (mla.seqlen_q, mla.num_head_q, mla.num_head_kv, mla.head_dim_qk, mla.head_dim_v) == (2048, 8, 8, 192, 128)
     assert mla.batch_size == 1 and mla.fwd_flops == pytest.approx(2 * 8 * 2048 * 1024 * (192 + 128), rel=1e-5)
     assert df.fwd_time.isna().all()
+
+
+def test_a_users_shapes_are_measured_at_their_lengths_on_cpu(tmp_path, capsys):
+    """Only the built-in shapes are scaled down on a CPU: a shapes file's 256 tokens run as 256."""
+    import pandas as pd
+
+    shapes = tmp_path / "mine.json"
+    shapes.write_text(
+        json.dumps(
+            [
+                {
+                    "model": "mine",
+                    "seqlen_q": 256,
+                    "seqlen_kv": 256,
+                    "num_head_q": 2,
+                    "num_head_kv": 2,
+                    "head_dim_qk": 32,
+                    "head_dim_v": 32,
+                    "causal": True,
+                }
+            ]
+        )
+    )
+    out = tmp_path / "o.csv"
+    argv = ["--shapes-json-path", str(shapes), "--backends", "math", "--passes", "fwd", "--report-csv-path", str(out)]
+    assert main(argv) == 0
+    row = pd.read_csv(out).iloc[0]
+    assert (row.seqlen_q, row.seqlen_kv, row.status) == (256, 256, "ok") and row.fwd_time > 0
+    assert "scaled down" not in capsys.readouterr().err
+    assert main(["--model-config-path", "builtin", "--model", "Llama3.1_8B", *argv[2:]]) == 0  # built-in: scaled
+    assert (
+        pd.read_csv(out).iloc[0].seqlen_q == 128 and "built-in shapes' seqlens scaled down" in capsys.readouterr().err
+    )

@@ -123,6 +123,16 @@ def resolve_shapes(args: argparse.Namespace) -> list[AttentionShape]:
     return select_shapes(load_attention_shapes(args.shapes_json_path), args.model)
 
 
+def builtin_shapes(args: argparse.Namespace) -> bool:
+    """True when the shapes are opbench's defaults (the shipped shapes file, or the built-in model configs at
+    their own seqlen): only those are scaled down on a CPU. A user's file or --seqlen is measured as given."""
+    if args.shapes_json_path:
+        return False
+    if args.model_config_path:
+        return args.model_config_path == "builtin" and args.seqlen is None
+    return True
+
+
 def check_choices(values: Sequence[str], allowed: Sequence[str], flag: str) -> None:
     bad = [v for v in values if v not in allowed]
     if bad:
@@ -152,10 +162,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     timing = timing_config(args)
     max_seqlen = args.max_seqlen
     if device.type == "cpu" and not args.dry_run:
-        if max_seqlen is None:
+        if max_seqlen is None and builtin_shapes(args):
             max_seqlen = CPU_MAX_SEQLEN
             print(
-                f"note: CPU run: seqlens scaled down to at most {CPU_MAX_SEQLEN} (--max-seqlen 0 for the real lengths)",
+                f"note: CPU run: the built-in shapes' seqlens scaled down to at most {CPU_MAX_SEQLEN} "
+                "(--max-seqlen 0 for the real lengths; shapes you give are measured as given)",
                 file=sys.stderr,
             )
         if not any(getattr(args, f) not in (None, False) for f in TIMING_FLAGS):
