@@ -194,27 +194,19 @@ def test_dry_run_writes_planned_rows(tmp_path):
     assert df.fwd_time.isna().all()
 
 
+def _user_shapes(tmp_path, seqlen: int):
+    """A user's shapes file with one small causal MHA shape of ``seqlen`` tokens."""
+    path = tmp_path / "mine.json"
+    shape = {"model": "mine", "seqlen_q": seqlen, "seqlen_kv": seqlen, "num_head_q": 2, "num_head_kv": 2}
+    path.write_text(json.dumps([{**shape, "head_dim_qk": 32, "head_dim_v": 32, "causal": True}]))
+    return path
+
+
 def test_a_users_shapes_are_measured_at_their_lengths_on_cpu(tmp_path, capsys):
     """Only the built-in shapes are scaled down on a CPU: a shapes file's 256 tokens run as 256."""
     import pandas as pd
 
-    shapes = tmp_path / "mine.json"
-    shapes.write_text(
-        json.dumps(
-            [
-                {
-                    "model": "mine",
-                    "seqlen_q": 256,
-                    "seqlen_kv": 256,
-                    "num_head_q": 2,
-                    "num_head_kv": 2,
-                    "head_dim_qk": 32,
-                    "head_dim_v": 32,
-                    "causal": True,
-                }
-            ]
-        )
-    )
+    shapes = _user_shapes(tmp_path, 256)
     out = tmp_path / "o.csv"
     argv = ["--shapes-json-path", str(shapes), "--backends", "math", "--passes", "fwd", "--report-csv-path", str(out)]
     assert main(argv) == 0
@@ -225,3 +217,15 @@ def test_a_users_shapes_are_measured_at_their_lengths_on_cpu(tmp_path, capsys):
     assert (
         pd.read_csv(out).iloc[0].seqlen_q == 128 and "built-in shapes' seqlens scaled down" in capsys.readouterr().err
     )
+
+
+def test_noisy_passes_are_noted_with_their_spread(tmp_path):
+    import pandas as pd
+
+    shapes = _user_shapes(tmp_path, 64)
+    out = tmp_path / "o.csv"
+    argv = ["--shapes-json-path", str(shapes), "--backends", "math", "--passes", "fwd,bwd", "--quick"]
+    assert main([*argv, "--max-spread", "0", "--report-csv-path", str(out)]) == 0  # nothing is that steady
+    row = pd.read_csv(out).iloc[0]
+    assert row.status == "ok" and "noisy fwd: IQR" in row.note and "noisy bwd: IQR" in row.note
+    assert row.fwd_time_iqr_rel > 0 and row.bwd_time_iqr_rel > 0

@@ -151,6 +151,21 @@ def test_raw_shapes_as_primus_mnk(run, tmp_path):
         assert float(x["tflops"]) == pytest.approx(2 * int(x["m"]) * int(x["n"]) * int(x["k"]) / t / 1e12, rel=1e-3)
 
 
+def test_noisy_rows_are_marked_and_listed_by_the_report(run, tmp_path):
+    """--max-spread 0: no spread is small enough, so every row ends noisy (status ok, a note), with its IQR."""
+    res = tmp_path / "res"
+    r = run("opbench.gemm", "--mnk", "64x64x64,32x32x32", "--quick", "--max-spread", "0", "--report-dir-path", str(res))
+    assert r.returncode == 0, r.stderr
+    rows = read(res / "benchmark_gemm_raw.csv")
+    assert all(
+        x["status"] == "ok" and x["note"].startswith("noisy: IQR ") and float(x["time_iqr_rel"]) > 0 for x in rows
+    )
+    rep = run("opbench.report", str(res), "--report-dir-path", str(tmp_path / "rep"))
+    assert rep.returncode == 0, rep.stderr
+    text = (tmp_path / "rep" / "report.md").read_text()
+    assert "2 row(s) are noisy" in text and "Noisy rows" in text and text.count("noisy: IQR") >= 2
+
+
 @pytest.mark.parametrize(
     "args,needle",
     [

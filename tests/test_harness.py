@@ -3,6 +3,7 @@
 import csv
 import json
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import torch
 
 from opbench.core.results import CsvReport, environment, sidecar_path
 from opbench.core.schema import Schema
-from opbench.core.timing import Stats, TimingConfig, measure, rotation_count
+from opbench.core.timing import Stats, TimingConfig, measure, noisy_note, rotation_count
 
 CPU = torch.device("cpu")
 
@@ -51,6 +52,25 @@ def test_iteration_cap_and_budget():
         lambda: time.sleep(0.01), CPU, TimingConfig(min_iters=3, max_iters=10_000, rel_tol=0.0, budget_s=0.3)
     )
     assert time.perf_counter() - t0 < 3 and stats.iters < 200
+
+
+def test_spread_rule_keeps_timing_a_bimodal_call_and_flags_it_noisy():
+    """Median-stable but bimodal (2 ms / 8 ms alternately): the spread rule keeps going to the budget and the
+    result is marked noisy; a steady call stops early and is not."""
+    flip = [0]
+
+    def bimodal() -> None:
+        flip[0] ^= 1
+        time.sleep(0.008 if flip[0] else 0.002)
+
+    cfg = TimingConfig(warmup_iters=1, min_iters=8, max_iters=10_000, rel_tol=0.5, max_spread=0.1, budget_s=0.4)
+    t0 = time.perf_counter()
+    noisy = measure(bimodal, CPU, cfg)
+    assert noisy.noisy and noisy.iqr_rel > 0.5 and time.perf_counter() - t0 >= 0.35  # ran to the budget
+    steady = measure(lambda: time.sleep(0.004), CPU, replace(cfg, max_spread=10.0))
+    assert not steady.noisy and steady.iters < noisy.iters
+    assert Stats.from_samples([1.0, 1.0, 2.0, 4.0, 4.0]).iqr_rel == pytest.approx((4 - 1) / 2)
+    assert noisy_note(noisy, "fwd").startswith("noisy fwd: IQR ")
 
 
 def test_rotation_count_covers_cache():

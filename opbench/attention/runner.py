@@ -19,7 +19,7 @@ import torch
 
 from opbench.core.device import torch_dtype
 from opbench.core.sweep import STATUS_ERROR, STATUS_OK, STATUS_UNSUPPORTED, Unsupported
-from opbench.core.timing import Stats, TimingConfig, measure
+from opbench.core.timing import Stats, TimingConfig, measure, noisy_note
 
 from .backends import BACKENDS, from_layout, to_layout
 from .flops import attention_flops
@@ -179,6 +179,11 @@ def run_case(
     if prepared.untimed_reason:
         return {**row, "status": STATUS_UNSUPPORTED, "error": prepared.untimed_reason}
     q, k, v = (to_layout(t, backend.layout).detach().requires_grad_() for t in (problem.q, problem.k, problem.v))
+    noisy = []
     for pass_, stats in time_passes(prepared.fn, q, k, v, passes, device, config).items():
         row.update(_stats_columns(pass_, stats, attention_flops(case.shape, case.batch_size, pass_)))
+        if stats.noisy:
+            noisy.append(noisy_note(stats, pass_))
+    if noisy:
+        row["note"] = "; ".join(filter(None, [row.get("note"), *noisy]))
     return {**row, "status": STATUS_OK, "error": None}

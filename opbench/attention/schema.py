@@ -11,6 +11,7 @@ STAT_SUFFIXES = {
     "time_p90": "p90",
     "time_max": "max",
     "time_std": "std",
+    "time_iqr_rel": "iqr_rel",
     "iters": "iters",
 }
 PASS_COLUMNS = tuple(f"{p}_{s}" for p in PASSES for s in (*STAT_SUFFIXES, "tflops"))
@@ -32,7 +33,7 @@ SHAPE_COLUMNS = (
 SCHEMA = Schema(
     benchmark="attention",
     title="Attention",
-    version=1,
+    version=2,  # 2: <pass>_time_iqr_rel, noisy passes in note
     columns=(
         *SHAPE_COLUMNS,
         *PASS_COLUMNS,

@@ -154,6 +154,13 @@ def add_timing_args(parser: argparse.ArgumentParser, note: str = "") -> None:
         help=f"stop when the median is stable to this fraction (default: {d.rel_tol:g})",
     )
     g.add_argument(
+        "--max-spread",
+        type=float,
+        default=None,
+        help="... and the interquartile range is at most this fraction of the median; rows that end wider "
+        f"are marked noisy (default: {d.max_spread:g})",
+    )
+    g.add_argument(
         "--budget", type=float, default=None, help=f"seconds of timed calls per shape (default: {d.budget_s:g})"
     )
     g.add_argument(
@@ -272,6 +279,7 @@ def timing_config(args: argparse.Namespace):
         "min_iters": args.min_iters,
         "max_iters": args.max_iters,
         "rel_tol": args.rel_tol,
+        "max_spread": args.max_spread,
         "budget_s": args.budget,
     }
     for key, value in overrides.items():

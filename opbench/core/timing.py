@@ -5,7 +5,9 @@ around a synchronised call on CPU. On GPU each batch starts behind a device-side
 needs to enqueue the batch, so the events bracket back-to-back kernels rather than the host's launch latency
 (without it a 1024³ bf16 GEMM on an H100 read 29 µs per call instead of 9 µs), and calls under 50 µs are timed
 in groups, one event pair per group. Calls run in batches after a warm-up until the median is stable to
-``rel_tol`` between batches, or the time budget / iteration cap is reached. Cache-cold measurement is the
+``rel_tol`` between batches and the spread (interquartile range / median, as torch.utils.benchmark's
+adaptive_autorange) is at most ``max_spread``, or the time budget / iteration cap is reached; a measurement that
+ends with a wider spread is marked ``noisy``. Cache-cold measurement is the
 caller's ``before`` hook (operand rotation), which runs outside the timed region.
 """
 
@@ -39,6 +41,8 @@ class Stats:
     p10: float
     p90: float
     iters: int
+    iqr_rel: float = 0.0  # (p75 - p25) / median: the spread the stop rule and the noisy flag look at
+    noisy: bool = False  # the measurement ended (budget or iteration cap) with iqr_rel above max_spread
 
     @classmethod
     def from_samples(cls, samples: list[float] | np.ndarray) -> Stats:
@@ -54,10 +58,20 @@ class Stats:
             p10=float(np.percentile(arr, 10)),
             p90=float(np.percentile(arr, 90)),
             iters=int(arr.size),
+            iqr_rel=spread(arr),
         )
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def spread(samples: list[float] | np.ndarray) -> float:
+    """Interquartile range over the median (0 for fewer than 4 samples or a zero median)."""
+    arr = np.asarray(samples, dtype=np.float64)
+    if arr.size < 4:
+        return 0.0
+    q25, q50, q75 = np.percentile(arr, (25, 50, 75))
+    return float((q75 - q25) / q50) if q50 > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -66,7 +80,8 @@ class TimingConfig:
     warmup_s: float = 0.05  # ... and at least this long
     min_iters: int = 5
     max_iters: int = 1000
-    rel_tol: float = 0.02  # stop when the median moves less than this between batches
+    rel_tol: float = 0.02  # stop when the median moves less than this between batches ...
+    max_spread: float = 0.1  # ... and the IQR is at most this fraction of the median (else: noisy at the end)
     budget_s: float = 2.0  # per measured shape, timed calls only
 
     @classmethod
@@ -224,8 +239,15 @@ def measure(
         if len(samples) >= config.min_iters:
             if spent >= config.budget_s:
                 break
-            if prev_median is not None and abs(median - prev_median) <= config.rel_tol * median:
+            stable = prev_median is not None and abs(median - prev_median) <= config.rel_tol * median
+            if stable and spread(samples) <= config.max_spread:
                 break
         prev_median = median
     stats = Stats.from_samples(samples)
+    stats = replace(stats, noisy=stats.iqr_rel > config.max_spread)
     return replace(stats, iters=stats.iters * group) if group > 1 else stats
+
+
+def noisy_note(stats: Stats, what: str = "") -> str:
+    """The row note of a noisy measurement: how wide its spread stayed."""
+    return f"noisy{' ' + what if what else ''}: IQR {100 * stats.iqr_rel:.0f}% of the median"

@@ -11,7 +11,7 @@ import torch
 from opbench.core.device import DeviceInfo, torch_dtype
 from opbench.core.dtypes import element_size
 from opbench.core.sweep import STATUS_OK, Unsupported
-from opbench.core.timing import TimingConfig, measure, rotation_count
+from opbench.core.timing import TimingConfig, measure, noisy_note, rotation_count
 
 from .backends import BACKENDS
 from .shapes import GemmShape
@@ -121,6 +121,7 @@ def run_case(case: GemmCase, info: DeviceInfo, timing: TimingConfig, cold: bool 
         "time_p90_s": stats.p90,
         "time_max_s": stats.max,
         "time_std_s": stats.std,
+        "time_iqr_rel": stats.iqr_rel,
         "iters": stats.iters,
         "tflops": tflops,
         "bandwidth_gbs": shape.bytes_moved(elt) / stats.median / 1e9,
@@ -128,4 +129,5 @@ def run_case(case: GemmCase, info: DeviceInfo, timing: TimingConfig, cold: bool 
         "max_rel_err": err,
         "status": STATUS_OK,
         "error": None,
+        "note": noisy_note(stats) if stats.noisy else None,
     }

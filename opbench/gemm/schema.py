@@ -5,7 +5,7 @@ from opbench.core.schema import Schema
 SCHEMA = Schema(
     benchmark="gemm",
     title="GEMM",
-    version=1,
+    version=2,  # 2: time_iqr_rel and note (noisy rows)
     columns=(
         "model",
         "layer",
@@ -26,6 +26,7 @@ SCHEMA = Schema(
         "time_p90_s",
         "time_max_s",
         "time_std_s",
+        "time_iqr_rel",
         "iters",
         "tflops",
         "bandwidth_gbs",
@@ -33,6 +34,7 @@ SCHEMA = Schema(
         "max_rel_err",
         "status",
         "error",
+        "note",
         "seqlen",
         "tp",
         "ep",

@@ -545,7 +545,23 @@ def build_section(found: Discovery, kind: str, top: int | None, other: Discovery
     else:
         section.tables.append(sorted_table(ok, spec, columns, None, top))
     section.tables += [Table(title, frame) for title, frame in EXTRA_TABLES.get(kind, lambda f: [])(ok)]
+    noisy = noisy_rows(ok, kind)
+    if not noisy.empty:
+        section.notes.append(
+            f"{len(noisy)} row(s) are noisy: their spread (IQR / median) stayed above the stop rule's limit "
+            "until the time budget ran out; rerun them on a quieter machine or with a larger --budget."
+        )
+        section.tables.append(Table("Noisy rows", noisy))
     return section
+
+
+def noisy_rows(ok: pd.DataFrame, kind: str) -> pd.DataFrame:
+    """Measured rows whose note says the timing was noisy (core.timing), with what identifies them."""
+    if "note" not in ok:
+        return ok.iloc[0:0]
+    bad = ok[ok["note"].astype(str).str.contains("noisy", na=False)]
+    keys = [c for c in SCHEMAS[kind].keys if c in bad and bad[c].nunique(dropna=True) > 1]
+    return bad[[*(keys or [c for c in SCHEMAS[kind].keys if c in bad][:3]), "note"]]
 
 
 def build_sections(found: Discovery, top: int | None = None, other: Discovery | None = None) -> list[Section]:
