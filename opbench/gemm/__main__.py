@@ -23,7 +23,21 @@ from .runner import GemmCase, run_case
 from .schema import SCHEMA
 from .shapes import ALL_LAYERS, LAYOUTS, PASSES, RAW, GemmShape, ModelParallel, gemm_shapes, parse_mnk, raw_shapes
 
-SUMMARY = ["layer", "pass", "mbs", "m", "n", "k", "groups", "backend", "time_s", "tflops", "pct_of_peak", "status", "note"]
+SUMMARY = [
+    "layer",
+    "pass",
+    "mbs",
+    "m",
+    "n",
+    "k",
+    "groups",
+    "backend",
+    "time_s",
+    "tflops",
+    "pct_of_peak",
+    "status",
+    "note",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
