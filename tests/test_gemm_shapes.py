@@ -90,10 +90,42 @@ def test_deepseek_v3_mla_dense_first_and_shared():
     assert got["mla_kv_up"] == (4096, 32 * (128 + 128), 512, 1)
     assert got["attn_out"] == (4096, 7168, 32 * 128, 1)
     assert got["mlp_gate_up"] == (4096, 2 * 18432 // 4, 7168, 1)  # dense first_k layers
-    assert got["expert_gate_up"] == (4096 * 8 * 8 // 256, 2 * 2048, 7168, 32)
-    assert got["shared_gate_up"] == (4096, 2 * 2048 // 4, 7168, 1)  # 1 shared expert × 2048, TP-split
-    assert got["router"] == (4096, 256, 7168, 1)
+    # Megatron: etp defaults to tp = 4; the router sees T/tp = 1024 tokens; rows = 1024·4·8·8/256 = 1024
+    assert got["expert_gate_up"] == (1024, 2 * 2048 // 4, 7168, 32)
+    assert got["shared_gate_up"] == (4096, 2 * 2048 // 4, 7168, 1)  # 1 shared expert × 2048, TP-split, all T
+    assert got["router"] == (1024, 256, 7168, 1)
     assert "qkv" not in got and "mla_q" not in got
+
+
+def test_moe_under_tp_follows_megatron_core_mixtral_worked_example():
+    """Mixtral-8x7B, seqlen 4096, mbs 1, tp 4, ep 2 (docs/conventions.md, "MoE under tensor parallelism")."""
+    got = fwd(gemm_shapes(model("Mixtral_8x7B"), [1], 4096, ModelParallel(tp=4, ep=2)))
+    assert got["router"] == (1024, 8, 4096, 1)  # T/tp: sequence parallel
+    assert got["expert_gate_up"] == (2048, 7168, 4096, 4)  # etp = tp = 4: 4·2·1024·2/8 rows, N = 2·14336/4
+    assert got["expert_down"] == (2048, 4096, 3584, 4)
+    assert got["qkv"][0] == 4096 and got["lm_head"][0] == 4096  # dense layers unchanged (all-gathered T)
+    not_split = fwd(gemm_shapes(model("Mixtral_8x7B"), [1], 4096, ModelParallel(tp=4, ep=2, etp=1)))
+    assert not_split["expert_gate_up"] == (512, 28672, 4096, 4)  # 1·2·1024·2/8 rows, experts whole
+    assert not_split["router"] == (1024, 8, 4096, 1)
+
+
+def test_moe_under_tp_dense_first_and_shared_experts():
+    """DeepSeek-V2-Lite (a dense first layer, 2 shared experts) and Qwen3-30B-A3B (no shared) at tp 2, ep 4."""
+    ds = fwd(gemm_shapes(model("DeepSeek_V2_Lite"), [2], 2048, ModelParallel(tp=2, ep=4)))
+    t = 2 * 2048
+    assert ds["mlp_gate_up"] == (t, 2 * 10944 // 2, 2048, 1)  # the dense first layer: an ordinary TP MLP
+    assert ds["shared_gate_up"] == (t, 2 * 2 * 1408 // 2, 2048, 1)  # shared experts: TP MLP on all T tokens
+    assert ds["router"] == (t // 2, 64, 2048, 1)
+    assert ds["expert_gate_up"] == (-(-(t // 2) * 2 * 4 * 6 // 64), 2 * 1408 // 2, 2048, 16)  # 768 rows
+    qw = fwd(gemm_shapes(model("Qwen3_30B_A3B"), [1], 4096, ModelParallel(tp=2, ep=8, etp=1)))
+    assert qw["expert_gate_up"] == (2048 * 8 * 8 // 128, 2 * 768, 2048, 16) and "shared_gate_up" not in qw
+
+
+def test_moe_under_tp_validation_names_the_flag():
+    with pytest.raises(UsageError, match="--tp"):  # 3 tokens cannot be split over 2 sequence-parallel ranks
+        gemm_shapes(model("Mixtral_8x7B"), [1], 3, ModelParallel(tp=2, ep=1, etp=1), layers=["router"])
+    with pytest.raises(UsageError, match="--etp"):  # 14336 is not divisible by 3
+        gemm_shapes(model("Mixtral_8x7B"), [1], 4096, ModelParallel(etp=3))
 
 
 def test_deepseek_v2_lite_single_q_projection():

@@ -49,7 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size")
     p.add_argument("--ep", type=positive_int, default=1, help="expert-parallel size")
     p.add_argument("--cp", type=positive_int, default=1, help="context-parallel size (divides the token count)")
-    p.add_argument("--etp", type=positive_int, default=1, help="expert tensor-parallel size")
+    p.add_argument(
+        "--etp",
+        type=positive_int,
+        default=None,
+        help="expert tensor-parallel size (default: --tp, as Megatron-Core; 1 = experts not TP-split)",
+    )
     p.add_argument("--passes", type=csv_list(), default=list(PASSES), help="any of fwd,dgrad,wgrad")
     p.add_argument("--layers", type=csv_list(), default=None, help=f"subset of {','.join(ALL_LAYERS)} (default: all)")
     p.add_argument(
@@ -144,7 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     timing = timing_config(args)
     for name, model_config, seqlen, shapes in plans:
         cases = expand_cases(shapes, args.backends, dtype)
-        extra_cols = {"seqlen": seqlen, "tp": par.tp, "ep": par.ep, "cp": par.cp, "device": info.name}
+        extra_cols: dict[str, Any] = {"seqlen": seqlen, "tp": par.tp, "ep": par.ep, "cp": par.cp}
+        extra_cols.update(etp=par.expert_tp, device=info.name)
         meta = environment(
             device,
             {

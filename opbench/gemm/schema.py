@@ -5,7 +5,7 @@ from opbench.core.schema import Schema
 SCHEMA = Schema(
     benchmark="gemm",
     title="GEMM",
-    version=2,  # 2: time_iqr_rel and note (noisy rows)
+    version=2,  # 2: time_iqr_rel, note (noisy rows), etp
     columns=(
         "model",
         "layer",
@@ -39,6 +39,7 @@ SCHEMA = Schema(
         "tp",
         "ep",
         "cp",
+        "etp",
         "device",
     ),
     keys=("model", "layer", "pass", "mbs", "m", "n", "k", "groups", "dtype", "backend", "tp", "ep", "cp"),

@@ -27,7 +27,12 @@ class ModelParallel:
     tp: int = 1
     ep: int = 1
     cp: int = 1
-    etp: int = 1  # expert tensor parallel (Megatron --expert-tensor-parallel-size); 1 = experts not TP-split
+    etp: int | None = None  # expert tensor parallel (Megatron --expert-tensor-parallel-size); None = tp, as Megatron
+
+    @property
+    def expert_tp(self) -> int:
+        """The expert weights' TP split: --etp, defaulting to --tp as Megatron-Core does (1 = not TP-split)."""
+        return self.etp if self.etp is not None else self.tp
 
 
 @dataclass(frozen=True)
@@ -107,12 +112,15 @@ def padded_vocab(vocab: int, tp: int) -> int:
     return math.ceil(vocab / mult) * mult
 
 
-def tokens_per_expert(tokens: int, top_k: int, n_experts: int, ep: int) -> int:
-    """Rows of one expert's GEMM under balanced routing: T·ep·top_k / n_experts, rounded up (docs/conventions.md, "GEMM shapes of a training step").
+def tokens_per_expert(tokens: int, top_k: int, n_experts: int, ep: int, etp: int = 1) -> int:
+    """Rows of one local expert's GEMM under balanced routing: ``tokens`` (the rank's sequence-parallel share,
+    T/tp) · etp · ep · top_k / n_experts, rounded up (docs/conventions.md, "GEMM shapes of a training step",
+    "MoE under tensor parallelism").
 
-    With EP the all-to-all brings every EP rank's tokens for the local experts, so a rank's grouped GEMM
-    still covers T·top_k rows in total; without EP (ep=1) this is Primus' "balance_seq"."""
-    return math.ceil(tokens * ep * top_k / n_experts)
+    The dispatcher's all-to-all over EP brings every EP rank's tokens for the local experts and the expert-TP
+    group gathers them, so with etp = tp a rank's grouped GEMM covers T·top_k rows in total; with tp = etp = ep
+    = 1 this is Primus' "balance_seq"."""
+    return math.ceil(tokens * etp * ep * top_k / n_experts)
 
 
 def model_layers(cfg: ModelConfig, tokens: int, par: ModelParallel) -> list[LinearLayer]:
@@ -143,10 +151,14 @@ def model_layers(cfg: ModelConfig, tokens: int, par: ModelParallel) -> list[Line
         out.append(LinearLayer("mlp_gate_up", 2 * inter, cfg.hidden_size, tokens))
         out.append(LinearLayer("mlp_down", cfg.hidden_size, inter, tokens))
     if cfg.is_moe:
+        # Megatron-Core: MoE with TP needs sequence parallelism, so the router and the dispatcher see the rank's
+        # T/tp tokens; experts are split by etp (default tp). Shared experts are ordinary TP MLPs on all T tokens.
+        etp = par.expert_tp
+        local = _divide(tokens, tp, f"{name}: tokens mbs·seqlen/cp (sequence parallel with MoE)", "--tp")
         experts = _divide(cfg.n_routed_experts, par.ep, f"{name}: n_routed_experts", "--ep")
-        e_inter = _divide(cfg.expert_intermediate_size, par.etp, f"{name}: moe_intermediate_size", "--etp")
-        rows = tokens_per_expert(tokens, cfg.num_experts_per_tok, cfg.n_routed_experts, par.ep)
-        out.append(LinearLayer("router", cfg.n_routed_experts, cfg.hidden_size, tokens))
+        e_inter = _divide(cfg.expert_intermediate_size, etp, f"{name}: moe_intermediate_size", "--etp")
+        rows = tokens_per_expert(local, cfg.num_experts_per_tok, cfg.n_routed_experts, par.ep, etp)
+        out.append(LinearLayer("router", cfg.n_routed_experts, cfg.hidden_size, local))
         out.append(LinearLayer("expert_gate_up", 2 * e_inter, cfg.hidden_size, rows, experts))
         out.append(LinearLayer("expert_down", cfg.hidden_size, e_inter, rows, experts))
         if cfg.shared_intermediate_size:
@@ -166,7 +178,7 @@ def gemm_shapes(
     passes: Iterable[str] = PASSES,
 ) -> list[GemmShape]:
     """All (layer, pass, mbs) GEMMs of one rank's training step, in model order."""
-    for flag, value in (("--tp", par.tp), ("--ep", par.ep), ("--cp", par.cp), ("--etp", par.etp)):
+    for flag, value in (("--tp", par.tp), ("--ep", par.ep), ("--cp", par.cp), ("--etp", par.expert_tp)):
         if value < 1:
             raise UsageError(f"must be positive, got {value}", field=flag)
     seq = seqlen or cfg.seqlen
