@@ -314,3 +314,17 @@ def test_bad_input_is_one_line_exit_2(argv, needle, tmp_path, capsys):
     assert run_cli(main, [*argv, "--report-dir-path", str(tmp_path)], prog="opbench comm") == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0] and "Traceback" not in err[0]
+
+
+def test_dry_run_plans_every_mbs_with_nccl_tests_lines(run):
+    """Primus' scripts sweep micro-batch sizes: --mbs is a list, and --dry-run prints each planned case and its
+    nccl-tests / rccl-tests line without launching ranks."""
+    r = run(
+        "opbench", "comm", "--dry-run", "--nproc-per-node", "8", "--model", "Llama3.1_8B", "--tp", "2", "--mbs", "1,2"
+    )
+    assert r.returncode == 0, r.stderr
+    ar = [line for line in r.stdout.splitlines() if line.startswith("all_reduce ")]
+    assert len(ar) == 2 and "mbs·seq·hidden=1·8192·4096" in ar[0] and "mbs·seq·hidden=2·8192·4096" in ar[1]
+    assert ar[0].split()[1:3] == ["67108864", "33554432"] and ar[1].split()[1:3] == ["134217728", "67108864"]
+    assert "./build/all_reduce_perf -b 67108864 -e 67108864 -d bfloat16 -o sum -n 20 -w 5 -g 2" in r.stdout
+    assert "./build/all_reduce_perf -b 134217728 -e 134217728 -d bfloat16 -o sum -n 20 -w 5 -g 2" in r.stdout
