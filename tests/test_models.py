@@ -303,3 +303,13 @@ def test_primus_deepseek_rows_have_no_dense_mlp_and_say_why(run, tmp_path):
         line.split(",")[1] for line in (tmp_path / "benchmark_gemm_Deepseek_V2_Lite.csv").read_text().splitlines()[1:]
     }
     assert "mlp_gate_up" not in layers and {"expert_gate_up", "shared_gate_up", "mla_kv_down"} <= layers
+
+
+def test_primus_dense_mistral_entry_warns_that_it_is_timed_dense(tmp_path, capsys):
+    """Primus' model_configs.json lists Mistral_8x7B with dense keys only: it loads, and says what that means."""
+    entry = {**PRIMUS_LLAMA, "model": "Mistral_8x7B", "intermediate_size": 14336, "num_key_value_heads": 8}
+    path = tmp_path / "model_configs.json"
+    path.write_text(json.dumps([entry]))
+    (cfg,) = select_models(load_model_configs(str(path)), "Mistral_8x7B")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert not cfg.is_moe and len(err) == 1 and "timed as a dense model" in err[0]

@@ -240,6 +240,12 @@ def parse_model_config(obj: Mapping[str, Any], source: str, default_name: str | 
     tie = obj.get("tie_word_embeddings", False)
     attention_bias = bool(obj.get("attention_bias", arch in ("qwen2", "qwen2_moe")))
     notes = []
+    if not experts and (arch == "mixtral" or name.lower() in PRIMUS_NAMES):
+        # Primus' own model_configs.json lists Mistral_8x7B/8x22B with dense keys only
+        notes.append(
+            f"{where}: no expert fields (n_routed_experts/num_local_experts), so this Mixtral is timed as a dense "
+            "model; the built-in config of the same name has its 8 experts (leave out --model-config-path)"
+        )
     if experts and arch.startswith("deepseek") and "first_k_dense_replace" not in obj:
         # Primus' own model_configs.json has DeepSeek entries without it; DeepSeek's configs have 1 (V2, V2-Lite), 3 (V3)
         notes.append(
