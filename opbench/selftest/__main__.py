@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     path = cli.output_csv(args, CSV_NAME)
     report = CsvReport(path, SCHEMA, meta=environment(device)) if path else None
     rows: list[dict[str, Any]] = []
-    with checks.workdir() as tmp:
+    with tempfile.TemporaryDirectory(prefix="opbench-selftest-") as tmp:
         work = Path(tmp)
         runs = {
             "gemm": lambda: checks.gemm_rows(device, dtype, timing),

@@ -15,7 +15,6 @@ import math
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -149,7 +148,8 @@ def comm_rows(device: torch.device, work: Path) -> Iterator[dict[str, Any]]:
         )
         return
     for r in rows:
-        wrong = _int(r.get("wrong"))
+        wrong_count = _float(r.get("wrong"))
+        wrong = None if wrong_count is None else int(wrong_count)
         ok = r.get("status") == STATUS_OK and wrong == 0
         yield row(
             "comm",
@@ -223,19 +223,8 @@ def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: " + " ".join(str(exc).split())[:200]
 
 
-def _int(text: str | None) -> int | None:
-    try:
-        return int(float(text)) if text not in (None, "") else None
-    except ValueError:
-        return None
-
-
 def _float(text: str | None) -> float | None:
     try:
         return float(text) if text not in (None, "") else None
     except ValueError:
         return None
-
-
-def workdir() -> tempfile.TemporaryDirectory[str]:
-    return tempfile.TemporaryDirectory(prefix="opbench-selftest-")

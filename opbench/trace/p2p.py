@@ -61,6 +61,16 @@ Shape = tuple[int, int, int, list[bool], frozenset[int], frozenset[int]]
 _PEER0 = 1 << 30  # peers are stored shifted by this in line codes (root may be negative in odd logs)
 
 
+def alltoall_count(counts: list[bytes], sends: Iterable[bool], n: int) -> tuple[str, int]:
+    """(op, count) of an all-to-all group from its lines' counts as logged: ``AlltoAll`` with the per-peer count
+    when all are equal, else ``AlltoAllv`` with ceil(elements sent / n) (the module docstring's rule)."""
+    if counts.count(counts[0]) == len(counts) or (
+        min(counts)[:1] == b"0" and len(set(map(int, counts))) == 1  # "08" is 8
+    ):
+        return ("AlltoAll", int(counts[0]))
+    return ("AlltoAllv", -(-sum(map(int, compress(counts, sends))) // n))
+
+
 class Group:
     """One run of Send/Recv lines of one stream with one opCount. ``items`` are what was fed: LineKey tuples
     or CallRecords, in log order; ``records`` says whether any is a CallRecord."""
@@ -90,11 +100,7 @@ class Group:
                 dtypes = {rest_fields(rest)[0] for rest in map(_REST, items)}
             if len(dtypes) != 1:
                 return None
-            counts = set(map(int, map(_COUNT, items)))
-            if len(counts) == 1:
-                return ("AlltoAll", counts.pop())
-            sent = compress(map(_COUNT, items), map(_SEND.__eq__, map(_P2P, items)))
-            return ("AlltoAllv", -(-sum(map(int, sent)) // n))
+            return alltoall_count(list(map(_COUNT, items)), map(_SEND.__eq__, map(_P2P, items)), n)
         sends: list[int] = []
         num: set[int] = set()
         dts: set[int] = set()
@@ -240,14 +246,8 @@ class P2pGrouper:
                 self._walk(keys[s:e])
                 continue
             if kind == _ALLTOALL:
-                counts = count_col[s:e]
-                if counts.count(counts[0]) == len(counts) or (
-                    min(counts)[:1] == b"0" and len(set(map(int, counts))) == 1  # "08" is 8
-                ):
-                    op, count = b"AlltoAll", int(counts[0])
-                else:
-                    op, count = b"AlltoAllv", -(-sum(map(int, compress(counts, sends))) // n)
-                merged[(first[0], b"", b"", op, b"%d" % count, first[5], first[6], b"")] += 1
+                op, count = alltoall_count(count_col[s:e], sends, n)
+                merged[(first[0], b"", b"", op.encode(), b"%d" % count, first[5], first[6], b"")] += 1
                 continue
             g = Group(opcount, n)  # the whole run is one group (kind _GROUP)
             g.items = keys[s:e]
