@@ -31,6 +31,8 @@ SCRIPT = textwrap.dedent("""
         "report": ["report", res, "--no-plots"],
         "comm --dry-run": ["comm", "--dry-run", "--nproc-per-node", "8", "--model", "Llama3.1_8B", "--tp", "8"],
         "comm --help": ["comm", "--help"],
+        "cluster --plan": ["cluster", "--plan", "2,1024", "--nproc-per-node", "8"],
+        "cluster --help": ["cluster", "--help"],
     }
     for name, argv in runs.items():
         with contextlib.redirect_stdout(io.StringIO()):
@@ -67,6 +69,12 @@ def test_tools_without_gpu_code_never_import_torch(tmp_path):
         "--dry-run",
         "ok",
         "comm",
+        "--help",
+        "ok",
+        "cluster",
+        "--plan",
+        "ok",
+        "cluster",
         "--help",
     ]
     assert (tmp_path / "res" / "trace_summary.csv").exists() and (tmp_path / "res" / "nccl_tests.csv").exists()

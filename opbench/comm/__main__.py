@@ -39,31 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         "nccl-tests' factors. Rank 0 writes <report-dir>/<collective>_benchmark.csv.",
     )
     g = p.add_argument_group("launch (ignored when already under torchrun/srun)")
-    g.add_argument(
-        "--nproc-per-node",
-        type=positive_int,
-        default=None,
-        help="start torchrun with this many ranks here (default: one per GPU, 1 on CPU)",
-    )
-    g.add_argument("--nnodes", type=positive_int, default=1, help="nodes in the job")
-    g.add_argument(
-        "--node-rank",
-        type=int,
-        default=int(os.environ.get("NODE_RANK", "0")),
-        help="this node's index (default: $NODE_RANK or 0)",
-    )
-    g.add_argument("--master-addr", default=os.environ.get("MASTER_ADDR"), help="rendezvous host ($MASTER_ADDR)")
-    g.add_argument(
-        "--master-port",
-        type=int,
-        default=None,
-        help="rendezvous port (default: $MASTER_PORT, else a free port on one node, 29500 on several)",
-    )
-    g.add_argument(
-        "--backend",
-        default=None,
-        help="torch.distributed backend (default: nccl on GPU — RCCL on ROCm — and gloo on CPU)",
-    )
+    cli.add_launch_args(g)
     cli.add_timeout_arg(g, 300.0)
     add_device_args(p, COMM_DTYPES)
 
@@ -233,15 +209,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.dry_run:
         return dry_run(args, dist_env)
     if dist_env is None:
-        nproc = args.nproc_per_node or _local_gpus(args.device) or 1
-        if nproc > 1 or args.nnodes > 1:
-            port = args.master_port or (int(os.environ["MASTER_PORT"]) if "MASTER_PORT" in os.environ else None)
-            return dist.relaunch(
-                dist.torchrun_command(
-                    argv, nproc, "opbench.comm", args.nnodes, args.node_rank, args.master_addr, port, args.timeout
-                ),
-                "opbench comm",
-            )
+        launched = dist.self_launch(args, argv, "opbench.comm", "opbench comm")
+        if launched is not None:
+            return launched
         dist_env = dist.single()
     return run(args, dist_env)
 
@@ -305,14 +275,6 @@ def dry_run(args: argparse.Namespace, dist_env: dist.DistEnv | None) -> int:
         )
         print("\n".join(dict.fromkeys(lines)))
     return 0
-
-
-def _local_gpus(device: str) -> int:
-    if device == "cpu":
-        return 0
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def run(args: argparse.Namespace, dist_env: dist.DistEnv) -> int:

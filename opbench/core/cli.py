@@ -32,6 +32,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "ckpt": ("opbench.ckpt.__main__", "checkpoint save/load benchmark"),
     "report": ("opbench.report.__main__", "turn a results folder into a summary with plots"),
     "selftest": ("opbench.selftest.__main__", "every backend on a tiny case, checked: is this install right?"),
+    "cluster": ("opbench.cluster.__main__", "every GPU, node and link of a cluster measured, the slow ones named"),
 }
 
 
@@ -255,6 +256,38 @@ def add_top_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, defau
 
 def add_dry_run_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, what: str) -> None:
     parser.add_argument("--dry-run", action="store_true", help=f"plan only, time nothing: {what}")
+
+
+def add_launch_args(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, nnodes_help: str = "nodes in the job"
+) -> None:
+    """The self-launch flags of every multi-rank tool (ignored under torchrun/srun); ``core.dist.self_launch``
+    reads them."""
+    parser.add_argument(
+        "--nproc-per-node",
+        type=positive_int,
+        default=None,
+        help="start torchrun with this many ranks here (default: one per GPU, 1 on CPU)",
+    )
+    parser.add_argument("--nnodes", type=positive_int, default=1, help=nnodes_help)
+    parser.add_argument(
+        "--node-rank",
+        type=int,
+        default=int(os.environ.get("NODE_RANK", "0")),
+        help="this node's index (default: $NODE_RANK or 0)",
+    )
+    parser.add_argument("--master-addr", default=os.environ.get("MASTER_ADDR"), help="rendezvous host ($MASTER_ADDR)")
+    parser.add_argument(
+        "--master-port",
+        type=int,
+        default=None,
+        help="rendezvous port (default: $MASTER_PORT, else a free port on one node, 29500 on several)",
+    )
+    parser.add_argument(
+        "--backend",
+        default=None,
+        help="torch.distributed backend (default: nccl on GPU — RCCL on ROCm — and gloo on CPU)",
+    )
 
 
 def add_timeout_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, default: float) -> None:

@@ -155,18 +155,29 @@ def torchrun_command(
 # torchrun's own log lines (glog style, from torch.distributed.elastic) and the traceback + summary it prints when
 # a rank fails: the ranks already said what went wrong, so these are replaced by one line.
 _AGENT_LOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ .*torch/distributed/")
+# The agent of another node losing the rendezvous store when node 0's agent has finished first (the job is over):
+# a C++ warning plus its stack, not news to the user.
+_STORE_GONE = re.compile(r"^\[W\d{4} [\d:.]+ (?:\d+ )?TCPStore\.cpp:\d+\] \[c10d\] recv\w* failed")
+_CPP_STACK = ("Exception raised from", "frame #", "<omitting python frames>")
 _ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 _ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 
 
-def _relay_stderr(src: IO[str], prog: str) -> None:
+def _relay_stderr(src: IO[str], prog: str, verdict_exit: int | None = None) -> None:
     """Copy the job's stderr through, minus torchrun's agent logs and failure traceback; end with one line naming
-    the rank that failed first (torchrun's "Root Cause")."""
+    the rank that failed first (torchrun's "Root Cause") — unless it ended with ``verdict_exit``, the code a tool
+    returns on purpose (``opbench cluster``: a check failed), whose ranks have said everything already."""
     held: list[str] = []  # a traceback being read: torchrun's own is dropped, a rank's is passed on
     summary = False  # inside torchrun's "==== … FAILED ====" block
     root: dict[str, str] = {}
     in_root = False
+    store_gone = False
     for line in src:
+        if store_gone and line.startswith(_CPP_STACK):
+            continue
+        store_gone = bool(_STORE_GONE.match(line))
+        if store_gone:
+            continue
         if summary:
             if line.startswith("Root Cause"):
                 in_root = True
@@ -190,6 +201,8 @@ def _relay_stderr(src: IO[str], prog: str) -> None:
             sys.stderr.write(line)
         sys.stderr.flush()
     sys.stderr.writelines(held)
+    if summary and verdict_exit is not None and root.get("exitcode") == str(verdict_exit):
+        return
     if summary:
         code = root.get("exitcode", "?")
         print(
@@ -201,17 +214,37 @@ def _relay_stderr(src: IO[str], prog: str) -> None:
         )
 
 
-def relaunch(cmd: Sequence[str], prog: str = "opbench") -> int:
+def relaunch(cmd: Sequence[str], prog: str = "opbench", verdict_exit: int | None = None) -> int:
     """Run torchrun in the foreground and hand back its exit status (Ctrl-C reaches the whole job). Its stderr
     goes through ``_relay_stderr``, so a failed rank ends in one clear line instead of torchrun's traceback."""
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
     proc = subprocess.Popen(list(cmd), stderr=subprocess.PIPE, text=True, errors="replace")
     assert proc.stderr is not None
     try:
-        _relay_stderr(proc.stderr, prog)
+        _relay_stderr(proc.stderr, prog, verdict_exit)
         return proc.wait()
     except KeyboardInterrupt:
         return proc.wait()  # torchrun got the same Ctrl-C and stops the ranks itself
+
+
+def local_gpu_count(device: str | None) -> int:
+    """GPUs this node has for ``--device`` (0 for 'cpu'); imports torch."""
+    if device == "cpu":
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def self_launch(args: Any, argv: Sequence[str], module: str, prog: str, verdict_exit: int | None = None) -> int | None:
+    """Started plainly with ``--nproc-per-node N`` > 1 (default: one rank per GPU) or ``--nnodes`` > 1: run this
+    machine's share of the job under torchrun and return its exit status. None: run in this process."""
+    nproc = args.nproc_per_node or local_gpu_count(args.device) or 1
+    if nproc == 1 and args.nnodes == 1:
+        return None
+    port = args.master_port or (int(os.environ["MASTER_PORT"]) if "MASTER_PORT" in os.environ else None)
+    cmd = torchrun_command(argv, nproc, module, args.nnodes, args.node_rank, args.master_addr, port, args.timeout)
+    return relaunch(cmd, prog, verdict_exit)
 
 
 def without_flag(argv: Sequence[str], flag: str) -> list[str]:

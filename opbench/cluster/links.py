@@ -1,0 +1,124 @@
+"""Link peaks the collective and pair results are set against (docs/cluster.md, "Link table", with sources).
+
+Every figure is per GPU and per direction, in GB/s (10^9 bytes/s), the unit nccl-tests' busbw uses:
+
+- intra: a GPU's aggregate scale-up bandwidth to its peers (what a well-run intra-node all_reduce's busbw
+  approaches); ``pair``: to ONE peer (the ceiling of a GPU-pair measurement). On NVSwitch systems the two are the
+  same; on MI300X/MI325X's fully connected xGMI mesh a peer is one link of seven.
+- inter: the node's network rate divided by its GPUs, read from ``/sys/class/infiniband/*/ports/*/rate``
+  (InfiniBand and RoCE NICs both appear there) when the platform has it, else unknown unless
+  ``--link-peak-gbs inter=…`` says.
+"""
+
+from __future__ import annotations
+
+import glob
+import re
+from dataclasses import dataclass
+
+from opbench.core.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Link:
+    name: str
+    intra_gbs: float  # aggregate to all peers, per direction
+    pair_gbs: float  # to one peer, per direction
+    source: str
+
+
+# Matched in order against the lower-cased device name (as core.device.PEAKS is).
+LINKS: list[tuple[str, Link]] = [
+    # AMD Instinct MI300X / MI325X: 7 xGMI (Infinity Fabric) links of 64 GB/s per direction to the 7 peers,
+    # 896 GB/s aggregate bidirectional (AMD MI300X and MI325X data sheets).
+    (
+        r"mi325|mi300",
+        Link("xGMI (Infinity Fabric), 7 × 64 GB/s", 448.0, 64.0, "AMD Instinct MI300X/MI325X data sheets"),
+    ),
+    # NVIDIA H100/H200 SXM: NVLink 4, 18 links, 900 GB/s bidirectional per GPU through NVSwitch (data sheets).
+    (
+        r"h100.*pcie",
+        Link("PCIe Gen5 x16 (no NVLink bridge assumed)", 64.0, 64.0, "PCIe 5.0 x16: 64 GB/s per direction"),
+    ),
+    (r"h100.*nvl|h200.*nvl", Link("NVLink bridge", 300.0, 300.0, "NVIDIA H100 NVL / H200 NVL data sheets: 600 GB/s")),
+    (r"h100|h200", Link("NVLink 4 via NVSwitch, 18 links", 450.0, 450.0, "NVIDIA H100/H200 SXM data sheets: 900 GB/s")),
+]
+
+
+def intra_link(device_name: str) -> Link | None:
+    low = device_name.lower()
+    return next((link for pattern, link in LINKS if re.search(pattern, low)), None)
+
+
+_RATE = re.compile(r"^\s*([\d.]+)\s*Gb/sec")
+
+
+def nic_gbs(root: str = "/sys/class/infiniband") -> tuple[float, int]:
+    """(total network rate of this node in GB/s per direction, number of active ports) from sysfs; (0, 0) when
+    there is none. ``rate`` reads e.g. "400 Gb/sec (4X NDR)"; ports whose ``state`` is not ACTIVE are left out."""
+    total, ports = 0.0, 0
+    for rate_path in sorted(glob.glob(f"{root}/*/ports/*/rate")):
+        try:
+            with open(rate_path, encoding="ascii", errors="replace") as fh:
+                m = _RATE.match(fh.read())
+            with open(rate_path.rsplit("/", 1)[0] + "/state", encoding="ascii", errors="replace") as fh:
+                active = "ACTIVE" in fh.read()
+        except OSError:
+            continue
+        if m and active:
+            total += float(m.group(1)) / 8
+            ports += 1
+    return total, ports
+
+
+@dataclass(frozen=True)
+class LinkPeaks:
+    """The peaks one run uses; None where unknown (the pct column stays empty rather than guessed)."""
+
+    intra: float | None = None
+    pair: float | None = None
+    inter: float | None = None
+    source: str = ""
+
+    def for_scope(self, scope: str) -> float | None:
+        return {"intra": self.intra, "inter": self.inter, "world": self.inter, "gpu": self.pair}.get(scope)
+
+
+def parse_override(text: str) -> dict[str, float]:
+    """``--link-peak-gbs intra=450,inter=50`` (a bare number sets all three)."""
+    out: dict[str, float] = {}
+    for item in (p.strip() for p in text.split(",") if p.strip()):
+        key, _, value = item.rpartition("=")
+        keys = [key] if key else ["intra", "pair", "inter"]
+        for k in keys:
+            if k not in ("intra", "pair", "inter"):
+                raise UsageError(
+                    f"'{item}': expected intra=GBS, pair=GBS, inter=GBS or one number", field="--link-peak-gbs"
+                )
+        try:
+            gbs = float(value)
+        except ValueError:
+            raise UsageError(f"'{item}': {value!r} is not a number", field="--link-peak-gbs") from None
+        if not gbs > 0 or gbs == float("inf"):
+            raise UsageError(f"'{item}': must be a positive number of GB/s", field="--link-peak-gbs")
+        out.update({k: gbs for k in keys})
+    return out
+
+
+def link_peaks(device_name: str, gpus_per_node: int, override: dict[str, float] | None = None) -> LinkPeaks:
+    """This node's peaks: the table for the GPU, sysfs for the network, the user's override over both."""
+    link = intra_link(device_name)
+    total, ports = nic_gbs()
+    inter = total / max(1, gpus_per_node) if total else None
+    sources = [f"{link.name} ({link.source})"] if link else []
+    if total:
+        sources.append(f"{ports} network port(s), {total * 8:g} Gb/s in all (/sys/class/infiniband)")
+    peaks = LinkPeaks(link.intra_gbs if link else None, link.pair_gbs if link else None, inter, "; ".join(sources))
+    if override:
+        peaks = LinkPeaks(
+            override.get("intra", peaks.intra),
+            override.get("pair", peaks.pair),
+            override.get("inter", peaks.inter),
+            "; ".join([*sources, "--link-peak-gbs " + ",".join(f"{k}={v:g}" for k, v in override.items())]),
+        )
+    return peaks

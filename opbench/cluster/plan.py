@@ -1,0 +1,159 @@
+"""What a cluster check runs, in which order, and how long that takes at scale. No torch import.
+
+The schedule (docs/cluster.md, "Schedule") keeps the cost of n nodes at O(n) collective rounds:
+
+1. compute and memory: every GPU at once (on a CPU, where ranks share cores, the ranks take turns);
+2. intra: one process group per node, all nodes at once;
+3. inter: one group per local GPU index ("rail": GPU g of every node), all rails at once; then the world;
+4. pairs: n − 1 rounds; in round r node i sends to node (i + r) mod n and receives from node (i − r) mod n, with
+   every GPU of the node driving its own stream, so every ordered node pair is measured once and all pairs of a
+   round run concurrently. ``--gpu-pairs`` adds the same inside each node over GPU indices.
+
+``simulate`` estimates the wall time of that schedule from stated link speeds and latencies; it is an estimate
+(labelled so wherever it is printed), for sizes no test machine can run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+CHECKS = ("compute", "memory", "intra", "inter", "pairs")
+COMM_COLLECTIVES = ("all_reduce", "all_gather")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The default work of one check run; ``--quick`` and the CPU get smaller ones (tests and laptops)."""
+
+    gemm_n: int  # square GEMM edge (M = N = K)
+    memory_bytes: int  # per buffer of the copy / triad kernels
+    comm_bytes: tuple[int, ...]  # intra / inter / world sizes (nccl-tests -b semantics)
+    pair_bytes: int  # per GPU per direction in the pairs check
+    iters: int  # timed iterations of each collective / pair exchange
+    warmup: int
+    budget_s: float  # per GEMM / memory kernel, timed calls only (core.timing)
+
+    @classmethod
+    def default(cls, gpu: bool, quick: bool) -> Sizes:
+        if gpu:
+            if quick:
+                return cls(4096, 256 << 20, (64 << 20,), 64 << 20, 10, 2, 0.3)
+            return cls(8192, 1 << 30, (64 << 20, 1 << 30), 256 << 20, 20, 5, 1.0)
+        if quick:
+            return cls(192, 64 << 20, (256 << 10,), 1 << 20, 5, 1, 0.15)
+        return cls(512, 256 << 20, (1 << 20, 16 << 20), 16 << 20, 10, 2, 0.5)
+
+
+def shift_rounds(n: int) -> list[list[tuple[int, int]]]:
+    """Round r (1 … n−1) as (src, dst) pairs: every member i sends to (i + r) mod n. Every ordered pair once."""
+    return [[(i, (i + r) % n) for i in range(n)] for r in range(1, n)]
+
+
+# -- the simulated schedule --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Assumptions:
+    """Link speeds and costs the simulation assumes (GPU defaults: an H100/MI300X-class node with one 400 Gb/s NIC
+    per GPU). None of these is measured; they are inputs stated next to every printed estimate."""
+
+    intra_gbs: float = 450.0  # per-GPU bus bandwidth inside a node (NVLink 4 / xGMI class)
+    nic_gbs: float = 50.0  # per-GPU network bandwidth, one direction (400 Gb/s)
+    intra_latency_s: float = 10e-6  # per ring step inside a node
+    inter_latency_s: float = 25e-6  # per ring step / message across nodes
+    gemm_tflops: float = 600.0  # achieved dense bf16 GEMM throughput
+    hbm_gbs: float = 3000.0  # achieved device-memory bandwidth
+    group_setup_s: float = 2.0  # creating one set of process groups (communicator init), fixed part ...
+    group_setup_per_node_s: float = 0.005  # ... plus this per node (store round trips grow with the job)
+    launch_s: float = 30.0  # rendezvous, imports, first communicator
+
+
+@dataclass
+class Phase:
+    name: str
+    rounds: int  # collective rounds (each ends in a barrier)
+    seconds: float
+
+
+@dataclass
+class Estimate:
+    nnodes: int
+    gpus_per_node: int
+    phases: list[Phase] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        return sum(p.seconds for p in self.phases)
+
+    @property
+    def rounds(self) -> int:
+        return sum(p.rounds for p in self.phases)
+
+
+def _ring_time(size: int, n: int, factor: float, bw_gbs: float, latency_s: float, steps: int) -> float:
+    """A ring collective's time: bus bytes over the bus bandwidth plus one latency per ring step."""
+    return size * factor / (bw_gbs * 1e9) + steps * latency_s
+
+
+def simulate(
+    nnodes: int,
+    gpus_per_node: int,
+    sizes: Sizes,
+    checks: Sequence[str] = CHECKS,
+    gpu_pairs: bool = False,
+    gemm_count: int = 1,
+    a: Assumptions = Assumptions(),
+) -> Estimate:
+    """Wall time of one cluster check on ``nnodes`` × ``gpus_per_node`` GPUs, phase by phase (an estimate)."""
+    est = Estimate(nnodes, gpus_per_node)
+    world = nnodes * gpus_per_node
+    reps = sizes.iters + sizes.warmup
+    est.phases.append(Phase("launch and rendezvous", 1, a.launch_s))
+
+    def gather_cost() -> float:  # per case: every rank's per-iteration times to rank 0 (a tree: log2 world hops)
+        return math.ceil(math.log2(max(2, world))) * a.inter_latency_s + world * sizes.iters * 8 / (a.nic_gbs * 1e9)
+
+    if "compute" in checks:
+        flops = 2 * sizes.gemm_n**3
+        per_gemm = sizes.budget_s + 0.25 + 10 * flops / (a.gemm_tflops * 1e12)  # budget + warm-up + setup
+        est.phases.append(Phase("compute (all GPUs at once)", 1, gemm_count * per_gemm + 2 * gather_cost()))
+    if "memory" in checks:
+        per_kernel = sizes.budget_s + 0.1 + 10 * 3 * sizes.memory_bytes / (a.hbm_gbs * 1e9)
+        est.phases.append(Phase("memory (all GPUs at once)", 1, 2 * per_kernel + gather_cost()))
+    setups = 0
+    if "intra" in checks and gpus_per_node > 1:
+        g = gpus_per_node
+        t = sum(
+            reps * _ring_time(s, g, f, a.intra_gbs, a.intra_latency_s, steps) + gather_cost()
+            for s in sizes.comm_bytes
+            for f, steps in ((2 * (g - 1) / g, 2 * (g - 1)), ((g - 1) / g, g - 1))
+        )
+        setups += 1
+        est.phases.append(Phase("intra (every node at once)", 2 * len(sizes.comm_bytes), t))
+    if "inter" in checks and nnodes > 1:
+        n = nnodes
+        rails = sum(
+            reps * _ring_time(s, n, f, a.nic_gbs, a.inter_latency_s, steps) + gather_cost()
+            for s in sizes.comm_bytes
+            for f, steps in ((2 * (n - 1) / n, 2 * (n - 1)), ((n - 1) / n, n - 1))
+        )
+        # The world ring crosses the network once per node: bus bandwidth bounded by the NIC, a latency per rank.
+        whole = sum(
+            reps * _ring_time(s, world, f, a.nic_gbs, a.inter_latency_s, steps) + gather_cost()
+            for s in sizes.comm_bytes
+            for f, steps in ((2 * (world - 1) / world, 2 * (world - 1)), ((world - 1) / world, world - 1))
+        )
+        setups += 1
+        est.phases.append(Phase("inter (every rail at once)", 2 * len(sizes.comm_bytes), rails))
+        est.phases.append(Phase("inter (world)", 2 * len(sizes.comm_bytes), whole))
+    if "pairs" in checks and nnodes > 1:
+        per_round = reps * (sizes.pair_bytes / (a.nic_gbs * 1e9) + a.inter_latency_s) + gather_cost()
+        est.phases.append(Phase("pairs (n−1 rounds)", nnodes - 1, (nnodes - 1) * per_round))
+    if gpu_pairs and gpus_per_node > 1:
+        per_round = reps * (sizes.pair_bytes / (a.intra_gbs * 1e9) + a.intra_latency_s) + gather_cost()
+        est.phases.append(Phase("GPU pairs (g−1 rounds)", gpus_per_node - 1, (gpus_per_node - 1) * per_round))
+    if setups:
+        est.phases.append(
+            Phase("process-group setup", setups, setups * (a.group_setup_s + nnodes * a.group_setup_per_node_s))
+        )
+    return est

@@ -1,0 +1,246 @@
+"""Pass or fail: the outlier rule, the ``--expect`` thresholds and the ``--baseline`` comparison. No torch.
+
+The outlier rule (docs/cluster.md, "Outliers"): among peers of one kind measured on the same case (GPUs on one
+GEMM, nodes on one collective size, node pairs), a member is named when it is below the median by more than
+``fraction`` of the median AND by more than ``k`` scaled MADs (1.4826 · median absolute deviation, the normal
+distribution's σ for a robust spread). The first condition ignores differences too small to matter, the second
+differences the peers themselves show. Fewer than three peers cannot say which one is slow: no outliers then.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from opbench.core.cli import parse_bytes
+from opbench.core.errors import UsageError
+
+from .schema import file_name
+
+MIN_PEERS = 3
+MAD_SCALE = 1.4826
+
+
+@dataclass(frozen=True)
+class Judged:
+    median: float | None
+    vs_median_pct: list[float | None]  # (value − median) / median · 100, per member
+    outlier: list[bool]
+
+
+def judge(values: Sequence[float | None], fraction: float, k: float) -> Judged:
+    """The outlier rule over one case's members; None values (failed members) are neither peers nor outliers."""
+    good = [v for v in values if v is not None and math.isfinite(v)]
+    if not good:
+        return Judged(None, [None] * len(values), [False] * len(values))
+    med = statistics.median(good)
+    mad = MAD_SCALE * statistics.median(abs(v - med) for v in good)
+    vs = [None if v is None or not med else 100.0 * (v - med) / med for v in values]
+    flags = [
+        len(good) >= MIN_PEERS and v is not None and med - v > fraction * med and med - v > k * mad for v in values
+    ]
+    return Judged(med, vs, flags)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One reason the cluster fails: an outlier, a missed threshold, a regression against the baseline, a failed
+    measurement or a throttling GPU."""
+
+    kind: str  # "outlier" | "threshold" | "baseline" | "failed" | "throttle"
+    check: str
+    case: str
+    member: str
+    metric: str
+    value: float | None
+    reference: float | None  # the peers' median, the threshold, or the baseline's median
+    detail: str
+
+    def as_row(self) -> dict[str, Any]:
+        return {
+            "check": self.check,
+            "case": self.case,
+            "member": self.member,
+            "metric": self.metric,
+            "value": _fmt(self.value),
+            "reference": _fmt(self.reference),
+            "detail": self.detail,
+        }
+
+
+def _fmt(v: float | None) -> str:
+    return "" if v is None else f"{v:.4g}"
+
+
+# -- --expect ----------------------------------------------------------------------------------------------------
+# check -> metric columns a threshold may name (each a minimum: every metric here is higher-is-better)
+EXPECTABLE: dict[str, tuple[str, ...]] = {
+    "compute": ("tflops", "pct_of_peak"),
+    "memory": ("gbs", "pct_of_peak"),
+    "intra": ("busbw_gbs", "pct_of_link_peak"),
+    "inter": ("busbw_gbs", "pct_of_link_peak"),
+    "world": ("busbw_gbs", "pct_of_link_peak"),
+    "pairs": ("gbs_per_gpu", "pct_of_link_peak"),
+    "gpu_pairs": ("gbs_per_gpu", "pct_of_link_peak"),
+}
+SIZED = {"intra", "inter", "world", "pairs", "gpu_pairs"}  # thresholds may differ per message size
+
+
+@dataclass(frozen=True)
+class Threshold:
+    minimum: float
+    size_bytes: int | None = None  # None: every size
+
+
+def load_expect(path: str) -> dict[str, dict[str, list[Threshold]]]:
+    """Read a thresholds file: ``{"compute": {"tflops": 600}, "intra": {"busbw_gbs": {"64M": 100, "1G": 300}}}``.
+    Every problem is one UsageError naming the file and the field."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except OSError as exc:
+        raise UsageError(f"cannot read: {exc.strerror}", source=path, field="--expect") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise UsageError(f"not valid JSON ({str(exc)[:120]})", source=path, field="--expect") from None
+    if not isinstance(data, dict):
+        raise UsageError("must be a JSON object of checks", source=path, field="--expect")
+    out: dict[str, dict[str, list[Threshold]]] = {}
+    for check, metrics in data.items():
+        if check not in EXPECTABLE:
+            raise UsageError(f"unknown check (choose from {', '.join(EXPECTABLE)})", source=path, field=check)
+        if not isinstance(metrics, dict):
+            raise UsageError("must be an object of metric: minimum", source=path, field=check)
+        for metric, value in metrics.items():
+            where = f"{check}.{metric}"
+            if metric not in EXPECTABLE[check]:
+                raise UsageError(
+                    f"unknown metric (choose from {', '.join(EXPECTABLE[check])})", source=path, field=where
+                )
+            items = value.items() if isinstance(value, dict) else [(None, value)]
+            if isinstance(value, dict) and check not in SIZED:
+                raise UsageError("per-size thresholds apply to collectives and pairs only", source=path, field=where)
+            found = []
+            for size, minimum in items:
+                if isinstance(minimum, bool) or not isinstance(minimum, int | float) or not math.isfinite(minimum):
+                    raise UsageError(f"{minimum!r} is not a number", source=path, field=where)
+                try:
+                    size_bytes = None if size is None else parse_bytes(str(size))
+                except Exception:  # noqa: BLE001 - argparse-style parser; its message names the value
+                    raise UsageError(f"{size!r} is not a size like 64M", source=path, field=where) from None
+                found.append(Threshold(float(minimum), size_bytes))
+            out.setdefault(check, {})[metric] = found
+    return out
+
+
+def threshold_for(thresholds: Sequence[Threshold], size_bytes: int | None) -> float | None:
+    """The size's own threshold, else the one for every size."""
+    exact = [t.minimum for t in thresholds if t.size_bytes is not None and t.size_bytes == size_bytes]
+    if exact:
+        return exact[0]
+    general = [t.minimum for t in thresholds if t.size_bytes is None]
+    return general[0] if general else None
+
+
+def check_thresholds(
+    check: str,
+    case: str,
+    members: Sequence[str],
+    rows: Sequence[Mapping[str, Any]],
+    expect: Mapping[str, Mapping[str, Sequence[Threshold]]],
+    size_bytes: int | None = None,
+) -> list[Finding]:
+    found = []
+    for metric, thresholds in expect.get(check, {}).items():
+        minimum = threshold_for(thresholds, size_bytes)
+        if minimum is None:
+            continue
+        for member, row in zip(members, rows):
+            value = row.get(metric)
+            if value is None or (isinstance(value, float) and math.isnan(value)):
+                continue  # a failed measurement is reported as failed, not as a missed threshold
+            if value < minimum:
+                found.append(
+                    Finding("threshold", check, case, member, metric, value, minimum, f"below the expected {minimum:g}")
+                )
+    return found
+
+
+# -- --baseline --------------------------------------------------------------------------------------------------
+# check file -> (case key columns, metric): the baseline compares each case's median over its members.
+BASELINE_CASES: dict[str, tuple[tuple[str, ...], str]] = {
+    "compute": (("gemm", "dtype"), "tflops"),
+    "memory": (("kernel", "size_bytes"), "gbs"),
+    "comm": (("scope", "collective", "dtype", "size_bytes"), "busbw_gbs"),
+    "pairs": (("scope", "size_bytes"), "gbs_per_gpu"),
+}
+
+
+def case_medians(kind: str, rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, ...], float]:
+    """Median of the kind's metric per case over the members that measured it (status ok)."""
+    keys, metric = BASELINE_CASES[kind]
+    values: dict[tuple[str, ...], list[float]] = {}
+    for row in rows:
+        if row.get("status") not in ("ok", None):
+            continue
+        try:
+            value = float(row[metric])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if math.isfinite(value):
+            values.setdefault(tuple(str(row.get(k, "")) for k in keys), []).append(value)
+    return {case: statistics.median(v) for case, v in values.items()}
+
+
+def load_baseline(directory: str) -> dict[str, dict[tuple[str, ...], float]]:
+    """The case medians of an earlier cluster run's CSVs; a directory without any is a usage error."""
+    if not os.path.isdir(directory):
+        raise UsageError("no such directory", source=directory, field="--baseline")
+    out = {}
+    for kind in BASELINE_CASES:
+        path = os.path.join(directory, file_name(kind))
+        if os.path.isfile(path):
+            with open(path, newline="", encoding="utf-8") as fh:
+                out[kind] = case_medians(kind, csv.DictReader(fh))
+    if not out:
+        raise UsageError("holds no cluster_*.csv of an earlier run", source=directory, field="--baseline")
+    return out
+
+
+def compare_baseline(
+    kind: str,
+    current: Mapping[tuple[str, ...], float],
+    baseline: Mapping[str, Mapping[tuple[str, ...], float]],
+    tolerance: float,
+) -> tuple[list[dict[str, Any]], list[Finding]]:
+    """Per case present in both runs: a table row, and a finding when the median fell by more than tolerance."""
+    rows, found = [], []
+    keys, metric = BASELINE_CASES[kind]
+    for case, now in sorted(current.items()):
+        before = baseline.get(kind, {}).get(case)
+        if before is None or before <= 0:
+            continue
+        change = 100.0 * (now - before) / before
+        bad = now < before * (1 - tolerance)
+        label = " ".join(case)
+        rows.append(
+            {
+                "check": kind,
+                "case": label,
+                "metric": metric,
+                "baseline": f"{before:.4g}",
+                "now": f"{now:.4g}",
+                "change_pct": f"{change:+.1f}",
+                "verdict": "FAIL" if bad else "ok",
+            }
+        )
+        if bad:
+            found.append(
+                Finding("baseline", kind, label, "median", metric, now, before, f"{change:+.1f} % vs baseline")
+            )
+    return rows, found

@@ -1,0 +1,250 @@
+"""`opbench cluster`: the verdict rules on constructed numbers, then real jobs — two "nodes" of two gloo ranks on
+loopback (two torchrun agents with --nnodes 2), one rank slowed by OPBENCH_FAULTS and named, thresholds and a
+baseline, and a rank killed mid-run."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from opbench.cluster.links import LinkPeaks, nic_gbs, parse_override
+from opbench.cluster.plan import Sizes, shift_rounds, simulate
+from opbench.cluster.telemetry import decode_nvml_reasons, read
+from opbench.cluster.verdict import judge, load_expect, threshold_for
+from opbench.core.errors import UsageError
+from opbench.core.rankstats import rank_stats
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+# -- rules on constructed numbers ----------------------------------------------------------------------------------
+def test_outlier_rule_needs_both_the_fraction_and_the_mad():
+    j = judge([100, 101, 99, 100, 70], fraction=0.10, k=3)
+    assert j.outlier == [False, False, False, False, True] and j.median == 100
+    assert j.vs_median_pct[4] == pytest.approx(-30)
+    # 8 % below: within the fraction, not named however tight the peers are
+    assert not any(judge([100, 100, 100, 92], 0.10, 3).outlier)
+    # peers spread widely: 30 % below is inside 3 scaled MADs
+    assert not any(judge([100, 140, 60, 130, 70], 0.10, 3).outlier)
+    # two members cannot say which one is slow; failed members are neither peers nor outliers
+    assert not any(judge([100, 10], 0.10, 3).outlier)
+    assert judge([100, None, 100, 100, 50], 0.10, 3).outlier == [False, False, False, False, True]
+
+
+def test_shift_rounds_measure_every_ordered_pair_once_in_n_minus_1_rounds():
+    for n in (2, 3, 5, 8):
+        rounds = shift_rounds(n)
+        assert len(rounds) == n - 1
+        pairs = [p for r in rounds for p in r]
+        assert sorted(pairs) == sorted((i, j) for i in range(n) for j in range(n) if i != j)
+        for r in rounds:  # each member sends once and receives once per round
+            assert sorted(s for s, _ in r) == list(range(n)) == sorted(d for _, d in r)
+
+
+def test_rank_stats_name_the_straggler():
+    times = np.full((4, 10), 1.0)
+    times[2, :7] = 3.0  # rank 2 slow in 7 of 10 iterations
+    times[1, 7:] = 2.0
+    st = rank_stats(times, [10, 11, 12, 13])
+    assert st.slowest_rank == 12 and st.slowest_share == pytest.approx(0.7)
+    assert st.slowest_p50 == 3.0 and st.slowest_p95 == 3.0
+    assert st.rank_median == 1.0 and st.spread == pytest.approx(np.percentile([1, 1, 3, 1], 95) - 1)
+
+
+def test_expect_file_errors_name_file_and_field(tmp_path):
+    good = tmp_path / "e.json"
+    good.write_text(json.dumps({"compute": {"tflops": 5}, "intra": {"busbw_gbs": {"64M": 100, "1G": 300}}}))
+    e = load_expect(str(good))
+    assert threshold_for(e["intra"]["busbw_gbs"], 1 << 30) == 300 and threshold_for(e["compute"]["tflops"], None) == 5
+    for body, field in (
+        ({"compute": {"tflop": 5}}, "compute.tflop"),
+        ({"disk": {}}, "disk"),
+        ({"compute": {"tflops": "fast"}}, "compute.tflops"),
+        ({"compute": {"tflops": {"1G": 3}}}, "compute.tflops"),
+        ({"pairs": {"gbs_per_gpu": {"lots": 3}}}, "pairs.gbs_per_gpu"),
+    ):
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps(body))
+        with pytest.raises(UsageError, match=f"{bad}: field '{field}'"):
+            load_expect(str(bad))
+
+
+def test_link_peaks_from_sysfs_and_override(tmp_path):
+    for i, (rate, state) in enumerate((("400 Gb/sec (4X NDR)", "4: ACTIVE"), ("400 Gb/sec (4X NDR)", "1: DOWN"))):
+        port = tmp_path / f"mlx5_{i}" / "ports" / "1"
+        port.mkdir(parents=True)
+        (port / "rate").write_text(rate + "\n")
+        (port / "state").write_text(state + "\n")
+    assert nic_gbs(str(tmp_path)) == (50.0, 1)
+    assert parse_override("intra=450,inter=50") == {"intra": 450.0, "inter": 50.0}
+    assert parse_override("25") == {"intra": 25.0, "pair": 25.0, "inter": 25.0}
+    with pytest.raises(UsageError, match="--link-peak-gbs"):
+        parse_override("nvlink=3")
+    assert LinkPeaks(1, 2, 3).for_scope("world") == 3
+
+
+def test_telemetry_decodes_nvml_reasons_and_never_fails_on_a_cpu():
+    assert decode_nvml_reasons(0x4 | 0x40 | 0x1000) == ["sw_power_cap", "hw_thermal_slowdown", "other=0x1000"]
+    r = read("cpu")
+    assert r.error == "no GPU" and r.as_row()["sm_clock_mhz"] is None
+
+
+def test_simulated_schedule_grows_linearly_in_rounds():
+    sizes = Sizes.default(gpu=True, quick=False)
+    est = {n: simulate(n, 8, sizes) for n in (2, 16, 128, 1024)}
+    pairs = {n: next(p for p in e.phases if p.name.startswith("pairs")) for n, e in est.items()}
+    assert [pairs[n].rounds for n in est] == [1, 15, 127, 1023]
+    assert est[1024].seconds < 1024 / 16 * est[16].seconds  # O(n), with fixed parts: far below O(n²)
+
+
+def test_plan_and_bad_input_are_one_line(run, tmp_path):
+    proc = run("opbench", "cluster", "--plan", "2,16,128,1024", "--nproc-per-node", "8")
+    assert proc.returncode == 0 and "simulated, not measured" in proc.stdout
+    assert [ln.split()[0] for ln in proc.stdout.splitlines()[4:]] == ["2", "16", "128", "1024"]
+    bad = tmp_path / "x.json"
+    bad.write_text("{")
+    for argv, needle in (
+        (["--expect", str(bad)], f"{bad}: field '--expect': not valid JSON"),
+        (["--checks", "compute,disk"], "unknown check(s) ['disk']"),
+        (["--baseline", str(tmp_path / "none")], "no such directory"),
+        (["--plan", "2,x"], "'x' is not an integer"),
+    ):
+        proc = run("opbench", "cluster", *argv)
+        assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+# -- real jobs -------------------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def two_nodes(out: Path, *args: str, faults: str = "") -> list[subprocess.Popen]:
+    """Node 0 through `opbench cluster`'s own torchrun launch, node 1 through a plain torchrun line."""
+    port = _free_port()
+    env = {**ENV, "OPBENCH_FAULTS": faults}
+    # 30 % rather than the default 10 %: four ranks sharing this 2-core machine differ by more than 10 % by chance
+    common = ["--report-dir-path", str(out), "--quick", "--timeout", "30", "--outlier-fraction", "0.3", *args]
+    node0 = [sys.executable, "-m", "opbench", "cluster", "--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "2",
+             "--master-addr", "127.0.0.1", "--master-port", str(port), *common]  # fmt: skip
+    node1 = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--nnodes=2", "--node-rank=1",
+             "--master-addr=127.0.0.1", f"--master-port={port}", "-m", "opbench.cluster", *common]  # fmt: skip
+    return [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        for cmd in (node0, node1)
+    ]
+
+
+def finish(procs: list[subprocess.Popen], timeout: float = 240) -> list[tuple[int, str, str]]:
+    return [(p.returncode, *p.communicate(timeout=timeout)) for p in procs]
+
+
+def rows(out: Path, kind: str) -> list[dict[str, str]]:
+    with open(out / f"cluster_{kind}.csv", newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+IDENTITY = ("host", "node", "rank", "local_rank", "device_name", "device_id")
+
+
+@pytest.mark.slow
+def test_two_nodes_every_check_then_a_slowed_rank_is_named(tmp_path):
+    clean = tmp_path / "clean"
+    (r0, out0, err0), (r1, _, err1) = [(p.wait(timeout=240), *p.communicate()) for p in two_nodes(clean, "--gpu-pairs")]
+    assert (r0, r1) == (0, 0), err0[-3000:] + err1[-3000:]
+    assert "Cluster check: PASS" in out0
+    compute = rows(clean, "compute")
+    assert sorted((r["node"], r["local_rank"], r["rank"]) for r in compute) == [
+        ("node0", "0", "0"), ("node0", "1", "1"), ("node1", "0", "2"), ("node1", "1", "3")]  # fmt: skip
+    assert all(r[c] != "" for r in compute for c in IDENTITY if c != "device_id")
+    assert all(r["status"] == "ok" and float(r["tflops"]) > 0 and r["outlier"] == "False" for r in compute)
+    assert len(rows(clean, "memory")) == 8 and {r["kernel"] for r in rows(clean, "memory")} == {"copy", "triad"}
+    tele = rows(clean, "telemetry")
+    assert sorted(r["phase"] for r in tele) == ["after"] * 4 + ["before"] * 4 and tele[0]["error"] == "no GPU"
+    comm = rows(clean, "comm")
+    groups = sorted({(r["scope"], r["group"], r["nranks"]) for r in comm})
+    assert groups == [("inter", "rail0", "2"), ("inter", "rail1", "2"), ("intra", "node0", "2"),
+                      ("intra", "node1", "2"), ("world", "world", "4")]  # fmt: skip
+    assert all(r["status"] == "ok" and float(r["busbw_gbs"]) > 0 and r["slowest_rank"] != "" for r in comm)
+    pairs = rows(clean, "pairs")
+    assert sorted((r["scope"], r["src"], r["dst"]) for r in pairs) == [
+        ("gpu", "node0:0", "node0:1"), ("gpu", "node0:1", "node0:0"), ("gpu", "node1:0", "node1:1"),
+        ("gpu", "node1:1", "node1:0"), ("inter", "node0", "node1"), ("inter", "node1", "node0")]  # fmt: skip
+    assert all(float(r["gbs_per_gpu"]) > 0 and r["outlier"] == "False" for r in pairs)  # rewritten with verdicts
+    summary = (clean / "cluster_summary.md").read_text()
+    assert summary.startswith("# Cluster check: PASS") and "| node0  |" in summary and "src \\ dst" in summary
+    assert not any((tmp_path / "clean").glob("*node1*"))  # only global rank 0 writes
+
+    slow = tmp_path / "slow"
+    (r0, out0, err0), (r1, _, err1) = [
+        (p.wait(timeout=240), *p.communicate()) for p in two_nodes(slow, faults="slow:3:4")
+    ]
+    assert (r0, r1) == (1, 1), err0[-3000:] + err1[-3000:]  # every rank ends with the verdict
+    assert "Cluster check: FAIL" in out0 and "outlier: compute" in out0 and "node1 gpu1 (rank 3" in out0
+    # opbench's own launch adds nothing: no torchrun failure block, no line blaming a rank
+    assert "ended with exit code" not in err0 and "Traceback" not in err0 and "TCPStore" not in err0
+    (flagged,) = [r for r in rows(slow, "compute") if r["outlier"] == "True"]
+    assert flagged["rank"] == "3" and float(flagged["vs_median_pct"]) < -50
+
+    base = tmp_path / "base"  # the clean run as a baseline: compute and memory within a generous tolerance
+    (r0, out0, err0), (r1, _, _) = [
+        (p.wait(timeout=240), *p.communicate())
+        for p in two_nodes(base, "--checks", "compute,memory", "--baseline", str(clean), "--tolerance", "0.6")
+    ]
+    assert (r0, r1) == (0, 0), out0 + err0[-3000:]
+    text = (base / "cluster_summary.md").read_text()
+    assert "Against the baseline" in text and "| compute | square_192 fp32 | tflops" in text
+
+
+@pytest.mark.slow
+def test_expect_threshold_above_this_machine_fails_naming_the_metric(tmp_path, run):
+    expect = tmp_path / "expect.json"
+    expect.write_text(json.dumps({"compute": {"tflops": 1e6}, "memory": {"gbs": 1e-3}}))
+    proc = run("opbench", "cluster", "--quick", "--checks", "compute,memory", "--expect", str(expect),
+               "--report-dir-path", str(tmp_path / "out"), env={"OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "threshold: compute square_192 fp32" in proc.stdout and "below the expected 1e+06" in proc.stdout
+    assert "threshold: memory" not in proc.stdout  # a threshold this machine meets is not named
+    assert "| threshold | compute" in (tmp_path / "out" / "cluster_summary.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_rank_killed_mid_run_ends_the_job_inside_the_timeout_keeping_finished_rows(tmp_path):
+    out = tmp_path / "out"
+    procs = two_nodes(out, "--checks", "compute,memory,intra,inter", "-n", "3000")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (out / "cluster_memory.csv").exists():
+        time.sleep(0.2)
+    time.sleep(1.0)  # now inside the intra check (a few seconds per case at -n 3000)
+    agent = procs[1].pid
+    workers = [int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == agent]
+    assert workers, "node 1's torchrun has no workers"
+    os.kill(workers[-1], signal.SIGKILL)
+    killed_at = time.monotonic()
+    results = finish(procs, timeout=120)
+    assert time.monotonic() - killed_at < 30 + 15  # --timeout 30 plus a short grace
+    assert all(code != 0 for code, _, _ in results)
+    err = results[0][2]
+    assert "opbench cluster: error: rank" in err and "a peer rank probably exited or hung" in err, err[-3000:]
+    assert "Traceback" not in err
+    assert len(rows(out, "compute")) == 4 and len(rows(out, "memory")) == 8  # finished checks kept
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
