@@ -184,7 +184,7 @@ def test_two_nodes_every_check_then_a_slowed_rank_is_named(tmp_path):
         ("gpu", "node1:1", "node1:0"), ("inter", "node0", "node1"), ("inter", "node1", "node0")]  # fmt: skip
     assert all(float(r["gbs_per_gpu"]) > 0 and r["outlier"] == "False" for r in pairs)  # rewritten with verdicts
     summary = (clean / "cluster_summary.md").read_text()
-    assert summary.startswith("# Cluster check: PASS") and "| node0  |" in summary and "src \\ dst" in summary
+    assert summary.startswith("# Cluster check: PASS") and "| node0  | " in summary and "src \\ dst" in summary
     assert not any((tmp_path / "clean").glob("*node1*"))  # only global rank 0 writes
 
     slow = tmp_path / "slow"

@@ -120,7 +120,8 @@ def test_two_ranks_self_launched(tmp_path):
 
 def test_three_ranks_check_catches_a_corrupted_buffer(tmp_path):
     """Rank 1 adds 1 to its first send element before each checked call: every collective that carries that
-    element reports exactly the elements it spoils (a broadcast from rank 0 carries none of rank 1's)."""
+    element reports exactly the elements it spoils (a broadcast from rank 0 carries none of rank 1's).
+    --per-rank fills the straggler columns from every rank's per-call times."""
     out = tmp_path / "r"
     proc = torchrun(
         3,
@@ -129,6 +130,7 @@ def test_three_ranks_check_catches_a_corrupted_buffer(tmp_path):
         "--source-label",
         "fsdp",
         "--check",
+        "--per-rank",
         "--report-dir-path",
         str(out),
         *QUICK,
@@ -144,6 +146,8 @@ def test_three_ranks_check_catches_a_corrupted_buffer(tmp_path):
             size = expected_count(coll, 1000 if r["size_bytes"] in ("996", "1000") else 3072, 3)
             assert int(r["count"]) == size
             assert_nccl_tests_numbers(r, 3)
+            assert r["slowest_rank"] in ("0", "1", "2") and 0 < float(r["slowest_share"]) <= 1
+            assert float(r["slowest_p95_us"]) >= float(r["slowest_p50_us"]) > 0 and float(r["rank_spread_us"]) >= 0
     # 1000 B is not a multiple of 3 ranks x 4 B: nccl-tests rounds the count down and prints the real size
     assert rows(out, "all_gather")[0]["size_bytes"] == "996" and rows(out, "all_reduce")[0]["size_bytes"] == "1000"
 

@@ -54,17 +54,42 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--gpu-pairs", action="store_true", help="also every GPU pair inside each node (pairs check)")
     g.add_argument("--quick", action="store_true", help="smaller sizes and fewer iterations (a smoke run)")
     g.add_argument(
-        "--gemm-size", type=positive_int, default=None, help="square GEMM edge M=N=K (default: 8192 GPU, 512 CPU)"
+        "--gemm-size",
+        type=positive_int,
+        default=None,
+        help="square GEMM edge M=N=K (default: 8192 on GPU, 4096 --quick; 512 / 192 on CPU)",
     )
     cli.add_model_args(g, model_help="add this model's three heaviest dense GEMMs to the compute check")
     g.add_argument(
         "--seqlen", type=positive_int, default=None, help="sequence length for --model (default: the model's)"
     )
     g.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size for --model's GEMMs")
-    g.add_argument("--memory-size", type=parse_bytes, default=None, help="bytes per buffer of the memory kernels")
-    g.add_argument("--sizes", type=csv_list(parse_bytes), default=None, metavar="B1,B2", help="collective sizes")
-    g.add_argument("--pair-size", type=parse_bytes, default=None, help="bytes per GPU per direction in the pairs check")
-    g.add_argument("-n", "--iters", type=positive_int, default=None, help="timed iterations per collective / pair")
+    g.add_argument(
+        "--memory-size",
+        type=parse_bytes,
+        default=None,
+        help="bytes per buffer of the memory kernels (default: 1G on GPU, 256M --quick; 256M / 64M on CPU)",
+    )
+    g.add_argument(
+        "--sizes",
+        type=csv_list(parse_bytes),
+        default=None,
+        metavar="B1,B2",
+        help="intra/inter/world collective sizes (default: 64M,1G on GPU, 64M --quick; 1M,16M / 256K on CPU)",
+    )
+    g.add_argument(
+        "--pair-size",
+        type=parse_bytes,
+        default=None,
+        help="bytes per GPU per direction in the pairs check (default: 256M on GPU, 64M --quick; 16M / 1M on CPU)",
+    )
+    g.add_argument(
+        "-n",
+        "--iters",
+        type=positive_int,
+        default=None,
+        help="timed iterations per collective / pair (default: 20 on GPU, 10 --quick; 10 / 5 on CPU)",
+    )
 
     g = p.add_argument_group("verdict")
     g.add_argument("--outlier-fraction", type=float, default=0.10, help="name members this fraction below the median …")
@@ -311,7 +336,7 @@ def run(args: argparse.Namespace, dist_env: dist.DistEnv) -> int:
         elapsed = time.monotonic() - started
         header = [
             f"{len(cluster.nodes)} node(s) × {per_node} GPU(s) = {ranks.world_size} ranks; {info.name}; {dtype}; "
-            f"backend {ranks.backend}; {'quick' if args.quick else 'default'} sizes; {elapsed:.0f} s",
+            f"backend {ranks.backend}; {'quick' if args.quick else 'default'} sizes; checks took {elapsed:.0f} s after the rendezvous",
             f"checks: {', '.join(c for c in CHECKS if c in cfg.checks)}" + (" (+ GPU pairs)" if cfg.gpu_pairs else ""),
             f"outlier rule: more than {100 * cfg.fraction:g} % and {cfg.mad_k:g} scaled MADs below the peers' median",
             f"link peaks: {cfg.links.source or 'unknown (pass --link-peak-gbs)'}",

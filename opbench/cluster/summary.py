@@ -42,18 +42,20 @@ def _table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
 def per_gpu_grid(rows: Sequence[Mapping[str, Any]], case_col: str, case: str, metric: str) -> tuple[str, int]:
     """node × local GPU table of one case's metric; (markdown, nodes left out)."""
     grid: dict[str, dict[int, float | None]] = {}
+    hosts: dict[str, str] = {}
     for r in rows:
         if str(r.get(case_col)) != case:
             continue
         value = r.get(metric) if r.get("status") == "ok" else None
         grid.setdefault(str(r["node"]), {})[int(r["local_rank"])] = value
+        hosts[str(r["node"])] = str(r.get("host", ""))
     width = max((max(g) + 1 for g in grid.values() if g), default=0)
     nodes = list(grid)
     if len(nodes) > MAX_ROWS:  # the worst nodes first
         nodes.sort(key=lambda n: min((v for v in grid[n].values() if v is not None), default=-math.inf))
     shown = nodes[:MAX_ROWS]
-    body = [[n, *[grid[n].get(i) for i in range(width)]] for n in shown]
-    return _table(body, ["node", *[f"gpu{i}" for i in range(width)]]), len(nodes) - len(shown)
+    body = [[n, hosts[n], *[grid[n].get(i) for i in range(width)]] for n in shown]
+    return _table(body, ["node", "host", *[f"gpu{i}" for i in range(width)]]), len(nodes) - len(shown)
 
 
 def matrix_table(matrix: np.ndarray, labels: Sequence[str]) -> str:

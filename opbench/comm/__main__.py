@@ -124,6 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="fill rank-dependent values and count wrong elements after a checked call (-c 1)",
     )
+    g.add_argument(
+        "--per-rank",
+        action="store_true",
+        help="keep every call's time on every rank: the CSV adds the slowest rank's p50/p95 per call, the rank "
+        "slowest most often, and the spread between ranks (docs/cluster.md, per-rank statistics)",
+    )
     g = p.add_argument_group("output")
     cli.add_output_args(g, dir_default="out", dir_help="where <collective>_benchmark.csv go")
     g.add_argument("--append", action="store_true", help="append to existing CSVs instead of replacing them")
@@ -302,6 +308,7 @@ def run(args: argparse.Namespace, dist_env: dist.DistEnv) -> int:
             p2p_mode=args.p2p_mode,
             timeout_s=args.timeout,
             faults=Faults.from_env(),
+            per_rank=args.per_rank,
         )
         meta = run_meta(
             ranks.device,
@@ -316,6 +323,7 @@ def run(args: argparse.Namespace, dist_env: dist.DistEnv) -> int:
                 "trials": cfg.trials,
                 "blocking": cfg.blocking,
                 "check": cfg.check,
+                "per_rank": cfg.per_rank,
                 "timeout_s": cfg.timeout_s,
             },
         )

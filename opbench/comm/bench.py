@@ -31,6 +31,7 @@ from opbench.core.dist import RankFailure, Ranks
 from opbench.core.dtypes import dtype as dtype_info
 from opbench.core.dtypes import element_size
 from opbench.core.faults import Faults
+from opbench.core.rankstats import rank_stats
 from opbench.core.results import environment, progress
 from opbench.core.sweep import (
     STATUS_ERROR,
@@ -70,6 +71,7 @@ class RunConfig:
     p2p_mode: str = "ring"
     timeout_s: float = 300.0
     faults: Faults = field(default_factory=Faults)  # OPBENCH_FAULTS (core.faults); none by default
+    per_rank: bool = False  # keep every call's time on every rank: who was slowest (core.rankstats)
 
 
 def is_fatal(exc: BaseException) -> bool:
@@ -77,22 +79,36 @@ def is_fatal(exc: BaseException) -> bool:
     return isinstance(exc, network) or bool(_FATAL.search(str(exc)))
 
 
-def timed_loop(call, iters: int, device: torch.device, blocking: bool) -> float:
-    """Seconds per iteration of ``iters`` back-to-back calls, measured on the device stream."""
+def timed_loop(call, iters: int, device: torch.device, blocking: bool, per_call: list[float] | None = None) -> float:
+    """Seconds per iteration of ``iters`` back-to-back calls, measured on the device stream. With ``per_call``,
+    each call's own time is appended to it too (an event, or a clock reading, between calls: the loop stays
+    back to back)."""
     if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1 if per_call is not None else 2)]
+        marks[0].record()
+        for i in range(iters):
             call()
             if blocking:
                 torch.cuda.current_stream().synchronize()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3 / iters
-    t0 = time.perf_counter_ns()
+            if per_call is not None:
+                marks[i + 1].record()
+        marks[-1].record()
+        marks[-1].synchronize()
+        if per_call is not None:
+            per_call += [a.elapsed_time(b) / 1e3 for a, b in zip(marks, marks[1:])]
+        return marks[0].elapsed_time(marks[-1]) / 1e3 / iters
+    clock = time.perf_counter_ns
+    t0 = clock()
+    if per_call is None:
+        for _ in range(iters):
+            call()  # gloo calls return when the data has arrived
+        return (clock() - t0) / 1e9 / iters
+    stamps = [t0]
     for _ in range(iters):
-        call()  # gloo calls return when the data has arrived
-    return (time.perf_counter_ns() - t0) / 1e9 / iters
+        call()
+        stamps.append(clock())
+    per_call += [(b - a) / 1e9 for a, b in zip(stamps, stamps[1:])]
+    return (stamps[-1] - t0) / 1e9 / iters
 
 
 class Bench:
@@ -103,6 +119,7 @@ class Bench:
         self.device, self.backend, self.nnodes = ranks.device, ranks.backend, ranks.env.nnodes
         self.rank, self.world = ranks.rank, ranks.world_size
         self._groups: dict[tuple[int, int], tuple[Any, tuple[int, ...]]] = {}
+        self._per_call: list[float] | None = None  # the last case's per-call times (--per-rank)
 
     # -- groups ----------------------------------------------------------------------------------------
     def group(self, size: int, stride: int) -> tuple[Any, tuple[int, ...]]:
@@ -141,9 +158,10 @@ class Bench:
             call()
         synchronize(self.device)
         times = []
+        self._per_call = [] if cfg.per_rank else None
         for _ in range(cfg.trials):
             dist.barrier()
-            times.append(timed_loop(call, cfg.iters, self.device, cfg.blocking))
+            times.append(timed_loop(call, cfg.iters, self.device, cfg.blocking, self._per_call))
         return times
 
     def _check(self, op: CommOp, ctx: Ctx, bufs: Buffers) -> int:
@@ -192,6 +210,7 @@ class Bench:
         }
         status, message, wrong = STATUS_OK, "", 0
         times = [math.nan] * cfg.trials
+        self._per_call = None
         bufs = None
         try:
             # Every rank must have prepared the case before any rank enters a collective: one that fails alone
@@ -219,8 +238,15 @@ class Bench:
         return self._agree(row, status, message, wrong, times, coll, size, nranks)
 
     def _agree(self, row, status, message, wrong, times, coll, size, nranks) -> dict[str, Any]:
-        """One gather of (status, wrong, trial times) from every rank; every rank computes the same row."""
-        mine = torch.tensor([_STATUS_CODES.index(status), wrong, *times], dtype=torch.float64, device=self.device)
+        """One gather of (status, wrong, trial times[, per-call times]) from every rank; every rank computes the same
+        row."""
+        calls: list[float] = []
+        if self.cfg.per_rank:
+            n_calls = self.cfg.trials * self.cfg.iters
+            calls = self._per_call if self._per_call and len(self._per_call) == n_calls else [math.nan] * n_calls
+        mine = torch.tensor(
+            [_STATUS_CODES.index(status), wrong, *times, *calls], dtype=torch.float64, device=self.device
+        )
         every = torch.empty(self.world * mine.numel(), dtype=torch.float64, device=self.device)
         try:
             all_gather_fn()(every, mine)
@@ -239,7 +265,9 @@ class Bench:
             mine = codes[self.rank] == worst and message
             row["error"] = message if mine else f"{row['status']} on rank(s) {failed}; see their stderr"
             return row
-        per_trial = table[:, 2:]
+        per_trial = table[:, 2 : 2 + self.cfg.trials]
+        if self.cfg.per_rank:
+            row.update(rank_stats(table[:, 2 + self.cfg.trials :].numpy()).as_row())
         avg, slowest = per_trial.mean(dim=0).tolist(), per_trial.max(dim=0).values.tolist()
         t = statistics.median(avg)
         row.update(
@@ -360,6 +388,12 @@ class Output:
             extra.insert(0, f"nranks {first['nranks']}")
         if first["pattern"]:
             extra.insert(0, first["pattern"])
+        straggler = next((r for r in rows if r.get("slowest_rank") is not None), None)
+        if straggler is not None:  # --per-rank
+            extra.append(
+                f"slowest rank {straggler['slowest_rank']} in {100 * straggler['slowest_share']:.0f} % of calls, "
+                f"p95 {straggler['slowest_p95_us']:.4g} us, spread {straggler['rank_spread_us']:.3g} us"
+            )
         self._print(line + ("   # " + "; ".join(extra) if extra else ""))
         self._busbw += [r["busbw_gbs"] for r in rows if r.get("status") == STATUS_OK]
 

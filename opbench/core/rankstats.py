@@ -2,7 +2,7 @@
 
 A collective finishes when its slowest rank does, so the average over ranks (what nccl-tests prints) hides a
 straggler. From every rank's per-iteration times (ranks × iterations) this computes, as documented in
-docs/conventions.md ("Per-rank collective statistics"):
+docs/cluster.md ("Per-rank collective statistics"):
 
 - ``slowest_p50`` / ``slowest_p95``: the median and 95th percentile over iterations of the slowest rank's time
   in that iteration — what the job actually waited for;
