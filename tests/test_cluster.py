@@ -209,14 +209,27 @@ def test_two_nodes_every_check_then_a_slowed_rank_is_named(tmp_path):
 
 
 @pytest.mark.slow
-def test_expect_threshold_above_this_machine_fails_naming_the_metric(tmp_path, run):
+def test_under_srun_an_expect_threshold_above_this_machine_fails_naming_the_metric(tmp_path):
+    """Two plain processes with only srun's variables form one world (as `srun python -m opbench.cluster`)."""
     expect = tmp_path / "expect.json"
     expect.write_text(json.dumps({"compute": {"tflops": 1e6}, "memory": {"gbs": 1e-3}}))
-    proc = run("opbench", "cluster", "--quick", "--checks", "compute,memory", "--expect", str(expect),
-               "--report-dir-path", str(tmp_path / "out"), env={"OMP_NUM_THREADS": "1"})  # fmt: skip
-    assert proc.returncode == 1, proc.stderr[-2000:]
-    assert "threshold: compute square_192 fp32" in proc.stdout and "below the expected 1e+06" in proc.stdout
-    assert "threshold: memory" not in proc.stdout  # a threshold this machine meets is not named
+    port = _free_port()
+    base = {k: v for k, v in ENV.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    procs = []
+    for rank in (0, 1):
+        env = {**base, "SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(rank),
+               "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_STEP_ID": "0",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
+        cmd = [sys.executable, "-m", "opbench.cluster", "--quick", "--checks", "compute,memory", "--expect",
+               str(expect), "--report-dir-path", str(tmp_path / "out"), "--timeout", "60"]  # fmt: skip
+        procs.append(
+            subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        )
+    (r0, out0, err0), (r1, _, err1) = [(p.wait(timeout=240), *p.communicate()) for p in procs]
+    assert (r0, r1) == (1, 1), err0[-2000:] + err1[-2000:]
+    assert "2 rank(s) = world 2" in out0 and "threshold: compute square_192 fp32" in out0
+    assert "below the expected 1e+06" in out0 and "threshold: memory" not in out0  # a met threshold is not named
+    assert [r["rank"] for r in rows(tmp_path / "out", "compute")] == ["0", "1"]
     assert "| threshold | compute" in (tmp_path / "out" / "cluster_summary.md").read_text()
 
 
