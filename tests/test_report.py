@@ -473,6 +473,59 @@ def test_interrupted_run_with_header_only_is_reported_not_dropped(tmp_path):
     assert not built.plots and not built.missing
 
 
+# ---- opbench cluster ---------------------------------------------------------------------------------------
+
+
+def test_cluster_folder_gets_its_sections_and_heatmaps(tmp_path):
+    """A hand-written ``opbench cluster`` folder (2 nodes × 2 GPUs, node1's GPU 1 failed its GEMM): every CSV
+    kind gets its section, and the GPU and pair heatmaps are drawn and linked under their tables."""
+    from opbench.cluster import schema as cluster
+    from opbench.core.results import CsvReport
+
+    gpus = [
+        {"host": f"h{n}", "node": f"node{n}", "rank": 2 * n + g, "local_rank": g, "device_name": "GPU X"}
+        for n in (0, 1)
+        for g in (0, 1)
+    ]
+    gemm = {"gemm": "square_4096", "m": 4096, "n": 4096, "k": 4096, "dtype": "bf16"}
+    pair = {"size_bytes": 1 << 20, "gbs_per_gpu": 40.0, "status": "ok"}
+    rows = {
+        "compute": [{**g, **gemm, "time_s": 1e-4, "tflops": 600.0 + g["rank"], "status": "ok"} for g in gpus[:3]]
+        + [{**gpus[3], **gemm, "status": "error", "error": "CUDA error: ECC"}],
+        "memory": [{**g, "kernel": "copy", "size_bytes": 1 << 30, "gbs": 3000.0, "status": "ok"} for g in gpus],
+        "telemetry": [{**g, "phase": "before", "source": "nvml", "sm_clock_mhz": 1980.0} for g in gpus],
+        "comm": [
+            {
+                "scope": "intra",
+                "group": f"node{n}",
+                "collective": "all_reduce",
+                "size_bytes": 1 << 20,
+                "busbw_gbs": 200.0,
+                "status": "ok",
+            }
+            for n in (0, 1)
+        ],
+        "pairs": [{"scope": "inter", "src": f"node{n}", "dst": f"node{1 - n}", **pair} for n in (0, 1)]
+        + [{"scope": "gpu", "src": f"node{n}:{g}", "dst": f"node{n}:{1 - g}", **pair} for n in (0, 1) for g in (0, 1)],
+    }
+    for kind, schema in cluster.SCHEMAS.items():
+        with CsvReport(tmp_path / "res" / cluster.file_name(kind), schema) as csv:
+            csv.extend(rows[kind])
+
+    built = build_report(tmp_path / "res", tmp_path / "out")
+    text = built.path.read_text()
+    assert [s.kind for s in built.sections] == list(cluster.SCHEMAS.values())
+    compute = section(text, cluster.COMPUTE.title)
+    assert list(md_tables(compute)["square_4096"][0]["tflops"]) == ["600", "601", "602"]  # slowest GPU first
+    assert "### Rows not measured (1: error: 1)" in compute and "CUDA error: ECC" in compute
+    heatmaps = {"cluster_tflops_square_4096.png", "cluster_pairs_inter_1MiB.png", "cluster_pairs_gpu_1MiB.png"}
+    assert {p.filename for p in built.plots} == heatmaps and not built.missing
+    for name in heatmaps:
+        assert (built.path.parent / name).read_bytes().startswith(PNG_SIGNATURE)
+    assert "](cluster_tflops_square_4096.png)" in compute
+    assert "](cluster_pairs_inter_1MiB.png)" in section(text, cluster.PAIRS.title)
+
+
 # ---- schemas: declared once, by the benchmarks; the report must agree with them -----------------------------
 
 

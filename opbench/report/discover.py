@@ -18,6 +18,11 @@ import pandas as pd
 
 from opbench.attention.schema import SCHEMA as ATTENTION
 from opbench.ckpt.schema import SCHEMA as CKPT
+from opbench.cluster.schema import COMM as CLUSTER_COMM
+from opbench.cluster.schema import COMPUTE as CLUSTER_COMPUTE
+from opbench.cluster.schema import MEMORY as CLUSTER_MEMORY
+from opbench.cluster.schema import PAIRS as CLUSTER_PAIRS
+from opbench.cluster.schema import TELEMETRY as CLUSTER_TELEMETRY
 from opbench.comm.schema import SCHEMA as COMM
 from opbench.core.errors import UsageError
 from opbench.core.results import sidecar_path
@@ -42,6 +47,11 @@ SCHEMAS: dict[str, Schema] = {
         TRACE_PER_COMM,
         TRACE_FSDP,
         CKPT,
+        CLUSTER_COMPUTE,
+        CLUSTER_MEMORY,
+        CLUSTER_TELEMETRY,
+        CLUSTER_COMM,
+        CLUSTER_PAIRS,
     )
 }
 

@@ -7,8 +7,9 @@ display needed).
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import pandas as pd
 
 from opbench.core.units import human_bytes
 
-from .tables import Section
+from .tables import Section, cell
 
 PLOT_EXTRA_HINT = "matplotlib is not installed (pip install 'opbench[plot]')"
 PASS_ORDER = ("fwd", "dgrad", "wgrad")
@@ -30,6 +31,7 @@ class Plot:
     title: str
     draw: Callable[[Any], None]  # draws onto a matplotlib Figure
     group: str | None = None  # the split table it belongs under (a collective), None = after the tables
+    figsize: tuple[float, float] = (8, 4.5)  # inches; heatmaps grow with their grid
 
 
 def _safe(name: object) -> str:
@@ -180,6 +182,134 @@ def _draw_ckpt(frame: pd.DataFrame) -> Callable[[Any], None]:
     return draw
 
 
+# ---- cluster: heatmaps of GPUs and of pairs ----------------------------------------------------------------
+
+HEATMAP_ANNOTATE_MAX = 400  # cells; above this the numbers would not fit and only the colours remain
+HEATMAP_TICKS_MAX = 48  # labels per axis; above this every k-th is named
+
+
+def _natural(label: object) -> tuple[Any, ...]:
+    """node2 before node10, and node0:2 before node0:10 (the launcher's names carry numbers)."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", cell(label)))
+
+
+def _members(*frames: pd.DataFrame, columns: Sequence[str]) -> list[Hashable]:
+    """Every distinct value of these columns in these frames, in natural order."""
+    seen = {v for f in frames for c in columns if c in f for v in f[c].dropna()}
+    return sorted(seen, key=_natural)
+
+
+def _grid(
+    measured: pd.DataFrame, row: str, col: str, value: str, rows: list[Hashable], cols: list[Hashable]
+) -> pd.DataFrame:
+    """value at (row, col), the median where a folder holds repeats; members without a value stay NaN, so a
+    failed or missing GPU or pair is a blank cell instead of vanishing from the grid."""
+    cells = measured.groupby([row, col])[value].median().unstack() if not measured.empty else pd.DataFrame()
+    return cells.reindex(index=rows, columns=cols).astype(float)
+
+
+def _heatmap_size(grid: pd.DataFrame) -> tuple[float, float]:
+    width = min(20.0, max(6.0, 0.9 * len(grid.columns) + 3.0))
+    height = min(20.0, max(3.5, 0.5 * len(grid.index) + 1.8))
+    return width, height
+
+
+def _name_ticks(ax: Any, labels: Sequence[Hashable], axis: str) -> None:
+    step = max(1, math.ceil(len(labels) / HEATMAP_TICKS_MAX))
+    where = list(range(0, len(labels), step))
+    names = [cell(labels[i]) for i in where]
+    if axis == "x":
+        ax.set_xticks(where, names, rotation=90 if len(where) > 12 else 0, fontsize="small")
+    else:
+        ax.set_yticks(where, names, fontsize="small")
+
+
+def _draw_heatmap(grid: pd.DataFrame, title: str, xlabel: str, ylabel: str, unit: str) -> Callable[[Any], None]:
+    """One coloured cell per (row, column), its value written in it while the grid is small; NaN stays white.
+    The colour scale starts at 0, so a cell reads as far from its neighbours only when it really is (a min-to-max
+    scale paints a 1 % difference as black against white)."""
+
+    def draw(fig: Any) -> None:
+        import numpy as np
+        from matplotlib import colormaps
+
+        values = grid.to_numpy(dtype=float)
+        ax = fig.add_subplot()
+        image = ax.imshow(
+            np.ma.masked_invalid(values),
+            cmap=colormaps["viridis"].with_extremes(bad="white"),
+            aspect="auto",
+            vmin=0.0,
+            vmax=float(np.nanmax(values)) if np.isfinite(values).any() else 1.0,
+        )
+        fig.colorbar(image, ax=ax, label=unit)
+        _name_ticks(ax, list(grid.columns), "x")
+        _name_ticks(ax, list(grid.index), "y")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        if values.size <= HEATMAP_ANNOTATE_MAX:
+            for (i, j), v in np.ndenumerate(values):
+                if math.isfinite(v):  # dark low end of viridis: white text there, black on the light end
+                    shade = "white" if image.norm(v) < 0.5 else "black"
+                    ax.text(j, i, f"{v:.4g}", ha="center", va="center", fontsize="small", color=shade)
+
+    return draw
+
+
+def _compute_heatmaps(section: Section) -> list[Plot]:
+    """Per GEMM (and dtype, when a folder mixes them): TFLOPS with nodes in rows and local GPUs in columns.
+    Rows and columns come from every compute row, failed ones included, so a GPU without a result is blank."""
+    ok, failed = section.ok, section.failed
+    rows = _members(ok, failed, columns=("node",))
+    cols = _members(ok, failed, columns=("local_rank",))
+    many_dtypes = ok["dtype"].nunique(dropna=True) > 1
+    plots = []
+    for (gemm, dtype), part in ok.groupby(["gemm", "dtype"], sort=True, dropna=False):
+        first = part.iloc[0]
+        title = f"GEMM {gemm} ({cell(first['m'])}×{cell(first['n'])}×{cell(first['k'])}, {dtype}): TFLOPS per GPU"
+        grid = _grid(part, "node", "local_rank", "tflops", rows, cols)
+        plots.append(
+            Plot(
+                section.kind.benchmark,
+                f"cluster_tflops_{_safe(gemm)}" + (f"_{_safe(dtype)}" if many_dtypes else "") + ".png",
+                title,
+                _draw_heatmap(grid, title, "local rank (GPU on the node)", "node", "TFLOPS"),
+                group=str(gemm),
+                figsize=_heatmap_size(grid),
+            )
+        )
+    return plots
+
+
+# scope -> (what the title says, what one row / column is); another scope is drawn with its own name
+PAIR_SCOPES = {"inter": ("node → node", "node"), "gpu": ("GPU → GPU inside each node", "GPU")}
+
+
+def _pair_heatmaps(section: Section) -> list[Plot]:
+    """Per scope and message size: GB/s per GPU, senders in rows, receivers in columns, one label set for
+    both so the diagonal lines up; pairs not measured (including each member with itself) are blank."""
+    ok, failed = section.ok, section.failed
+    plots = []
+    for (scope, size), part in ok.groupby(["scope", "size_bytes"], sort=True):
+        what, member = PAIR_SCOPES.get(str(scope), (str(scope), "member"))
+        same_scope = failed[failed["scope"] == scope] if "scope" in failed else failed
+        labels = _members(ok[ok["scope"] == scope], same_scope, columns=("src", "dst"))
+        title = f"Pairs {what} at {human_bytes(size)}: GB/s per GPU"
+        grid = _grid(part, "src", "dst", "gbs_per_gpu", labels, labels)
+        plots.append(
+            Plot(
+                section.kind.benchmark,
+                f"cluster_pairs_{_safe(scope)}_{_safe(human_bytes(size).replace(' ', ''))}.png",
+                title,
+                _draw_heatmap(grid, title, f"receiving {member} (dst)", f"sending {member} (src)", "GB/s per GPU"),
+                group=str(scope),
+                figsize=_heatmap_size(grid),
+            )
+        )
+    return plots
+
+
 # ---- planning and rendering --------------------------------------------------------------------------------
 
 
@@ -226,6 +356,13 @@ def plan_plots(sections: Sequence[Section]) -> list[Plot]:
     ckpt = by_kind.get("ckpt", pd.DataFrame())
     if not ckpt.empty:
         plots.append(Plot("ckpt", "ckpt_bandwidth.png", "Checkpoint bandwidth per method", _draw_ckpt(ckpt)))
+    for section in sections:
+        if section.ok.empty:
+            continue
+        if section.kind.benchmark == "cluster_compute":
+            plots += _compute_heatmaps(section)
+        elif section.kind.benchmark == "cluster_pairs":
+            plots += _pair_heatmaps(section)
     return plots
 
 
@@ -240,7 +377,7 @@ def render(plots: Sequence[Plot], out_dir: Path) -> tuple[list[Plot], dict[str, 
         return [], {p.filename: PLOT_EXTRA_HINT for p in plots}
     made, missing = [], {}
     for plot in plots:
-        fig = Figure(figsize=(8, 4.5), layout="constrained")
+        fig = Figure(figsize=plot.figsize, layout="constrained")
         FigureCanvasAgg(fig)
         try:
             plot.draw(fig)

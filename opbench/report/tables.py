@@ -80,6 +80,12 @@ _SHAPE = (
     "dtype",
 )
 
+# opbench cluster: every per-GPU row says which GPU it is; host, model and UUID only matter when they differ.
+_GPU = ("node", "local_rank", "rank", "host", "device_name", "device_id")
+_GPU_OPTIONAL = ("host", "device_name")
+_GPU_SPARSE = ("device_id",)  # the GPU's UUID, empty on a CPU
+_READINGS = ("sm_clock_mhz", "mem_clock_mhz", "temperature_c", "power_w", "power_limit_w")
+
 SPECS: dict[str, TableSpec] = {
     "gemm": TableSpec(
         columns=(
@@ -284,6 +290,100 @@ SPECS: dict[str, TableSpec] = {
         sparse=("tflops", "gbs"),
         about="Backends that ran and gave the right answer; wrong and unavailable ones are listed below it.",
     ),
+    "cluster_compute": TableSpec(
+        columns=(
+            *_GPU,
+            "m",
+            "n",
+            "k",
+            "dtype",
+            "time_ms",
+            "tflops",
+            "pct_of_peak",
+            "vs_median_pct",
+            "outlier",
+            "max_rel_err",
+        ),
+        derived=("time_ms",),
+        order=_gemm_order,
+        optional=(*_GPU_OPTIONAL, "dtype", "outlier"),
+        sparse=(*_GPU_SPARSE, "pct_of_peak"),
+        split="gemm",
+        about="One table per GEMM, slowest GPU first (by % of peak where the device's peak is known, else by "
+        "TFLOPS); vs_median_pct is the GPU against its peers' median. The heatmap places every GPU at its node and "
+        "local rank; a GPU without a result is a blank cell. The pass/fail verdict and its findings are in "
+        "cluster_summary.md beside the CSVs.",
+    ),
+    "cluster_memory": TableSpec(
+        columns=(*_GPU, "size", "time_ms", "gbs", "pct_of_peak", "vs_median_pct", "outlier"),
+        derived=("size", "time_ms"),
+        order=_by("size_bytes", "gbs"),
+        optional=(*_GPU_OPTIONAL, "outlier"),
+        sparse=(*_GPU_SPARSE, "pct_of_peak"),
+        split="kernel",
+        about="One table per STREAM kernel (copy, triad), slowest GPU first; gbs counts the bytes read and written.",
+    ),
+    "cluster_telemetry": TableSpec(
+        columns=(*_GPU, "phase", "source", *_READINGS, "throttle", "throttle_flagged", "error"),
+        order=_by("throttle_flagged", "node", "local_rank"),
+        optional=_GPU_OPTIONAL,
+        sparse=(*_GPU_SPARSE, "source", *_READINGS, "throttle", "throttle_flagged", "error"),
+        about="Each GPU's clocks, temperature and power before and after the checks; GPUs with a throttle reason "
+        "that costs performance (throttle_flagged) first. Where a reading is empty, error says why.",
+    ),
+    "cluster_comm": TableSpec(
+        columns=(
+            "scope",
+            "group",
+            "nodes",
+            "nranks",
+            "dtype",
+            "size",
+            "size_bytes",
+            "count",
+            "time_us",
+            "algbw_gbs",
+            "busbw_gbs",
+            "pct_of_link_peak",
+            "vs_median_pct",
+            "outlier",
+            "slowest_rank",
+            "slowest_share",
+            "rank_spread_us",
+        ),
+        derived=("size",),
+        order=_by("scope", "size_bytes", "busbw_gbs"),
+        optional=("dtype", "outlier"),
+        sparse=("pct_of_link_peak",),
+        split="collective",
+        about="busbw per group inside each node (intra), across nodes per rail (inter) and over all ranks (world); "
+        "per scope and size the slowest group first. time_us is the slowest rank's median; slowest_rank is the "
+        "rank last most often (slowest_share of the iterations), rank_spread_us how far the slow ranks' medians "
+        "sit above the typical rank's.",
+    ),
+    "cluster_pairs": TableSpec(
+        columns=(
+            "src",
+            "dst",
+            "nranks",
+            "size",
+            "size_bytes",
+            "time_us",
+            "gbs_per_gpu",
+            "gbs_total",
+            "pct_of_link_peak",
+            "vs_median_pct",
+            "outlier",
+        ),
+        derived=("size",),
+        order=_by("size_bytes", "gbs_per_gpu"),
+        optional=("nranks", "outlier"),
+        sparse=("pct_of_link_peak",),
+        split="scope",
+        about="Point-to-point bandwidth per ordered pair, slowest first: node to node (inter, every GPU of src "
+        "sending to its peer on dst at once) and GPU to GPU inside a node (gpu, with --gpu-pairs). The heatmaps "
+        "put src in rows and dst in columns; a pair not measured is a blank cell.",
+    ),
 }
 assert set(SPECS) == set(SCHEMAS)
 ALWAYS_DERIVED = ("file",)  # Discovery.frame adds the file each row came from
@@ -332,7 +432,7 @@ def _storage_kind(url: object) -> str:
 # ---- derived columns ---------------------------------------------------------------------------------------
 
 
-def _derive_gemm(f: pd.DataFrame) -> pd.DataFrame:
+def _with_time_ms(f: pd.DataFrame) -> pd.DataFrame:
     return f.assign(time_ms=f["time_s"] * 1e3)
 
 
@@ -406,13 +506,17 @@ def attach_tests(comm: pd.DataFrame, tests: pd.DataFrame) -> pd.DataFrame:
 
 
 DERIVE: dict[str, Callable[[pd.DataFrame], pd.DataFrame]] = {
-    "gemm": _derive_gemm,
+    "gemm": _with_time_ms,
     "attention": _derive_attention,
     "comm": lambda f: _with_size(f, "size_bytes"),
     "nccl_tests": _derive_nccl_tests,
     "trace": _derive_trace,
     "fsdp": _derive_fsdp,
     "ckpt": lambda f: _with_size(f, "iter_folder_size").assign(storage_kind=f["storage"].map(_storage_kind)),
+    "cluster_compute": _with_time_ms,
+    "cluster_memory": lambda f: _with_time_ms(_with_size(f, "size_bytes")),
+    "cluster_comm": lambda f: _with_size(f, "size_bytes"),
+    "cluster_pairs": lambda f: _with_size(f, "size_bytes"),
 }
 
 
