@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# opbench: the whole suite — GEMM, attention, collectives, then (when present) FSDP and checkpoint — with one
+# opbench: the whole suite — GEMM, attention, collectives, the cluster check, then FSDP and checkpoint — with one
 # results folder per run. Run it on every node of a job with the same MASTER_ADDR/MASTER_PORT and each node's
 # NODE_RANK; single-GPU kernel benchmarks run on node 0 only, collectives and checkpointing on every node.
 #
@@ -11,9 +11,9 @@
 #   MASTER_ADDR [127.0.0.1]  MASTER_PORT [29500]  NNODES [1]  NODE_RANK [0]
 #   NPROC_PER_NODE [GPUs on this node; 2 on a CPU-only machine]
 #   REPORT_DIR [out/run_<UTC time>]   MODEL [Llama3.1_8B]   MODEL_CONFIG_PATH [built-in configs]
-#   STAGES ["gemm attention comm fsdp ckpt report"]   PYTHON [python]
+#   STAGES ["gemm attention comm cluster fsdp ckpt report"]   PYTHON [python]
 #   QUICK [1 on CPU, 0 on GPU]: short timing budgets and small sizes
-#   GEMM_ARGS / ATTN_ARGS / COMM_ARGS / FSDP_ARGS / CKPT_ARGS: replace a stage's default size/timing flags
+#   GEMM_ARGS / ATTN_ARGS / COMM_ARGS / CLUSTER_ARGS / FSDP_ARGS / CKPT_ARGS: replace a stage's default size/timing flags
 #   With NNODES>1 the ckpt stage needs storage every node sees: CKPT_ARGS="--storage /shared/fs/path" (or s3://…);
 #   the default REPORT_DIR/ckpt/ckpt_data is usually node-local, and DCP's loads would fail on the other nodes.
 #
@@ -35,7 +35,7 @@ NNODES=${NNODES:-1}
 NODE_RANK=${NODE_RANK:-0}
 MODEL=${MODEL:-Llama3.1_8B}
 MODEL_CONFIG_PATH=${MODEL_CONFIG_PATH:-}
-STAGES=${STAGES:-"gemm attention comm fsdp ckpt report"}
+STAGES=${STAGES:-"gemm attention comm cluster fsdp ckpt report"}
 REPORT_DIR=${REPORT_DIR:-out/run_$(date -u +%Y%m%d_%H%M%S)}
 
 GPUS=$("$PYTHON" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)" 2>/dev/null || echo 0)
@@ -55,12 +55,14 @@ if [ "$QUICK" = 1 ]; then
     GEMM_ARGS=${GEMM_ARGS:-"--quick --seqlen 128"}
     ATTN_ARGS=${ATTN_ARGS:-"--quick --max-seqlen 128 --backends math,sdpa"}
     COMM_ARGS=${COMM_ARGS:-"-b 1K -e 1M -f 32 -n 5 -w 2 --trials 3 --check --seqlen 64"}
+    CLUSTER_ARGS=${CLUSTER_ARGS:-"--quick --outlier-fraction 0.3"}  # ranks sharing CPU cores differ by chance
     FSDP_ARGS=${FSDP_ARGS:-""}
     CKPT_ARGS=${CKPT_ARGS:-""}
 else
     GEMM_ARGS=${GEMM_ARGS:-""}
     ATTN_ARGS=${ATTN_ARGS:-""}
     COMM_ARGS=${COMM_ARGS:-"-b 8 -e 8G -f 2 -n 20 -w 5 --check"}
+    CLUSTER_ARGS=${CLUSTER_ARGS:-""}
     FSDP_ARGS=${FSDP_ARGS:-""}
     CKPT_ARGS=${CKPT_ARGS:-""}
 fi
@@ -106,6 +108,9 @@ if wanted comm; then
     # nccl-tests style sweep plus the model's TP/SP/EP/PP activation sizes, across every rank of the job
     # shellcheck disable=SC2086
     stage comm "${torchrun_cmd[@]}" -m opbench.comm "${model_flags[@]}" --report-dir-path "$REPORT_DIR/comm" $COMM_ARGS
+fi
+if wanted cluster; then  # exit 1 = the cluster failed a check or has an outlier (see cluster/cluster_summary.md)
+    stage cluster "${torchrun_cmd[@]}" -m opbench.cluster --report-dir-path "$REPORT_DIR/cluster" $CLUSTER_ARGS
 fi
 if [ "$NODE_RANK" = 0 ] && wanted fsdp; then
     if has_module opbench.fsdp_model.__main__; then

@@ -133,8 +133,8 @@ def read(kind: str, uuid: str = "", pci_bus_id: str = "", index: int | None = No
     try:
         return _nvml(uuid, pci_bus_id, index) if kind == "cuda" else _amdsmi(pci_bus_id)
     except ImportError:
-        extra = "nvidia-ml-py" if kind == "cuda" else "amdsmi"
-        return Reading(error=f"{module} is not installed (pip install {extra})")
+        how = "pip install 'opbench[nvml]'" if kind == "cuda" else "pip install /opt/rocm/share/amd_smi"
+        return Reading(error=f"{module} is not installed ({how})")
     except Exception as exc:  # noqa: BLE001 - a driver/library refusal leaves empty cells, never a failed run
         return Reading(
             module.replace("pynvml", "nvml"), error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
