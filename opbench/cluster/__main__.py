@@ -307,7 +307,7 @@ def run(args: argparse.Namespace, dist_env: dist.DistEnv) -> int:
             f"# opbench cluster: {len(cluster.nodes)} node(s) × {per_node} rank(s) = world {ranks.world_size}, "
             f"{info.name} ({ranks.device.type}), {dtype}, backend {ranks.backend}"
             + (", quick" if args.quick else "")
-            + ("; CPU ranks take turns in the compute and memory checks" if not gpu else "")
+            + ("; CPU ranks take turns in the compute and memory checks (3 rounds, median kept)" if not gpu else "")
         )
         for check in CHECKS:
             if check in cfg.checks:

@@ -38,6 +38,15 @@ from .links import LinkPeaks
 from .plan import COMM_COLLECTIVES, Sizes
 from .verdict import Finding, Threshold, check_thresholds, judge
 
+CPU_ROUNDS = 3  # interleaved measuring rounds of the CPU ranks (compute, memory)
+
+
+def median_row(rows: Sequence[dict[str, Any]], metric: str) -> dict[str, Any]:
+    """The round whose ``metric`` is the median of the successful rounds (an actual measurement, with its own
+    spread), else the first failed one."""
+    ok = sorted((r for r in rows if r.get("status") == STATUS_OK), key=lambda r: r[metric])
+    return ok[(len(ok) - 1) // 2] if ok else rows[0]
+
 
 class ClusterFailure(Exception):
     """The job itself broke: a peer rank exited, hung past --timeout, or the network failed."""
@@ -186,18 +195,20 @@ class Cluster:
         self._collective(what, lambda: dist.gather(mine, bufs, dst=0))
         return torch.stack(bufs).cpu().numpy() if bufs is not None else None
 
-    def _one_at_a_time(self, fn: Callable[[], Any]) -> Any:
-        """GPUs all at once (the point: every GPU under load together); on a CPU the ranks share cores, so each
-        rank measures alone while the others wait."""
+    def _one_at_a_time(self, fn: Callable[[], list[dict[str, Any]]], metric: str) -> list[dict[str, Any]]:
+        """GPUs all at once (the point: every GPU under load together). On a CPU the ranks share cores, so each rank
+        measures alone while the others wait, in CPU_ROUNDS interleaved rounds; each case keeps its median round, so
+        a burst of load from outside hits one round of one rank instead of deciding that rank's result."""
         if self.gpu:
             self._collective("barrier before compute", self.ranks.barrier)
             return fn()
-        result = None
-        for turn in range(self.world):
-            if turn == self.rank:
-                result = fn()
-            self._collective("barrier between CPU turns", self.ranks.barrier)
-        return result
+        rounds: list[list[dict[str, Any]]] = []
+        for _ in range(CPU_ROUNDS):
+            for turn in range(self.world):
+                if turn == self.rank:
+                    rounds.append(fn())
+                self._collective("barrier between CPU turns", self.ranks.barrier)
+        return [median_row([r[i] for r in rounds], metric) for i in range(len(rounds[0]))]
 
     def _iteration_times(self, call: Callable[[], Any], iters: int, warmup: int) -> list[float]:
         for _ in range(warmup):
@@ -221,8 +232,9 @@ class Cluster:
         return out
 
     def _timing(self) -> TimingConfig:
-        s = self.cfg.sizes
-        return TimingConfig(warmup_iters=2, warmup_s=0.02, min_iters=5, max_iters=500, budget_s=s.budget_s)
+        """The shared harness's stop rule; a CPU's budget is split over its interleaved rounds."""
+        budget = self.cfg.sizes.budget_s / (1 if self.gpu else CPU_ROUNDS)
+        return TimingConfig(warmup_iters=2, warmup_s=0.02, min_iters=5, max_iters=500, budget_s=budget)
 
     def _judge_rows(self, check: str, case: str, rows: list[dict[str, Any]], metric: str, labels: list[str]) -> None:
         """Fill vs_median_pct / outlier of one case's rows and record the findings (rank 0)."""
@@ -342,7 +354,7 @@ class Cluster:
         case_key: Callable[[dict[str, Any]], str],
         metric: str,
     ) -> None:
-        mine = self._one_at_a_time(work)
+        mine = self._one_at_a_time(work, metric)
         gathered = self._gather_objects(f"gathering {check} results", mine)
         if gathered is None:
             return
