@@ -175,3 +175,71 @@ def test_relayed_stderr_keeps_the_ranks_words_and_ends_in_one_line(capsys):
         "opbench ckpt: error: rank 0 ended with exit code 1; torchrun stopped the other ranks (the ranks' "
         "own messages are above)",
     ]
+
+
+# -- reliability: launch problems are one line, exit 2; failures that are not Exceptions still become rows ---------
+def _port_in_use():
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s
+
+
+def test_launch_and_rendezvous_problems_are_one_line(run):
+    import socket
+
+    bad_flags = (
+        (["--master-port", "99999"], "field '--master-port': a TCP port is 1-65535, got 99999"),
+        (["--master-port", "-1"], "field '--master-port': a TCP port is 1-65535, got -1"),
+        (["--node-rank", "-3"], "field '--node-rank': must not be negative, got -3"),
+        (["--nnodes", "2", "--node-rank", "2"], "field '--node-rank': node 2 does not exist in a job of 2 node(s)"),
+        (["--backend", "bogus"], "field '--backend': unknown backend 'bogus'"),
+        (["--timeout", "inf"], "field '--timeout': must be a positive, finite number of seconds, got inf"),
+        (["--backend", "nccl", "-b", "1K"], "field '--backend': NCCL runs on GPUs and this rank's device is cpu"),
+    )
+    for argv, needle in bad_flags:
+        proc = run("opbench", "comm", *argv)
+        assert proc.returncode == 2 and needle in proc.stderr, (argv, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    env = {"RANK": "3", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    proc = run("opbench", "cluster", "--quick", env=env)
+    assert proc.returncode == 2 and "field 'RANK': RANK=3 is outside a world of 2" in proc.stderr, proc.stderr
+
+    with _port_in_use() as held:  # rank 0 must serve the store on a port another process holds
+        port = str(held.getsockname()[1])
+        env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+        proc = run("opbench", "comm", "-b", "1K", "--timeout", "5", env=env)
+    assert proc.returncode == 2 and f"rendezvous port 127.0.0.1:{port}: it is in use" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+    with socket.socket() as s:  # a port nobody serves: rank 1 waits for rank 0 until --timeout
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+    proc = run("opbench", "comm", "-b", "1K", "--timeout", "3", env=env, timeout=120)
+    assert proc.returncode == 2 and f"rendezvous at 127.0.0.1:{port}" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_checkpoint_exception_and_a_cpu_allocation_failure_become_rows():
+    import torch
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from opbench.core.sweep import classify_failure
+
+    try:
+        torch.empty(1 << 60, dtype=torch.uint8)
+    except RuntimeError as exc:
+        assert classify_failure(exc)[0] == "oom", exc
+    ranks = dist.Ranks.join(dist.single(), "cpu", 30)
+    try:
+
+        def truncated_load():
+            raise CheckpointException("load", {0: (EOFError("truncated .distcp"), None)})
+
+        with pytest.raises(dist.RankFailure, match="truncated .distcp"):  # BaseException, not Exception
+            ranks.agree(truncated_load)
+    finally:
+        ranks.stop()

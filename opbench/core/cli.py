@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import re
 import sys
@@ -111,6 +112,41 @@ def non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
     return value
+
+
+def positive_seconds(text: str) -> float:
+    """A finite, positive number of seconds (``inf`` would turn a hang back into a hang)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number of seconds") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive, finite number of seconds, got {text}")
+    return value
+
+
+def port_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a port number") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is 1-65535, got {value}")
+    return value
+
+
+# torch.distributed backends; "cpu:gloo,cuda:nccl" style device maps are checked part by part.
+BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
+
+
+def backend_name(text: str) -> str:
+    parts = [p.split(":", 1)[-1] for p in text.split(",")]
+    bad = [p for p in parts if p not in BACKENDS]
+    if bad or not text:
+        raise argparse.ArgumentTypeError(
+            f"unknown backend {text!r}; choose from {', '.join(BACKENDS)} (or a map like cpu:gloo,cuda:nccl)"
+        )
+    return text
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)\s*$", re.IGNORECASE)
@@ -272,19 +308,20 @@ def add_launch_args(
     parser.add_argument("--nnodes", type=positive_int, default=1, help=nnodes_help)
     parser.add_argument(
         "--node-rank",
-        type=int,
-        default=int(os.environ.get("NODE_RANK", "0")),
+        type=non_negative_int,
+        default=os.environ.get("NODE_RANK", "0"),  # a string default goes through the type check too
         help="this node's index (default: $NODE_RANK or 0)",
     )
     parser.add_argument("--master-addr", default=os.environ.get("MASTER_ADDR"), help="rendezvous host ($MASTER_ADDR)")
     parser.add_argument(
         "--master-port",
-        type=int,
+        type=port_number,
         default=None,
         help="rendezvous port (default: $MASTER_PORT, else a free port on one node, 29500 on several)",
     )
     parser.add_argument(
         "--backend",
+        type=backend_name,
         default=None,
         help="torch.distributed backend (default: nccl on GPU — RCCL on ROCm — and gloo on CPU)",
     )
@@ -293,7 +330,7 @@ def add_launch_args(
 def add_timeout_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, default: float) -> None:
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=positive_seconds,
         default=default,
         metavar="SECONDS",
         help="seconds the rendezvous or any collective may take before the job fails with one "

@@ -14,13 +14,15 @@ writer. Importing this module does not import torch; the functions that need it 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import re
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
@@ -82,21 +84,40 @@ def detect(env: Mapping[str, str] | None = None) -> DistEnv | None:
         node_rank = _optional_int(env, "GROUP_RANK")
         if node_rank is None:
             node_rank = _optional_int(env, "SLURM_NODEID")
-        return DistEnv(
-            _env_int(env, "RANK"), world, _optional_int(env, "LOCAL_RANK") or 0, nnodes, "torchrun", node_rank, host
+        return _checked(
+            DistEnv(
+                _env_int(env, "RANK"), world, _optional_int(env, "LOCAL_RANK") or 0, nnodes, "torchrun", node_rank, host
+            ),
+            "RANK",
+            "WORLD_SIZE",
         )
     # Inside `srun` (a job step); a batch script's own shell has SLURM_PROCID too but no SLURM_STEP_ID.
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and "SLURM_STEP_ID" in env:
-        return DistEnv(
-            _env_int(env, "SLURM_PROCID"),
-            _env_int(env, "SLURM_NTASKS"),
-            _optional_int(env, "SLURM_LOCALID") or 0,
-            _optional_int(env, "SLURM_NNODES") or 1,
-            "slurm",
-            _optional_int(env, "SLURM_NODEID"),
-            host,
+        return _checked(
+            DistEnv(
+                _env_int(env, "SLURM_PROCID"),
+                _env_int(env, "SLURM_NTASKS"),
+                _optional_int(env, "SLURM_LOCALID") or 0,
+                _optional_int(env, "SLURM_NNODES") or 1,
+                "slurm",
+                _optional_int(env, "SLURM_NODEID"),
+                host,
+            ),
+            "SLURM_PROCID",
+            "SLURM_NTASKS",
         )
     return None
+
+
+def _checked(d: DistEnv, rank_var: str, world_var: str) -> DistEnv:
+    """A launcher environment that cannot describe a real job is a usage error, not a hang in the rendezvous."""
+    if d.world_size < 1:
+        raise UsageError(f"must be at least 1, got {d.world_size}", field=world_var)
+    if not 0 <= d.rank < d.world_size:
+        raise UsageError(f"{rank_var}={d.rank} is outside a world of {d.world_size} ({world_var})", field=rank_var)
+    if d.local_rank < 0:
+        raise UsageError(f"must not be negative, got {d.local_rank}", field="LOCAL_RANK")
+    return d
 
 
 def single() -> DistEnv:
@@ -239,6 +260,8 @@ def local_gpu_count(device: str | None) -> int:
 def self_launch(args: Any, argv: Sequence[str], module: str, prog: str, verdict_exit: int | None = None) -> int | None:
     """Started plainly with ``--nproc-per-node N`` > 1 (default: one rank per GPU) or ``--nnodes`` > 1: run this
     machine's share of the job under torchrun and return its exit status. None: run in this process."""
+    if args.node_rank >= args.nnodes:
+        raise UsageError(f"node {args.node_rank} does not exist in a job of {args.nnodes} node(s)", field="--node-rank")
     nproc = args.nproc_per_node or local_gpu_count(args.device) or 1
     if nproc == 1 and args.nnodes == 1:
         return None
@@ -303,6 +326,45 @@ def init_process_group(dist_env: DistEnv, backend: str, device: Any, timeout_s: 
     )
 
 
+@contextlib.contextmanager
+def _stderr_held() -> Iterator[None]:
+    """c10d's C++ layer writes its errors, with a C++ stack, straight to file descriptor 2 before Python sees the
+    exception. Hold fd 2 in a temporary file while joining: replayed when the join works (nothing is lost), dropped
+    when it fails (the one line from ``rendezvous_error`` says what happened)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        joined = False
+        try:
+            yield
+            joined = True
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            if joined:
+                held.seek(0)
+                for chunk in iter(lambda: held.read(1 << 16), b""):
+                    os.write(2, chunk)
+
+
+def rendezvous_error(exc: BaseException, timeout_s: float) -> str:
+    """One line for a failed rendezvous: what went wrong and where, without torch's C++ trace."""
+    text = " ".join(str(exc).split())
+    where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    if "EADDRINUSE" in text or "address already in use" in text.lower():
+        return f"cannot open the rendezvous port {where}: it is in use (another job?); pick another --master-port"
+    if "timed out" in text.lower() or "timeout" in text.lower():
+        return (
+            f"the rendezvous at {where} did not complete within --timeout {timeout_s:g} s (master unreachable, or "
+            "not every rank started)"
+        )
+    if "Connection refused" in text or "ECONNREFUSED" in text:
+        return f"the rendezvous at {where} refused the connection (is rank 0 running there?)"
+    return f"joining the job at {where} failed: {type(exc).__name__}: {text[:300]}"
+
+
 class RankFailure(Exception):
     """Raised on every rank when any rank failed a step; carries the first failing rank's status and message."""
 
@@ -349,9 +411,17 @@ class Ranks:
         (``cpu:gloo,cuda:nccl``) for tools that also move CPU tensors (DCP's async save)."""
         device = local_device(device_spec, dist_env.local_rank)
         chosen = pick_backend(device.type, backend)
+        if "nccl" in chosen and "cpu:" not in chosen and device.type != "cuda":
+            raise UsageError(f"NCCL runs on GPUs and this rank's device is {device}; use gloo", field="--backend")
         if cpu_group and chosen == "nccl":
             chosen = "cpu:gloo,cuda:nccl"
-        init_process_group(dist_env, chosen, device, timeout_s)
+        try:
+            with _stderr_held():
+                init_process_group(dist_env, chosen, device, timeout_s)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as exc:  # noqa: BLE001 - every way a rendezvous fails becomes one line
+            raise UsageError(rendezvous_error(exc, timeout_s)) from None
         return cls(dist_env, device, chosen)
 
     def stop(self) -> None:
@@ -387,7 +457,7 @@ class Ranks:
 
         return CsvReport(path, schema, meta, append) if self.is_main else NullReport()
 
-    def agree(self, fn: Callable[[], T], describe: Callable[[Exception], tuple[str, str]] | None = None) -> T:
+    def agree(self, fn: Callable[[], T], describe: Callable[[BaseException], tuple[str, str]] | None = None) -> T:
         """Run ``fn`` on every rank; if it raised anywhere, raise the first failure on every rank, so no rank
         goes on into a collective its peer will never join. ``describe`` turns an exception into
         (status, message); the default is the sweep's classification (ok / unsupported / oom / error).
@@ -398,9 +468,10 @@ class Ranks:
         result: Any = None
         try:
             result = fn()
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, SystemExit):
             raise
-        except Exception as exc:  # noqa: BLE001 - shared with the peers below, then re-raised
+        except BaseException as exc:  # noqa: BLE001 - shared with the peers below, then re-raised
+            # BaseException: torch's DCP CheckpointException derives from it, and must become a row too
             status, message = (describe or classify_failure)(exc)
             failure = (status, message if self.world_size == 1 else f"rank {self.rank}: {message}")
         failures = [f for f in self.gather(failure) if f is not None]

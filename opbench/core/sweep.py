@@ -29,7 +29,7 @@ def classify_failure(exc: BaseException) -> tuple[str, str]:
     """(status, one-line message) for an exception raised while measuring one item."""
     if isinstance(exc, Unsupported):
         status = STATUS_UNSUPPORTED
-    elif isinstance(exc, MemoryError) or _is_torch_oom(exc) or "out of memory" in str(exc).lower():
+    elif isinstance(exc, MemoryError) or _is_torch_oom(exc) or _says_oom(str(exc)):
         status = STATUS_OOM
     else:
         status = STATUS_ERROR
@@ -39,6 +39,12 @@ def classify_failure(exc: BaseException) -> tuple[str, str]:
     if status == STATUS_ERROR:
         msg = f"{type(exc).__name__}: {msg}"
     return status, msg[:500]
+
+
+def _says_oom(text: str) -> bool:
+    """GPU allocators say "out of memory"; torch's CPU allocator says "can't allocate memory" (ENOMEM)."""
+    low = text.lower()
+    return any(s in low for s in ("out of memory", "can't allocate memory", "cannot allocate memory"))
 
 
 def _is_torch_oom(exc: BaseException) -> bool:
