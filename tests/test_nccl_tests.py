@@ -449,3 +449,30 @@ def test_row_with_trailing_comment():
     ]
     [r] = parse_lines(lines)
     assert (r["oop_time_us"], r["ip_time_us"]) == (5.0, 6.0)
+
+
+def test_over_long_lines_are_skipped_and_a_damaged_gz_keeps_the_rows_before_it(tmp_path, capsys):
+    """A 1 MB line without a newline is read past in bounded pieces (the rows around it survive); a .gz cut off
+    after ~3000 rows keeps every row read before the damage, warns, and exits 1."""
+    head = ["# Collective test starting: all_reduce_perf", *v213_header()]
+    row = (
+        v213_preamble(1 << 20, 1 << 18, "float", "sum", -1)
+        + v213_body(20, 52.4, 45.9, 0)
+        + v213_body(19, 55.2, 48.3, 0)
+    )
+    noisy = tmp_path / "noisy.out"
+    noisy.write_text("\n".join([*head, row, "x" * 1_000_000, row]) + "\n")
+    out = tmp_path / "n.csv"
+    assert run_cli(nccl_tests.main, [str(noisy), "--csv", str(out)]) == 0
+    assert len(list(csv.DictReader(out.open()))) == 2
+    assert "skipped 1 line(s) longer than 64 KiB" in capsys.readouterr().err
+
+    body = "\n".join([*head, *[row] * 3000, "# Avg bus bandwidth    : 47.1 "]) + "\n"
+    whole = gzip.compress(body.encode())
+    cut = tmp_path / "cut.out.gz"
+    cut.write_bytes(whole[: len(whole) * 2 // 3])
+    assert run_cli(nccl_tests.main, [str(cut), "--csv", str(out)]) == 1
+    kept = list(csv.DictReader(out.open()))
+    assert 1000 < len(kept) < 3000 and all(r["oop_busbw_gbs"] == "45.9" for r in kept)
+    err = capsys.readouterr().err
+    assert "stopped reading after" in err and "the rows before the damage are kept" in err and "Traceback" not in err

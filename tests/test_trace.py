@@ -489,3 +489,30 @@ def test_human_bytes_keeps_three_digit_values_readable():
     # 262669312 fp32 elements: the root ReduceScatter of Llama-3-70B at 8 ranks (was printed "1e+03 MiB")
     assert human_bytes(262669312 * 4) == "1002 MiB"
     assert [human_bytes(v) for v in (1536, 1 << 30, 213913600, 0, None)] == ["1.5 KiB", "1 GiB", "204 MiB", "0 B", ""]
+
+
+def test_only_known_op_names_count_and_a_damaged_gzip_exits_1(tmp_path, cli):
+    """A line torn inside its op name ('duceScatter') or with damaged bytes ('ReduceSc7tter') is no call; a .gz
+    whose stream breaks keeps what came before, says so, and exits 1."""
+    good = [call_line("ReduceScatter", i, 4096, 7, device=d, pid=10 + d) for i in range(3) for d in range(2)]
+    bad = [
+        call_line("ReduceScatter", 9, 77, 7).replace("ReduceScatter", name)
+        for name in ("duceScatter", "ReduceSc7tter", "r")
+    ]
+    log = tmp_path / "job.log"
+    log.write_text("\n".join([*good, *bad]) + "\n")
+    out = tmp_path / "sum.csv"
+    res = cli(str(log), "--csv", str(out))
+    assert res.returncode == 0, res.stderr
+    rows = list(csv.DictReader(out.open()))
+    assert {(r["op"], r["count"]) for r in rows} == {("ReduceScatter", "4096")}
+    assert "3 call line(s) with no NCCL/RCCL op name skipped" in res.stderr and "'duceScatter' (1)" in res.stderr
+
+    text = "\n".join(call_line("AllReduce", i, 8, 7) for i in range(4000)) + "\n"
+    data = bytearray(gzip.compress(text.encode()))
+    data[len(data) // 2 : len(data) // 2 + 64] = bytes(64)  # damaged mid-stream
+    gz = tmp_path / "bad.log.gz"
+    gz.write_bytes(bytes(data))
+    res = cli(str(gz), "--csv", str(out))
+    assert res.returncode == 1 and "stopped reading early" in res.stderr and "Traceback" not in res.stderr
+    assert out.exists() and sum(int(r["calls"]) for r in csv.DictReader(out.open())) < 4000

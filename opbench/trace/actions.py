@@ -98,12 +98,31 @@ def run(args: argparse.Namespace, summary: TraceSummary, parser: LogParser) -> i
         f"{st.calls:,} calls, {st.skipped:,} skipped lines ({st.fragments:,} torn/incomplete call fragments)"
     )
     for err in st.read_errors:
-        print(f"warning: stopped reading early: {err}", file=sys.stderr)
+        print(
+            f"warning: stopped reading early: {err}; the calls above were read before the damage (a corrupt .gz "
+            "can garble lines before its checksum fails: treat them with care)",
+            file=sys.stderr,
+        )
+    if summary.unknown_ops:
+        names = ", ".join(f"{op!r} ({n})" for op, n in summary.unknown_ops.most_common(5))
+        print(
+            f"warning: {sum(summary.unknown_ops.values()):,} call line(s) with no NCCL/RCCL op name skipped "
+            f"(torn or damaged lines): {names}",
+            file=sys.stderr,
+        )
     rows = summary.summary_rows()
     if not rows:
         print("no NCCL calls found (was the job run with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL?)", file=sys.stderr)
         return 1
-    meta = environment(None, {"logs": list(args.logs), **st.as_dict()})
+    meta = environment(
+        None,
+        {
+            "logs": list(args.logs),
+            **st.as_dict(),
+            "read_errors": st.read_errors,
+            "unknown_ops": dict(summary.unknown_ops),
+        },
+    )
     print_top(rows, args.top)
     write_csv(args.csv, TRACE, rows, meta)
     if args.per_rank:
@@ -134,7 +153,7 @@ def run(args: argparse.Namespace, summary: TraceSummary, parser: LogParser) -> i
         compare_fsdp(args, rows, meta)
     if args.replay:
         return replay(args.logs, rows, args.nproc_per_node, args.replay_arg, args.dry_run)
-    return 0
+    return 1 if st.read_errors else 0  # what was read is written, but the log was not read to its end
 
 
 def _at_least(top: int | None, rows: int) -> int | None:

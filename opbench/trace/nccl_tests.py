@@ -34,6 +34,7 @@ from opbench.core.collectives import COLLECTIVES
 from opbench.core.dtypes import DTYPES
 from opbench.core.errors import run_cli
 
+from .parse import MAX_TEXT_LINE, LineStats, bounded_lines, open_log
 from .schema import NCCL_TESTS
 
 CSV_NAME = "nccl_tests.csv"
@@ -308,12 +309,12 @@ def parse_lines(lines: Iterable[str], source: str = "<text>") -> list[dict[str, 
     return list(OutputParser(source).rows(lines))
 
 
-def iter_file_rows(path: str) -> Iterator[dict[str, Any]]:
-    """Rows of one file ('-' = stdin, .gz by magic bytes), decoded leniently."""
-    from .parse import open_log
-
+def iter_file_rows(path: str, stats: LineStats | None = None) -> Iterator[dict[str, Any]]:
+    """Rows of one file ('-' = stdin, .gz by magic bytes), decoded leniently, read by ``bounded_lines`` (linear
+    time, bounded memory; over-long lines and a damaged .gz are counted in ``stats``, earlier rows kept)."""
+    stats = stats if stats is not None else LineStats()
     with open_log(path) as fh:
-        text = (raw.decode("utf-8", "replace") for raw in fh)
+        text = (raw.decode("utf-8", "replace") for raw in bounded_lines(fh, stats))
         yield from OutputParser(path).rows(text)
 
 
@@ -342,12 +343,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     meta = environment(None, {"outputs": paths})
     report = CsvReport(args.csv, NCCL_TESTS, meta=meta) if args.csv else None
     rows: list[dict[str, Any]] = []
+    damaged = False
     try:
         for path in paths:
-            for row in iter_file_rows(path):
+            stats = LineStats()
+            for row in iter_file_rows(path, stats):
                 rows.append(row)
                 if report is not None:
                     report.append(row)
+            if stats.long_lines:
+                print(
+                    f"warning: {path}: skipped {stats.long_lines} line(s) longer than {MAX_TEXT_LINE >> 10} KiB "
+                    "(not nccl-tests output)",
+                    file=sys.stderr,
+                )
+            for err in stats.read_errors:
+                damaged = True
+                print(
+                    f"warning: {path}: stopped reading after {stats.lines} line(s): {err}; the rows before the "
+                    "damage are kept",
+                    file=sys.stderr,
+                )
     finally:
         if report is not None:
             report.close()
@@ -369,7 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(summary_table(rows, shown, max_rows=args.top))
     if args.csv:
         print(f"wrote {args.csv} ({len(rows)} rows)")
-    return 0
+    return 1 if damaged else 0  # rows kept, but the file was not read to its end
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ import gzip
 import io
 import re
 import sys
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import compress, filterfalse
@@ -215,6 +216,39 @@ def open_log(path: str) -> BinaryIO:
     if buffered.peek(2)[:2] == b"\x1f\x8b":
         return gzip.GzipFile(fileobj=buffered, mode="rb")  # type: ignore[return-value]
     return buffered
+
+
+MAX_TEXT_LINE = 64 << 10  # a line of a text report (nccl-tests output) longer than this is not one: skipped
+
+
+@dataclass
+class LineStats:
+    """What ``bounded_lines`` saw besides the lines it yielded."""
+
+    lines: int = 0
+    long_lines: int = 0  # lines over the limit, skipped (never held whole)
+    read_errors: list[str] = field(default_factory=list)  # e.g. a damaged .gz: reading stopped, earlier lines kept
+
+
+def bounded_lines(fh: BinaryIO, stats: LineStats, max_len: int = MAX_TEXT_LINE) -> Iterator[bytes]:
+    """The lines of ``fh`` in linear time and bounded memory: a line longer than ``max_len`` is read past in
+    ``max_len`` pieces and counted, not joined; a read error (truncated or corrupt gzip) ends the stream and is
+    recorded, and every line before it has been yielded."""
+    while True:
+        try:
+            line = fh.readline(max_len + 1)
+            if len(line) > max_len and not line.endswith(b"\n"):
+                stats.long_lines += 1
+                while line and not line.endswith(b"\n"):
+                    line = fh.readline(max_len)
+                continue
+        except (EOFError, OSError, ValueError, zlib.error) as exc:
+            stats.read_errors.append(f"{type(exc).__name__}: {exc}")
+            return
+        if not line:
+            return
+        stats.lines += 1
+        yield line
 
 
 class HostFixer:

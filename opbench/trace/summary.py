@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from opbench.core.collectives import COLLECTIVES, NCCL_OP_TO_COLLECTIVE
+from opbench.core.collectives import COLLECTIVES, NCCL_OP_TO_COLLECTIVE, NCCL_OPS
 from opbench.core.dtypes import BY_ENUM
 
 from .parse import (
@@ -69,14 +69,24 @@ def proc_label(host: str | None, pid: int | None, device: int | None) -> str:
     return f"{host or '?'}:{pid if pid is not None else '?'}[{device if device is not None else '?'}]"
 
 
+# Op names a call may carry: every NCCL/RCCL op, and the ones this package synthesises (p2p all-to-alls).
+KNOWN_OPS = frozenset((*NCCL_OPS, *INFERRED_OPS))
+
+
 class TraceSummary:
     """The tally and the tables derived from it."""
 
     def __init__(self) -> None:
         self.counts: Counter[Key] = Counter()
         self.rccl_fields = False
+        # Calls whose op name is no NCCL/RCCL op (torn lines cut inside the name: 'duceScatter'; damaged bytes:
+        # 'ReduceSc7tter'): counted here, never tallied as calls.
+        self.unknown_ops: Counter[str] = Counter()
 
     def add(self, rec: CallRecord, n: int = 1) -> None:
+        if rec.op not in KNOWN_OPS:
+            self.unknown_ops[rec.op] += n
+            return
         note = rec.inferred.split(" (")[0] if rec.inferred else None
         self.counts[
             Key(
@@ -106,10 +116,14 @@ class TraceSummary:
         """Merge LINE matches counted by ``analyze`` (parse.LineKey, opCount left out), parsed here once each;
         ``note`` marks synthesised calls (p2p.GROUPED_NOTE)."""
         for (who, p2p, _, op, count, rest, grank, _), n in raw.items():
+            name = (p2p or op).decode("ascii")
+            if name not in KNOWN_OPS:
+                self.unknown_ops[name] += n
+                continue
             host, pid, dev = who_fields(who)
             dt, op_enum, _, comm, nranks = rest_fields(rest)
             key = Key(
-                (p2p or op).decode("ascii"),
+                name,
                 int(count),
                 dt,
                 op_enum,
