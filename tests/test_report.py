@@ -560,3 +560,41 @@ def test_every_csv_is_identified_by_its_sidecar_and_matches_its_schema(results, 
         assert (f.meta["benchmark"], f.meta["schema_version"]) == (schema.benchmark, schema.version), f.rel
         assert tuple(f.frame.columns) == schema.columns, f.rel
         assert identify(set(f.frame.columns), f.path.name) is schema, f.rel
+
+
+WRITE_UNTIL_FULL = """
+import resource, signal, sys
+from opbench.core.errors import UsageError
+from opbench.core.results import CsvReport
+from opbench.comm.schema import SCHEMA
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of killing us
+resource.setrlimit(resource.RLIMIT_FSIZE, (3000, 3000))  # a 'disk' that fills up after a few rows
+report = CsvReport(sys.argv[1], SCHEMA, {"note": "x"})
+try:
+    for i in range(1000):
+        report.append({"collective": "all_reduce", "size_bytes": 1 << i % 40, "busbw_gbs": 1.5, "status": "ok",
+                       "error": "e" * 50})
+except UsageError as exc:
+    print(exc)
+"""
+
+
+def test_a_full_disk_leaves_no_half_row_and_the_report_skips_broken_rows(tmp_path, capsys):
+    path = tmp_path / "all_reduce_benchmark.csv"
+    proc = subprocess.run([sys.executable, "-c", WRITE_UNTIL_FULL, str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0 and "cannot write report" in proc.stdout and "Traceback" not in proc.stderr, proc
+    text = path.read_text()
+    assert text.endswith("\n") and 0 < len(text) <= 3000
+    n_fields = {len(line.split(",")) for line in text.splitlines()}
+    assert len(n_fields) == 1, n_fields  # every row complete: the cut-off row was truncated away
+
+    # a row cut short by hand and a row with text where a number belongs: left out, named, no crash
+    with path.open("a") as fh:
+        fh.write("all_reduce,gloo,2,1,2,fp32\n")
+        fh.write(text.splitlines()[1].replace(",1.5,", ",huge,") + "\n")
+    good = len(text.splitlines()) - 1
+    assert run_cli(report_main, [str(tmp_path), "--no-plots"]) == 0
+    err = capsys.readouterr().err
+    assert "1 row(s) with the wrong number of fields left out" in err and "1 row(s) with text where a number" in err
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "## Rows left out" in md and f"({good} ok rows)" not in err

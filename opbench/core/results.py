@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import datetime as _dt
+import errno
 import json
 import math
 import os
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import opbench
 
-from .errors import UsageError
+from .errors import UsageError, describe_os_error
 from .schema import Schema
 
 if TYPE_CHECKING:
@@ -93,25 +94,62 @@ class CsvReport:
         except OSError as exc:
             raise UsageError(f"cannot write report: {exc.strerror}", source=str(path)) from None
         self._writer = csv.DictWriter(self._fh, fieldnames=self.columns, extrasaction="raise")
+        self._good = 0  # file offset after the last complete row: a failed write is cut back to it
         if fresh:
-            self._writer.writeheader()
-            self._fh.flush()
+            self._guarded(self._writer.writeheader)
+        else:
+            self._good = self._fh.seek(0, os.SEEK_END)
         self.rows: list[dict[str, Any]] = []
         self.write_meta(meta or {})
 
+    def _guarded(self, write: Any, *args: Any) -> None:
+        """Write, flush and fsync one row; on any OS error (disk full, /dev/full, a vanished mount) cut the file
+        back to the last complete row, so no reader sees half a row, and stop with one line (exit 2)."""
+        try:
+            write(*args)
+            self._fh.flush()
+            try:
+                os.fsync(self._fh.fileno())
+            except OSError as exc:
+                if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EROFS):  # /dev/null, pipes: nothing to sync
+                    raise
+            self._good = self._fh.tell()
+        except OSError as exc:
+            self._abandon()
+            raise UsageError(f"cannot write report: {describe_os_error(exc)}", source=str(self.path)) from None
+
+    def _abandon(self) -> None:
+        """Drop what Python still buffers (it would be written at close) and cut the file to its last whole row."""
+        try:
+            os.ftruncate(self._fh.fileno(), self._good)
+        except OSError:
+            pass
+        try:
+            os.close(self._fh.fileno())
+        except OSError:
+            pass
+        try:
+            self._fh.close()  # the descriptor is gone: the buffered remainder cannot reach the file
+        except (OSError, ValueError):
+            pass
+
     def write_meta(self, meta: Mapping[str, Any]) -> None:
         """(Re)write the sidecar; ``benchmark`` and ``schema_version`` always come from the schema."""
-        with open(sidecar_path(self.path), "w", encoding="utf-8") as fh:
-            json.dump({**meta, **self.schema.sidecar()}, fh, indent=2, default=str)
-            fh.write("\n")
+        if self.path.exists() and not self.path.is_file():
+            return  # /dev/stdout, a pipe: no file to put a sidecar beside
+        path = sidecar_path(self.path)
+        try:
+            with open(path, "w", encoding="utf-8") as fh:
+                json.dump({**meta, **self.schema.sidecar()}, fh, indent=2, default=str)
+                fh.write("\n")
+        except OSError as exc:
+            raise UsageError(f"cannot write the sidecar: {describe_os_error(exc)}", source=str(path)) from None
 
     def append(self, row: Mapping[str, Any]) -> None:
         unknown = set(row) - set(self.columns)
         if unknown:
             raise KeyError(f"row has columns outside the contract: {sorted(unknown)}")
-        self._writer.writerow({c: format_value(row.get(c)) for c in self.columns})
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        self._guarded(self._writer.writerow, {c: format_value(row.get(c)) for c in self.columns})
         self.rows.append(dict(row))
 
     def extend(self, rows: Iterable[Mapping[str, Any]]) -> None:
@@ -120,7 +158,10 @@ class CsvReport:
 
     def close(self) -> None:
         if not self._fh.closed:
-            self._fh.close()
+            try:
+                self._fh.close()
+            except OSError as exc:
+                raise UsageError(f"cannot write report: {describe_os_error(exc)}", source=str(self.path)) from None
 
     def __enter__(self) -> CsvReport:
         return self

@@ -46,6 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if found and found.skipped:
         print(f", skipped {len(found.skipped)}: " + ", ".join(rel for rel, _ in found.skipped), end="")
     print(f"\nwrote {report.path} with {len(report.plots)} plot(s)")
+    for rel, why in found.damaged if found else []:
+        print(f"warning: {rel}: {why}", file=sys.stderr)
     if report.missing:
         print(
             f"plots not made ({len(report.missing)}): " + "; ".join(f"{k}: {v}" for k, v in report.missing.items()),

@@ -8,6 +8,7 @@ reason, never silently ignored. The schemas are the benchmarks' own (``opbench/<
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 from dataclasses import dataclass, field
@@ -73,6 +74,7 @@ class Discovery:
     root: Path
     files: list[ResultFile]
     skipped: list[tuple[str, str]]  # (relative path, why)
+    damaged: list[tuple[str, str]] = field(default_factory=list)  # (relative path, rows left out and why)
 
     def of_kind(self, kind: str) -> list[ResultFile]:
         return [f for f in self.files if f.kind.benchmark == kind]
@@ -103,6 +105,37 @@ def read_meta(csv_path: Path) -> dict[str, Any]:
     return meta if isinstance(meta, dict) else {}
 
 
+# Columns that hold numbers in every schema that has them (besides each schema's metric and unit columns).
+NUMERIC = frozenset({"size_bytes", "count", "m", "n", "k", "mbs", "world_size", "nranks", "iters", "nnodes", "calls"})
+
+
+def drop_garbage(frame: pd.DataFrame, kind: Schema) -> tuple[pd.DataFrame, int]:
+    """Rows whose number columns hold text ('huge' as a size) are left out, not turned into a crash later."""
+    numeric = [c for c in frame.columns if c in NUMERIC or c in kind.metrics or c in kind.units]
+    bad = pd.Series(False, index=frame.index)
+    for col in numeric:
+        if not pd.api.types.is_numeric_dtype(frame[col]) and not pd.api.types.is_bool_dtype(frame[col]):
+            as_num = pd.to_numeric(frame[col], errors="coerce")
+            bad |= as_num.isna() & frame[col].notna()
+            frame[col] = as_num
+    return (frame[~bad].reset_index(drop=True), int(bad.sum())) if bad.any() else (frame, 0)
+
+
+def malformed_rows(path: Path) -> list[int]:
+    """0-based line numbers (as pandas' skiprows counts them; the header is 0) of rows whose field count differs
+    from the header's: a row cut short by a failed write must not be read as a row with empty cells."""
+    bad: list[int] = []
+    with open(path, newline="", encoding="utf-8") as fh:
+        reader = csv.reader(fh)
+        header = next(reader, None)
+        if header is None:
+            return bad
+        for row in reader:
+            if row and len(row) != len(header):
+                bad.append(reader.line_num - 1)
+    return bad
+
+
 def discover(root: str | Path) -> Discovery:
     """Every ``*.csv`` under root (recursively), sorted by path, sorted into kinds or skipped."""
     base = Path(root)
@@ -112,8 +145,16 @@ def discover(root: str | Path) -> Discovery:
     for path in sorted(base.rglob("*.csv")):
         rel = path.relative_to(base).as_posix()
         try:
-            frame = pd.read_csv(path)
-        except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError, OSError) as exc:
+            short = malformed_rows(path)
+            frame = pd.read_csv(path, skiprows=short or None)
+            if short:
+                found.damaged.append(
+                    (
+                        rel,
+                        f"{len(short)} row(s) with the wrong number of fields left out (lines {short[:5]}…; a write cut short?)",
+                    )
+                )
+        except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError, OSError, csv.Error) as exc:
             found.skipped.append((rel, f"unreadable CSV ({type(exc).__name__}: {str(exc).splitlines()[0][:80]})"))
             continue
         meta = read_meta(path)
@@ -124,6 +165,9 @@ def discover(root: str | Path) -> Discovery:
         if kind is None:
             found.skipped.append((rel, "columns match no opbench benchmark"))
             continue
+        frame, garbage = drop_garbage(frame, kind)
+        if garbage:
+            found.damaged.append((rel, f"{garbage} row(s) with text where a number belongs left out"))
         found.files.append(ResultFile(path, rel, kind, frame, meta, how))
     return found
 

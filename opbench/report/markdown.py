@@ -152,6 +152,8 @@ def report_markdown(
         out += ["## Plots not made", ""]
         titles = {p.filename: p.title for p in planned}
         out += [f"- `{name}` ({titles.get(name, '')}): {why}" for name, why in missing.items()] + [""]
+    if found.damaged:
+        out += ["## Rows left out", ""] + [f"- `{rel}`: {why}" for rel, why in found.damaged] + [""]
     if found.skipped:
         out += ["## Skipped files", ""] + [f"- `{rel}`: {why}" for rel, why in found.skipped] + [""]
     return "\n".join(out).rstrip() + "\n"
