@@ -296,3 +296,33 @@ def test_srun_environment_is_one_world_and_a_corrupt_rank_is_caught(tmp_path):
     assert set(rows["status"]) == {"error"}
     assert all("rank 1" in e and "rank 0" not in e for e in rows["error"]), list(rows["error"])
     assert json.loads((out / "ckpt_benchmark.meta.json").read_text())["launcher"] == "slurm"
+
+
+def test_sigterm_to_every_task_cleans_up_like_ctrl_c(tmp_path):
+    """scancel and Slurm's time limit send SIGTERM to every task: the ranks stop as on Ctrl-C, rank 0 removes
+    the checkpoint data, rows already written stay, and the exit code is 143."""
+    import signal
+    import time
+
+    port = _free_port()
+    base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    procs = []
+    for rank in (0, 1):
+        env = {**base, "OMP_NUM_THREADS": "1", "SLURM_PROCID": str(rank), "SLURM_NTASKS": "2",
+               "SLURM_LOCALID": str(rank), "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_STEP_ID": "0",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
+        cmd = [sys.executable, "-m", "opbench.ckpt", "--size-mb", "64", "--methods", "torch_save,dcp", "--iterations",
+               "200", "--storage", str(tmp_path / "data"), "--report-dir-path", str(tmp_path / "out")]  # fmt: skip
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not any((tmp_path / "data").rglob("*.pt")):
+        time.sleep(0.2)
+    time.sleep(1.0)
+    assert any((tmp_path / "data").rglob("*")), "no checkpoint written yet"
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    results = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [143, 143], results[0][1][-2000:]
+    assert all("terminated (SIGTERM)" in err and "Traceback" not in err for _, err in results)
+    assert not [f for f in (tmp_path / "data").rglob("*") if f.is_file()]  # no checkpoint bytes left behind
+    assert (tmp_path / "out" / "ckpt_benchmark.csv").exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -13,6 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from opbench.core.dist import _descendants
 
 pytestmark = pytest.mark.slow
 
@@ -329,3 +332,56 @@ def test_self_launched_job_with_a_dead_rank_ends_in_clear_lines(tmp_path):
     assert sum(ln.startswith("opbench comm: error: rank 0/2: all_reduce at 1024 B failed") for ln in lines) == 1
     assert lines[-1].startswith("opbench comm: error: rank 0 ended with exit code 1")
     assert "Traceback" not in proc.stderr and "ChildFailedError" not in proc.stderr
+
+
+def test_a_stopped_rank_does_not_keep_the_job_alive(tmp_path):
+    """SIGSTOP on rank 1 mid-run: SIGTERM cannot end a stopped process, so torchrun alone would wait; the job ends
+    about --timeout + STOP_GRACE_S after the stop, in clear lines."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "opbench",
+            "comm",
+            "--nproc-per-node",
+            "2",
+            "-b",
+            "1K",
+            "--collectives",
+            "all_reduce",
+            "-n",
+            "1000000",
+            "--timeout",
+            "5",
+            "--report-dir-path",
+            str(tmp_path),
+        ],  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        cwd=ROOT,
+    )
+    rank1 = None
+    deadline = time.monotonic() + 120
+    while rank1 is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+        for pid in _descendants(proc.pid):
+            try:
+                env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if b"LOCAL_RANK=1" in env and b"opbench.comm" in open(f"/proc/{pid}/cmdline", "rb").read():
+                rank1 = pid
+    assert rank1 is not None, "rank 1 never started"
+    time.sleep(3)  # inside the timed loop
+    os.kill(rank1, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    _, err = proc.communicate(timeout=120)
+    took = time.monotonic() - stopped_at
+    assert proc.returncode != 0 and took < 5 + 10 + 10, (took, err[-2000:])
+    assert "did not stop within 10 s after a rank failed" in err and "Traceback" not in err
+    try:
+        os.kill(rank1, signal.SIGKILL)  # should be gone already; never leave a stopped process behind
+    except OSError:
+        pass

@@ -379,7 +379,24 @@ def _sweep_state(
 
     def measure(case: Case) -> dict[str, Any]:
         case_dir = f"{run_dirs[storages.index(case.storage)]}/{case.tag}"
-        result = run_case(ranks, state, case, case_dir, run, tiny)
+        try:
+            result = run_case(ranks, state, case, case_dir, run, tiny)
+        except Exception as exc:
+            if not dist.job_broken(exc):
+                raise  # the case's own failure: a row, and the sweep goes on
+            # A peer exited or hung: every later case would wait out --timeout too. Leave now, with one line.
+            if ranks.is_main and not run.keep:
+                for storage, run_dir in zip(storages, run_dirs):
+                    try:
+                        remove_tree(storage, run_dir)
+                    except Exception:  # noqa: BLE001 - best effort on the way out
+                        pass
+            dist.fail_job(
+                "opbench ckpt",
+                f"rank {ranks.rank}/{ranks.world_size}: {case.tag} failed (--timeout {args.timeout:g} s): "
+                f"{' '.join(str(exc).split())[:300]} (a peer rank probably exited or hung)",
+            )
+            raise
         if ranks.is_main:
             meta["cases"].append(sidecar_entry(case, result))
             report.write_meta(meta)

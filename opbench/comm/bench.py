@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import statistics
 import sys
 import time
@@ -27,7 +26,7 @@ import torch.distributed as dist
 
 from opbench.core.collectives import COLLECTIVES
 from opbench.core.device import synchronize, torch_dtype
-from opbench.core.dist import RankFailure, Ranks
+from opbench.core.dist import RankFailure, Ranks, job_broken
 from opbench.core.dtypes import dtype as dtype_info
 from opbench.core.dtypes import element_size
 from opbench.core.faults import Faults
@@ -48,13 +47,6 @@ from .schema import SCHEMA
 from .sizes import CommCase, count_for, group_layout
 
 _STATUS_CODES = [STATUS_OK, STATUS_UNSUPPORTED, STATUS_OOM, STATUS_ERROR]  # worst last
-# Errors that mean the job itself is broken (a peer died or hung): no row, stop every survivor.
-_FATAL = re.compile(
-    r"timed out|timeout|connection (closed|reset|refused)|broken pipe|watchdog|abort|"
-    r"remote worker|peer",
-    re.IGNORECASE,
-)
-
 
 class CommFailure(Exception):
     """A collective could not complete: a peer rank exited, hung past --timeout, or the network failed."""
@@ -72,11 +64,6 @@ class RunConfig:
     timeout_s: float = 300.0
     faults: Faults = field(default_factory=Faults)  # OPBENCH_FAULTS (core.faults); none by default
     per_rank: bool = False  # keep every call's time on every rank: who was slowest (core.rankstats)
-
-
-def is_fatal(exc: BaseException) -> bool:
-    network = tuple(getattr(dist, n) for n in ("DistNetworkError", "DistStoreError") if hasattr(dist, n))
-    return isinstance(exc, network) or bool(_FATAL.search(str(exc)))
 
 
 def timed_loop(call, iters: int, device: torch.device, blocking: bool, per_call: list[float] | None = None) -> float:
@@ -223,7 +210,7 @@ class Bench:
             if cfg.check:
                 wrong = self._check(op, ctx, bufs)
         except Exception as exc:
-            if is_fatal(exc):
+            if job_broken(exc):
                 raise CommFailure(
                     f"rank {self.rank}/{self.world}: {case.collective} at {size} B failed "
                     f"(--timeout {cfg.timeout_s:g} s): {' '.join(str(exc).split())[:300]} "

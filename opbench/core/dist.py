@@ -18,10 +18,12 @@ import contextlib
 import datetime
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, TypeVar
@@ -179,12 +181,16 @@ _AGENT_LOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ .*torch/distribu
 # The agent of another node losing the rendezvous store when node 0's agent has finished first (the job is over):
 # a C++ warning plus its stack, not news to the user.
 _STORE_GONE = re.compile(r"^\[W\d{4} [\d:.]+ (?:\d+ )?TCPStore\.cpp:\d+\] \[c10d\] recv\w* failed")
+# A rank giving up: fail_job's "opbench comm: error: …" or run_cli's "python -m opbench.comm: error: …".
+_RANK_ERROR = re.compile(r"^(?:python -m opbench\.[\w.]+|opbench(?: [\w-]+)?): error: ")
 _CPP_STACK = ("Exception raised from", "frame #", "<omitting python frames>")
 _ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 _ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 
 
-def _relay_stderr(src: IO[str], prog: str, verdict_exit: int | None = None) -> None:
+def _relay_stderr(
+    src: IO[str], prog: str, verdict_exit: int | None = None, failing: Callable[[], None] | None = None
+) -> None:
     """Copy the job's stderr through, minus torchrun's agent logs and failure traceback; end with one line naming
     the rank that failed first (torchrun's "Root Cause") — unless it ended with ``verdict_exit``, the code a tool
     returns on purpose (``opbench cluster``: a check failed), whose ranks have said everything already."""
@@ -199,6 +205,8 @@ def _relay_stderr(src: IO[str], prog: str, verdict_exit: int | None = None) -> N
         store_gone = bool(_STORE_GONE.match(line))
         if store_gone:
             continue
+        if failing is not None and (_RANK_ERROR.match(line) or "ChildFailedError" in line):
+            failing()  # a rank gave up (or torchrun says one failed): the job has a grace period to stop
         if summary:
             if line.startswith("Root Cause"):
                 in_root = True
@@ -220,6 +228,8 @@ def _relay_stderr(src: IO[str], prog: str, verdict_exit: int | None = None) -> N
             held = [line]
         elif not _AGENT_LOG.match(line):
             sys.stderr.write(line)
+        elif failing is not None and "failed (exitcode:" in line:
+            failing()  # torchrun saw a worker fail: it now waits 30 s on the others, we wait STOP_GRACE_S
         sys.stderr.flush()
     sys.stderr.writelines(held)
     if summary and verdict_exit is not None and root.get("exitcode") == str(verdict_exit):
@@ -235,17 +245,96 @@ def _relay_stderr(src: IO[str], prog: str, verdict_exit: int | None = None) -> N
         )
 
 
+STOP_GRACE_S = 10.0  # after a rank has failed, how long the rest of the job may take to stop before it is killed
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux /proc); torchrun starts each worker in its own session, so a process
+    group signal would miss them."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _kill_job(proc: subprocess.Popen[str]) -> None:
+    for pid in [*_descendants(proc.pid), proc.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)  # SIGKILL also ends a stopped (SIGSTOP) process; SIGTERM waits for SIGCONT
+        except OSError:
+            pass
+
+
 def relaunch(cmd: Sequence[str], prog: str = "opbench", verdict_exit: int | None = None) -> int:
     """Run torchrun in the foreground and hand back its exit status (Ctrl-C reaches the whole job). Its stderr
-    goes through ``_relay_stderr``, so a failed rank ends in one clear line instead of torchrun's traceback."""
+    goes through ``_relay_stderr``, so a failed rank ends in one clear line instead of torchrun's traceback.
+
+    torchrun gives the other ranks 30 s to stop after one fails, and a stopped or hung rank then keeps the job
+    alive; here the job gets ``STOP_GRACE_S`` from the first failure a rank reports, then it is killed."""
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
     proc = subprocess.Popen(list(cmd), stderr=subprocess.PIPE, text=True, errors="replace")
     assert proc.stderr is not None
+    timer: threading.Timer | None = None
+
+    def overdue() -> None:
+        if proc.poll() is None:
+            print(
+                f"{prog}: error: the job did not stop within {STOP_GRACE_S:g} s after a rank failed (a rank is stopped "
+                "or hung); killed it",
+                file=sys.stderr,
+                flush=True,
+            )
+            _kill_job(proc)
+
+    def failing() -> None:
+        nonlocal timer
+        if timer is None:
+            timer = threading.Timer(STOP_GRACE_S, overdue)
+            timer.daemon = True
+            timer.start()
+
+    def pass_on_sigterm(signum: int, frame: object) -> None:
+        # SIGTERM (kill PID, scancel): torchrun passes it on to the ranks, which clean up as on Ctrl-C; we keep
+        # relaying their last words, and kill the job if it is still there after 3 grace periods.
+        nonlocal timer
+        proc.send_signal(signal.SIGTERM)
+        if timer is None:
+            timer = threading.Timer(3 * STOP_GRACE_S, overdue)
+            timer.daemon = True
+            timer.start()
+
     try:
-        _relay_stderr(proc.stderr, prog, verdict_exit)
-        return proc.wait()
+        previous = signal.signal(signal.SIGTERM, pass_on_sigterm)
+    except ValueError:  # not the main thread
+        previous = None
+    try:
+        _relay_stderr(proc.stderr, prog, verdict_exit, failing)
+        code = proc.wait()
+        return 1 if code < 0 else code  # killed (by us, or torchrun by a signal): a failed job, not a signal number
     except KeyboardInterrupt:
-        return proc.wait()  # torchrun got the same Ctrl-C and stops the ranks itself
+        try:
+            return proc.wait(timeout=3 * STOP_GRACE_S)  # torchrun got the same Ctrl-C and stops the ranks itself
+        except (KeyboardInterrupt, subprocess.TimeoutExpired):
+            _kill_job(proc)
+            proc.wait()
+            return 1
+    finally:
+        if timer is not None:
+            timer.cancel()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def local_gpu_count(device: str | None) -> int:
@@ -481,6 +570,21 @@ class Ranks:
                 raise Unsupported(message)
             raise RankFailure(status, message)
         return result
+
+
+# Errors that mean the job itself is broken (a peer died or hung past the timeout): no row, stop every survivor.
+_BROKEN = re.compile(
+    r"timed out|timeout|connection (closed|reset|refused)|broken pipe|watchdog|abort|remote worker|peer",
+    re.IGNORECASE,
+)
+
+
+def job_broken(exc: BaseException) -> bool:
+    """Whether a failure is the job's (a peer exited or hung, the network failed) rather than the case's."""
+    import torch.distributed as dist
+
+    network = tuple(getattr(dist, n) for n in ("DistNetworkError", "DistStoreError") if hasattr(dist, n))
+    return isinstance(exc, network) or bool(_BROKEN.search(str(exc)))
 
 
 def fail_job(prog: str, message: str) -> None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports it
 
 
 def describe_os_error(exc: BaseException) -> str:
@@ -22,6 +24,15 @@ def describe_os_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is so every ``finally`` and Ctrl-C cleanup runs."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    raise Terminated()
+
+
 class UsageError(Exception):
     """Bad input from the user (file, field, flag). Printed as one line, exit code 2, never a traceback."""
 
@@ -33,12 +44,20 @@ class UsageError(Exception):
 def run_cli(
     main: Callable[[Sequence[str] | None], int | None], argv: Sequence[str] | None = None, prog: str = "opbench"
 ) -> int:
-    """Run a module's ``main`` and map user errors and Ctrl-C to exit codes without tracebacks."""
+    """Run a module's ``main`` and map user errors and Ctrl-C to exit codes without tracebacks. SIGTERM (Slurm's
+    scancel and time limit, torchrun stopping its workers) is handled as Ctrl-C is: cleanup runs, rows are kept."""
+    try:
+        signal.signal(signal.SIGTERM, _terminated)
+    except ValueError:  # not the main thread (a test calling main in a worker thread): leave SIGTERM alone
+        pass
     try:
         return int(main(argv) or 0)
     except UsageError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except Terminated:
+        print(f"{prog}: terminated (SIGTERM); rows finished so far are in the report", file=sys.stderr)
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; rows finished so far are in the report", file=sys.stderr)
         return EXIT_INTERRUPTED
