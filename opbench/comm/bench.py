@@ -48,6 +48,7 @@ from .sizes import CommCase, count_for, group_layout
 
 _STATUS_CODES = [STATUS_OK, STATUS_UNSUPPORTED, STATUS_OOM, STATUS_ERROR]  # worst last
 
+
 class CommFailure(Exception):
     """A collective could not complete: a peer rank exited, hung past --timeout, or the network failed."""
 
