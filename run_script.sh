@@ -47,6 +47,21 @@ else
     QUICK=${QUICK:-1}
 fi
 
+# Numbers used in arithmetic ($((NNODES * NPROC_PER_NODE))) must be plain integers: bash would evaluate anything else.
+for var in NNODES NODE_RANK NPROC_PER_NODE MASTER_PORT; do
+    if ! [[ ${!var} =~ ^[0-9]+$ ]]; then
+        echo "run_script.sh: error: $var must be a non-negative integer, got '${!var}'" >&2
+        exit 2
+    fi
+done
+for stage_name in $STAGES; do
+    case " gemm attention comm cluster fsdp ckpt report " in
+        *" $stage_name "*) ;;
+        *) echo "run_script.sh: error: unknown stage '$stage_name' in STAGES (choose from gemm attention comm cluster fsdp ckpt report)" >&2
+           exit 2;;
+    esac
+done
+
 model_flags=(--model "$MODEL")
 [ -n "$MODEL_CONFIG_PATH" ] && model_flags+=(--model-config-path "$MODEL_CONFIG_PATH")
 

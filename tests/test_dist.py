@@ -3,6 +3,10 @@ The multi-process behaviour is in test_comm_torchrun.py and test_ckpt_run.py (re
 
 from __future__ import annotations
 
+import os
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from opbench.core import dist
@@ -243,3 +247,37 @@ def test_a_checkpoint_exception_and_a_cpu_allocation_failure_become_rows():
             ranks.agree(truncated_load)
     finally:
         ranks.stop()
+
+
+def test_printed_commands_are_paste_safe(run, tmp_path):
+    """A folder name with shell syntax stays one quoted argument in every printed command; a name with a newline
+    cannot start a line of its own; run_script.sh checks its numbers and stages before using them."""
+    import shlex
+
+    hostile = "out dir;$(touch X)"
+    proc = run(
+        "opbench", "fsdp", "--model", "Llama3.1_8B", "--world-size", "8", "--commands", "--report-dir-path", hostile
+    )
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("opbench comm ")]
+    argv = shlex.split(line)
+    assert argv[argv.index("--report-dir-path") + 1] == hostile
+
+    from opbench.core.units import one_line
+
+    assert one_line("all_gather layers.0\n./evil --run") == "all_gather layers.0?./evil --run"
+
+    for env, needle in (
+        ({"NPROC_PER_NODE": "a[$(touch X)]"}, "NPROC_PER_NODE must be a non-negative integer"),
+        ({"STAGES": "gemm bogus"}, "unknown stage 'bogus'"),
+    ):
+        proc = subprocess.run(
+            ["bash", "run_script.sh"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "REPORT_DIR": str(tmp_path / "r"), **env},
+            timeout=60,
+            cwd=Path(__file__).resolve().parent.parent,
+        )
+        assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+    assert not (tmp_path / "r").exists() and not (Path(__file__).resolve().parent.parent / "X").exists()

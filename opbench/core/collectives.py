@@ -6,6 +6,7 @@ The semantics are written out in docs/conventions.md, "Collectives: sizes, count
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -152,9 +153,9 @@ def nccl_tests_command(
     if launcher == "single":
         if nnodes != 1:
             raise ValueError("a single-process nccl-tests run drives one node; use launcher='mpi'")
-        return " ".join([*args, "-g", str(nranks)])
+        return shlex.join([*args, "-g", str(nranks)])
     if launcher == "mpi":
         per_node = max(1, nranks // max(1, nnodes))
         host = f" -H {','.join(f'node{i}:{per_node}' for i in range(nnodes))}" if nnodes > 1 else ""
-        return f"mpirun -np {nranks}{host} --bind-to numa " + " ".join([*args, "-g", "1"])
+        return f"mpirun -np {nranks}{host} --bind-to numa " + shlex.join([*args, "-g", "1"])
     raise ValueError(f"unknown launcher {launcher!r}")

@@ -18,6 +18,7 @@ import contextlib
 import datetime
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -283,7 +284,7 @@ def relaunch(cmd: Sequence[str], prog: str = "opbench", verdict_exit: int | None
 
     torchrun gives the other ranks 30 s to stop after one fails, and a stopped or hung rank then keeps the job
     alive; here the job gets ``STOP_GRACE_S`` from the first failure a rank reports, then it is killed."""
-    print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
+    print("+ " + shlex.join(cmd), file=sys.stderr, flush=True)
     proc = subprocess.Popen(list(cmd), stderr=subprocess.PIPE, text=True, errors="replace")
     assert proc.stderr is not None
     timer: threading.Timer | None = None

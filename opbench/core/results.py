@@ -14,6 +14,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import socket
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -37,7 +38,7 @@ def environment(device: torch.device | None = None, extra: Mapping[str, Any] | N
         "python": platform.python_version(),
         "host": socket.gethostname(),
         "platform": platform.platform(),
-        "command": " ".join(getattr(sys, "orig_argv", sys.argv)),
+        "command": shlex.join(getattr(sys, "orig_argv", sys.argv)),
         "utc_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
     torch_mod = sys.modules.get("torch")

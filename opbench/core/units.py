@@ -5,6 +5,7 @@ and the report turn them into text with this function."""
 from __future__ import annotations
 
 import math
+import re
 
 
 def human_bytes(value: object) -> str:
@@ -17,3 +18,12 @@ def human_bytes(value: object) -> str:
     if scaled == int(scaled) or abs(scaled) >= 100:  # 3 significant digits would turn 1002 into "1e+03"
         return f"{scaled:.0f} {units[step]}"
     return f"{scaled:.3g} {units[step]}"
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def one_line(text: object) -> str:
+    """``text`` with control characters (newlines, escapes) made visible as '?', so a name taken from a config or
+    a log cannot end a ``# comment`` line of printed commands or start a new one."""
+    return _CONTROL.sub("?", str(text))

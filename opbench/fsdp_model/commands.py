@@ -7,11 +7,13 @@ shard that Primus' generator passed, which moved 1/n of the data.
 
 from __future__ import annotations
 
+import shlex
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from opbench.core.collectives import nccl_tests_command
+from opbench.core.units import one_line
 
 from .model import FsdpCollective, unique_sizes
 
@@ -19,7 +21,7 @@ FLAVOURS = {"rccl": "rccl-tests (ROCm)", "nccl": "nccl-tests (CUDA)"}
 
 
 def describe(c: FsdpCollective) -> str:
-    return (
+    return one_line(
         f"{c.collective} {c.unit}: count {c.count} {c.dtype}, {c.nranks} ranks, -b {c.nccl_tests_bytes}, "
         f"{c.calls_per_step}/step"
     )
@@ -76,7 +78,7 @@ class CommRun:
         return args
 
     def command(self, report_dir: str) -> str:
-        return " ".join(["opbench", "comm", *self.argv(report_dir)])
+        return shlex.join(["opbench", "comm", *self.argv(report_dir)])  # paste-safe: every argument quoted
 
 
 def comm_runs(collectives: Sequence[FsdpCollective]) -> list[CommRun]:
@@ -120,6 +122,6 @@ def run_comm(collectives: Sequence[FsdpCollective], report_dir: str, extra: Sequ
     worst = 0
     for run in comm_runs(collectives):
         argv = [sys.executable, "-m", "opbench.comm", *run.argv(report_dir), *extra]
-        print("+ " + run.command(report_dir) + (" " + " ".join(extra) if extra else ""), flush=True)
+        print("+ " + shlex.join(["opbench", "comm", *run.argv(report_dir), *extra]), flush=True)
         worst = max(worst, subprocess.run(argv).returncode)
     return worst

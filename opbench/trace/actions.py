@@ -20,7 +20,7 @@ from opbench.core.collectives import COLLECTIVES, nccl_tests_command
 from opbench.core.errors import UsageError
 from opbench.core.results import CsvReport, environment, summary_table
 from opbench.core.schema import Schema
-from opbench.core.units import human_bytes
+from opbench.core.units import human_bytes, one_line
 
 from .parse import LogParser
 from .schema import TRACE, TRACE_FSDP, TRACE_PER_COMM, TRACE_PER_RANK
@@ -208,7 +208,9 @@ def benchmark_commands(rows: list[dict[str, Any]], flav: str, launcher: str, gpu
     for r in rows:
         coll = r["collective"]
         if coll not in COLLECTIVES or r["nccl_tests_bytes"] is None:
-            lines.append(f"# {r['op']} count {r['count']} {r['dtype']} x{r['calls']}: no nccl-tests equivalent")
+            lines.append(
+                one_line(f"# {r['op']} count {r['count']} {r['dtype']} x{r['calls']}: no nccl-tests equivalent")
+            )
             continue
         n = r["nranks"]
         mode = launcher if launcher != "auto" else ("single" if n <= gpus_per_node else "mpi")
@@ -223,7 +225,9 @@ def benchmark_commands(rows: list[dict[str, Any]], flav: str, launcher: str, gpu
             continue
         seen.add(cmd)
         note = f" ({r['note']})" if r["note"] else ""
-        lines.append(f"# {r['op']} count {r['count']} {r['dtype']} nranks {n}: {r['calls']} log line(s){note}")
+        lines.append(
+            one_line(f"# {r['op']} count {r['count']} {r['dtype']} nranks {n}: {r['calls']} log line(s){note}")
+        )
         lines.append(cmd)
     return lines
 
