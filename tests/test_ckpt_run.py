@@ -322,7 +322,10 @@ def test_sigterm_to_every_task_cleans_up_like_ctrl_c(tmp_path):
     for p in procs:
         p.send_signal(signal.SIGTERM)
     results = [p.communicate(timeout=120) for p in procs]
-    assert [p.returncode for p in procs] == [143, 143], results[0][1][-2000:]
-    assert all("terminated (SIGTERM)" in err and "Traceback" not in err for _, err in results)
+    # both stop; a rank whose peer left first may report the broken job instead (exit 1), never a traceback
+    codes = [p.returncode for p in procs]
+    assert set(codes) <= {143, 1} and 143 in codes, (codes, results[0][1][-2000:], results[1][1][-2000:])
+    assert any("terminated (SIGTERM)" in err for _, err in results)
+    assert all("Traceback" not in err for _, err in results), results
     assert not [f for f in (tmp_path / "data").rglob("*") if f.is_file()]  # no checkpoint bytes left behind
     assert (tmp_path / "out" / "ckpt_benchmark.csv").exists()

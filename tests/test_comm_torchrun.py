@@ -385,3 +385,28 @@ def test_a_stopped_rank_does_not_keep_the_job_alive(tmp_path):
         os.kill(rank1, signal.SIGKILL)  # should be gone already; never leave a stopped process behind
     except OSError:
         pass
+
+
+def test_ranks_started_with_different_arguments_stop_with_one_line(tmp_path):
+    """--dtype fp32 on one rank and int32 on the other (or -b 1K against 2K): no meaningless numbers, no abort
+    inside gloo — every rank stops before timing with one line naming the flag."""
+    port = _free_port()
+    base = {k: v for k, v in ENV.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    procs = []
+    for rank, dtype in ((0, "fp32"), (1, "int32")):
+        env = {**base, "SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(rank),
+               "SLURM_NNODES": "1", "SLURM_STEP_ID": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
+        cmd = [sys.executable, "-m", "opbench.comm", "-b", "1K", "--dtype", dtype, "--report-dir-path",
+               str(tmp_path / f"r{rank}"), *QUICK]  # fmt: skip
+        procs.append(
+            subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        )
+    results = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [2, 2], results
+    for _, err in results:
+        assert (
+            "field '--dtype': the ranks were started with different arguments: rank 1 has 'int32', rank 0 has 'fp32'"
+            in err
+        )
+        assert len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "r0" / "all_reduce_benchmark.csv").exists()

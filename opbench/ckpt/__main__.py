@@ -287,6 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run_ranks(args, specs: list[StateSpec], storages: list[Storage], run: RunOptions, dist_env: dist.DistEnv) -> int:
     ranks = dist.Ranks.join(dist_env, args.device, args.timeout, cpu_group=True)
     try:
+        ranks.same_arguments(args)
         return _benchmark(args, specs, storages, run, ranks)
     except UsageError:
         if ranks.is_main:

@@ -259,6 +259,7 @@ def run(args: argparse.Namespace, dist_env: dist.DistEnv) -> int:
     ranks = dist.Ranks.join(dist_env, args.device, args.timeout, args.backend)
     reports: dict[str, Any] = {}
     try:
+        ranks.same_arguments(args, ignore=("baseline", "expect"))  # read by rank 0 only
         gpu = ranks.device.type == "cuda"
         dtype = args.dtype or default_dtype_name(ranks.device)
         sizes = sizes_for(args, gpu)

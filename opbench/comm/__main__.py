@@ -292,6 +292,7 @@ def run(args: argparse.Namespace, dist_env: dist.DistEnv) -> int:
     ranks = dist.Ranks.join(dist_env, args.device, args.timeout, args.backend)
     dtype = args.dtype or default_dtype_name(ranks.device)
     try:
+        ranks.same_arguments(args)
         cases, notes = build_cases(args, ranks.world_size, dtype)
         if ranks.is_main:
             for note in notes:

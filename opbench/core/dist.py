@@ -455,6 +455,10 @@ def rendezvous_error(exc: BaseException, timeout_s: float) -> str:
     return f"joining the job at {where} failed: {type(exc).__name__}: {text[:300]}"
 
 
+# Flags that may differ between ranks (set per node, or used by rank 0 alone).
+LAUNCH_ONLY = ("nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "report_dir_path", "append")
+
+
 class RankFailure(Exception):
     """Raised on every rank when any rank failed a step; carries the first failing rank's status and message."""
 
@@ -546,6 +550,23 @@ class Ranks:
         from .results import CsvReport, NullReport
 
         return CsvReport(path, schema, meta, append) if self.is_main else NullReport()
+
+    def same_arguments(self, args: Any, ignore: Sequence[str] = ()) -> None:
+        """Stop every rank with one line when the ranks were started with different arguments (``--dtype fp32`` on
+        one, ``int32`` on another would time meaningless calls, ``-b 1K`` against ``-b 2K`` would abort inside the
+        backend). Launch-only flags (which node, where to write) may differ and are left out."""
+        skip = {*LAUNCH_ONLY, *ignore}
+        mine = {k: v for k, v in sorted(vars(args).items()) if k not in skip}
+        everyone = self.gather(mine)
+        for rank, theirs in enumerate(everyone):
+            for key, value in everyone[0].items():
+                if theirs.get(key) != value:
+                    flag = "--" + key.replace("_", "-")
+                    raise UsageError(
+                        f"the ranks were started with different arguments: rank {rank} has {theirs.get(key)!r}, "
+                        f"rank 0 has {value!r}",
+                        field=flag,
+                    )
 
     def agree(self, fn: Callable[[], T], describe: Callable[[BaseException], tuple[str, str]] | None = None) -> T:
         """Run ``fn`` on every rank; if it raised anywhere, raise the first failure on every rank, so no rank
