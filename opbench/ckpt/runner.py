@@ -141,6 +141,7 @@ def run_case(
     result = CaseResult()
     paths = [f"{case_dir}/iter_{i:07d}" for i in range(1, run.iterations + 1)]
     faults, rank = run.faults, ranks.rank
+    interrupted = False
     try:
         ranks.agree(lambda: faults.prepare(rank))
         if tiny is not None:
@@ -170,20 +171,23 @@ def run_case(
             result.problems += [p for _, ps in everyone for p in ps]
             if problems:
                 state.regenerate()
-    except BaseException:
+    except BaseException as exc:
+        interrupted = isinstance(exc, KeyboardInterrupt)  # Ctrl-C or SIGTERM (core.errors.Terminated)
         state.regenerate()
         raise
     finally:
         if not run.keep:
-            _cleanup(ranks, case, case_dir)
+            _cleanup(ranks, case, case_dir, wait_for_peers=not interrupted)
     return result
 
 
-def _cleanup(ranks: Ranks, case: Case, case_dir: str) -> None:
+def _cleanup(ranks: Ranks, case: Case, case_dir: str, wait_for_peers: bool = True) -> None:
     """Remove the case's checkpoints (rank 0, after every rank is done with them); a failure here is not the
-    measurement's, so it is only reported."""
+    measurement's, so it is only reported. An interrupted rank waits for no one: a peer may be inside another
+    collective, and a barrier here would hold both until --timeout (rank 0 removes what is there)."""
     try:
-        ranks.barrier()
+        if wait_for_peers:
+            ranks.barrier()
         if ranks.is_main:
             remove_tree(case.storage, case_dir)
     except Exception as exc:  # noqa: BLE001

@@ -25,6 +25,7 @@ from opbench.core.collectives import COLLECTIVES
 from opbench.core.device import device_info, synchronize, torch_dtype
 from opbench.core.dist import RankFailure, Ranks
 from opbench.core.dtypes import element_size
+from opbench.core.errors import raise_if_terminated
 from opbench.core.faults import Faults
 from opbench.core.rankstats import rank_stats
 from opbench.core.sweep import STATUS_OK, classify_failure, release_memory
@@ -286,6 +287,7 @@ class Cluster:
                 status=STATUS_OK,
             )
         except Exception as exc:  # noqa: BLE001 - one GPU failing a GEMM is a row, not the end of the check
+            raise_if_terminated()
             status, message = classify_failure(exc)
             row.update(status=status, error=message)
             release_memory()
@@ -316,6 +318,7 @@ class Cluster:
                 status=STATUS_OK,
             )
         except Exception as exc:  # noqa: BLE001 - a row with its status
+            raise_if_terminated()
             status, message = classify_failure(exc)
             row.update(status=status, error=message)
             release_memory()

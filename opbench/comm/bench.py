@@ -29,6 +29,7 @@ from opbench.core.device import synchronize, torch_dtype
 from opbench.core.dist import RankFailure, Ranks, job_broken
 from opbench.core.dtypes import dtype as dtype_info
 from opbench.core.dtypes import element_size
+from opbench.core.errors import raise_if_terminated
 from opbench.core.faults import Faults
 from opbench.core.rankstats import rank_stats
 from opbench.core.results import environment, progress
@@ -211,6 +212,7 @@ class Bench:
             if cfg.check:
                 wrong = self._check(op, ctx, bufs)
         except Exception as exc:
+            raise_if_terminated()
             if job_broken(exc):
                 raise CommFailure(
                     f"rank {self.rank}/{self.world}: {case.collective} at {size} B failed "

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
-from .errors import UsageError
+from .errors import UsageError, raise_if_terminated
 
 if TYPE_CHECKING:
     import torch
@@ -583,6 +583,7 @@ class Ranks:
             raise
         except BaseException as exc:  # noqa: BLE001 - shared with the peers below, then re-raised
             # BaseException: torch's DCP CheckpointException derives from it, and must become a row too
+            raise_if_terminated()
             status, message = (describe or classify_failure)(exc)
             failure = (status, message if self.world_size == 1 else f"rank {self.rank}: {message}")
         failures = [f for f in self.gather(failure) if f is not None]

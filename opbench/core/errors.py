@@ -28,9 +28,21 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the process is so every ``finally`` and Ctrl-C cleanup runs."""
 
 
+_terminating = False
+
+
 def _terminated(signum: int, frame: object) -> None:
+    global _terminating
+    _terminating = True
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
     raise Terminated()
+
+
+def raise_if_terminated() -> None:
+    """Re-raise a SIGTERM that library code swallowed: raised inside a C++ callback (torch.save's writer), the
+    exception comes back as a RuntimeError. Failure handlers call this before turning an error into a row."""
+    if _terminating:
+        raise Terminated()
 
 
 class UsageError(Exception):
@@ -57,7 +69,11 @@ def run_cli(
         return EXIT_USAGE
     except Terminated:
         print(f"{prog}: terminated (SIGTERM); rows finished so far are in the report", file=sys.stderr)
-        return EXIT_TERMINATED
+        # Every finally has run (rows closed, data removed). Leave without the interpreter's shutdown: library
+        # threads still running (a checkpoint writer, a communicator) can abort the process while it tears down.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_TERMINATED)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; rows finished so far are in the report", file=sys.stderr)
         return EXIT_INTERRUPTED

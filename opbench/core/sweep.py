@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from .errors import describe_os_error
+from .errors import describe_os_error, raise_if_terminated
 from .results import CsvReport, progress
 
 T = TypeVar("T")
@@ -83,6 +83,7 @@ def run_sweep(
         except KeyboardInterrupt:
             raise
         except Exception as exc:  # noqa: BLE001 - every failure becomes a row, the sweep goes on
+            raise_if_terminated()
             status, message = classify_failure(exc)
             row = dict(failed_row(item, status, message))
             if status != STATUS_UNSUPPORTED:  # gc takes ~0.4 s; only a real failure may have left memory behind
