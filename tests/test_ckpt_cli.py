@@ -18,7 +18,7 @@ def run(argv, capsys):
     "argv, needle",
     [
         (["--size-mb", "8", "--model", "Llama2_7B"], "--size-mb"),
-        (["--size-mb", "-1"], "field '--size-mb': must be positive"),
+        (["--size-mb", "-1"], "field '--size-mb': must be a positive, finite number of MiB"),
         (["--methods", "torch_save,zip"], "unknown method 'zip'"),
         (["--storage-options", "{nope"], "field '--storage-options': not valid JSON"),
         (["--storage-options", "[1]"], "must be a JSON object"),

@@ -281,3 +281,22 @@ def test_printed_commands_are_paste_safe(run, tmp_path):
         )
         assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
     assert not (tmp_path / "r").exists() and not (Path(__file__).resolve().parent.parent / "X").exists()
+
+
+def test_impossible_sizes_and_empty_selections_are_one_line(run, tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    cases = (
+        (["gemm", "--model", "", "--dry-run"], "field '--model': '' names no model"),
+        (["attention", "--model", ",,"], "field '--model': ',,' names no model"),
+        (["fsdp", "--model", "", "--world-size", "8"], "field '--model': '' names no model"),
+        (["ckpt", "--size-mb", "nan", "--dry-run"], "field '--size-mb': must be a positive, finite number of MiB"),
+        (["ckpt", "--size-mb", "1e12", "--dry-run"], "field '--size-mb': 1e12 MiB is more than 1 PiB"),
+        (["fsdp", "--model", "Llama3.1_8B", "--world-size", "99999999999"], "field '--world-size': 99999999999 ranks"),
+        (["trace", "--csv", "", "x.log"], "field '--report-csv-path': is empty"),
+        (["gemm", "--model-config-path", str(deep), "--dry-run"], "JSON nested too deeply to be a config"),
+    )
+    for argv, needle in cases:
+        proc = run("opbench", *argv, timeout=60)
+        assert proc.returncode == 2 and needle in proc.stderr, (argv, proc.stderr[-500:])
+        assert len(proc.stderr.strip().splitlines()) == 1, (argv, proc.stderr[-500:])

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from opbench.core import cli, dist
-from opbench.core.cli import csv_list, positive_int
+from opbench.core.cli import csv_list, positive_int, size_mib
 from opbench.core.dtypes import FLOAT_DTYPES
 from opbench.core.errors import UsageError, run_cli
 from opbench.core.faults import Faults
@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--size-mb",
-        type=csv_list(float),
+        type=csv_list(size_mib),
         default=None,
         help=f"instead of a model: total MiB across all ranks, in --param-dtype tensors of realistic "
         f"sizes; comma-separated to sweep (default: {DEFAULT_SIZE_MB:g} when no model is given)",

@@ -82,6 +82,8 @@ def parse_storage_options(text: str | None) -> dict[str, Any]:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UsageError(f"not valid JSON ({exc.msg} at character {exc.pos})", field="--storage-options") from None
+    except RecursionError:
+        raise UsageError("JSON nested too deeply", field="--storage-options") from None
     if not isinstance(value, dict):
         raise UsageError('must be a JSON object like {"default_block_size": 5242880}', field="--storage-options")
     return value

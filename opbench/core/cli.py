@@ -114,6 +114,46 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+MAX_MIB = float(1 << 30)  # 1 PiB: no checkpoint or buffer of one job is larger; beyond it is a typo, not a size
+
+
+def size_mib(text: str) -> float:
+    """A size in MiB: finite, positive, at most 1 PiB (1e12 MiB would make a state no machine can hold)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number of MiB") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive, finite number of MiB, got {text}")
+    if value > MAX_MIB:
+        raise argparse.ArgumentTypeError(f"{text} MiB is more than 1 PiB; is that a typo?")
+    return value
+
+
+MAX_WORLD = 1 << 22  # 4 Mi ranks: far beyond any cluster; a bigger world is a typo (and would take minutes to model)
+
+
+def world_size(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_WORLD:
+        raise argparse.ArgumentTypeError(f"{value} ranks is more than {MAX_WORLD:,}; is that a typo?")
+    return value
+
+
+def model_selection(text: str) -> str:
+    """--model: 'all' or comma-separated names; a selection that names nothing ('', ',,') is an error, not 'all'."""
+    if text.strip().lower() != "all" and not [name for name in text.split(",") if name.strip()]:
+        raise argparse.ArgumentTypeError(f"{text!r} names no model (give names, comma-separated, or 'all')")
+    return text
+
+
+def path_text(text: str) -> str:
+    """A file or folder path given on the command line: an empty one would silently write nothing."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; give a path")
+    return text
+
+
 def positive_seconds(text: str) -> float:
     """A finite, positive number of seconds (``inf`` would turn a hang back into a hang)."""
     try:
@@ -224,7 +264,7 @@ def add_model_args(
         or "Primus model_configs.json list, one object, or a Hugging Face "
         "config.json (default: the built-in configs; 'builtin' names them explicitly)",
     )
-    parser.add_argument("--model", default=model_default, help=model_help)
+    parser.add_argument("--model", type=model_selection, default=model_default, help=model_help)
     if with_name:
         parser.add_argument("--model-name", default=None, help="name for an HF config.json (default: the file's stem)")
 
@@ -252,12 +292,13 @@ def add_output_args(
 ) -> None:
     """Where output goes, in every tool: ``--report-dir-path DIR`` (the tool's standard file names inside), and
     for single-CSV tools ``--report-csv-path FILE`` to name the file itself (it wins over the folder)."""
-    parser.add_argument("--report-dir-path", default=dir_default, metavar="DIR", help=dir_help)
+    parser.add_argument("--report-dir-path", type=path_text, default=dir_default, metavar="DIR", help=dir_help)
     if csv_help is not None:
         parser.add_argument(
             "--report-csv-path",
             *csv_aliases,
             dest="report_csv_path",
+            type=path_text,
             default=csv_default,
             metavar="FILE",
             help=csv_help,

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from opbench.core import cli
-from opbench.core.cli import positive_int
+from opbench.core.cli import positive_int, world_size
 from opbench.core.dtypes import FLOAT_DTYPES
 from opbench.core.errors import UsageError, run_cli
 from opbench.models import ModelConfig, load_model_configs, select_models
@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("model")
     cli.add_model_args(g, model_help="model name(s) from the configs, comma-separated, or 'all' (default: all)")
     g = p.add_argument_group("FSDP")
-    g.add_argument("--world-size", type=positive_int, required=True, help="ranks in the data-parallel job")
+    g.add_argument("--world-size", type=world_size, required=True, help="ranks in the data-parallel job")
     g.add_argument("--nnodes", type=positive_int, default=1, help="nodes the ranks are spread over")
     g.add_argument(
         "--replicate",

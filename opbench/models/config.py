@@ -298,6 +298,8 @@ def read_json(path: Path) -> Any:
         raise UsageError(
             f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", source=str(path)
         ) from None
+    except RecursionError:
+        raise UsageError("JSON nested too deeply to be a config", source=str(path)) from None
 
 
 def load_model_configs(path: str | os.PathLike | None = None, model_name: str | None = None) -> list[ModelConfig]:
