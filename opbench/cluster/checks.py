@@ -36,7 +36,7 @@ from opbench.gemm.shapes import GemmShape
 
 from . import telemetry
 from .links import LinkPeaks
-from .plan import COMM_COLLECTIVES, Sizes
+from .plan import COMM_COLLECTIVES, Sizes, shift_peers
 from .verdict import Finding, Threshold, check_thresholds, judge
 
 CPU_ROUNDS = 3  # interleaved measuring rounds of the CPU ranks (compute, memory)
@@ -527,7 +527,8 @@ class Cluster:
                 for i, unit in enumerate(ring):
                     if self.rank in unit:
                         p = unit.index(self.rank)
-                        dst, src = ring[(i + r) % n], ring[(i - r) % n]
+                        to, frm = shift_peers(i, r, n)
+                        dst, src = ring[to], ring[frm]
                         peer_to = dst[p] if p < len(dst) else None
                         peer_from = src[p] if p < len(src) else None
             times: list[float] = []
@@ -556,11 +557,12 @@ class Cluster:
                 if r >= n:
                     continue
                 for i, unit in enumerate(ring):
-                    dst_unit = ring[(i + r) % n]
+                    to = shift_peers(i, r, n)[0]
+                    dst_unit = ring[to]
                     senders = unit[: len(dst_unit)]
                     t = float(np.median(np.nanmax(table[senders], axis=0)))
                     gbs = size / t / 1e9
-                    src_name, dst_name = ring_names[i], ring_names[(i + r) % n]
+                    src_name, dst_name = ring_names[i], ring_names[to]
                     matrix[index[src_name], index[dst_name]] = gbs
                     rows.append(
                         {

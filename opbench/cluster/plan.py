@@ -46,9 +46,14 @@ class Sizes:
         return cls(512, 256 << 20, (1 << 20, 16 << 20), 16 << 20, 10, 2, 0.5)
 
 
+def shift_peers(i: int, r: int, n: int) -> tuple[int, int]:
+    """In round r member i sends to (i + r) mod n and receives from (i − r) mod n: (to, from)."""
+    return (i + r) % n, (i - r) % n
+
+
 def shift_rounds(n: int) -> list[list[tuple[int, int]]]:
-    """Round r (1 … n−1) as (src, dst) pairs: every member i sends to (i + r) mod n. Every ordered pair once."""
-    return [[(i, (i + r) % n) for i in range(n)] for r in range(1, n)]
+    """Round r (1 … n−1) as (src, dst) pairs: every ordered pair once, every member sending once per round."""
+    return [[(i, shift_peers(i, r, n)[0]) for i in range(n)] for r in range(1, n)]
 
 
 # -- the simulated schedule --------------------------------------------------------------------------------------
@@ -120,32 +125,27 @@ def simulate(
     if "memory" in checks:
         per_kernel = sizes.budget_s + 0.1 + 10 * 3 * sizes.memory_bytes / (a.hbm_gbs * 1e9)
         est.phases.append(Phase("memory (all GPUs at once)", 1, 2 * per_kernel + gather_cost()))
-    setups = 0
-    if "intra" in checks and gpus_per_node > 1:
-        g = gpus_per_node
-        t = sum(
-            reps * _ring_time(s, g, f, a.intra_gbs, a.intra_latency_s, steps) + gather_cost()
-            for s in sizes.comm_bytes
-            for f, steps in ((2 * (g - 1) / g, 2 * (g - 1)), ((g - 1) / g, g - 1))
-        )
-        setups += 1
-        est.phases.append(Phase("intra (every node at once)", 2 * len(sizes.comm_bytes), t))
-    if "inter" in checks and nnodes > 1:
-        n = nnodes
-        rails = sum(
-            reps * _ring_time(s, n, f, a.nic_gbs, a.inter_latency_s, steps) + gather_cost()
+
+    def comm_phase(n: int, bw_gbs: float, latency_s: float) -> float:
+        """all_reduce and all_gather at every size on rings of n ranks, each case followed by its gather."""
+        return sum(
+            reps * _ring_time(s, n, f, bw_gbs, latency_s, steps) + gather_cost()
             for s in sizes.comm_bytes
             for f, steps in ((2 * (n - 1) / n, 2 * (n - 1)), ((n - 1) / n, n - 1))
         )
-        # The world ring crosses the network once per node: bus bandwidth bounded by the NIC, a latency per rank.
-        whole = sum(
-            reps * _ring_time(s, world, f, a.nic_gbs, a.inter_latency_s, steps) + gather_cost()
-            for s in sizes.comm_bytes
-            for f, steps in ((2 * (world - 1) / world, 2 * (world - 1)), ((world - 1) / world, world - 1))
-        )
+
+    setups = 0
+    cases = 2 * len(sizes.comm_bytes)
+    if "intra" in checks and gpus_per_node > 1:
         setups += 1
-        est.phases.append(Phase("inter (every rail at once)", 2 * len(sizes.comm_bytes), rails))
-        est.phases.append(Phase("inter (world)", 2 * len(sizes.comm_bytes), whole))
+        est.phases.append(
+            Phase("intra (every node at once)", cases, comm_phase(gpus_per_node, a.intra_gbs, a.intra_latency_s))
+        )
+    if "inter" in checks and nnodes > 1:
+        setups += 1
+        est.phases.append(Phase("inter (every rail at once)", cases, comm_phase(nnodes, a.nic_gbs, a.inter_latency_s)))
+        # The world ring crosses the network once per node: bus bandwidth bounded by the NIC, a latency per rank.
+        est.phases.append(Phase("inter (world)", cases, comm_phase(world, a.nic_gbs, a.inter_latency_s)))
     if "pairs" in checks and nnodes > 1:
         per_round = reps * (sizes.pair_bytes / (a.nic_gbs * 1e9) + a.inter_latency_s) + gather_cost()
         est.phases.append(Phase("pairs (n−1 rounds)", nnodes - 1, (nnodes - 1) * per_round))

@@ -62,21 +62,6 @@ class Finding:
     reference: float | None  # the peers' median, the threshold, or the baseline's median
     detail: str
 
-    def as_row(self) -> dict[str, Any]:
-        return {
-            "check": self.check,
-            "case": self.case,
-            "member": self.member,
-            "metric": self.metric,
-            "value": _fmt(self.value),
-            "reference": _fmt(self.reference),
-            "detail": self.detail,
-        }
-
-
-def _fmt(v: float | None) -> str:
-    return "" if v is None else f"{v:.4g}"
-
 
 # -- --expect ----------------------------------------------------------------------------------------------------
 # check -> metric columns a threshold may name (each a minimum: every metric here is higher-is-better)
