@@ -336,3 +336,30 @@ def test_sigterm_to_every_task_cleans_up_like_ctrl_c(tmp_path):
     assert all("Traceback" not in err for _, err in results), results
     assert not [f for f in (tmp_path / "data").rglob("*") if f.is_file()]  # no checkpoint bytes left behind
     assert (tmp_path / "out" / "ckpt_benchmark.csv").exists()
+
+
+def test_sigterm_to_the_launcher_stops_a_dcp_job_and_cleans_up(tmp_path):
+    """SIGTERM to a self-launched `opbench ckpt` (kill PID) while its ranks run DCP saves: it reaches the ranks
+    through torchrun, they remove the data, the launcher exits 143 with no torchrun traceback, and torchrun's
+    OMP_NUM_THREADS banner never shows (the launcher sets that variable itself)."""
+    import signal
+    import time
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    cmd = [sys.executable, "-m", "opbench", "ckpt", "--nproc-per-node", "2", "--size-mb", "64", "--methods", "dcp",
+           "--iterations", "500", "--storage", str(tmp_path / "data"), "--report-dir-path", str(tmp_path / "out"),
+           "--timeout", "20"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not any((tmp_path / "data").rglob("*.distcp")):
+        time.sleep(0.2)
+    assert any((tmp_path / "data").rglob("*.distcp")), "no DCP checkpoint written yet"
+    time.sleep(0.5)
+    stopped_at = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 143, err[-3000:]
+    assert time.monotonic() - stopped_at < 45, err[-3000:]  # 3 × STOP_GRACE_S at most, then the job is killed
+    assert "terminated (SIGTERM)" in err and "Traceback" not in err, err[-3000:]
+    assert "Setting OMP_NUM_THREADS" not in err, err[-3000:]
+    assert not [f for f in (tmp_path / "data").rglob("*") if f.is_file()]

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
-from .errors import UsageError, raise_if_terminated
+from .errors import EXIT_TERMINATED, UsageError, raise_if_terminated
 
 if TYPE_CHECKING:
     import torch
@@ -221,6 +221,8 @@ def _relay_stderr(
             held.append(line)
             if line.startswith("torch.distributed.elastic.multiprocessing.errors.ChildFailedError"):
                 held, summary = [], True
+            elif line.startswith("torch.distributed.elastic.multiprocessing.api.SignalException"):
+                held = []  # torchrun told to stop (SIGTERM passed on): the ranks have said so themselves
             elif line and not line[0].isspace() and not line.startswith(("Traceback", "During handling", "The above")):
                 sys.stderr.writelines(held)
                 held = []
@@ -278,6 +280,22 @@ def _kill_job(proc: subprocess.Popen[str]) -> None:
             pass
 
 
+def _launch_env(nproc_per_node: int) -> dict[str, str]:
+    """The environment for torchrun: OMP_NUM_THREADS set (to this machine's cores shared among its ranks) unless
+    the user set it, so torchrun does not print its banner about setting it to 1."""
+    env = dict(os.environ)
+    if "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, nproc_per_node)))
+    return env
+
+
+def _nproc_of(cmd: Sequence[str]) -> int:
+    for arg in cmd:
+        if arg.startswith("--nproc-per-node="):
+            return int(arg.split("=", 1)[1])
+    return 1
+
+
 def relaunch(cmd: Sequence[str], prog: str = "opbench", verdict_exit: int | None = None) -> int:
     """Run torchrun in the foreground and hand back its exit status (Ctrl-C reaches the whole job). Its stderr
     goes through ``_relay_stderr``, so a failed rank ends in one clear line instead of torchrun's traceback.
@@ -285,9 +303,12 @@ def relaunch(cmd: Sequence[str], prog: str = "opbench", verdict_exit: int | None
     torchrun gives the other ranks 30 s to stop after one fails, and a stopped or hung rank then keeps the job
     alive; here the job gets ``STOP_GRACE_S`` from the first failure a rank reports, then it is killed."""
     print("+ " + shlex.join(cmd), file=sys.stderr, flush=True)
-    proc = subprocess.Popen(list(cmd), stderr=subprocess.PIPE, text=True, errors="replace")
+    proc = subprocess.Popen(
+        list(cmd), stderr=subprocess.PIPE, text=True, errors="replace", env=_launch_env(_nproc_of(cmd))
+    )
     assert proc.stderr is not None
     timer: threading.Timer | None = None
+    terminated = False
 
     def overdue() -> None:
         if proc.poll() is None:
@@ -309,7 +330,8 @@ def relaunch(cmd: Sequence[str], prog: str = "opbench", verdict_exit: int | None
     def pass_on_sigterm(signum: int, frame: object) -> None:
         # SIGTERM (kill PID, scancel): torchrun passes it on to the ranks, which clean up as on Ctrl-C; we keep
         # relaying their last words, and kill the job if it is still there after 3 grace periods.
-        nonlocal timer
+        nonlocal timer, terminated
+        terminated = True
         proc.send_signal(signal.SIGTERM)
         if timer is None:
             timer = threading.Timer(3 * STOP_GRACE_S, overdue)
@@ -323,6 +345,8 @@ def relaunch(cmd: Sequence[str], prog: str = "opbench", verdict_exit: int | None
     try:
         _relay_stderr(proc.stderr, prog, verdict_exit, failing)
         code = proc.wait()
+        if terminated:
+            return EXIT_TERMINATED  # as if the job had been this process: 143, what a shell reports for SIGTERM
         return 1 if code < 0 else code  # killed (by us, or torchrun by a signal): a failed job, not a signal number
     except KeyboardInterrupt:
         try:
