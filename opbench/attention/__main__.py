@@ -3,6 +3,7 @@
 Shapes come from a Primus attention-shapes list (``--shapes-json-path``, default: the shipped
 shapes/attention_shapes.json) or are derived from model configs (``--model-config-path``) with tensor and
 context parallelism applied. Every (shape, batch size, backend) becomes one CSV row, written as it finishes.
+Help and usage errors come back without importing torch: the device layer and backends load after the checks.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from typing import Any
 
 from opbench.core import cli
 from opbench.core.cli import add_device_args, add_timing_args, csv_list, positive_int, timing_config
-from opbench.core.device import default_dtype_name, device_info, resolve_device
 from opbench.core.dtypes import FLOAT_DTYPES
 from opbench.core.errors import UsageError, run_cli
 from opbench.core.results import CsvReport, environment, summary_table
@@ -23,9 +23,7 @@ from opbench.core.sweep import run_sweep
 from opbench.core.timing import TimingConfig
 from opbench.models import load_model_configs, select_models
 
-from .backends import BACKENDS
-from .runner import AttentionCase, ProblemCache, run_case
-from .schema import PASSES, SCHEMA, SHAPE_COLUMNS
+from .schema import BACKEND_NAMES, PASSES, SCHEMA, SHAPE_COLUMNS
 from .shapes import AttentionShape, cap_seqlen, load_attention_shapes, model_attention_shape, select_shapes
 
 SUMMARY = [
@@ -91,7 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     run = p.add_argument_group("run")
     cli.add_mbs_arg(run, "--batch-sizes", dest="batch_sizes", help="micro-batch sizes, e.g. 1,2,4 (CSV: batch_size)")
     run.add_argument(
-        "--backends", type=csv_list(), default=list(BACKENDS), help=f"any of {','.join(BACKENDS)} (default: all)"
+        "--backends",
+        type=csv_list(),
+        default=list(BACKEND_NAMES),
+        help=f"any of {','.join(BACKEND_NAMES)} (default: all)",
     )
     run.add_argument("--passes", type=csv_list(), default=list(PASSES), help="any of fwd,bwd,fwdbwd")
     cli.add_output_args(
@@ -148,14 +149,20 @@ def unsupported_reasons(rows: Sequence[dict[str, Any]]) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.list_backends:
+        from .backends import BACKENDS
+
         for b in BACKENDS.values():
             print(f"{b.name:<15} {b.layout}  {b.description}")
         return 0
-    check_choices(args.backends, list(BACKENDS), "--backends")
+    check_choices(args.backends, BACKEND_NAMES, "--backends")
     check_choices(args.passes, PASSES, "--passes")
     if args.max_seqlen is not None and args.max_seqlen < 0:
         raise UsageError(f"must not be negative, got {args.max_seqlen}", field="--max-seqlen")
     shapes = resolve_shapes(args)
+    from opbench.core.device import default_dtype_name, device_info, resolve_device
+
+    from .runner import AttentionCase, ProblemCache, run_case
+
     device = resolve_device(args.device)
     info = device_info(device)
     dtype = args.dtype or default_dtype_name(device)

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from opbench.core.sweep import Unsupported
 
 from .reference import eager_attention
+from .schema import BACKEND_NAMES
 from .shapes import AttentionShape
 
 AttnFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -221,6 +222,8 @@ BACKENDS: dict[str, Backend] = {
     "flash_attn": Backend("flash_attn", BSHD, _build_flash_attn, "flash_attn_func (FA3 interface on Hopper)"),
     "triton": Backend("triton", BSHD, _build_triton, "opbench's fused Triton kernel (fwd + bwd)"),
 }
+if tuple(BACKENDS) != BACKEND_NAMES:  # the CLI lists schema.BACKEND_NAMES without importing this module
+    raise RuntimeError(f"attention backends {tuple(BACKENDS)} differ from schema.BACKEND_NAMES {BACKEND_NAMES}")
 
 
 def to_layout(t: torch.Tensor, layout: str) -> torch.Tensor:

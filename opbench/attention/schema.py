@@ -3,6 +3,17 @@
 from opbench.core.schema import Schema
 
 PASSES = ("fwd", "bwd", "fwdbwd")
+# The backends' names, for the CLI's help and checks without importing torch; backends.py registers exactly these.
+BACKEND_NAMES = (
+    "math",
+    "sdpa",
+    "sdpa_flash",
+    "sdpa_efficient",
+    "sdpa_cudnn",
+    "sdpa_math",
+    "flash_attn",
+    "triton",
+)
 # Per pass: the median time and its spread (the timing harness' Stats), calls timed, TFLOP/s from the median.
 STAT_SUFFIXES = {
     "time": "median",

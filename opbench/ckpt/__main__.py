@@ -18,7 +18,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opbench.core import cli, dist
 from opbench.core.cli import csv_list, positive_int, size_mib
@@ -26,11 +26,12 @@ from opbench.core.dtypes import FLOAT_DTYPES
 from opbench.core.errors import UsageError, run_cli
 from opbench.core.faults import Faults
 
-from .methods import METHODS, get_method
-from .runner import Case, RunOptions, base_row, case_row, run_case, sidecar_entry, warm_up_state
-from .schema import SCHEMA
-from .state import OPTIMIZERS, StateSpec, model_state_spec, synthetic_state_spec, with_num_layers
+from .schema import METHOD_NAMES, SCHEMA
+from .spec import OPTIMIZERS, StateSpec, model_state_spec, synthetic_state_spec, with_num_layers
 from .storage import Storage, parse_storage_options, preflight, remove_tree
+
+if TYPE_CHECKING:
+    from .runner import Case, RunOptions
 
 CSV_NAME = "ckpt_benchmark.csv"
 DEFAULT_SIZE_MB = 256.0
@@ -86,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--methods",
         type=csv_list(str),
         default=["torch_save", "dcp", "dcp_async"],
-        help=f"comma-separated from {','.join(METHODS)}",
+        help=f"comma-separated from {','.join(METHOD_NAMES)}",
     )
     g.add_argument(
         "--storage",
@@ -175,6 +176,9 @@ def state_specs(args: argparse.Namespace) -> list[StateSpec]:
 
 def cases_for(state_index: int, storages: list[Storage], methods: list[str], threads: list[int]) -> list[Case]:
     """storage × method × thread count; methods without a thread knob get one case, thread_count empty."""
+    from .methods import get_method
+    from .runner import Case
+
     cases: list[Case] = []
     for storage, name in itertools.product(storages, methods):
         method = get_method(name)
@@ -208,10 +212,13 @@ def check_memory(specs: list[StateSpec], world: int, device_type: str) -> None:
 def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[StateSpec], list[Storage], RunOptions]:
     args = build_parser().parse_args(argv)
     specs = state_specs(args)
-    for name in args.methods:
-        get_method(name)
+    unknown = [m for m in args.methods if m not in METHOD_NAMES]
+    if unknown:
+        raise UsageError(f"unknown method '{unknown[0]}' (choose from {', '.join(METHOD_NAMES)})", field="--methods")
     options = parse_storage_options(args.storage_options)
     storages = [Storage(s, options) for s in (args.storage or [os.path.join(args.report_dir_path, "ckpt_data")])]
+    from .runner import RunOptions  # torch: after every argument is known to be good
+
     run = RunOptions(
         args.iterations,
         args.save_interval,
@@ -303,6 +310,8 @@ def _run_ranks(args, specs: list[StateSpec], storages: list[Storage], run: RunOp
 def _benchmark(args, specs: list[StateSpec], storages: list[Storage], run: RunOptions, ranks: dist.Ranks) -> int:
     from opbench.core.results import environment, summary_table
 
+    from .runner import warm_up_state
+
     run_dirs = _preflight_all(ranks, storages, specs, run)
     meta: dict[str, Any] = {}
     if ranks.is_main:
@@ -361,6 +370,7 @@ def _sweep_state(
     """Every case of one state; the state is built here and freed when this returns."""
     from opbench.core.sweep import run_sweep
 
+    from .runner import base_row, case_row, run_case, sidecar_entry
     from .state import ShardedState
 
     cases = cases_for(index, storages, args.methods, args.thread_count)

@@ -16,6 +16,7 @@ import torch
 
 from opbench.core.sweep import Unsupported
 
+from .schema import METHOD_NAMES
 from .state import ShardedState
 from .storage import Storage
 
@@ -196,6 +197,8 @@ class DcpAsyncProcess(DcpAsync):
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (TorchSave(), Dcp(), DcpAsync(), DcpAsyncProcess())}
+if tuple(METHODS) != METHOD_NAMES:  # the CLI lists schema.METHOD_NAMES without importing this module
+    raise RuntimeError(f"ckpt methods {tuple(METHODS)} differ from schema.METHOD_NAMES {METHOD_NAMES}")
 
 
 def get_method(name: str) -> Method:

@@ -2,6 +2,9 @@
 
 from opbench.core.schema import Schema
 
+# The methods' names, for the CLI's help and checks without importing torch; methods.METHODS holds exactly these.
+METHOD_NAMES = ("torch_save", "dcp", "dcp_async", "dcp_async_process")
+
 SCHEMA = Schema(
     benchmark="ckpt",
     title="Checkpoint",

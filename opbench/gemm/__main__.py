@@ -1,4 +1,7 @@
-"""``python -m opbench.gemm`` / ``opbench gemm``: time the GEMMs of a model's training step."""
+"""``python -m opbench.gemm`` / ``opbench gemm``: time the GEMMs of a model's training step.
+
+Help and usage errors must come back in well under a second, so torch (the device layer, the backends, the
+runner) is imported only once the arguments and shapes are known to be good."""
 
 from __future__ import annotations
 
@@ -7,21 +10,21 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opbench.core import cli
 from opbench.core.cli import add_device_args, add_timing_args, csv_list, positive_int, timing_config
-from opbench.core.device import default_dtype_name, device_info, resolve_device
 from opbench.core.dtypes import GEMM_DTYPES
 from opbench.core.errors import UsageError, run_cli
 from opbench.core.results import CsvReport, environment, summary_table
 from opbench.core.sweep import run_sweep
 from opbench.models import load_model_configs, select_models
 
-from .backends import BACKENDS
-from .runner import GemmCase, run_case
-from .schema import SCHEMA
+from .schema import BACKEND_NAMES, SCHEMA
 from .shapes import ALL_LAYERS, LAYOUTS, PASSES, RAW, GemmShape, ModelParallel, gemm_shapes, parse_mnk, raw_shapes
+
+if TYPE_CHECKING:
+    from .runner import GemmCase
 
 SUMMARY = [
     "layer",
@@ -61,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--backends",
         type=csv_list(),
         default=["auto"],
-        help=f"auto (torch, and torch_grouped for expert GEMMs) or any of {','.join(BACKENDS)}",
+        help=f"auto (torch, and torch_grouped for expert GEMMs) or any of {','.join(BACKEND_NAMES)}",
     )
     p.add_argument(
         "--cache",
@@ -103,6 +106,8 @@ def report_path(report_dir: str, model: str) -> Path:
 
 
 def expand_cases(shapes: Sequence[GemmShape], backends: Sequence[str], dtype: str) -> list[GemmCase]:
+    from .runner import GemmCase
+
     cases: list[GemmCase] = []
     for s in shapes:
         if backends == ["auto"]:
@@ -115,9 +120,11 @@ def expand_cases(shapes: Sequence[GemmShape], backends: Sequence[str], dtype: st
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    unknown = [b for b in args.backends if b != "auto" and b not in BACKENDS]
+    unknown = [b for b in args.backends if b != "auto" and b not in BACKEND_NAMES]
     if unknown:
-        raise UsageError(f"unknown backend(s) {unknown}; choose from auto,{','.join(BACKENDS)}", field="--backends")
+        raise UsageError(
+            f"unknown backend(s) {unknown}; choose from auto,{','.join(BACKEND_NAMES)}", field="--backends"
+        )
     bad_layers = [x for x in (args.layers or []) if x not in ALL_LAYERS]
     if bad_layers:
         raise UsageError(f"unknown layer(s) {bad_layers}; choose from {','.join(ALL_LAYERS)}", field="--layers")
@@ -142,6 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             for cfg in configs
         ]
+
+    from opbench.core.device import default_dtype_name, device_info, resolve_device
+
+    from .runner import run_case
 
     device = resolve_device(args.device)
     info = device_info(device)

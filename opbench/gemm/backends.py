@@ -15,6 +15,8 @@ import torch
 from opbench.core.device import gpu_backend
 from opbench.core.sweep import Unsupported
 
+from .schema import BACKEND_NAMES
+
 GemmFn = Callable[[], torch.Tensor]
 
 
@@ -123,3 +125,7 @@ def _triton(a: torch.Tensor, b: torch.Tensor, dtype: str) -> tuple[GemmFn, str]:
         raise Unsupported(f"triton is not installed ({exc})") from None
     c = _out(a, b)
     return (lambda: matmul(a, b, out=c)), "opbench triton tiled matmul"
+
+
+if tuple(BACKENDS) != BACKEND_NAMES:  # the CLI lists schema.BACKEND_NAMES without importing this module
+    raise RuntimeError(f"gemm backends {tuple(BACKENDS)} differ from schema.BACKEND_NAMES {BACKEND_NAMES}")

@@ -2,6 +2,9 @@
 
 from opbench.core.schema import Schema
 
+# The backends' names, for the CLI's help and checks without importing torch; backends.py registers exactly these.
+BACKEND_NAMES = ("torch", "torch_grouped", "fp8", "triton")
+
 SCHEMA = Schema(
     benchmark="gemm",
     title="GEMM",
