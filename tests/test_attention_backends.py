@@ -14,7 +14,15 @@ from opbench.attention import backends as B
 from opbench.attention.__main__ import main
 from opbench.attention.flops import attention_flops
 from opbench.attention.reference import reference_attention
-from opbench.attention.runner import AttentionCase, ProblemCache, check, make_problem, run_case, time_passes
+from opbench.attention.runner import (
+    AttentionCase,
+    ProblemCache,
+    check,
+    inconsistent_passes,
+    make_problem,
+    run_case,
+    time_passes,
+)
 from opbench.attention.schema import SCHEMA
 from opbench.attention.shapes import AttentionShape
 from opbench.core.sweep import Unsupported
@@ -252,3 +260,15 @@ def test_cli_cpu_rows(tmp_path):
     assert "CPU" in reasons["sdpa_efficient"] and "GPU" in reasons["flash_attn"]
     assert "TRITON_INTERPRET" in reasons["triton"]
     assert "same last dimension" in bad[bad.backend == "sdpa_flash"].error.iloc[0]
+
+
+def test_fwdbwd_faster_than_bwd_is_marked_noisy():
+    """fwd+bwd includes bwd, so a row where it took less time is noise, and says so (the console counts it)."""
+    from opbench.core.timing import noisy_advice
+
+    bad = {"bwd_time": 0.30, "fwdbwd_time": 0.20}
+    assert inconsistent_passes(bad) == "noisy: fwdbwd 0.2 s < bwd 0.3 s"
+    assert inconsistent_passes({"bwd_time": 0.2, "fwdbwd_time": 0.3}) is None
+    assert inconsistent_passes({"fwd_time": 0.1}) is None
+    rows = [{"note": "v zero-padded 96->128; noisy bwd: IQR 30% of the median"}, {"note": None}, {"note": "x"}]
+    assert noisy_advice(rows).startswith("1 of 3 rows are noisy") and noisy_advice(rows[1:]) is None

@@ -160,6 +160,8 @@ def test_noisy_rows_are_marked_and_listed_by_the_report(run, tmp_path):
     assert all(
         x["status"] == "ok" and x["note"].startswith("noisy: IQR ") and float(x["time_iqr_rel"]) > 0 for x in rows
     )
+    # the console says it under the table, with what to do
+    assert "time_iqr_rel" in r.stdout and "2 of 2 rows are noisy" in r.stdout and "larger --budget" in r.stdout
     rep = run("opbench.report", str(res), "--report-dir-path", str(tmp_path / "rep"))
     assert rep.returncode == 0, rep.stderr
     text = (tmp_path / "rep" / "report.md").read_text()

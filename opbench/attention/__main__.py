@@ -20,7 +20,7 @@ from opbench.core.dtypes import FLOAT_DTYPES
 from opbench.core.errors import UsageError, run_cli
 from opbench.core.results import CsvReport, environment, summary_table
 from opbench.core.sweep import run_sweep
-from opbench.core.timing import TimingConfig
+from opbench.core.timing import TimingConfig, noisy_advice
 from opbench.models import load_model_configs, select_models
 
 from .schema import BACKEND_NAMES, PASSES, SCHEMA, SHAPE_COLUMNS
@@ -43,6 +43,7 @@ SUMMARY = [
     "fwdbwd_time",
     "max_abs_err",
     "status",
+    "note",
 ]
 PLAN_SUMMARY = [*SHAPE_COLUMNS[:8], "backend", "fwd_flops", "status"]
 CSV_NAME = "attention_benchmark.csv"
@@ -214,6 +215,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     print(f"attention on {info.name} ({dtype}, passes {','.join(args.passes)})")
     print(summary_table(rows, PLAN_SUMMARY if args.dry_run else SUMMARY, max_rows=args.top))
+    advice = noisy_advice(rows)
+    if advice:
+        print(advice)
     reasons = unsupported_reasons(rows)
     if reasons:
         print("not run:\n" + "\n".join(reasons))

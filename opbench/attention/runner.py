@@ -153,6 +153,14 @@ def time_passes(
     return stats
 
 
+def inconsistent_passes(row: dict[str, Any]) -> str | None:
+    """A noisy note when fwd+bwd came out faster than bwd alone: it contains bwd, so only noise can do that."""
+    fb, b = row.get("fwdbwd_time"), row.get("bwd_time")
+    if fb is not None and b is not None and fb < b:
+        return f"noisy: fwdbwd {fb:.3g} s < bwd {b:.3g} s"
+    return None
+
+
 def run_case(
     case: AttentionCase, device: torch.device, passes: Sequence[str], config: TimingConfig, cache: ProblemCache
 ) -> dict[str, Any]:
@@ -184,6 +192,7 @@ def run_case(
         row.update(_stats_columns(pass_, stats, attention_flops(case.shape, case.batch_size, pass_)))
         if stats.noisy:
             noisy.append(noisy_note(stats, pass_))
+    noisy += filter(None, [inconsistent_passes(row)])
     if noisy:
         row["note"] = "; ".join(filter(None, [row.get("note"), *noisy]))
     return {**row, "status": STATUS_OK, "error": None}

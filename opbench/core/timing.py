@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -251,3 +251,16 @@ def measure(
 def noisy_note(stats: Stats, what: str = "") -> str:
     """The row note of a noisy measurement: how wide its spread stayed."""
     return f"noisy{' ' + what if what else ''}: IQR {100 * stats.iqr_rel:.0f}% of the median"
+
+
+def noisy_advice(rows: Sequence[Mapping[str, Any]]) -> str | None:
+    """One console line under a table with noisy rows (their note starts "noisy"): how many, and what to do. Those
+    rows' medians can be far off, so the user must see it where the numbers are, not only in the CSV."""
+    noisy = sum(1 for r in rows if str(r.get("note") or "").startswith("noisy") or "; noisy" in str(r.get("note")))
+    if not noisy:
+        return None
+    return (
+        f"{noisy} of {len(rows)} rows are noisy (their spread stayed above --max-spread until the time budget ran "
+        "out): do not compare them. Rerun on a quiet machine, with fewer threads (OMP_NUM_THREADS) on a shared "
+        "CPU, or with a larger --budget."
+    )

@@ -18,6 +18,7 @@ from opbench.core.dtypes import GEMM_DTYPES
 from opbench.core.errors import UsageError, run_cli
 from opbench.core.results import CsvReport, environment, summary_table
 from opbench.core.sweep import run_sweep
+from opbench.core.timing import noisy_advice
 from opbench.models import load_model_configs, select_models
 
 from .schema import BACKEND_NAMES, SCHEMA
@@ -36,6 +37,7 @@ SUMMARY = [
     "groups",
     "backend",
     "time_s",
+    "time_iqr_rel",
     "tflops",
     "pct_of_peak",
     "status",
@@ -196,6 +198,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f"layout {args.layout}" if name == RAW else f"tp={par.tp} ep={par.ep} cp={par.cp}, seqlen={seqlen}"
         print(f"\n{name} on {info.name} ({dtype}, {where})")
         print(summary_table(rows, SUMMARY, max_rows=args.top))
+        advice = noisy_advice(rows)
+        if advice:
+            print(advice)
         print(f"wrote {path} ({len(rows)} rows)")
     return 0
 
