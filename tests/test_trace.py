@@ -412,13 +412,34 @@ def test_compare_fsdp_matches_reference_llama3_70b_layer_count(cli, tmp_path):
     res = cli(str(log), "--compare-fsdp", "Llama3.1_70B", "--csv", str(out))
     assert res.returncode == 0, res.stderr
     assert "param bf16, reduce bf16" in res.stdout  # FSDP2's default: reduce in the param dtype, with avg
-    assert "160 of 162 predicted AllGather/ReduceScatter counts found in the log, 160 with the same" in res.stdout
+    assert "the log covers 2 step(s); 160 of 162 predicted AllGather/ReduceScatter units matched" in res.stdout
+    assert "0 logged but not matching, 2 not in the log" in res.stdout
     rows = list(csv.DictReader((tmp_path / "s_fsdp.csv").open()))
     layers = [r for r in rows if r["unit"].startswith("layers.")]
     assert len(layers) == 160 and all(r["matched"] == "True" and r["count"] == str(LAYER) for r in layers)
     assert {r["steps_in_log"] for r in layers} == {"2"}
+    assert {(r["collective"], r["expected_log_calls"], r["log_calls"]) for r in layers} == {
+        ("all_gather", "2560", "2560"),  # 80 layers × 2 per step (forward, backward) × 2 steps × 8 ranks
+        ("reduce_scatter", "1280", "1280"),
+    }
     assert [r["matched"] for r in rows if r["unit"] == "root"] == ["False", "False"]
     assert "log sizes the model does not predict (2)" in res.stdout
+
+
+def test_compare_fsdp_partial_step_does_not_match(cli, tmp_path):
+    """96 log lines (a sliver of one step) have the right sizes but not the right number of calls: nothing of
+    the layers matches, and the console says how much of a step the log holds."""
+    import itertools
+
+    from synth_trace import fsdp_job_lines
+
+    log = tmp_path / "part.log"
+    lines = fsdp_job_lines(nranks=8, layers=80, layer_count=LAYER, torn_every=0, noise_every=0)
+    log.write_text("\n".join(itertools.islice(lines, 96)) + "\n")
+    res = cli(str(log), "--compare-fsdp", "Llama3.1_70B")
+    assert res.returncode == 0, res.stderr
+    assert "the log covers 0.069 of a step; 1 of 162 predicted AllGather/ReduceScatter units matched" in res.stdout
+    assert "1280 log lines expected for 1 step(s) × 8 ranks, 88 logged" in res.stdout
 
 
 def test_compare_fsdp_checks_dtype_and_reduction_too(cli, tmp_path):
@@ -434,14 +455,15 @@ def test_compare_fsdp_checks_dtype_and_reduction_too(cli, tmp_path):
     out = tmp_path / "s.csv"
     res = cli(str(log), "--compare-fsdp", "Llama3.1_70B", "--csv", str(out))
     assert res.returncode == 0, res.stderr
-    assert "162 of 162 predicted AllGather/ReduceScatter counts found in the log, 81 with the same" in res.stdout
+    assert "81 of 162 predicted AllGather/ReduceScatter units matched" in res.stdout
+    assert "81 logged but not matching, 0 not in the log" in res.stdout
     assert "model bf16/avg, log fp32/avg" in res.stdout and "--reduce-dtype fp32" in res.stdout
     rs = [r for r in csv.DictReader((tmp_path / "s_fsdp.csv").open()) if r["collective"] == "reduce_scatter"]
     assert {(r["dtype"], r["redop"], r["log_dtype"], r["log_redop"], r["matched"]) for r in rs} == {
         ("bf16", "avg", "fp32", "avg", "False")
     }
     titan = cli(str(log), "--compare-fsdp", "Llama3.1_70B", "--reduce-dtype", "fp32")
-    assert "162 of 162 predicted AllGather/ReduceScatter counts found in the log, 162 with the same" in titan.stdout
+    assert "162 of 162 predicted AllGather/ReduceScatter units matched" in titan.stdout
 
 
 def test_compare_fsdp_unknown_model_is_usage_error(cli, tmp_path):

@@ -316,15 +316,29 @@ def compare_fsdp(args: argparse.Namespace, rows: list[dict[str, Any]], meta: dic
             entry["dtypes"].add(r["dtype"])
             if r["redop"]:
                 entry["redops"].add(r["redop"])
+    # Units with the same count cannot be told apart in the log: each (collective, count) group is checked as a
+    # whole, its calls per step (summed over its units) × the steps the log covers against the lines logged.
+    group_per_step: dict[tuple[str, int], int] = {}
+    for c in predicted:
+        if c.nccl_op in ("AllGather", "ReduceScatter"):
+            group_per_step[(c.nccl_op, c.count)] = group_per_step.get((c.nccl_op, c.count), 0) + c.calls_per_step
+    steps, seen = _steps_covered(group_per_step, log_by_key, world)
     out: list[dict[str, Any]] = []
     matched_keys = set()
     for c in predicted:
         if c.nccl_op not in ("AllGather", "ReduceScatter"):
             continue
-        hit = log_by_key.get((c.nccl_op, c.count))
+        key = (c.nccl_op, c.count)
+        hit = log_by_key.get(key)
         if hit:
-            matched_keys.add((c.nccl_op, c.count))
-        same = hit is not None and hit["dtypes"] == {c.dtype} and (c.redop is None or hit["redops"] == {c.redop})
+            matched_keys.add(key)
+        expected = group_per_step[key] * world * steps
+        same = (
+            hit is not None
+            and hit["calls"] == expected
+            and hit["dtypes"] == {c.dtype}
+            and (c.redop is None or hit["redops"] == {c.redop})
+        )
         out.append(
             {
                 "unit": c.unit,
@@ -335,21 +349,22 @@ def compare_fsdp(args: argparse.Namespace, rows: list[dict[str, Any]], meta: dic
                 "nranks": c.nranks,
                 "calls_per_step": c.calls_per_step,
                 "nccl_tests_bytes": c.nccl_tests_bytes,
+                "expected_log_calls": expected,
                 "log_calls": hit["calls"] if hit else 0,
                 "log_dtype": ",".join(sorted(hit["dtypes"])) if hit else None,
                 "log_redop": ",".join(sorted(hit["redops"])) if hit else None,
                 "matched": same,
-                "steps_in_log": None,
+                "steps_in_log": round(hit["calls"] / (group_per_step[key] * world), 2) if hit else None,
             }
         )
-    _steps_in_log(out, world)
     n_units = len(out)
-    n_count = sum(bool(r["log_calls"]) for r in out)
     n_hit = sum(bool(r["matched"]) for r in out)
+    n_found = sum(bool(r["log_calls"]) for r in out)
     print(
-        f"\nFSDP2 model ({cfg.name}, world {world}, param {param}, reduce {reduce}): "
-        f"{n_count} of {n_units} predicted AllGather/ReduceScatter counts found in the log, "
-        f"{n_hit} with the same dtype and reduction"
+        f"\nFSDP2 model ({cfg.name}, world {world}, param {param}, reduce {reduce}): the log covers "
+        f"{f'{steps} step(s)' if seen >= 0.5 else f'{seen:.2g} of a step'}; "
+        f"{n_hit} of {n_units} predicted AllGather/ReduceScatter units matched (calls per step × steps × ranks, "
+        f"dtype and reduction), {n_found - n_hit} logged but not matching, {n_units - n_found} not in the log"
     )
     print(
         summary_table(
@@ -361,6 +376,7 @@ def compare_fsdp(args: argparse.Namespace, rows: list[dict[str, Any]], meta: dic
                 "dtype",
                 "redop",
                 "calls_per_step",
+                "expected_log_calls",
                 "log_calls",
                 "log_dtype",
                 "log_redop",
@@ -370,7 +386,16 @@ def compare_fsdp(args: argparse.Namespace, rows: list[dict[str, Any]], meta: dic
         )
     )
     for r in out:
-        if r["log_calls"] and not r["matched"]:
+        if r["log_calls"] and r["log_calls"] != r["expected_log_calls"]:
+            print(
+                f"calls differ: {r['collective']} count {r['count']}: {r['expected_log_calls']} log lines expected "
+                f"for {steps} step(s) × {world} ranks, {r['log_calls']} logged (a partial step, or units the model "
+                "does not know)"
+            )
+            break
+    for r in out:
+        differs = r["log_dtype"] != r["dtype"] or (r["redop"] is not None and r["log_redop"] != r["redop"])
+        if r["log_calls"] and differs:
             hint = ""
             if r["collective"] == "reduce_scatter" and r["log_dtype"] != r["dtype"] and not args.reduce_dtype:
                 hint = f" (a job that sets MixedPrecisionPolicy.reduce_dtype, as torchtitan: --reduce-dtype {r['log_dtype']})"
@@ -388,14 +413,18 @@ def compare_fsdp(args: argparse.Namespace, rows: list[dict[str, Any]], meta: dic
     return out
 
 
-def _steps_in_log(out: list[dict[str, Any]], world: int) -> None:
-    """Log lines are one per rank per call: steps ≈ lines / (world × calls expected per step for that count)."""
-    per_count: dict[tuple[str, int], int] = {}
-    for r in out:
-        per_count[(r["collective"], r["count"])] = per_count.get((r["collective"], r["count"]), 0) + r["calls_per_step"]
-    for r in out:
-        expected = per_count[(r["collective"], r["count"])] * world
-        r["steps_in_log"] = round(r["log_calls"] / expected, 2) if r["log_calls"] and expected else None
+def _steps_covered(group_per_step: dict[tuple[str, int], int], log_by_key: dict, world: int) -> tuple[int, float]:
+    """Training steps the log covers, from the group with the most calls per step (the decoder layers'
+    all-gathers): its log lines / (calls per step × ranks), as a whole number (at least 1 when any of its calls
+    is there) and as the fraction seen."""
+    if not group_per_step:
+        return 0, 0.0
+    key = max(group_per_step, key=lambda k: (k[0] == "AllGather", group_per_step[k]))
+    hit = log_by_key.get(key)
+    if not hit:
+        return 0, 0.0
+    seen = hit["calls"] / (group_per_step[key] * world)
+    return max(1, round(seen)), seen
 
 
 def _group_units(out: list[dict[str, Any]]) -> list[dict[str, Any]]:

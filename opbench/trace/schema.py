@@ -54,7 +54,9 @@ TRACE_PER_COMM = Schema(
 TRACE_FSDP = Schema(
     benchmark="trace_fsdp",
     title="NCCL trace vs FSDP model",
-    version=3,  # 2: collective holds opbench names; 3: redop/log_redop, matched = count, dtype and reduction agree
+    # 2: collective holds opbench names; 3: redop/log_redop, matched = count, dtype and reduction agree;
+    # 4: expected_log_calls (calls per step × steps × ranks), matched also needs log_calls == expected_log_calls
+    version=4,
     columns=(
         "unit",
         "collective",
@@ -64,6 +66,7 @@ TRACE_FSDP = Schema(
         "nranks",
         "calls_per_step",
         "nccl_tests_bytes",
+        "expected_log_calls",
         "log_calls",
         "log_dtype",
         "log_redop",
