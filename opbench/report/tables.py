@@ -247,6 +247,7 @@ SPECS: dict[str, TableSpec] = {
             "redop",
             "nranks",
             "calls_per_step",
+            "expected_log_calls",
             "log_calls",
             "log_dtype",
             "log_redop",
