@@ -116,6 +116,7 @@ def test_every_method_on_local_disk_and_s3_with_two_ranks(tmp_path, s3_env):
     ]
     proc = _run(cmd, env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "async save_block_time = planning + copying the state into host memory (pageable)" in proc.stdout
 
     rows = pd.read_csv(out / "ckpt_benchmark.csv")
     meta = json.loads((out / "ckpt_benchmark.meta.json").read_text())
@@ -130,7 +131,9 @@ def test_every_method_on_local_disk_and_s3_with_two_ranks(tmp_path, s3_env):
         assert r.load_bandwidth_in_mbps == pytest.approx(r.iter_folder_size / 2**20 / r.load_time, rel=2e-5)
         assert 0 < r.save_block_time <= r.save_total_time
         if not r.async_save:
-            assert r.save_block_time == r.save_total_time
+            assert r.save_block_time == r.save_total_time and pd.isna(r.async_staging)
+        else:  # a CPU device: DCP's default staging copy into pageable memory (pinned memory needs a GPU)
+            assert r.async_staging == "host memory (pageable)"
         assert r.drop_cache == (not r.storage.startswith("s3://"))  # evicted where the files are local
 
     cases = {(c["method"], c["storage"], c["thread_count"]): c for c in meta["cases"]}

@@ -239,6 +239,7 @@ def base_row(case: Case, state: ShardedState, ranks: Ranks, run: RunOptions) -> 
         thread_count=case.thread_count,
         async_save=case.method.async_type is not None,
         async_type=case.method.async_type,
+        async_staging=case.method.staging(state.device),
         single_file_per_rank=run.single_file_per_rank if case.method.uses_threads else None,
         sync_files=run.sync_files,
         drop_cache=run.drop_cache,

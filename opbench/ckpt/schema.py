@@ -8,7 +8,7 @@ METHOD_NAMES = ("torch_save", "dcp", "dcp_async", "dcp_async_process")
 SCHEMA = Schema(
     benchmark="ckpt",
     title="Checkpoint",
-    version=1,
+    version=2,  # 2: async_staging (what an async save's block time copies the state into)
     columns=(
         "model",
         "num_layers",
@@ -21,6 +21,7 @@ SCHEMA = Schema(
         "thread_count",
         "async_save",
         "async_type",
+        "async_staging",
         "single_file_per_rank",
         "sync_files",
         "drop_cache",
