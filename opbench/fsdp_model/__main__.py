@@ -17,6 +17,7 @@ from opbench.core import cli
 from opbench.core.cli import positive_int, world_size
 from opbench.core.dtypes import FLOAT_DTYPES
 from opbench.core.errors import UsageError, run_cli
+from opbench.core.units import human_bytes
 from opbench.models import ModelConfig, load_model_configs, select_models
 
 from .approx import approx_collectives, compare, compare_totals
@@ -147,8 +148,8 @@ def totals_table(rows: Sequence[FsdpCollective]) -> list[dict[str, Any]]:
         {
             "collective": t["collective"],
             "calls_per_step": t["calls_per_step"],
-            "GB_per_step": t["bytes_per_step"] / 1e9,
-            "busbw_GB_per_step": t["busbw_bytes_per_step"] / 1e9,
+            "size_per_step": human_bytes(t["bytes_per_step"]),  # IEC units, as every size shown (core.units)
+            "busbw_size_per_step": human_bytes(t["busbw_bytes_per_step"]),
         }
         for t in step_totals(rows)
     ]
@@ -183,9 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(summary_table(grouped(rows), TABLE))
         print("per step:")
         print(
-            summary_table(
-                totals_table(rows), ["collective", "calls_per_step", "GB_per_step", "busbw_GB_per_step"], floatfmt=".3f"
-            )
+            summary_table(totals_table(rows), ["collective", "calls_per_step", "size_per_step", "busbw_size_per_step"])
         )
         if args.mode == "approx":
             print("approx vs exact (missing = what the approximation leaves out):")
