@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -138,6 +139,9 @@ def test_every_method_on_local_disk_and_s3_with_two_ranks(tmp_path, s3_env):
 
     cases = {(c["method"], c["storage"], c["thread_count"]): c for c in meta["cases"]}
     assert len(cases) == 14
+    # the recorded command is the torchrun line the user typed (re-runnable), the rank's own is beside it
+    assert meta["command"].startswith(f"{sys.executable} -m torch.distributed.run --standalone --nproc-per-node 2")
+    assert "torch.distributed.run" not in meta["rank_command"] and "opbench.ckpt" in meta["rank_command"]
     for case in cases.values():
         assert len(case["total"]) == 2 and all(len(per) == 2 for per in case["per_rank"]["total"])
         assert all(b <= t for b, t in zip(case["block"], case["total"]))
@@ -366,3 +370,5 @@ def test_sigterm_to_the_launcher_stops_a_dcp_job_and_cleans_up(tmp_path):
     assert "terminated (SIGTERM)" in err and "Traceback" not in err, err[-3000:]
     assert "Setting OMP_NUM_THREADS" not in err, err[-3000:]
     assert not [f for f in (tmp_path / "data").rglob("*") if f.is_file()]
+    meta = json.loads((tmp_path / "out" / "ckpt_benchmark.meta.json").read_text())
+    assert meta["command"] == shlex.join(cmd)  # the launcher's line, not a rank's 1-rank child command

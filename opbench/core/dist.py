@@ -248,6 +248,7 @@ def _relay_stderr(
         )
 
 
+LAUNCH_COMMAND_ENV = "OPBENCH_LAUNCH_COMMAND"  # the user's command line, passed to the ranks opbench starts
 STOP_GRACE_S = 10.0  # after a rank has failed, how long the rest of the job may take to stop before it is killed
 
 
@@ -281,9 +282,11 @@ def _kill_job(proc: subprocess.Popen[str]) -> None:
 
 
 def _launch_env(nproc_per_node: int) -> dict[str, str]:
-    """The environment for torchrun: OMP_NUM_THREADS set (to this machine's cores shared among its ranks) unless
-    the user set it, so torchrun does not print its banner about setting it to 1."""
+    """The environment for torchrun: the user's command for the ranks' sidecars (core.results.launch_command), and
+    OMP_NUM_THREADS set (this machine's cores shared among its ranks) unless the user set it, so torchrun does not
+    print its banner about setting it to 1."""
     env = dict(os.environ)
+    env[LAUNCH_COMMAND_ENV] = shlex.join(getattr(sys, "orig_argv", sys.argv))
     if "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, nproc_per_node)))
     return env

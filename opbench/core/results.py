@@ -30,6 +30,26 @@ if TYPE_CHECKING:
     import torch
 
 
+def launch_command() -> str:
+    """The command the user typed, to be re-run as it is: the launcher's line when opbench started torchrun itself
+    (core.dist.relaunch passes it on) or when the user ran torchrun (its agent is this rank's parent), else this
+    process's own line. A rank's child command alone would be a 1-rank run if copied."""
+    from .dist import LAUNCH_COMMAND_ENV
+
+    if os.environ.get(LAUNCH_COMMAND_ENV):
+        return os.environ[LAUNCH_COMMAND_ENV]
+    own = list(getattr(sys, "orig_argv", sys.argv))
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # started by a torchrun agent: its command line is the job's
+        try:
+            with open(f"/proc/{os.getppid()}/cmdline", "rb") as fh:
+                parent = [a.decode(errors="replace") for a in fh.read().split(b"\0") if a]
+        except OSError:
+            parent = []
+        if any("torchrun" in a or "torch.distributed.run" in a for a in parent[:3]):
+            return shlex.join(parent)
+    return shlex.join(own)
+
+
 def environment(device: torch.device | None = None, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What a reader of the CSV needs to trust it: versions, device, host, command line, UTC time. torch's
     versions are recorded when torch is loaded already (always, for the benchmarks that time something)."""
@@ -38,7 +58,7 @@ def environment(device: torch.device | None = None, extra: Mapping[str, Any] | N
         "python": platform.python_version(),
         "host": socket.gethostname(),
         "platform": platform.platform(),
-        "command": shlex.join(getattr(sys, "orig_argv", sys.argv)),
+        "command": launch_command(),
         "utc_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
     torch_mod = sys.modules.get("torch")
@@ -56,6 +76,9 @@ def environment(device: torch.device | None = None, extra: Mapping[str, Any] | N
         meta.update(device=str(device), device_kind=info.kind, device_name=info.name)
         if info.is_gpu and torch_mod is not None:
             meta["device_count"] = torch_mod.cuda.device_count()
+    rank_command = shlex.join(getattr(sys, "orig_argv", sys.argv))
+    if rank_command != meta["command"]:
+        meta["rank_command"] = rank_command  # what this rank ran (under torchrun / srun)
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "NCCL_DEBUG"):
         if key in os.environ:
             meta[key.lower()] = os.environ[key]
