@@ -89,5 +89,5 @@ def test_dry_run_lists_states_and_the_cartesian_product(tmp_path, capsys):
     )
     assert rc == 0
     assert "synthetic_16MiB" in out and "synthetic_32MiB" in out
-    # per storage: torch_save once (no thread knob) + 2 DCP methods x 2 thread counts = 5
-    assert "10 cases per state" in out
+    # per storage: raw and torch_save once each (no thread knob) + 2 DCP methods x 2 thread counts = 6
+    assert "12 cases per state" in out

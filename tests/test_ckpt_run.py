@@ -122,9 +122,17 @@ def test_every_method_on_local_disk_and_s3_with_two_ranks(tmp_path, s3_env):
     rows = pd.read_csv(out / "ckpt_benchmark.csv")
     meta = json.loads((out / "ckpt_benchmark.meta.json").read_text())
     spec = model_state_spec(load_model_configs(str(cfg_path))[0], "adam", "bf16")
-    assert len(rows) == 14 and set(rows["status"]) == {"ok"} and rows["verified"].all() and rows["accurate"].all()
+    assert len(rows) == 16 and set(rows["status"]) == {"ok"} and rows["verified"].all() and rows["accurate"].all()
     assert set(rows["world_size"]) == {2} and set(rows["num_saved"]) == {2} and set(rows["num_loaded"]) == {2}
-    assert set(rows["method"]) == {"torch_save", "dcp", "dcp_async", "dcp_async_process"}
+    assert set(rows["method"]) == {"raw", "torch_save", "dcp", "dcp_async", "dcp_async_process"}
+    # raw, first on each storage: exactly the state's bytes; every other row's bandwidth as a % of raw's there
+    raw = rows[rows["method"] == "raw"].set_index("storage")
+    assert list(rows.drop_duplicates("storage")["method"]) == ["raw", "raw"]
+    assert (raw["iter_folder_size"] == spec.total_bytes).all() and (raw["pct_of_raw_save"] == 100).all()
+    for _, r in rows[rows["method"] != "raw"].iterrows():
+        ref = raw.loc[r.storage]
+        assert r.pct_of_raw_save == pytest.approx(100 * r.save_bandwidth_in_mbps / ref.save_bandwidth_in_mbps, rel=1e-4)
+        assert r.pct_of_raw_load == pytest.approx(100 * r.load_bandwidth_in_mbps / ref.load_bandwidth_in_mbps, rel=1e-4)
     assert (rows["state_bytes"] == spec.total_bytes).all() and (rows["iter_folder_size"] >= spec.total_bytes).all()
     for _, r in rows.iterrows():
         # bandwidth = iter_folder_size / 2^20 / median time (CSV keeps 6 significant digits)
@@ -138,7 +146,7 @@ def test_every_method_on_local_disk_and_s3_with_two_ranks(tmp_path, s3_env):
         assert r.drop_cache == (not r.storage.startswith("s3://"))  # evicted where the files are local
 
     cases = {(c["method"], c["storage"], c["thread_count"]): c for c in meta["cases"]}
-    assert len(cases) == 14
+    assert len(cases) == 16
     # the recorded command is the torchrun line the user typed (re-runnable), the rank's own is beside it
     assert meta["command"].startswith(f"{sys.executable} -m torch.distributed.run --standalone --nproc-per-node 2")
     assert "torch.distributed.run" not in meta["rank_command"] and "opbench.ckpt" in meta["rank_command"]
@@ -234,6 +242,7 @@ def test_failures_on_one_rank_become_rows_and_a_nonzero_exit(tmp_path):
             "fp32",
             "--methods",
             "torch_save,dcp",
+            "--no-raw",
             "--iterations",
             "1",
             "--storage",
@@ -286,6 +295,7 @@ def test_srun_environment_is_one_world_and_a_corrupt_rank_is_caught(tmp_path):
             "1",
             "--methods",
             "torch_save,dcp",
+            "--no-raw",
             "--iterations",
             "1",
             "--storage",
@@ -319,7 +329,7 @@ def test_sigterm_to_every_task_cleans_up_like_ctrl_c(tmp_path):
         env = {**base, "OMP_NUM_THREADS": "1", "SLURM_PROCID": str(rank), "SLURM_NTASKS": "2",
                "SLURM_LOCALID": str(rank), "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_STEP_ID": "0",
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
-        cmd = [sys.executable, "-m", "opbench.ckpt", "--size-mb", "64", "--methods", "torch_save", "--iterations",
+        cmd = [sys.executable, "-m", "opbench.ckpt", "--size-mb", "64", "--methods", "torch_save", "--no-raw", "--iterations",
                "200", "--storage", str(tmp_path / "data"), "--report-dir-path", str(tmp_path / "out"),
                "--timeout", "15"]  # fmt: skip
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
@@ -353,7 +363,7 @@ def test_sigterm_to_the_launcher_stops_a_dcp_job_and_cleans_up(tmp_path):
     import time
 
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    cmd = [sys.executable, "-m", "opbench", "ckpt", "--nproc-per-node", "2", "--size-mb", "64", "--methods", "dcp",
+    cmd = [sys.executable, "-m", "opbench", "ckpt", "--nproc-per-node", "2", "--size-mb", "64", "--methods", "dcp", "--no-raw",
            "--iterations", "500", "--storage", str(tmp_path / "data"), "--report-dir-path", str(tmp_path / "out"),
            "--timeout", "20"]  # fmt: skip
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

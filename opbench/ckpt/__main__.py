@@ -46,6 +46,8 @@ SUMMARY = [
     "iter_folder_size",
     "save_bandwidth_in_mbps",
     "load_bandwidth_in_mbps",
+    "pct_of_raw_save",
+    "pct_of_raw_load",
     "accurate",
     "verified",
     "status",
@@ -87,7 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--methods",
         type=csv_list(str),
         default=["torch_save", "dcp", "dcp_async"],
-        help=f"comma-separated from {','.join(METHOD_NAMES)}",
+        help=f"comma-separated from {','.join(m for m in METHOD_NAMES if m != 'raw')}",
+    )
+    g.add_argument(
+        "--raw",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="first, per storage: the same bytes as plain sequential files (write + fsync, read back), the "
+        "storage's own speed; every other row gets pct_of_raw_save / pct_of_raw_load",
     )
     g.add_argument(
         "--storage",
@@ -215,6 +224,9 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[StateSpe
     unknown = [m for m in args.methods if m not in METHOD_NAMES]
     if unknown:
         raise UsageError(f"unknown method '{unknown[0]}' (choose from {', '.join(METHOD_NAMES)})", field="--methods")
+    if args.raw and "raw" not in args.methods:
+        args.methods = ["raw", *args.methods]
+    args.methods = sorted(dict.fromkeys(args.methods), key=lambda m: m != "raw")  # raw first: the others' yardstick
     options = parse_storage_options(args.storage_options)
     storages = [Storage(s, options) for s in (args.storage or [os.path.join(args.report_dir_path, "ckpt_data")])]
     from .runner import RunOptions  # torch: after every argument is known to be good
@@ -391,6 +403,8 @@ def _sweep_state(
             )
         )
 
+    raw_rows: dict[str, dict[str, Any]] = {}  # per storage: this state's raw row, measured first
+
     def measure(case: Case) -> dict[str, Any]:
         case_dir = f"{run_dirs[storages.index(case.storage)]}/{case.tag}"
         try:
@@ -414,12 +428,25 @@ def _sweep_state(
         if ranks.is_main:
             meta["cases"].append(sidecar_entry(case, result))
             report.write_meta(meta)
-        return case_row(case, state, ranks, run, result)
+        row = case_row(case, state, ranks, run, result)
+        if case.method.name == "raw":
+            raw_rows[case.storage.spec] = row
+        return with_raw_ratios(row, raw_rows.get(case.storage.spec))
 
     def failed(case: Case, status: str, message: str) -> dict[str, Any]:
         return {**base_row(case, state, ranks, run), "status": status, "error": message}
 
     return run_sweep(cases, measure, failed, report, desc=spec.label)
+
+
+def with_raw_ratios(row: dict[str, Any], raw: dict[str, Any] | None) -> dict[str, Any]:
+    """pct_of_raw_save / pct_of_raw_load: the row's bandwidth as a percentage of the raw row's on the same storage
+    and state (100 × bandwidth / raw bandwidth); empty when there is no raw row or either side is missing."""
+    usable = raw is not None and raw.get("status") == "ok" and row.get("status") == "ok"
+    for col, metric in (("pct_of_raw_save", "save_bandwidth_in_mbps"), ("pct_of_raw_load", "load_bandwidth_in_mbps")):
+        mine, ref = row.get(metric), (raw or {}).get(metric)
+        row[col] = 100.0 * mine / ref if usable and mine and ref else None
+    return row
 
 
 def async_note(staging: list[str], device_type: str) -> str:

@@ -111,6 +111,76 @@ class TorchSave(Method):
             return torch.load(fh, map_location=state.device, weights_only=True)
 
 
+def _tensor_bytes(t: torch.Tensor) -> memoryview:
+    """A tensor's bytes as they lie in memory (a host copy first for device tensors, as any writer needs)."""
+    flat = t.detach().contiguous().view(-1).view(torch.uint8)
+    return memoryview(flat.cpu().numpy())  # type: ignore[arg-type]  # numpy arrays are buffers
+
+
+class Raw(Method):
+    """The storage's own speed, the yardstick for every other method: each rank's same bytes as one plain file,
+    written sequentially (then fsync with --sync-files) and read back sequentially, with no checkpoint format or
+    planning. Through the same fsspec path for object storage. Loads are verified like every method's."""
+
+    name = "raw"
+
+    @staticmethod
+    def _file(path: str, rank: int) -> str:
+        return f"{path}/rank_{rank:05d}.bin"
+
+    def save(self, state, storage, path, opts):
+        target = self._file(path, state.rank)
+        local = storage.local_path(target)
+        if local is not None:
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            with open(local, "wb", buffering=0) as fh:
+                for t in state.tensors.values():
+                    fh.write(_tensor_bytes(t))
+                if opts.sync_files:
+                    os.fsync(fh.fileno())
+        else:
+            fs, _ = storage.filesystem()
+            fs.makedirs(path, exist_ok=True)
+            with fs.open(target, "wb") as fh:
+                for t in state.tensors.values():
+                    fh.write(_tensor_bytes(t))
+        return PendingSave()
+
+    def load(self, state, storage, path):
+        target = self._file(path, state.rank)
+        total = sum(t.numel() * t.element_size() for t in state.tensors.values())
+        buf = torch.empty(total, dtype=torch.uint8)
+        view = memoryview(buf.numpy())
+        local = storage.local_path(target)
+        if local is not None:
+            with open(local, "rb", buffering=0) as fh:
+                got = _read_into(fh, view)
+        else:
+            fs, _ = storage.filesystem()
+            with fs.open(target, "rb") as fh:
+                got = _read_into(fh, view)
+        if got != total:
+            raise RuntimeError(f"rank {state.rank}: {target} holds {got} bytes, expected {total}")
+        out: dict[str, torch.Tensor] = {}
+        offset = 0
+        for key, t in state.tensors.items():
+            n = t.numel() * t.element_size()
+            out[key] = buf[offset : offset + n].view(t.dtype).view(t.shape).to(state.device)
+            offset += n
+        return out
+
+
+def _read_into(fh: Any, view: memoryview) -> int:
+    """Fill ``view`` from a file object, sequentially; the number of bytes read (short if the file is)."""
+    got = 0
+    while got < len(view):
+        n = fh.readinto(view[got:])
+        if not n:
+            break
+        got += n
+    return got
+
+
 class Dcp(Method):
     """torch.distributed.checkpoint.save/load of DTensor shards (FSDP2's layout); FileSystemWriter for paths,
     FsspecWriter for URLs."""
@@ -242,7 +312,7 @@ class DcpAsyncProcess(DcpAsync):
     async_type = "process"
 
 
-METHODS: dict[str, Method] = {m.name: m for m in (TorchSave(), Dcp(), DcpAsync(), DcpAsyncProcess())}
+METHODS: dict[str, Method] = {m.name: m for m in (Raw(), TorchSave(), Dcp(), DcpAsync(), DcpAsyncProcess())}
 if tuple(METHODS) != METHOD_NAMES:  # the CLI lists schema.METHOD_NAMES without importing this module
     raise RuntimeError(f"ckpt methods {tuple(METHODS)} differ from schema.METHOD_NAMES {METHOD_NAMES}")
 

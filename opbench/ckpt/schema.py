@@ -3,12 +3,12 @@
 from opbench.core.schema import Schema
 
 # The methods' names, for the CLI's help and checks without importing torch; methods.METHODS holds exactly these.
-METHOD_NAMES = ("torch_save", "dcp", "dcp_async", "dcp_async_process")
+METHOD_NAMES = ("raw", "torch_save", "dcp", "dcp_async", "dcp_async_process")
 
 SCHEMA = Schema(
     benchmark="ckpt",
     title="Checkpoint",
-    version=2,  # 2: async_staging (what an async save's block time copies the state into)
+    version=3,  # 2: async_staging (what an async save's block time copies the state into); 3: raw, pct_of_raw_*
     columns=(
         "model",
         "num_layers",
@@ -38,6 +38,8 @@ SCHEMA = Schema(
         "iter_folder_size",
         "save_bandwidth_in_mbps",
         "load_bandwidth_in_mbps",
+        "pct_of_raw_save",
+        "pct_of_raw_load",
         "accurate",
         "verified",
         "status",
