@@ -382,3 +382,18 @@ def test_sigterm_to_the_launcher_stops_a_dcp_job_and_cleans_up(tmp_path):
     assert not [f for f in (tmp_path / "data").rglob("*") if f.is_file()]
     meta = json.loads((tmp_path / "out" / "ckpt_benchmark.meta.json").read_text())
     assert meta["command"] == shlex.join(cmd)  # the launcher's line, not a rank's 1-rank child command
+
+
+def test_per_rank_times_name_the_slow_rank(tmp_path):
+    """OPBENCH_FAULTS=slow:1:6 makes rank 1's saves and loads take 6× as long: the row keeps the slowest rank's
+    time (what the job waits for), the typical rank's below it, and names rank 1 as the slowest."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "opbench", "ckpt", "--nproc-per-node", "2", "--size-mb", "8", "--methods",
+           "torch_save", "--iterations", "3", "--storage", str(tmp_path / "data"), "--report-dir-path", str(out)]  # fmt: skip
+    proc = _run(cmd, {"OPBENCH_FAULTS": "slow:1:6"}, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = pd.read_csv(out / "ckpt_benchmark.csv").set_index("method")
+    assert list(rows.index) == ["raw", "torch_save"]
+    for _, r in rows.iterrows():
+        assert r.slowest_save_rank == 1 and r.slowest_load_rank == 1
+        assert r.save_total_time_rank_median < r.save_total_time and r.load_time_rank_median < r.load_time

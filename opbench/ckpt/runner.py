@@ -17,6 +17,7 @@ from typing import Any
 from opbench.core.device import synchronize
 from opbench.core.dist import Ranks
 from opbench.core.faults import Faults
+from opbench.core.rankstats import rank_stats
 from opbench.core.timing import Stats
 
 from .methods import Method, SaveOptions
@@ -219,9 +220,26 @@ def case_row(case: Case, state: ShardedState, ranks: Ranks, run: RunOptions, res
         status="ok" if not result.problems else "error",
         error=None if not result.problems else "verification failed: " + "; ".join(result.problems[:5]),
     )
+    row.update(per_rank_columns(result))
     if run.drop_cache:
         row["drop_cache"] = all(result.cache_dropped)
     return row
+
+
+def per_rank_columns(result: CaseResult) -> dict[str, Any]:
+    """Who the job waited for: per save and load, the median over ranks of each rank's median time (the typical
+    rank; the row's save_total_time / load_time are the slowest rank's, what the job waits for) and the rank that
+    was slowest in the most iterations (core.rankstats)."""
+    out: dict[str, Any] = {}
+    for kind, col in (("total", "save_total_time"), ("load", "load_time")):
+        per_iter = result.per_rank[kind]  # iterations × ranks
+        if not per_iter:
+            continue
+        stats = rank_stats([list(r) for r in zip(*per_iter)])
+        prefix = "save" if kind == "total" else "load"
+        out[f"{col}_rank_median"] = stats.rank_median
+        out[f"slowest_{prefix}_rank"] = stats.slowest_rank
+    return out
 
 
 def base_row(case: Case, state: ShardedState, ranks: Ranks, run: RunOptions) -> dict[str, Any]:

@@ -8,7 +8,7 @@ METHOD_NAMES = ("raw", "torch_save", "dcp", "dcp_async", "dcp_async_process")
 SCHEMA = Schema(
     benchmark="ckpt",
     title="Checkpoint",
-    version=3,  # 2: async_staging (what an async save's block time copies the state into); 3: raw, pct_of_raw_*
+    version=3,  # 2: async_staging (what an async save's block time copies the state into); 3: raw, pct_of_raw_*, per-rank columns
     columns=(
         "model",
         "num_layers",
@@ -35,6 +35,10 @@ SCHEMA = Schema(
         "save_total_time_max",
         "load_time_min",
         "load_time_max",
+        "save_total_time_rank_median",
+        "slowest_save_rank",
+        "load_time_rank_median",
+        "slowest_load_rank",
         "iter_folder_size",
         "save_bandwidth_in_mbps",
         "load_bandwidth_in_mbps",
