@@ -129,6 +129,20 @@ def test_every_method_on_local_disk_and_s3_with_two_ranks(tmp_path, s3_env):
     raw = rows[rows["method"] == "raw"].set_index("storage")
     assert list(rows.drop_duplicates("storage")["method"]) == ["raw", "raw"]
     assert (raw["iter_folder_size"] == spec.total_bytes).all() and (raw["pct_of_raw_save"] == 100).all()
+    # DCP saves by phase: the median save's phases add up to its total (within 5 %; with 2 iterations the lower
+    # middle save, in the sidecar); async (thread) adds staging; process-mode async writes in a daemon, and
+    # torch_save/raw have no phases
+    phases = ["save_staging_time", "save_planning_time", "save_writing_time", "save_finishing_time"]
+    saves = {(c["method"], c["storage"], c["thread_count"]): sorted(c["total"]) for c in meta["cases"]}
+    for _, r in rows.iterrows():
+        if r.method in ("dcp", "dcp_async"):
+            lower_middle = saves[(r.method, r.storage, int(r.thread_count))][0]
+            assert r[phases].fillna(0).sum() == pytest.approx(lower_middle, rel=0.05), r.to_dict()
+            assert all(r[p] >= 0 for p in phases[1:]) and pd.isna(r.save_staging_time) == (r.method == "dcp")
+        else:
+            assert r[phases].isna().all()
+        if r.async_save:
+            assert r.save_overlap_time >= 0
     for _, r in rows[rows["method"] != "raw"].iterrows():
         ref = raw.loc[r.storage]
         assert r.pct_of_raw_save == pytest.approx(100 * r.save_bandwidth_in_mbps / ref.save_bandwidth_in_mbps, rel=1e-4)

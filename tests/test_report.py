@@ -323,7 +323,7 @@ def test_trace_summary_most_bytes_first(results, report):
 
 
 def test_checkpoint_slowest_save_first(results, report):
-    table, ok = shown_and_csv(report[1], "Checkpoint", results / "ckpt" / "ckpt_benchmark.csv", 2)
+    table, ok = shown_and_csv(report[1], "Checkpoint", results / "ckpt" / "ckpt_benchmark.csv", 3)  # raw too
     shown = [float(v) for v in table["save_bandwidth_in_mbps"]]
     assert shown == pytest.approx(sorted(ok["save_bandwidth_in_mbps"]), rel=1e-3)  # table shows 4 digits
     for _, row in table.iterrows():
@@ -331,6 +331,7 @@ def test_checkpoint_slowest_save_first(results, report):
         for col in ("save_total_time", "load_time", "save_bandwidth_in_mbps", "load_bandwidth_in_mbps"):
             assert close(row[col], src[col])
         assert row["verified"] == "True"
+        assert close(row["pct_of_raw_save"], src["pct_of_raw_save"])
 
 
 def test_environment_and_skipped_files(results, report):
@@ -376,6 +377,7 @@ def test_plots_are_real_images_and_linked(report):
         "gemm_tflops_Qwen3_0.6B.png",
         "attention_tflops_tiny.png",
         "ckpt_bandwidth.png",
+        "ckpt_phases.png",
     }
     assert not built.missing
     for name in names:
@@ -401,6 +403,7 @@ def test_without_matplotlib_the_report_names_missing_plots(results, tmp_path, mo
         "gemm_tflops_Qwen3_0.6B.png",
         "attention_tflops_tiny.png",
         "ckpt_bandwidth.png",
+        "ckpt_phases.png",
     }
     missing = section(text, "Plots not made")
     for name in built.missing:

@@ -31,10 +31,47 @@ class SaveOptions:
     sync_files: bool = True
 
 
-class PendingSave:
-    """A save handed off by the training loop. ``resolved_at`` is the perf_counter() time it finished."""
+@dataclass
+class SaveMarks:
+    """perf_counter() times inside one DCP save, from which the runner derives its phases (docs/ckpt.md, "Phases"):
+    when staging ended (async), when the writer's write_data began and when its writes were done."""
 
-    def __init__(self, future: Future | None = None):
+    stage_end: float | None = None
+    write_start: float | None = None
+    write_end: float | None = None
+
+
+def _instrument(writer: Any, marks: SaveMarks, stager: Any = None) -> None:
+    """Wrap this writer instance's write_data (and the stager's stage) to fill ``marks``. DCP calls them as
+    attributes of the instances it is given, in the order docs/ckpt.md describes; the thread executor of
+    async_save uses the same instance, so the marks come from the background thread there."""
+    write_data = writer.write_data
+
+    def timed_write(plan: Any, planner: Any) -> Any:
+        marks.write_start = time.perf_counter()
+        future = write_data(plan, planner)
+        future.wait()  # DCP waits here too, right after the call
+        marks.write_end = time.perf_counter()
+        return future
+
+    writer.write_data = timed_write
+    if stager is not None:
+        stage = stager.stage
+
+        def timed_stage(state_dict: Any) -> Any:
+            out = stage(state_dict)
+            marks.stage_end = time.perf_counter()
+            return out
+
+        stager.stage = timed_stage
+
+
+class PendingSave:
+    """A save handed off by the training loop. ``resolved_at`` is the perf_counter() time it finished; ``marks``
+    (DCP saves in this process) time its phases."""
+
+    def __init__(self, future: Future | None = None, marks: SaveMarks | None = None):
+        self.marks = marks
         self._future = future
         self.resolved_at: float | None = None if future is not None else time.perf_counter()
         if future is not None:
@@ -223,8 +260,10 @@ class Dcp(Method):
     def save(self, state, storage, path, opts):
         import torch.distributed.checkpoint as dcp
 
-        dcp.save(state.dcp_state_dict(), storage_writer=self.writer(storage, path, opts))
-        return PendingSave()
+        writer, marks = self.writer(storage, path, opts), SaveMarks()
+        _instrument(writer, marks)
+        dcp.save(state.dcp_state_dict(), storage_writer=writer)
+        return PendingSave(marks=marks)
 
     def load(self, state, storage, path):
         import torch.distributed.checkpoint as dcp
@@ -294,14 +333,20 @@ class DcpAsync(Dcp):
         import torch.distributed.checkpoint as dcp
 
         stager = self._stager_for_state(state)
+        writer = self.writer(storage, path, opts)
+        marks = None
+        if self.async_type == "thread":  # process mode writes in a daemon: its writer is pickled, not wrapped
+            marks = SaveMarks()
+            # without a stager of ours DCP stages through the writer (FileSystemWriter is a BlockingAsyncStager)
+            _instrument(writer, marks, stager if stager is not None else writer)
         response = dcp.async_save(
             state.dcp_state_dict(),
-            storage_writer=self.writer(storage, path, opts),
+            storage_writer=writer,
             async_checkpointer_type=self.checkpointer_type(),
             **({"async_stager": stager} if stager is not None else {}),
         )
         # Newer torch may return AsyncSaveResponse(staging_completion, upload_completion).
-        return PendingSave(getattr(response, "upload_completion", response))
+        return PendingSave(getattr(response, "upload_completion", response), marks)
 
 
 class DcpAsyncProcess(DcpAsync):

@@ -20,7 +20,7 @@ from opbench.core.faults import Faults
 from opbench.core.rankstats import rank_stats
 from opbench.core.timing import Stats
 
-from .methods import Method, SaveOptions
+from .methods import Method, SaveMarks, SaveOptions
 from .state import ShardedState, StateSpec, TensorSpec
 from .storage import Storage, corrupt_rank_files, drop_page_cache, folder_size, remove_tree
 
@@ -70,7 +70,27 @@ class CaseResult:
     per_rank: dict[str, list[list[float]]] = field(default_factory=lambda: {"block": [], "total": [], "load": []})
     problems: list[str] = field(default_factory=list)
     cache_dropped: list[bool] = field(default_factory=list)
+    phases: list[dict[str, float | None] | None] = field(default_factory=list)  # the slowest rank's, per save
     warmup_s: float | None = None
+
+
+PHASES = ("staging", "planning", "writing", "finishing")
+
+
+def save_phases(start: float, marks: SaveMarks | None, end: float) -> dict[str, float | None] | None:
+    """A DCP save's time by phase (docs/ckpt.md, "Phases"), adding up to ``end - start``: staging (async: until
+    the state is copied to host memory), planning (until the writer starts writing: plans and their collective),
+    writing (the writer's file writes, fsync included), finishing (results gathered, .metadata written, the
+    future resolved). None for saves without marks (torch_save, raw, process-mode async)."""
+    if marks is None or marks.write_start is None or marks.write_end is None:
+        return None
+    staged = marks.stage_end if marks.stage_end is not None else start
+    return {
+        "staging": staged - start if marks.stage_end is not None else None,
+        "planning": marks.write_start - staged,
+        "writing": marks.write_end - marks.write_start,
+        "finishing": end - marks.write_end,
+    }
 
 
 def _save_once(
@@ -81,8 +101,8 @@ def _save_once(
     opts: SaveOptions,
     save_interval: float,
     save: Callable[[], Any] | None = None,
-) -> tuple[float, float, bool]:
-    """(block, total, overlapped) on this rank. block: until the call hands control back to the training loop;
+) -> tuple[float, float, bool, dict[str, float | None] | None]:
+    """(block, total, overlapped, phases) on this rank. block: until the call hands control back to the training loop;
     total: until the bytes are stored. With ``save_interval`` an async save gets that many seconds of simulated
     training; if it is still running then, the next checkpoint would have overlapped it (Primus' accurate=false)."""
     ranks.barrier()
@@ -94,8 +114,8 @@ def _save_once(
     if case.method.async_type and save_interval > 0:
         time.sleep(save_interval)
         overlapped = not pending.done()
-    total = pending.wait() - start
-    return block, max(total, block), overlapped
+    end = pending.wait()
+    return block, max(end - start, block), overlapped, save_phases(start, getattr(pending, "marks", None), end)
 
 
 def _load_once(
@@ -152,11 +172,12 @@ def run_case(
             save = faults.timed(partial(case.method.save, state, case.storage, path, opts), rank, state.device)
             mine = ranks.agree(lambda: _save_once(ranks, state, case, path, opts, run.save_interval, save))
             everyone = ranks.gather(mine)
-            result.per_rank["block"].append([b for b, _, _ in everyone])
-            result.per_rank["total"].append([t for _, t, _ in everyone])
-            result.block.append(max(b for b, _, _ in everyone))
-            result.total.append(max(t for _, t, _ in everyone))
-            result.overlapped.append(any(o for _, _, o in everyone))
+            result.per_rank["block"].append([b for b, _, _, _ in everyone])
+            result.per_rank["total"].append([t for _, t, _, _ in everyone])
+            result.block.append(max(b for b, _, _, _ in everyone))
+            result.total.append(max(t for _, t, _, _ in everyone))
+            result.overlapped.append(any(o for _, _, o, _ in everyone))
+            result.phases.append(max(everyone, key=lambda e: e[1])[3])  # the phases of the rank the job waited for
             result.sizes.append(ranks.agree(lambda: folder_size(case.storage, path) if ranks.is_main else 0))
         # The corrupt fault damages what this rank saved, after every save and before any load.
         ranks.agree(lambda: [corrupt_rank_files(case.storage, p, rank) for p in paths if faults.corrupts(rank)])
@@ -221,9 +242,24 @@ def case_row(case: Case, state: ShardedState, ranks: Ranks, run: RunOptions, res
         error=None if not result.problems else "verification failed: " + "; ".join(result.problems[:5]),
     )
     row.update(per_rank_columns(result))
+    row.update(phase_columns(result))
+    if case.method.async_type:
+        row["save_overlap_time"] = Stats.from_samples([t - b for b, t in zip(result.block, result.total)]).median
     if run.drop_cache:
         row["drop_cache"] = all(result.cache_dropped)
     return row
+
+
+def phase_columns(result: CaseResult) -> dict[str, float]:
+    """save_<phase>_time: the phases of the median save (the lower middle one for an even count), so they add
+    up to that save's slowest-rank total, which is the row's save_total_time for an odd --iterations; empty where
+    the method has no such phase. Every save's phases are in the sidecar."""
+    timed = [i for i, p in enumerate(result.phases) if p is not None]
+    if not timed:
+        return {}
+    ordered = sorted(timed, key=lambda i: result.total[i])
+    phases = result.phases[ordered[(len(ordered) - 1) // 2]] or {}
+    return {f"save_{phase}_time": v for phase in PHASES if (v := phases.get(phase)) is not None}
 
 
 def per_rank_columns(result: CaseResult) -> dict[str, Any]:

@@ -8,7 +8,7 @@ METHOD_NAMES = ("raw", "torch_save", "dcp", "dcp_async", "dcp_async_process")
 SCHEMA = Schema(
     benchmark="ckpt",
     title="Checkpoint",
-    version=3,  # 2: async_staging (what an async save's block time copies the state into); 3: raw, pct_of_raw_*, per-rank columns
+    version=3,  # 2: async_staging (what an async save's block time copies the state into); 3: raw, pct_of_raw_*, per-rank and phase columns
     columns=(
         "model",
         "num_layers",
@@ -35,6 +35,11 @@ SCHEMA = Schema(
         "save_total_time_max",
         "load_time_min",
         "load_time_max",
+        "save_staging_time",
+        "save_planning_time",
+        "save_writing_time",
+        "save_finishing_time",
+        "save_overlap_time",
         "save_total_time_rank_median",
         "slowest_save_rank",
         "load_time_rank_median",
@@ -86,5 +91,14 @@ SCHEMA = Schema(
         "save_total_time_max": "s",
         "load_time_min": "s",
         "load_time_max": "s",
+        "save_staging_time": "s",
+        "save_planning_time": "s",
+        "save_writing_time": "s",
+        "save_finishing_time": "s",
+        "save_overlap_time": "s",
+        "save_total_time_rank_median": "s",
+        "load_time_rank_median": "s",
+        "pct_of_raw_save": "%",
+        "pct_of_raw_load": "%",
     },
 )

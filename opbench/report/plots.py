@@ -166,10 +166,7 @@ def _draw_attention(model: str, frame: pd.DataFrame) -> Callable[[Any], None]:
 def _draw_ckpt(frame: pd.DataFrame) -> Callable[[Any], None]:
     def draw(fig: Any) -> None:
         ax = fig.add_subplot()
-        extra = _varying(
-            frame, ("model", "storage_kind", "world_size", "thread_count", "single_file_per_rank", "drop_cache")
-        )
-        labels = frame.apply(lambda r: " ".join([str(r["method"]), *[f"{c}={r[c]}" for c in extra]]), axis=1)
+        labels = _ckpt_labels(frame)
         x = range(len(frame))
         ax.bar([i - 0.2 for i in x], frame["save_bandwidth_in_mbps"], 0.4, label="save")
         ax.bar([i + 0.2 for i in x], frame["load_bandwidth_in_mbps"], 0.4, label="load")
@@ -178,6 +175,42 @@ def _draw_ckpt(frame: pd.DataFrame) -> Callable[[Any], None]:
         ax.set_title("Checkpoint bandwidth per method")
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend()
+
+    return draw
+
+
+CKPT_PHASES = ("staging", "planning", "writing", "finishing")  # ckpt/runner.PHASES, the CSV's save_<phase>_time
+
+
+def _ckpt_labels(frame: pd.DataFrame) -> pd.Series:
+    extra = _varying(
+        frame, ("model", "storage_kind", "world_size", "thread_count", "single_file_per_rank", "drop_cache")
+    )
+    return frame.apply(lambda r: " ".join([str(r["method"]), *[f"{c}={cell(r[c])}" for c in extra]]), axis=1)
+
+
+def _draw_ckpt_phases(frame: pd.DataFrame) -> Callable[[Any], None]:
+    """One stacked bar per DCP row: its median save's time by phase; an async row's block time as a marker."""
+
+    def draw(fig: Any) -> None:
+        ax = fig.add_subplot()
+        labels = _ckpt_labels(frame)
+        y = list(range(len(frame)))
+        left = pd.Series(0.0, index=frame.index)
+        for phase in CKPT_PHASES:
+            values = pd.to_numeric(frame.get(f"save_{phase}_time"), errors="coerce").fillna(0.0)
+            ax.barh(y, values, left=left, label=phase)
+            left = left + values
+        if "save_block_time" in frame and "async_save" in frame:
+            asy = frame["async_save"].astype(str) == "True"
+            ax.scatter(frame.loc[asy, "save_block_time"], [i for i, a in zip(y, asy) if a], marker="|", s=400,
+                       color="black", label="training blocked until")  # fmt: skip
+        ax.set_yticks(y, list(labels), fontsize="small")
+        ax.invert_yaxis()
+        ax.set_xlabel("seconds (slowest rank, median save)")
+        ax.set_title("Checkpoint save time by phase")
+        ax.grid(True, axis="x", alpha=0.3)
+        ax.legend(fontsize="small")
 
     return draw
 
@@ -356,6 +389,11 @@ def plan_plots(sections: Sequence[Section]) -> list[Plot]:
     ckpt = by_kind.get("ckpt", pd.DataFrame())
     if not ckpt.empty:
         plots.append(Plot("ckpt", "ckpt_bandwidth.png", "Checkpoint bandwidth per method", _draw_ckpt(ckpt)))
+        phased = (
+            ckpt[ckpt.get("save_writing_time", pd.Series(dtype=float)).notna()] if "save_writing_time" in ckpt else None
+        )
+        if phased is not None and not phased.empty:
+            plots.append(Plot("ckpt", "ckpt_phases.png", "Checkpoint save time by phase", _draw_ckpt_phases(phased)))
     for section in sections:
         if section.ok.empty:
             continue
