@@ -411,3 +411,34 @@ def test_per_rank_times_name_the_slow_rank(tmp_path):
     for _, r in rows.iterrows():
         assert r.slowest_save_rank == 1 and r.slowest_load_rank == 1
         assert r.save_total_time_rank_median < r.save_total_time and r.load_time_rank_median < r.load_time
+
+
+def test_storage_one_rank_cannot_see_is_one_clear_error(tmp_path):
+    """Rank 1 runs in its own mount namespace with a fresh tmpfs over the storage folder: its 'data' is a
+    different disk, as a node-local path is on another node. Every rank stops before measuring, rank 0 with one
+    line naming the rank that cannot see its files and the flag; nothing is left in rank 0's folder."""
+    import shutil
+
+    if not shutil.which("unshare") or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode:
+        pytest.skip("needs unshare -m (a private mount namespace) to give one rank its own disk")
+    data = tmp_path / "data"
+    data.mkdir()
+    port = _free_port()
+    base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    procs = []
+    for rank in (0, 1):
+        env = {**base, "OMP_NUM_THREADS": "1", "SLURM_PROCID": str(rank), "SLURM_NTASKS": "2",
+               "SLURM_LOCALID": "0", "SLURM_NNODES": "2", "SLURM_NODEID": str(rank), "SLURM_STEP_ID": "0",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
+        cmd = [sys.executable, "-m", "opbench.ckpt", "--size-mb", "1", "--methods", "torch_save", "--storage",
+               str(data), "--report-dir-path", str(tmp_path / "out"), "--timeout", "60"]  # fmt: skip
+        if rank == 1:  # its own view of the storage folder: an empty tmpfs mounted over it
+            cmd = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+                   f'mount -t tmpfs none "{data}" && exec "$@"', "rank1", *cmd]  # fmt: skip
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = [p.communicate(timeout=200) for p in procs]
+    assert [p.returncode for p in procs] == [2, 2], results
+    err = results[0][1].strip().splitlines()
+    assert len(err) == 1 and "rank 1 on " in err[0] and "cannot see what rank 0 wrote" in err[0], err
+    assert "field '--storage'" in err[0] and "Traceback" not in results[1][1]
+    assert not list(data.iterdir())

@@ -471,18 +471,46 @@ def needed_bytes(specs: list[StateSpec], run: RunOptions) -> int:
 
 
 def _preflight_all(ranks: dist.Ranks, storages: list[Storage], specs: list[StateSpec], run: RunOptions) -> list[str]:
-    """Rank 0 checks every storage (exists, writable, room for the biggest state's iterations); every rank
-    gets the same answer, so a bad --storage stops all of them with one message."""
+    """Rank 0 checks every storage (exists, writable, room for the biggest state's iterations) and leaves a marker
+    in each run directory; every rank then looks for it, so a --storage that is not shared (a node-local path on
+    several nodes, a relative path from different working directories) stops every rank with one message."""
     outcome: Any = None
     if ranks.is_main:
         try:
             outcome = [preflight(s, ranks.world_size, needed_bytes(specs, run)) for s in storages]
+            for storage, run_dir in zip(storages, outcome):
+                storage.filesystem()[0].pipe_file(f"{run_dir}/{SHARED_MARKER}", b"opbench: written by rank 0")
         except UsageError as exc:
             outcome = exc
     outcome = ranks.broadcast(outcome)
     if isinstance(outcome, UsageError):
         raise outcome
+    unseen = [s.spec for s, d in zip(storages, outcome) if not _sees(s, f"{d}/{SHARED_MARKER}")]
+    everyone = ranks.gather((ranks.rank, ranks.env.host, unseen))
+    blind = ranks.broadcast([(r, h, u) for r, h, u in everyone if u] if ranks.is_main else None)
+    if blind:
+        rank, host, storage_specs = blind[0]
+        if ranks.is_main:
+            for storage, run_dir in zip(storages, outcome):
+                remove_tree(storage, run_dir)
+        raise UsageError(
+            f"rank {rank} on {host} cannot see what rank 0 wrote there ({len(blind)} rank(s) in all): every rank "
+            "must reach the same storage; on several nodes use a shared file system or object storage, and give "
+            "an absolute path",
+            source=storage_specs[0],
+            field="--storage",
+        )
     return outcome
+
+
+SHARED_MARKER = ".opbench_rank0"  # written by rank 0 into each run directory, looked for by every rank
+
+
+def _sees(storage: Storage, path: str) -> bool:
+    try:
+        return bool(storage.filesystem()[0].exists(path))
+    except Exception:  # noqa: BLE001 - an unreadable storage is an unseen one
+        return False
 
 
 if __name__ == "__main__":
