@@ -54,20 +54,29 @@ def make_operands(
 
 
 def max_rel_err(
-    c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, generator: torch.Generator, col_chunk: int = 8192
+    c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, generator: torch.Generator, block_elems: int = 1 << 23
 ) -> float:
     """max |C − C_ref| / max |C_ref| over up to REF_ROWS sampled rows of C.
 
-    The reference runs on the same device in fp64 (CPU) or fp32 (GPU, TF32 off by torch's default), column
-    chunk by column chunk, so even lm_head's weight is never copied whole."""
+    The reference runs on the same device in fp64 (CPU) or fp32 (GPU, TF32 off by torch's default), block by
+    block of B (at most ``block_elems`` elements, 64 MiB in fp64, along K as well as N), so no operand is ever
+    copied whole: lm_head's dgrad has K = the vocabulary and a whole-B copy would be 1.2 GB."""
     ref_dtype = torch.float64 if a.device.type == "cpu" else torch.float32
-    m = a.shape[-2]
+    m, k, n = a.shape[-2], b.shape[-2], b.shape[-1]
     rows = torch.randperm(m, generator=generator)[: min(m, REF_ROWS)].sort().values.to(a.device)
-    a_rows = a.index_select(-2, rows).to(ref_dtype)
+    a_rows = a.index_select(-2, rows)
     c_rows = c.index_select(-2, rows)
+    col_chunk = max(1, min(n, block_elems // max(1, min(k, 4096))))
+    k_chunk = max(1, block_elems // col_chunk)
     worst = scale = 0.0
-    for j in range(0, b.shape[-1], col_chunk):
-        ref = torch.matmul(a_rows, b[..., j : j + col_chunk].to(ref_dtype))
+    for j in range(0, n, col_chunk):
+        ref = None
+        for i in range(0, k, k_chunk):
+            part = torch.matmul(
+                a_rows[..., i : i + k_chunk].to(ref_dtype), b[..., i : i + k_chunk, j : j + col_chunk].to(ref_dtype)
+            )
+            ref = part if ref is None else ref.add_(part)
+        assert ref is not None
         worst = max(worst, (c_rows[..., j : j + col_chunk].to(ref_dtype) - ref).abs().max().item())
         scale = max(scale, ref.abs().max().item())
     return worst / scale if scale > 0 else worst
