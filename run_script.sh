@@ -35,8 +35,26 @@ NNODES=${NNODES:-1}
 NODE_RANK=${NODE_RANK:-0}
 MODEL=${MODEL:-Llama3.1_8B}
 MODEL_CONFIG_PATH=${MODEL_CONFIG_PATH:-}
-STAGES=${STAGES:-"gemm attention comm cluster fsdp ckpt report"}
+STAGES=${STAGES-"gemm attention comm cluster fsdp ckpt report"}  # set but empty: an error below, not "all"
 REPORT_DIR=${REPORT_DIR:-out/run_$(date -u +%Y%m%d_%H%M%S)}
+
+fail() { echo "run_script.sh: error: $*" >&2; exit 2; }
+command -v "$PYTHON" >/dev/null || fail "PYTHON='$PYTHON' is not a command"
+# Numbers used in arithmetic ($((NNODES * NPROC_PER_NODE))) must be plain integers: bash would evaluate anything else.
+# Checked before anything starts (NPROC_PER_NODE again once its default is known).
+for var in NNODES NODE_RANK MASTER_PORT ${NPROC_PER_NODE+NPROC_PER_NODE}; do
+    [[ ${!var} =~ ^[0-9]+$ ]] || fail "$var must be a non-negative integer, got '${!var}'"
+done
+[ "$NNODES" -ge 1 ] || fail "NNODES must be at least 1, got $NNODES"
+[ "$NODE_RANK" -lt "$NNODES" ] || fail "NODE_RANK=$NODE_RANK does not exist in a job of NNODES=$NNODES node(s)"
+[ "$MASTER_PORT" -ge 1 ] && [ "$MASTER_PORT" -le 65535 ] || fail "MASTER_PORT must be 1-65535, got $MASTER_PORT"
+[ -n "${STAGES// /}" ] || fail "STAGES is empty (choose from gemm attention comm cluster fsdp ckpt report)"
+for stage_name in $STAGES; do
+    case " gemm attention comm cluster fsdp ckpt report " in
+        *" $stage_name "*) ;;
+        *) fail "unknown stage '$stage_name' in STAGES (choose from gemm attention comm cluster fsdp ckpt report)";;
+    esac
+done
 
 GPUS=$("$PYTHON" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)" 2>/dev/null || echo 0)
 if [ "$GPUS" -gt 0 ]; then
@@ -46,21 +64,7 @@ else
     NPROC_PER_NODE=${NPROC_PER_NODE:-2}
     QUICK=${QUICK:-1}
 fi
-
-# Numbers used in arithmetic ($((NNODES * NPROC_PER_NODE))) must be plain integers: bash would evaluate anything else.
-for var in NNODES NODE_RANK NPROC_PER_NODE MASTER_PORT; do
-    if ! [[ ${!var} =~ ^[0-9]+$ ]]; then
-        echo "run_script.sh: error: $var must be a non-negative integer, got '${!var}'" >&2
-        exit 2
-    fi
-done
-for stage_name in $STAGES; do
-    case " gemm attention comm cluster fsdp ckpt report " in
-        *" $stage_name "*) ;;
-        *) echo "run_script.sh: error: unknown stage '$stage_name' in STAGES (choose from gemm attention comm cluster fsdp ckpt report)" >&2
-           exit 2;;
-    esac
-done
+[[ $NPROC_PER_NODE =~ ^[0-9]+$ ]] && [ "$NPROC_PER_NODE" -ge 1 ] || fail "NPROC_PER_NODE must be at least 1, got '$NPROC_PER_NODE'"
 
 model_flags=(--model "$MODEL")
 [ -n "$MODEL_CONFIG_PATH" ] && model_flags+=(--model-config-path "$MODEL_CONFIG_PATH")
@@ -91,7 +95,7 @@ fi
 torchrun_cmd=("$PYTHON" -m torch.distributed.run --nnodes "$NNODES" --node-rank "$NODE_RANK"
               --nproc-per-node "$NPROC_PER_NODE" "${rdzv[@]}")
 
-mkdir -p "$REPORT_DIR"
+mkdir -p "$REPORT_DIR" 2>/dev/null && [ -w "$REPORT_DIR" ] || fail "cannot create or write REPORT_DIR='$REPORT_DIR'"
 declare -A result=() took=()
 order=()
 has_module() { "$PYTHON" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$1') is None)" 2>/dev/null; }

@@ -270,6 +270,11 @@ def test_printed_commands_are_paste_safe(run, tmp_path):
     for env, needle in (
         ({"NPROC_PER_NODE": "a[$(touch X)]"}, "NPROC_PER_NODE must be a non-negative integer"),
         ({"STAGES": "gemm bogus"}, "unknown stage 'bogus'"),
+        ({"STAGES": ""}, "STAGES is empty"),  # set but empty is not "every stage"
+        ({"NNODES": "0"}, "NNODES must be at least 1"),
+        ({"NNODES": "2", "NODE_RANK": "3"}, "NODE_RANK=3 does not exist in a job of NNODES=2"),  # would wait forever
+        ({"NNODES": "2", "MASTER_PORT": "99999"}, "MASTER_PORT must be 1-65535"),
+        ({"PYTHON": "/nonexistent"}, "PYTHON='/nonexistent' is not a command"),
     ):
         proc = subprocess.run(
             ["bash", "run_script.sh"],
@@ -283,9 +288,19 @@ def test_printed_commands_are_paste_safe(run, tmp_path):
     assert not (tmp_path / "r").exists() and not (Path(__file__).resolve().parent.parent / "X").exists()
 
 
+EXAMPLE_LOG = str(Path(__file__).resolve().parent.parent / "examples" / "nccl_fsdp_qwen3_0.6b_4ranks.log.gz")
+
+
 def test_impossible_sizes_and_empty_selections_are_one_line(run, tmp_path):
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 100_000 + "]" * 100_000)
+    data = Path(EXAMPLE_LOG).read_bytes()
+    truncated = tmp_path / "cut.log.gz"
+    truncated.write_bytes(data[: len(data) // 2])
+    corrupt = tmp_path / "bad.log.gz"
+    corrupt.write_bytes(data[:1000] + bytes(255 - b for b in data[1000:1400]) + data[1400:])
+    damaged = run("opbench", "trace", str(corrupt), timeout=60)  # keeps what it read, warns, exit 1: no traceback
+    assert damaged.returncode == 1 and "Traceback" not in damaged.stderr and "stopped reading" in damaged.stderr
     cases = (
         (["gemm", "--model", "", "--dry-run"], "field '--model': '' names no model"),
         (["attention", "--model", ",,"], "field '--model': ',,' names no model"),
@@ -295,8 +310,50 @@ def test_impossible_sizes_and_empty_selections_are_one_line(run, tmp_path):
         (["fsdp", "--model", "Llama3.1_8B", "--world-size", "99999999999"], "field '--world-size': 99999999999 ranks"),
         (["trace", "--csv", "", "x.log"], "field '--report-csv-path': is empty"),
         (["gemm", "--model-config-path", str(deep), "--dry-run"], "JSON nested too deeply to be a config"),
+        # from the second hostile-input audit (issue 16's note): each was a traceback, a hang or silently accepted
+        (["trace", EXAMPLE_LOG, "--gpus-per-node", "0", "--commands"], "field '--gpus-per-node': must be positive"),
+        (["trace", EXAMPLE_LOG, "--compare-fsdp", "Qwen3_0.6B", "--world-size", "99999999999"], "'--world-size'"),
+        (["comm", "-b", "8", "-e", "1T", "-i", "1", "--dry-run"], "sizes, more than 10,000"),
+        (["comm", "--sizes-from-trace", str(truncated), "--dry-run"], "could not be read to its end"),
+        (["ckpt", "--size-mb", "1", "--thread-count", "99999999999", "--dry-run"], "writer threads per rank"),
+        (["gemm", "--mnk", "8x8x8", "--budget", "nan"], "field '--budget': must be a finite number"),
+        (["ckpt", "--save-interval", "nan", "--dry-run"], "field '--save-interval': must be a finite number"),
+        (["cluster", "--plan", "2", "--sizes", "0"], "'0' is less than one byte"),
+        (["cluster", "--plan", "2", "--model", "Nope"], "unknown model 'Nope'"),
+        (["report", ""], "field 'RESULTS_DIR': is empty"),
+        (["gemm", "--mnk", "8x8x8", "--report-dir-path", "/dev/full"], "/dev/full is not a folder"),
     )
     for argv, needle in cases:
         proc = run("opbench", *argv, timeout=60)
         assert proc.returncode == 2 and needle in proc.stderr, (argv, proc.stderr[-500:])
         assert len(proc.stderr.strip().splitlines()) == 1, (argv, proc.stderr[-500:])
+
+
+RENDEZVOUS_FAILURE = """\
+[W1123 14:03:14.973175299 socket.cpp:764] [c10d] The IPv6 network addresses of (no.such.host, 29500) cannot be retrieved (gai error: -2 - Name or service not known).
+[W1123 14:03:17.202587532 TCPStore.cpp:340] [c10d] TCP client failed to connect/validate to host no.such.host:29500 - retrying (try=0, timeout=5000ms, delay=5180ms): timed out
+Exception raised from throwTimeoutError at /pytorch/torch/csrc/distributed/c10d/socket.cpp:1030 (most recent call first):
+frame #0: c10::Error::Error(c10::SourceLocation) + 0x9d (0x7f36a0579b8d in libc10.so)
+<omitting python frames>
+
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+  File "/site-packages/torch/distributed/run.py", line 1028, in main
+torch.distributed.DistNetworkError: The client socket has timed out after 5000ms while trying to connect to (no.such.host, 29500).
+"""
+
+
+def test_a_failed_rendezvous_is_one_line(capsys):
+    """A node that cannot reach the job's rendezvous store: the c10d client's retry lines, their C++ stacks and
+    torchrun's traceback become one line that says what to check; relaunch then exits 2."""
+    import io
+
+    failed: list[str] = []
+    dist._relay_stderr(io.StringIO(RENDEZVOUS_FAILURE), "opbench comm", rendezvous_failed=failed)
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "opbench comm: error: this node could not join the job's rendezvous: The client socket has timed out after "
+        "5000ms while trying to connect to (no.such.host, 29500). (is node 0 running, and do --master-addr / "
+        "--master-port name it?)"
+    ]
+    assert failed == ["The client socket has timed out after 5000ms while trying to connect to (no.such.host, 29500)."]

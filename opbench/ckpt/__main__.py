@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--thread-count",
-        type=csv_list(positive_int),
+        type=csv_list(thread_count),
         default=[1],
         help="DCP writer threads per rank, comma-separated to sweep",
     )
@@ -134,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--save-interval",
-        type=float,
+        type=cli.finite_float,
         default=0.0,
         help="async methods: seconds of simulated training after each async save returns; a save "
         "still running then makes accurate=false (default: 0, wait for it at once)",
@@ -156,6 +156,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cli.add_dry_run_arg(g, "print the states and the cases, save nothing")
     return p
+
+
+MAX_THREADS = 1024  # DCP writer threads per rank; more is a typo, and each is a real thread with its own file
+
+
+def thread_count(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"{value} writer threads per rank is more than {MAX_THREADS}; is that a typo?")
+    return value
 
 
 def state_specs(args: argparse.Namespace) -> list[StateSpec]:

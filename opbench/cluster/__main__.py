@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from opbench.core import cli, dist
-from opbench.core.cli import add_device_args, csv_list, parse_bytes, positive_int
+from opbench.core.cli import add_device_args, csv_list, positive_bytes, positive_int
 from opbench.core.errors import UsageError, run_cli
 from opbench.core.faults import Faults
 
@@ -66,20 +66,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size for --model's GEMMs")
     g.add_argument(
         "--memory-size",
-        type=parse_bytes,
+        type=positive_bytes,
         default=None,
         help="bytes per buffer of the memory kernels (default: 1G on GPU, 256M --quick; 256M / 64M on CPU)",
     )
     g.add_argument(
         "--sizes",
-        type=csv_list(parse_bytes),
+        type=csv_list(positive_bytes),
         default=None,
         metavar="B1,B2",
         help="intra/inter/world collective sizes (default: 64M,1G on GPU, 64M --quick; 1M,16M / 256K on CPU)",
     )
     g.add_argument(
         "--pair-size",
-        type=parse_bytes,
+        type=positive_bytes,
         default=None,
         help="bytes per GPU per direction in the pairs check (default: 256M on GPU, 64M --quick; 16M / 1M on CPU)",
     )
@@ -92,13 +92,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     g = p.add_argument_group("verdict")
-    g.add_argument("--outlier-fraction", type=float, default=0.10, help="name members this fraction below the median …")
-    g.add_argument("--outlier-mad", type=float, default=3.0, help="… and this many scaled MADs below it")
+    g.add_argument(
+        "--outlier-fraction", type=cli.finite_float, default=0.10, help="name members this fraction below the median …"
+    )
+    g.add_argument("--outlier-mad", type=cli.finite_float, default=3.0, help="… and this many scaled MADs below it")
     g.add_argument(
         "--expect", default=None, metavar="FILE", help="JSON minimums per check and metric (docs/cluster.md)"
     )
     g.add_argument("--baseline", default=None, metavar="DIR", help="an earlier cluster run's report folder")
-    g.add_argument("--tolerance", type=float, default=0.10, help="allowed drop of a case's median against --baseline")
+    g.add_argument(
+        "--tolerance", type=cli.finite_float, default=0.10, help="allowed drop of a case's median against --baseline"
+    )
     g.add_argument(
         "--link-peak-gbs",
         type=parse_override,
@@ -169,6 +173,10 @@ def plan(args: argparse.Namespace) -> int:
     gpus = args.nproc_per_node or 8
     gpu = args.device != "cpu"
     sizes = sizes_for(args, gpu)
+    if args.model:  # the same check a real run makes: a name that is not there is a usage error here too
+        from opbench.models import load_model_configs, select_models
+
+        select_models(load_model_configs(args.model_config_path, args.model_name), args.model)
     gemm_count = 1 + (3 if args.model else 0)
     a = Assumptions()
     print(

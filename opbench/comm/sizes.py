@@ -58,11 +58,20 @@ def sweep_bytes(minbytes: int, maxbytes: int, stepbytes: int, stepfactor: int) -
         raise UsageError(f"must be at least 1, got {stepfactor}", field="--stepfactor")
     if stepfactor == 1 and stepbytes < 1:
         raise UsageError(f"must be at least 1 when --stepfactor is 1, got {stepbytes}", field="--stepbytes")
+    if stepfactor == 1 and (maxbytes - minbytes) // stepbytes + 1 > MAX_SWEEP_SIZES:
+        raise UsageError(
+            f"-b {minbytes} to -e {maxbytes} in steps of {stepbytes} B is {(maxbytes - minbytes) // stepbytes + 1:,} "
+            f"sizes, more than {MAX_SWEEP_SIZES:,}; use a larger -i or -f 2",
+            field="--stepbytes",
+        )
     sizes, size = [], minbytes
     while size <= maxbytes:
         sizes.append(size)
         size = size * stepfactor if stepfactor > 1 else size + stepbytes
     return sizes
+
+
+MAX_SWEEP_SIZES = 10_000  # nccl-tests' own sweeps have tens of sizes; millions would take days and plan for minutes
 
 
 def cases_for_sizes(

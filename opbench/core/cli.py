@@ -104,6 +104,18 @@ def positive_int(text: str) -> int:
     return value
 
 
+def finite_float(text: str) -> float:
+    """A number that can be compared and slept on: 'nan' would pass every check (nan < 0 is false) and 'inf'
+    would wait forever."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
 def non_negative_int(text: str) -> int:
     try:
         value = int(text)
@@ -201,6 +213,14 @@ def parse_bytes(text: str) -> int:
     return int(float(m.group(1)) * mult)
 
 
+def positive_bytes(text: str) -> int:
+    """A size that holds at least one byte (``0`` would be a case with nothing to move)."""
+    value = parse_bytes(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"'{text}' is less than one byte")
+    return value
+
+
 def add_device_args(parser: argparse.ArgumentParser, dtypes: Sequence[str] = ("bf16", "fp16", "fp32")) -> None:
     parser.add_argument("--device", default="auto", help="auto (GPU if present, else CPU), cpu, cuda, cuda:N")
     parser.add_argument(
@@ -226,19 +246,19 @@ def add_timing_args(parser: argparse.ArgumentParser, note: str = "") -> None:
     )
     g.add_argument(
         "--rel-tol",
-        type=float,
+        type=finite_float,
         default=None,
         help=f"stop when the median is stable to this fraction (default: {d.rel_tol:g})",
     )
     g.add_argument(
         "--max-spread",
-        type=float,
+        type=finite_float,
         default=None,
         help="... and the interquartile range is at most this fraction of the median; rows that end wider "
         f"are marked noisy (default: {d.max_spread:g})",
     )
     g.add_argument(
-        "--budget", type=float, default=None, help=f"seconds of timed calls per shape (default: {d.budget_s:g})"
+        "--budget", type=finite_float, default=None, help=f"seconds of timed calls per shape (default: {d.budget_s:g})"
     )
     g.add_argument(
         "--quick",

@@ -185,20 +185,32 @@ _STORE_GONE = re.compile(r"^\[W\d{4} [\d:.]+ (?:\d+ )?TCPStore\.cpp:\d+\] \[c10d
 # A rank giving up: fail_job's "opbench comm: error: …" or run_cli's "python -m opbench.comm: error: …".
 _RANK_ERROR = re.compile(r"^(?:python -m opbench\.[\w.]+|opbench(?: [\w-]+)?): error: ")
 _CPP_STACK = ("Exception raised from", "frame #", "<omitting python frames>")
+# The agent's c10d client retrying a rendezvous store it cannot reach (C++ log lines, each with a stack).
+_STORE_RETRY = re.compile(r"^\[[WE]\d{4} [\d:.]+ (?:\d+ )?(?:socket|TCPStore)\.cpp:\d+\] \[c10d\] ")
+# How the agent's own traceback ends when the rendezvous failed: the job never started.
+_RDZV_FAILED = re.compile(
+    r"^torch\.distributed\.(?:DistNetworkError|DistStoreError|elastic\.rendezvous\.api\.Rendezvous\w*Error): (.*)"
+)
 _ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 _ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 
 
 def _relay_stderr(
-    src: IO[str], prog: str, verdict_exit: int | None = None, failing: Callable[[], None] | None = None
+    src: IO[str],
+    prog: str,
+    verdict_exit: int | None = None,
+    failing: Callable[[], None] | None = None,
+    rendezvous_failed: list[str] | None = None,
 ) -> None:
     """Copy the job's stderr through, minus torchrun's agent logs and failure traceback; end with one line naming
     the rank that failed first (torchrun's "Root Cause") — unless it ended with ``verdict_exit``, the code a tool
     returns on purpose (``opbench cluster``: a check failed), whose ranks have said everything already."""
     held: list[str] = []  # a traceback being read: torchrun's own is dropped, a rank's is passed on
     summary = False  # inside torchrun's "==== … FAILED ====" block
+    retrying = False  # inside the c10d client's retry lines and their C++ stacks
     root: dict[str, str] = {}
     in_root = False
+    rendezvous_failed = [] if rendezvous_failed is None else rendezvous_failed
     store_gone = False
     for line in src:
         if store_gone and line.startswith(_CPP_STACK):
@@ -206,6 +218,10 @@ def _relay_stderr(
         store_gone = bool(_STORE_GONE.match(line))
         if store_gone:
             continue
+        if _STORE_RETRY.match(line) or (retrying and (line.startswith(_CPP_STACK) or not line.strip())):
+            retrying = True  # said once, in one line, if the rendezvous fails in the end
+            continue
+        retrying = False
         if failing is not None and (_RANK_ERROR.match(line) or "ChildFailedError" in line):
             failing()  # a rank gave up (or torchrun says one failed): the job has a grace period to stop
         if summary:
@@ -223,6 +239,15 @@ def _relay_stderr(
                 held, summary = [], True
             elif line.startswith("torch.distributed.elastic.multiprocessing.api.SignalException"):
                 held = []  # torchrun told to stop (SIGTERM passed on): the ranks have said so themselves
+            elif m := _RDZV_FAILED.match(line):
+                held = []
+                rendezvous_failed.append(m.group(1).strip())
+                print(
+                    f"{prog}: error: this node could not join the job's rendezvous: {m.group(1).strip()} (is node 0 "
+                    "running, and do --master-addr / --master-port name it?)",
+                    file=sys.stderr,
+                    flush=True,
+                )
             elif line and not line[0].isspace() and not line.startswith(("Traceback", "During handling", "The above")):
                 sys.stderr.writelines(held)
                 held = []
@@ -346,8 +371,11 @@ def relaunch(cmd: Sequence[str], prog: str = "opbench", verdict_exit: int | None
     except ValueError:  # not the main thread
         previous = None
     try:
-        _relay_stderr(proc.stderr, prog, verdict_exit, failing)
+        no_rendezvous: list[str] = []
+        _relay_stderr(proc.stderr, prog, verdict_exit, failing, no_rendezvous)
         code = proc.wait()
+        if no_rendezvous:
+            return 2  # the job never started: where it was told to meet is wrong or not there (said in one line)
         if terminated:
             return EXIT_TERMINATED  # as if the job had been this process: 143, what a shell reports for SIGTERM
         return 1 if code < 0 else code  # killed (by us, or torchrun by a signal): a failed job, not a signal number

@@ -21,6 +21,8 @@ def describe_os_error(exc: BaseException) -> str:
         return f"permission denied: {exc}"
     if isinstance(exc, FileNotFoundError):
         return f"not found: {exc}"
+    if isinstance(exc, (FileExistsError, NotADirectoryError)) and exc.filename:
+        return f"{exc.filename} is not a folder"  # mkdir on a file (or /dev/full): "File exists" would mislead
     return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
 

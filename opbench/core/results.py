@@ -116,7 +116,7 @@ class CsvReport:
             fresh = not (append and self.path.exists() and self.path.stat().st_size > 0)
             self._fh = open(self.path, "w" if fresh else "a", newline="", encoding="utf-8")
         except OSError as exc:
-            raise UsageError(f"cannot write report: {exc.strerror}", source=str(path)) from None
+            raise UsageError(f"cannot write report: {describe_os_error(exc)}", source=str(path)) from None
         self._writer = csv.DictWriter(self._fh, fieldnames=self.columns, extrasaction="raise")
         self._good = 0  # file offset after the last complete row: a failed write is cut back to it
         if fresh:

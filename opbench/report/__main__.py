@@ -13,17 +13,21 @@ from opbench.core.errors import run_cli
 
 def build_parser() -> argparse.ArgumentParser:
     p = cli.parser("opbench report", __doc__)
-    p.add_argument("results_dir", metavar="RESULTS_DIR", help="folder with opbench CSVs (and their .meta.json)")
+    p.add_argument(
+        "results_dir", metavar="RESULTS_DIR", type=cli.path_text, help="folder with opbench CSVs (and their .meta.json)"
+    )
     p.add_argument(
         "--report-dir-path",
         "--out",
         dest="out",
+        type=cli.path_text,
         default=None,
         metavar="DIR",
         help="where report.md and the PNGs go (default: RESULTS_DIR/report)",
     )
     p.add_argument(
         "--compare",
+        type=cli.path_text,
         default=None,
         metavar="OTHER_RESULTS_DIR",
         help="a second results folder (e.g. before an upgrade): tables gain <metric>_other and "

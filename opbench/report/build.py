@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from opbench.core.errors import UsageError
+from opbench.core.errors import UsageError, describe_os_error
 
 from .discover import Discovery, discover, require_results
 from .markdown import report_markdown
@@ -36,7 +36,7 @@ def build_report(
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UsageError(f"cannot create output folder: {exc.strerror}", source=str(out_dir)) from None
+        raise UsageError(f"cannot create output folder: {describe_os_error(exc)}", source=str(out_dir)) from None
     sections = build_sections(found, top=top, other=other)
     planned = plan_plots(sections)
     made, missing = render(planned, out) if plots else ([], {p.filename: "--no-plots" for p in planned})

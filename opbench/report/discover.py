@@ -100,7 +100,7 @@ def read_meta(csv_path: Path) -> dict[str, Any]:
     side = sidecar_path(csv_path)
     try:
         meta = json.loads(side.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested too deeply to be a sidecar
         return {}
     return meta if isinstance(meta, dict) else {}
 

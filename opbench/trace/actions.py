@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from opbench.core import cli
+from opbench.core.cli import positive_int, world_size
 from opbench.core.collectives import COLLECTIVES, nccl_tests_command
 from opbench.core.errors import UsageError
 from opbench.core.results import CsvReport, environment, summary_table
@@ -46,13 +47,16 @@ def add_action_args(p: argparse.ArgumentParser) -> None:
         help="single: one process, -g nranks; mpi: mpirun -np nranks … -g 1; "
         "auto: single when nranks fits one node (--gpus-per-node)",
     )
-    g.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node for -g / mpirun hosts")
+    g.add_argument("--gpus-per-node", type=positive_int, default=8, help="GPUs per node for -g / mpirun hosts")
     r = p.add_argument_group("replay with the torchrun comm benchmark")
     r.add_argument(
         "--replay", action="store_true", help="run torchrun … -m opbench.comm --sizes-from-trace LOG on this machine"
     )
     r.add_argument(
-        "--nproc-per-node", type=int, default=None, help="ranks for --replay (default: the largest nranks in the log)"
+        "--nproc-per-node",
+        type=world_size,
+        default=None,
+        help="ranks for --replay (default: the largest nranks in the log)",
     )
     r.add_argument(
         "--replay-arg",
@@ -68,7 +72,7 @@ def add_action_args(p: argparse.ArgumentParser) -> None:
     )
     f.add_argument("--model", default=None, help="model name inside CFG when it holds several")
     f.add_argument(
-        "--world-size", type=int, default=None, help="FSDP world size (default: nranks of the log's AllGathers)"
+        "--world-size", type=world_size, default=None, help="FSDP world size (default: nranks of the log's AllGathers)"
     )
     f.add_argument("--param-dtype", default=None, help="all-gather dtype (default: the log's AllGather dtype)")
     f.add_argument("--reduce-dtype", default=None, help="reduce-scatter dtype (default: the log's ReduceScatter dtype)")

@@ -153,11 +153,24 @@ def trace_sizes(paths: list[str]) -> list[TraceSize]:
     """Distinct (collective, count, dtype, nranks, redop) in NCCL/RCCL logs, for replaying them.
 
     Ops with no nccl-tests collective (Gather/Scatter of NCCL 2.28) and unknown datatypes are left out.
-    Sorted by collective, then count. Raises UsageError for a missing/unreadable file.
+    Sorted by collective, then count. Raises UsageError for a missing/unreadable file, a log that could not be
+    read to its end (a damaged .gz: replaying part of a job would time the wrong mix), or one with no calls.
     """
     from opbench.core.dtypes import BY_ENUM
 
-    summary, _ = analyze(paths)
+    summary, parser = analyze(paths)
+    if parser.stats.read_errors:
+        raise UsageError(
+            f"could not be read to its end ({parser.stats.read_errors[0]}); `opbench trace` shows what it holds",
+            source=",".join(paths),
+            field="--sizes-from-trace",
+        )
+    if not summary.summary_rows():
+        raise UsageError(
+            "no NCCL calls found (was the job run with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL?)",
+            source=",".join(paths),
+            field="--sizes-from-trace",
+        )
     merged: dict[tuple[str, int, int, int, str | None], int] = {}
     for row in summary.summary_rows():
         if row["collective"] is None or row["datatype"] not in BY_ENUM:

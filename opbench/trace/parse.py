@@ -531,7 +531,7 @@ class LogParser:
         while True:
             try:
                 chunk = read(BLOCK)
-            except (EOFError, OSError, ValueError) as exc:  # truncated or corrupt .gz: keep what was read
+            except (EOFError, OSError, ValueError, zlib.error) as exc:  # truncated or corrupt .gz: keep what was read
                 stats.read_errors.append(f"{type(exc).__name__}: {exc}")
                 chunk = b""
             if not chunk:
