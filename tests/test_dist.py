@@ -322,6 +322,11 @@ def test_impossible_sizes_and_empty_selections_are_one_line(run, tmp_path):
         (["cluster", "--plan", "2", "--model", "Nope"], "unknown model 'Nope'"),
         (["report", ""], "field 'RESULTS_DIR': is empty"),
         (["gemm", "--mnk", "8x8x8", "--report-dir-path", "/dev/full"], "/dev/full is not a folder"),
+        (["gemm", "--model", "Qwen3_0.6B", "--mbs", "1,,2", "--dry-run"], "'1,,2' has an empty item"),
+        (
+            ["comm", "-r", "5", "--nproc-per-node", "2", "--collectives", "broadcast", "-b", "1K", "--dry-run"],
+            "rank 5 is outside a broadcast group of 2",
+        ),  # fmt: skip
     )
     for argv, needle in cases:
         proc = run("opbench", *argv, timeout=60)

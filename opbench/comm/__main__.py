@@ -222,6 +222,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run(args, dist_env)
 
 
+def check_root(root: int, cases: Sequence[CommCase], world: int) -> None:
+    """--root names a rank inside every broadcast's group: checked before anything runs, not a row per size."""
+    groups = [c.group_size or world for c in cases if c.collective == "broadcast"]
+    if groups and root >= min(groups):
+        raise UsageError(f"rank {root} is outside a broadcast group of {min(groups)} rank(s)", field="--root")
+
+
 def dry_run(args: argparse.Namespace, dist_env: dist.DistEnv | None) -> int:
     """The plan without torch or ranks: every case, and the nccl-tests / rccl-tests line for each."""
     from opbench.core.collectives import COLLECTIVES, TESTS_REDOP, nccl_tests_command
@@ -234,6 +241,7 @@ def dry_run(args: argparse.Namespace, dist_env: dist.DistEnv | None) -> int:
         per_node = max(1, world // dist_env.nnodes)
     dtype = args.dtype or "bf16"
     cases, notes = build_cases(args, world, dtype)
+    check_root(args.root, cases, world)
     print(
         f"# plan: world size {world} ({world // per_node} node(s) × {per_node}), dtype {dtype}"
         + ("" if args.dtype else " (the GPU default; CPU runs use fp32)")
@@ -294,6 +302,7 @@ def run(args: argparse.Namespace, dist_env: dist.DistEnv) -> int:
     try:
         ranks.same_arguments(args)
         cases, notes = build_cases(args, ranks.world_size, dtype)
+        check_root(args.root, cases, ranks.world_size)
         if ranks.is_main:
             for note in notes:
                 print(f"# note: {note}", file=sys.stderr)

@@ -83,9 +83,11 @@ def csv_list(kind: Callable[[str], T] = str) -> Callable[[str], list[T]]:  # typ
     """argparse type for '1,2,4' style options."""
 
     def parse(text: str) -> list[T]:
-        items = [p.strip() for p in text.split(",") if p.strip()]
-        if not items:
+        items = [p.strip() for p in text.split(",")]
+        if not any(items):
             raise argparse.ArgumentTypeError("expected a comma-separated list")
+        if not all(items):  # '1,,2' or '1,2,': a value left out by mistake, not to be skipped in silence
+            raise argparse.ArgumentTypeError(f"'{text}' has an empty item")
         try:
             return [kind(p) for p in items]
         except ValueError as exc:

@@ -46,6 +46,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [a for a in args.areas if a not in AREAS]
     if unknown:
         raise UsageError(f"unknown area(s) {unknown}; choose from {','.join(AREAS)}", field="--areas")
+    from opbench.core.faults import Faults
+
+    Faults.from_env()  # a bad OPBENCH_FAULTS is the user's mistake, not a broken backend in the table
 
     from opbench.core.device import default_dtype_name, resolve_device
     from opbench.core.results import CsvReport, environment, summary_table
