@@ -141,6 +141,20 @@ def test_async_total_time_is_when_the_save_finished_and_overlap_sets_accurate(in
 
     state = ShardedState.build(StateSpec("t", (TensorSpec("a", (2, 2), "fp32"),)), 0, 1, CPU)
     case = Case(0, Storage("/tmp"), _SlowAsync(), 1)
-    block, total, over = _save_once(_NoRanks(), state, case, "/tmp/x", SaveOptions(), interval)
+    block, total, over, phases = _save_once(_NoRanks(), state, case, "/tmp/x", SaveOptions(), interval)
     assert block < 0.25 and 0.29 < total < 0.7  # not the 0.8 s of simulated training
-    assert over is overlapped
+    assert over is overlapped and phases is None  # no DCP writer inside: no phases
+
+
+def test_phases_partition_the_save():
+    """Phases from a save's marks add up to end - start; sync saves (no staging mark) have no staging phase."""
+    from opbench.ckpt.methods import SaveMarks
+    from opbench.ckpt.runner import save_phases
+
+    assert save_phases(10.0, SaveMarks(stage_end=10.5, write_start=10.7, write_end=11.6), 12.0) == pytest.approx(
+        {"staging": 0.5, "planning": 0.2, "writing": 0.9, "finishing": 0.4}
+    )
+    sync = save_phases(10.0, SaveMarks(write_start=10.1, write_end=10.9), 11.0)
+    assert sync is not None and sync["staging"] is None
+    assert sum(v for v in sync.values() if v is not None) == pytest.approx(1.0)
+    assert save_phases(10.0, None, 11.0) is None and save_phases(10.0, SaveMarks(), 11.0) is None
