@@ -6,6 +6,7 @@ stored. Each ``load`` returns this rank's loaded tensors by key so the caller ca
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Mapping
@@ -121,31 +122,35 @@ class TorchSave(Method):
         return f"{path}/rank_{rank:05d}.pt"
 
     def save(self, state, storage, path, opts):
-        target = self._file(path, state.rank)
-        local = storage.local_path(target)
-        if local is not None:
-            os.makedirs(os.path.dirname(local), exist_ok=True)
-            with open(local, "wb") as fh:
-                torch.save(state.tensors, fh)
-                if opts.sync_files:
-                    fh.flush()
-                    os.fsync(fh.fileno())
-        else:
-            fs, _ = storage.filesystem()
-            fs.makedirs(path, exist_ok=True)
-            with fs.open(target, "wb") as fh:
-                torch.save(state.tensors, fh)
+        with _rank_file(storage, path, self._file(path, state.rank), "wb", opts.sync_files) as fh:
+            torch.save(state.tensors, fh)
         return PendingSave()
 
     def load(self, state, storage, path):
-        target = self._file(path, state.rank)
-        local = storage.local_path(target)
-        if local is not None:
-            with open(local, "rb") as fh:
-                return torch.load(fh, map_location=state.device, weights_only=True)
-        fs, _ = storage.filesystem()
-        with fs.open(target, "rb") as fh:
+        with _rank_file(storage, path, self._file(path, state.rank), "rb") as fh:
             return torch.load(fh, map_location=state.device, weights_only=True)
+
+
+@contextlib.contextmanager
+def _rank_file(storage: Storage, path: str, target: str, mode: str, sync: bool = False, buffering: int = -1):
+    """A rank's one file in a checkpoint folder, opened for ``mode``: a plain file where the storage is local (the
+    folder made first; flushed and fsynced before closing when ``sync``), else through the storage's fsspec file
+    system (an upload completes when the file closes)."""
+    local = storage.local_path(target)
+    if local is not None:
+        if "w" in mode:
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+        with open(local, mode, buffering=buffering) as fh:
+            yield fh
+            if sync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        return
+    fs, _ = storage.filesystem()
+    if "w" in mode:
+        fs.makedirs(path, exist_ok=True)
+    with fs.open(target, mode) as fh:
+        yield fh
 
 
 def _tensor_bytes(t: torch.Tensor) -> memoryview:
@@ -166,36 +171,17 @@ class Raw(Method):
         return f"{path}/rank_{rank:05d}.bin"
 
     def save(self, state, storage, path, opts):
-        target = self._file(path, state.rank)
-        local = storage.local_path(target)
-        if local is not None:
-            os.makedirs(os.path.dirname(local), exist_ok=True)
-            with open(local, "wb", buffering=0) as fh:
-                for t in state.tensors.values():
-                    fh.write(_tensor_bytes(t))
-                if opts.sync_files:
-                    os.fsync(fh.fileno())
-        else:
-            fs, _ = storage.filesystem()
-            fs.makedirs(path, exist_ok=True)
-            with fs.open(target, "wb") as fh:
-                for t in state.tensors.values():
-                    fh.write(_tensor_bytes(t))
+        with _rank_file(storage, path, self._file(path, state.rank), "wb", opts.sync_files, buffering=0) as fh:
+            for t in state.tensors.values():
+                fh.write(_tensor_bytes(t))
         return PendingSave()
 
     def load(self, state, storage, path):
         target = self._file(path, state.rank)
         total = sum(t.numel() * t.element_size() for t in state.tensors.values())
         buf = torch.empty(total, dtype=torch.uint8)
-        view = memoryview(buf.numpy())
-        local = storage.local_path(target)
-        if local is not None:
-            with open(local, "rb", buffering=0) as fh:
-                got = _read_into(fh, view)
-        else:
-            fs, _ = storage.filesystem()
-            with fs.open(target, "rb") as fh:
-                got = _read_into(fh, view)
+        with _rank_file(storage, path, target, "rb", buffering=0) as fh:
+            got = _read_into(fh, memoryview(buf.numpy()))
         if got != total:
             raise RuntimeError(f"rank {state.rank}: {target} holds {got} bytes, expected {total}")
         out: dict[str, torch.Tensor] = {}
