@@ -332,6 +332,10 @@ def test_impossible_sizes_and_empty_selections_are_one_line(run, tmp_path):
         proc = run("opbench", *argv, timeout=60)
         assert proc.returncode == 2 and needle in proc.stderr, (argv, proc.stderr[-500:])
         assert len(proc.stderr.strip().splitlines()) == 1, (argv, proc.stderr[-500:])
+    # a fault for a rank the job does not have would never fire: a test relying on it would pass for nothing
+    argv = ["ckpt", "--size-mb", "1", "--methods", "torch_save", "--report-dir-path", str(tmp_path / "f")]
+    proc = run("opbench", *argv, env={"OPBENCH_FAULTS": "slow:5:2"}, timeout=120)
+    assert proc.returncode == 2 and "field 'OPBENCH_FAULTS': names rank(s) 5, but the job has 1" in proc.stderr
 
 
 RENDEZVOUS_FAILURE = """\

@@ -396,7 +396,8 @@ def test_cli_missing_file_exit_2_and_no_rows_exit_1(tmp_path, run):
     assert res.returncode == 2 and "missing.out" in res.stderr and "Traceback" not in res.stderr
     empty = tmp_path / "empty.out"
     empty.write_text("# nThread 1 nGpus 1\nsomething else\n")
-    assert run_cli(nccl_tests.main, [str(empty)]) == 1
+    none = run("opbench.trace.nccl_tests", str(empty))
+    assert none.returncode == 1 and f"opbench nccl-tests: {empty}: no nccl-tests/rccl-tests result rows" in none.stderr
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -379,6 +379,7 @@ def test_log_without_calls_exits_1(cli, tmp_path):
     log.write_text("hello\nNCCL INFO Bootstrap : Using eth0\n")
     res = cli(str(log))
     assert res.returncode == 1 and "NCCL_DEBUG_SUBSYS=COLL" in res.stderr
+    assert res.stderr.startswith(f"opbench trace: {log}: no NCCL calls found")  # which tool, which file
 
 
 def test_replay_dry_run_builds_torchrun_command(cli, tmp_path, monkeypatch):

@@ -317,6 +317,7 @@ def _run_ranks(args, specs: list[StateSpec], storages: list[Storage], run: RunOp
     ranks = dist.Ranks.join(dist_env, args.device, args.timeout, cpu_group=True)
     try:
         ranks.same_arguments(args)
+        run.faults.for_world(ranks.world_size)
         return _benchmark(args, specs, storages, run, ranks)
     except UsageError:
         if ranks.is_main:

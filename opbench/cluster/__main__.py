@@ -284,7 +284,7 @@ def run(args: argparse.Namespace, dist_env: dist.DistEnv) -> int:
             timeout_s=args.timeout,
             gpu_pairs=args.gpu_pairs,
             expect=load_expect(args.expect) if args.expect else {},
-            faults=Faults.from_env(),
+            faults=Faults.from_env().for_world(ranks.world_size),
         )
         info = device_info(ranks.device)
         meta = environment(

@@ -317,7 +317,7 @@ def run(args: argparse.Namespace, dist_env: dist.DistEnv) -> int:
             root=args.root,
             p2p_mode=args.p2p_mode,
             timeout_s=args.timeout,
-            faults=Faults.from_env(),
+            faults=Faults.from_env().for_world(ranks.world_size),
             per_rank=args.per_rank,
         )
         meta = run_meta(

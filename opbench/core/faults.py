@@ -79,6 +79,16 @@ class Faults:
     def __bool__(self) -> bool:
         return bool(self.faults)
 
+    def for_world(self, world_size: int) -> Faults:
+        """These faults, once every rank they name exists: a fault for rank 99 of a 2-rank job would never fire,
+        and a test relying on it would pass for the wrong reason."""
+        missing = sorted({f.rank for f in self.faults if f.rank >= world_size})
+        if missing:
+            raise UsageError(
+                f"names rank(s) {', '.join(map(str, missing))}, but the job has {world_size} rank(s)", field=ENV_VAR
+            )
+        return self
+
     def _mine(self, kind: str, rank: int) -> Fault | None:
         return next((f for f in self.faults if f.kind == kind and f.rank == rank), None)
 

@@ -116,7 +116,11 @@ def run(args: argparse.Namespace, summary: TraceSummary, parser: LogParser) -> i
         )
     rows = summary.summary_rows()
     if not rows:
-        print("no NCCL calls found (was the job run with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL?)", file=sys.stderr)
+        print(
+            f"opbench trace: {', '.join(args.logs)}: no NCCL calls found (was the job run with NCCL_DEBUG=INFO "
+            "NCCL_DEBUG_SUBSYS=COLL?)",
+            file=sys.stderr,
+        )
         return 1
     meta = environment(
         None,

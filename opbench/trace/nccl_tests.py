@@ -368,7 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if report is not None:
             report.close()
     if not rows:
-        print("no nccl-tests/rccl-tests result rows found", file=sys.stderr)
+        print(f"opbench nccl-tests: {', '.join(paths)}: no nccl-tests/rccl-tests result rows found", file=sys.stderr)
         return 1
     shown = [
         "collective",
