@@ -357,12 +357,22 @@ def test_a_failed_rendezvous_is_one_line(capsys):
     torchrun's traceback become one line that says what to check; relaunch then exits 2."""
     import io
 
-    failed: list[str] = []
-    dist._relay_stderr(io.StringIO(RENDEZVOUS_FAILURE), "opbench comm", rendezvous_failed=failed)
+    assert dist._relay_stderr(io.StringIO(RENDEZVOUS_FAILURE), "opbench comm") == 2
     err = capsys.readouterr().err.splitlines()
     assert err == [
         "opbench comm: error: this node could not join the job's rendezvous: The client socket has timed out after "
         "5000ms while trying to connect to (no.such.host, 29500). (is node 0 running, and do --master-addr / "
         "--master-port name it?)"
     ]
-    assert failed == ["The client socket has timed out after 5000ms while trying to connect to (no.such.host, 29500)."]
+
+
+def test_a_usage_error_on_every_rank_is_said_once_with_exit_2(capsys):
+    """Ranks that all find the same bad input (here a fault for a rank the job lacks) each print it; the launcher
+    passes it on once, blames no rank, and exits 2 as a local run would."""
+    import io
+
+    line = "python -m opbench.comm: error: field 'OPBENCH_FAULTS': names rank(s) 99, but the job has 2 rank(s)\n"
+    summary = TORCHRUN_FAILURE[TORCHRUN_FAILURE.index('Traceback (most recent call last):\n  File "<frozen') :]
+    stderr = line + line + summary.replace("exitcode  : 1 (pid: 18026)", "exitcode  : 2 (pid: 18026)")
+    assert dist._relay_stderr(io.StringIO(stderr), "opbench comm") == 2
+    assert capsys.readouterr().err == line

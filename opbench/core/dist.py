@@ -200,17 +200,21 @@ def _relay_stderr(
     prog: str,
     verdict_exit: int | None = None,
     failing: Callable[[], None] | None = None,
-    rendezvous_failed: list[str] | None = None,
-) -> None:
+) -> int | None:
     """Copy the job's stderr through, minus torchrun's agent logs and failure traceback; end with one line naming
     the rank that failed first (torchrun's "Root Cause") — unless it ended with ``verdict_exit``, the code a tool
-    returns on purpose (``opbench cluster``: a check failed), whose ranks have said everything already."""
+    returns on purpose (``opbench cluster``: a check failed), or with a usage error, whose ranks have said
+    everything already (an error line several ranks print alike is passed on once).
+
+    Returns 2 when the job ended in a usage error (the ranks' exit code 2, or a rendezvous this node could not
+    join), for the launcher to exit with; else None."""
     held: list[str] = []  # a traceback being read: torchrun's own is dropped, a rank's is passed on
     summary = False  # inside torchrun's "==== … FAILED ====" block
     retrying = False  # inside the c10d client's retry lines and their C++ stacks
     root: dict[str, str] = {}
     in_root = False
-    rendezvous_failed = [] if rendezvous_failed is None else rendezvous_failed
+    usage_error = False
+    said: set[str] = set()  # rank error lines already passed on
     store_gone = False
     for line in src:
         if store_gone and line.startswith(_CPP_STACK):
@@ -240,8 +244,7 @@ def _relay_stderr(
             elif line.startswith("torch.distributed.elastic.multiprocessing.api.SignalException"):
                 held = []  # torchrun told to stop (SIGTERM passed on): the ranks have said so themselves
             elif m := _RDZV_FAILED.match(line):
-                held = []
-                rendezvous_failed.append(m.group(1).strip())
+                held, usage_error = [], True
                 print(
                     f"{prog}: error: this node could not join the job's rendezvous: {m.group(1).strip()} (is node 0 "
                     "running, and do --master-addr / --master-port name it?)",
@@ -254,14 +257,20 @@ def _relay_stderr(
             continue
         if line.startswith("Traceback (most recent call last):"):
             held = [line]
+        elif _RANK_ERROR.match(line) and line in said:
+            continue  # the same usage error from another rank
         elif not _AGENT_LOG.match(line):
+            if _RANK_ERROR.match(line):
+                said.add(line)
             sys.stderr.write(line)
         elif failing is not None and "failed (exitcode:" in line:
             failing()  # torchrun saw a worker fail: it now waits 30 s on the others, we wait STOP_GRACE_S
         sys.stderr.flush()
     sys.stderr.writelines(held)
     if summary and verdict_exit is not None and root.get("exitcode") == str(verdict_exit):
-        return
+        return None
+    if summary and root.get("exitcode") == "2":
+        return 2  # a usage error every rank found and said (mismatched arguments, a fault for a missing rank)
     if summary:
         code = root.get("exitcode", "?")
         print(
@@ -271,6 +280,7 @@ def _relay_stderr(
             file=sys.stderr,
             flush=True,
         )
+    return 2 if usage_error else None
 
 
 LAUNCH_COMMAND_ENV = "OPBENCH_LAUNCH_COMMAND"  # the user's command line, passed to the ranks opbench starts
@@ -371,11 +381,10 @@ def relaunch(cmd: Sequence[str], prog: str = "opbench", verdict_exit: int | None
     except ValueError:  # not the main thread
         previous = None
     try:
-        no_rendezvous: list[str] = []
-        _relay_stderr(proc.stderr, prog, verdict_exit, failing, no_rendezvous)
+        usage = _relay_stderr(proc.stderr, prog, verdict_exit, failing)
         code = proc.wait()
-        if no_rendezvous:
-            return 2  # the job never started: where it was told to meet is wrong or not there (said in one line)
+        if usage is not None:
+            return usage  # bad input the ranks (or the rendezvous) reported in one line: exit 2, as a local run
         if terminated:
             return EXIT_TERMINATED  # as if the job had been this process: 143, what a shell reports for SIGTERM
         return 1 if code < 0 else code  # killed (by us, or torchrun by a signal): a failed job, not a signal number
