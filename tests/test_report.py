@@ -465,7 +465,7 @@ def test_cli_entry_point_runs(results, tmp_path):
     assert importlib.util.find_spec("opbench.report.__main__") is not None
 
 
-def test_interrupted_run_with_header_only_is_reported_not_dropped(tmp_path):
+def test_interrupted_run_with_header_only_is_reported_not_dropped(tmp_path, capsys):
     from opbench.core.results import CsvReport
     from opbench.gemm.schema import SCHEMA
 
@@ -474,6 +474,8 @@ def test_interrupted_run_with_header_only_is_reported_not_dropped(tmp_path):
     gemm = section(built.path.read_text(), "GEMM")
     assert "`benchmark_gemm_X.csv`" in gemm and "No successful rows." in gemm
     assert not built.plots and not built.missing
+    assert run_cli(report_main, [str(tmp_path / "res"), "--out", str(tmp_path / "out2"), "--no-plots"]) == 0
+    assert "warning: benchmark_gemm_X.csv: no rows" in capsys.readouterr().err  # said, not just an empty section
 
 
 # ---- opbench cluster ---------------------------------------------------------------------------------------

@@ -239,6 +239,8 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[StateSpe
     args.methods = sorted(dict.fromkeys(args.methods), key=lambda m: m != "raw")  # raw first: the others' yardstick
     options = parse_storage_options(args.storage_options)
     storages = [Storage(s, options) for s in (args.storage or [os.path.join(args.report_dir_path, "ckpt_data")])]
+    for storage in storages:
+        storage.check_protocol()
     from .runner import RunOptions  # torch: after every argument is known to be good
 
     run = RunOptions(

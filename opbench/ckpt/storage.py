@@ -65,6 +65,20 @@ class Storage:
                 f"no fsspec file system for '{self.protocol}://' ({exc})", source=self.spec, field="--storage"
             ) from None
 
+    def check_protocol(self) -> None:
+        """Fail now, with one line, when fsspec has no file system for this URL's protocol (or its package is not
+        installed): a --dry-run plan should not list cases that can never run. Connects to nothing."""
+        if not self.is_url:
+            return
+        from fsspec.registry import get_filesystem_class
+
+        try:
+            get_filesystem_class(self.protocol)
+        except (ImportError, ValueError) as exc:
+            raise UsageError(
+                f"no fsspec file system for '{self.protocol}://' ({exc})", source=self.spec, field="--storage"
+            ) from None
+
     def local_path(self, url: str) -> str | None:
         """``url`` (made by join) as a local file name, or None for remote storage."""
         if self.local_root is None:

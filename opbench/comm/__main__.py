@@ -222,11 +222,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run(args, dist_env)
 
 
-def check_root(root: int, cases: Sequence[CommCase], world: int) -> None:
-    """--root names a rank inside every broadcast's group: checked before anything runs, not a row per size."""
+def check_plan(args: argparse.Namespace, cases: Sequence[CommCase], world: int) -> None:
+    """What the flags ask of every case, checked before anything runs rather than found as a row per size:
+    --root names a rank inside every broadcast group; --p2p-mode pingpong needs groups of an even size."""
     groups = [c.group_size or world for c in cases if c.collective == "broadcast"]
-    if groups and root >= min(groups):
-        raise UsageError(f"rank {root} is outside a broadcast group of {min(groups)} rank(s)", field="--root")
+    if groups and args.root >= min(groups):
+        raise UsageError(f"rank {args.root} is outside a broadcast group of {min(groups)} rank(s)", field="--root")
+    odd = sorted({n for c in cases if c.collective == "send_recv" and (n := c.group_size or world) % 2})
+    if args.p2p_mode == "pingpong" and odd:
+        raise UsageError(f"ping-pong pairs ranks, and a send_recv group of {odd[0]} is odd", field="--p2p-mode")
 
 
 def dry_run(args: argparse.Namespace, dist_env: dist.DistEnv | None) -> int:
@@ -241,7 +245,7 @@ def dry_run(args: argparse.Namespace, dist_env: dist.DistEnv | None) -> int:
         per_node = max(1, world // dist_env.nnodes)
     dtype = args.dtype or "bf16"
     cases, notes = build_cases(args, world, dtype)
-    check_root(args.root, cases, world)
+    check_plan(args, cases, world)
     print(
         f"# plan: world size {world} ({world // per_node} node(s) × {per_node}), dtype {dtype}"
         + ("" if args.dtype else " (the GPU default; CPU runs use fp32)")
@@ -302,7 +306,7 @@ def run(args: argparse.Namespace, dist_env: dist.DistEnv) -> int:
     try:
         ranks.same_arguments(args)
         cases, notes = build_cases(args, ranks.world_size, dtype)
-        check_root(args.root, cases, ranks.world_size)
+        check_plan(args, cases, ranks.world_size)
         if ranks.is_main:
             for note in notes:
                 print(f"# note: {note}", file=sys.stderr)

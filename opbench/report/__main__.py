@@ -52,6 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\nwrote {report.path} with {len(report.plots)} plot(s)")
     for rel, why in found.damaged if found else []:
         print(f"warning: {rel}: {why}", file=sys.stderr)
+    for empty in [f.rel for f in found.files if f.frame.empty] if found else []:
+        print(f"warning: {empty}: no rows (a run that stopped before its first row?)", file=sys.stderr)
     if report.missing:
         print(
             f"plots not made ({len(report.missing)}): " + "; ".join(f"{k}: {v}" for k, v in report.missing.items()),
