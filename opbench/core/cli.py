@@ -131,14 +131,20 @@ def non_negative_int(text: str) -> int:
 MAX_MIB = float(1 << 30)  # 1 PiB: no checkpoint or buffer of one job is larger; beyond it is a typo, not a size
 
 
-def size_mib(text: str) -> float:
-    """A size in MiB: finite, positive, at most 1 PiB (1e12 MiB would make a state no machine can hold)."""
+def _positive_finite(text: str, unit: str) -> float:
+    """A positive, finite number of ``unit``; the message names the unit."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number of MiB") from None
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number of {unit}") from None
     if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a positive, finite number of MiB, got {text}")
+        raise argparse.ArgumentTypeError(f"must be a positive, finite number of {unit}, got {text}")
+    return value
+
+
+def size_mib(text: str) -> float:
+    """A size in MiB: finite, positive, at most 1 PiB (1e12 MiB would make a state no machine can hold)."""
+    value = _positive_finite(text, "MiB")
     if value > MAX_MIB:
         raise argparse.ArgumentTypeError(f"{text} MiB is more than 1 PiB; is that a typo?")
     return value
@@ -170,13 +176,7 @@ def path_text(text: str) -> str:
 
 def positive_seconds(text: str) -> float:
     """A finite, positive number of seconds (``inf`` would turn a hang back into a hang)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number of seconds") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a positive, finite number of seconds, got {text}")
-    return value
+    return _positive_finite(text, "seconds")
 
 
 def port_number(text: str) -> int:
