@@ -95,8 +95,16 @@ def test_model_sizes_dense_and_moe():
     mixtral = by["Mixtral_8x7B"]
     par = CommGroups.resolve(64, tp=8, ep=8, pp=1)
     (a2a,) = model_cases(mixtral, ["all_to_all", "send_recv"], 64, par, mbs=1, seqlen=None, dtype="bf16")
-    assert a2a.size_bytes == 1 * mixtral.seqlen * mixtral.num_experts_per_tok * mixtral.hidden_size * 2
+    # a rank dispatches its own T/tp tokens (MoE under TP runs sequence-parallel), top_k copies each
+    assert a2a.size_bytes == 1 * mixtral.seqlen // 8 * mixtral.num_experts_per_tok * mixtral.hidden_size * 2
     assert (a2a.group_size, a2a.group_stride) == (8, 8)  # EP ranks tp apart (Megatron order)
+    assert "mbs·seq/tp·top_k·hidden=1·4096/8·2·4096 ep=8" in a2a.source
+    no_tp = CommGroups.resolve(64, tp=1, ep=8, pp=1)
+    (a2a,) = model_cases(mixtral, ["all_to_all"], 64, no_tp, mbs=1, seqlen=4096, dtype="bf16")
+    assert a2a.size_bytes == 4096 * 2 * 4096 * 2 and (a2a.group_size, a2a.group_stride) == (8, 1)
+    with pytest.raises(UsageError, match="do not split over tp=8"):
+        model_cases(mixtral, ["all_to_all"], 64, par, mbs=1, seqlen=4100, dtype="bf16")
+    assert model_cases(mixtral, ["all_reduce"], 64, par, mbs=1, seqlen=4100, dtype="bf16")  # no all-to-all asked
     with pytest.raises(UsageError, match="--tp"):
         CommGroups.resolve(6, tp=4, ep=None, pp=None)
 

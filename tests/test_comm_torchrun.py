@@ -114,9 +114,10 @@ def test_two_ranks_self_launched(tmp_path):
             assert (r["world_size"], r["nnodes"], r["nranks"], r["backend"], r["wrong"]) == ("2", "1", "2", "gloo", "0")
             assert int(r["count"]) == expected_count(coll, int(r["size_bytes"]), 2)
             assert_nccl_tests_numbers(r, 2)
-    # Mixtral: hidden 4096, top-2, mbs 1, seq 4, fp32 -> TP/SP/PP activations 64 KiB, EP all-to-all 128 KiB
+    # Mixtral: hidden 4096, top-2, mbs 1, seq 4, fp32, tp = ep = 2 -> TP/SP/PP activations 64 KiB; the EP
+    # all-to-all carries a rank's own seq/tp tokens, top_k copies each: 2·2·4096·4 = 64 KiB
     (a2a,) = [r for r in rows(out, "all_to_all") if r["source"] != "sweep"]
-    assert a2a["size_bytes"] == str(4 * 2 * 4096 * 4) and "EP all-to-all" in a2a["source"]
+    assert a2a["size_bytes"] == str(4 // 2 * 2 * 4096 * 4) and "EP all-to-all" in a2a["source"]
     model_ar = [r for r in rows(out, "all_reduce") if "TP all-reduce" in r["source"]]
     assert [r["size_bytes"] for r in model_ar] == [str(4 * 4096 * 4)]
 

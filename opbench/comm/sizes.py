@@ -137,8 +137,8 @@ def model_cases(
     """The activation-sized collectives of one training step of ``model`` (docs/conventions.md, "GEMM shapes of a training step" tokens T = mbs·seq).
 
     TP all-reduce of the layer output (T·hidden, over tp ranks); SP all-gather / reduce-scatter of the same
-    activations (size = the gathered T·hidden, count = T·hidden/tp per rank); EP all-to-all of routed tokens
-    (T·top_k·hidden, MoE models only); PP send/recv of activations (T·hidden between stages).
+    activations (size = the gathered T·hidden, count = T·hidden/tp per rank); EP all-to-all of a rank's routed
+    tokens (T/tp·top_k·hidden, MoE models only); PP send/recv of activations (T·hidden between stages).
     A dimension of size 1 has no traffic and yields no case.
     """
     seq = seqlen or model.seqlen
@@ -155,12 +155,24 @@ def model_cases(
         plan["all_gather"] = (tokens * hidden, par.tp, 1, f"SP all-gather {act} tp={par.tp}")
         plan["reduce_scatter"] = (tokens * hidden, par.tp, 1, f"SP reduce-scatter {act} tp={par.tp}")
     if par.ep > 1 and model.is_moe:
+        # MoE with tp > 1 runs with sequence parallelism, so a rank dispatches its own T/tp tokens, top_k
+        # copies each (docs/conventions.md, "MoE under tensor parallelism"), as gemm's MoE rows assume.
+        if tokens % par.tp and "all_to_all" in collectives:
+            raise UsageError(
+                f"mbs·seqlen = {tokens} tokens do not split over tp={par.tp} (MoE under TP needs sequence parallelism)",
+                field="--seqlen",
+            )
         k = model.num_experts_per_tok
+        local = (
+            f"mbs·seq/tp·top_k·hidden={mbs}·{seq}/{par.tp}·{k}·{hidden}"
+            if par.tp > 1
+            else f"mbs·seq·top_k·hidden={mbs}·{seq}·{k}·{hidden}"
+        )
         plan["all_to_all"] = (
-            tokens * k * hidden,
+            tokens // par.tp * k * hidden,
             par.ep,
             par.ep_stride(world_size),
-            f"EP all-to-all mbs·seq·top_k·hidden={mbs}·{seq}·{k}·{hidden} ep={par.ep}",
+            f"EP all-to-all {local} ep={par.ep}",
         )
     if par.pp > 1:
         plan["send_recv"] = (tokens * hidden, par.pp, world_size // par.pp, f"PP send/recv {act} pp={par.pp}")
