@@ -43,6 +43,8 @@ SCRIPT = textwrap.dedent("""
         "ckpt --methods": ["ckpt", "--methods", "nope"],
         "ckpt --size-mb": ["ckpt", "--size-mb", "1e12", "--dry-run"],
         "trace missing": ["trace", log + ".missing"],
+        "gemm --device": ["gemm", "--device", "gpu0"],
+        "ckpt --device": ["ckpt", "--device", "bogus", "--dry-run"],
     }
     for name, argv in [*runs.items(), *((f"{t} help", [t, "--help"]) for t in tools), *usage_errors.items()]:
         out = io.StringIO()
@@ -70,6 +72,6 @@ def test_tools_without_gpu_code_never_import_torch(tmp_path):
         timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    assert proc.stdout.split() == ["ok", "24"]
+    assert proc.stdout.split() == ["ok", "26"]
     assert (tmp_path / "res" / "trace_summary.csv").exists() and (tmp_path / "res" / "nccl_tests.csv").exists()
     assert (tmp_path / "res" / "fsdp_collectives.csv").exists() and (tmp_path / "res" / "report" / "report.md").exists()

@@ -146,7 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cli.add_timeout_arg(g, 1800.0)
     g.add_argument("--keep", action="store_true", help="keep the checkpoints instead of deleting each case's")
-    g.add_argument("--device", default="auto", help="where the state lives: auto (GPU if present), cpu, cuda")
+    g.add_argument(
+        "--device", type=cli.device_spec, default="auto", help="where the state lives: auto (GPU if present), cpu, cuda"
+    )
     cli.add_output_args(g, dir_default="out", dir_help=f"where {CSV_NAME} goes")
     g.add_argument(
         "--nproc-per-node",

@@ -223,8 +223,18 @@ def positive_bytes(text: str) -> int:
     return value
 
 
+def device_spec(text: str) -> str:
+    """auto, cpu, cuda or cuda:N, checked without torch so dry runs and usage errors stay fast; whether the GPU
+    exists is core.device.resolve_device's check, when the tool runs."""
+    if text in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d{1,4}", text):
+        return text
+    raise argparse.ArgumentTypeError(f"'{text}' is not a device (auto, cpu, cuda or cuda:N)")
+
+
 def add_device_args(parser: argparse.ArgumentParser, dtypes: Sequence[str] = ("bf16", "fp16", "fp32")) -> None:
-    parser.add_argument("--device", default="auto", help="auto (GPU if present, else CPU), cpu, cuda, cuda:N")
+    parser.add_argument(
+        "--device", type=device_spec, default="auto", help="auto (GPU if present, else CPU), cpu, cuda, cuda:N"
+    )
     parser.add_argument(
         "--dtype", choices=list(dtypes), default=None, help="element type (default: bf16 on GPU, fp32 on CPU)"
     )
