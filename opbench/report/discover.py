@@ -151,7 +151,10 @@ def discover(root: str | Path) -> Discovery:
                 found.damaged.append(
                     (
                         rel,
-                        f"{len(short)} row(s) with the wrong number of fields left out (lines {short[:5]}…; a write cut short?)",
+                        f"{len(short)} row(s) with the wrong number of fields left out (line "
+                        + ", ".join(str(i + 1) for i in short[:5])  # skiprows counts from 0, editors from 1
+                        + (", …" if len(short) > 5 else "")
+                        + "; a write cut short?)",
                     )
                 )
         except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError, OSError, csv.Error) as exc:
