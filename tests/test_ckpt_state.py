@@ -158,3 +158,51 @@ def test_phases_partition_the_save():
     assert sync is not None and sync["staging"] is None
     assert sum(v for v in sync.values() if v is not None) == pytest.approx(1.0)
     assert save_phases(10.0, None, 11.0) is None and save_phases(10.0, SaveMarks(), 11.0) is None
+
+
+def test_a_reused_async_stager_is_kept_per_state_staged_before_timing_and_unwrapped(tmp_path):
+    """dcp_async's pinned path (GPU only) reuses one DCP DefaultStager per state. Here the same code runs with a
+    real DefaultStager that does not pin (the CPU has no pinned memory), over two cases on one state: the warm-up's
+    tiny state must not evict the real state's stager (else every case pins the whole state again inside a timed
+    save), prepare() stages the real state once before timing, and each save gives the stager its own stage back
+    (else the timing wrappers nest, one more per save)."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    from opbench.ckpt.methods import DcpAsync
+    from opbench.ckpt.runner import Case, RunOptions, run_case, warm_up_state
+    from opbench.ckpt.storage import Storage
+    from opbench.core import dist
+
+    made: list[DefaultStager] = []
+
+    class CountingStager(DefaultStager):
+        def __init__(self) -> None:
+            super().__init__(StagingOptions(False, False, False, False))
+            self.staged = 0
+            made.append(self)
+
+        def stage(self, state_dict, **kwargs):
+            self.staged += 1
+            return super().stage(state_dict, **kwargs)
+
+    class CpuStagedAsync(DcpAsync):
+        def _pinned_stager_class(self, device):
+            return CountingStager
+
+    method = CpuStagedAsync()
+    ranks = dist.Ranks.join(dist.single(), "cpu", 60)
+    try:
+        tiny = warm_up_state(ranks)
+        state = ShardedState.build(StateSpec("s", (TensorSpec("a", (64, 256), "fp32"),)), 0, 1, ranks.device)
+        run = RunOptions(iterations=3, sync_files=False)
+        for name in ("c1", "c2"):
+            case = Case(0, Storage(str(tmp_path / "data")), method, 1)
+            result = run_case(ranks, state, case, str(tmp_path / "data" / name), run, tiny)
+            assert not result.problems and len(result.phases) == 3
+            assert all(p is not None and p["staging"] is not None for p in result.phases)
+        tiny_stager, state_stager = made  # two stagers for the whole run, not two per case
+        assert tiny_stager.staged == 2 and state_stager.staged == 2 * (1 + 3)  # per case: prepare + 3 saves
+        assert all("stage" not in vars(s) for s in made)
+    finally:
+        method.close_stager()
+        ranks.stop()

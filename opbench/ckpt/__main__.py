@@ -470,13 +470,14 @@ def async_note(staging: list[str], device_type: str) -> str:
     where = " and ".join(staging)
     if device_type == "cpu":
         return (
-            f"\nasync save_block_time = planning + copying the state into {where} (staging); the state already lives "
-            "in host memory on a CPU, so this copy is extra work and can block longer than a synchronous dcp save. "
-            "On a GPU it is the device-to-host copy, and async pays off (docs/ckpt.md)."
+            f"\nasync save_block_time = copying the state into {where} (staging); planning and writing run in the "
+            "background. The state already lives in host memory on a CPU, so this copy is extra work and can block "
+            "longer than a synchronous dcp save. On a GPU it is the device-to-host copy, and async pays off "
+            "(docs/ckpt.md)."
         )
     return (
-        f"\nasync save_block_time = planning + the device-to-host copy of the state into {where} (staging); "
-        "save_total_time adds the write in the background."
+        f"\nasync save_block_time = the device-to-host copy of the state into {where} (staging); "
+        "save_total_time adds planning and the write, in the background."
     )
 
 

@@ -42,13 +42,18 @@ class SaveMarks:
     write_end: float | None = None
 
 
-def _instrument(writer: Any, marks: SaveMarks, stager: Any = None) -> None:
+def _instrument(writer: Any, marks: SaveMarks, stager: Any = None, device: torch.device | None = None) -> None:
     """Wrap this writer instance's write_data (and the stager's stage) to fill ``marks``. DCP calls them as
     attributes of the instances it is given, in the order docs/ckpt.md describes; the thread executor of
-    async_save uses the same instance, so the marks come from the background thread there."""
+    async_save uses the same instance, so the marks come from the background thread there. A reused stager
+    must be given back its own ``stage`` after the save (``_uninstrument``), or the wrappers would nest."""
     write_data = writer.write_data
 
     def timed_write(plan: Any, planner: Any) -> Any:
+        if device is not None and device.type == "cuda":
+            # async_save writes in a fresh thread, whose current GPU is 0; DCP's one-thread writer takes that
+            # GPU's stream, so every rank would open a context on GPU 0 without this
+            torch.cuda.set_device(device)
         marks.write_start = time.perf_counter()
         future = write_data(plan, planner)
         future.wait()  # DCP waits here too, right after the call
@@ -65,6 +70,11 @@ def _instrument(writer: Any, marks: SaveMarks, stager: Any = None) -> None:
             return out
 
         stager.stage = timed_stage
+
+
+def _uninstrument(stager: Any) -> None:
+    """Drop the instance attribute ``_instrument`` set, so the class's own ``stage`` is found again."""
+    vars(stager).pop("stage", None)
 
 
 class PendingSave:
@@ -109,6 +119,10 @@ class Method:
     def staging(self, device: torch.device) -> str | None:
         """What an async save's block time copies the state into (the CSV's ``async_staging``); None: no copy."""
         return None
+
+    def prepare(self, state: ShardedState) -> None:
+        """Untimed set-up that a trainer pays once per job for this state, not per checkpoint (runner.run_case
+        calls it after the warm-up)."""
 
 
 class TorchSave(Method):
@@ -264,8 +278,9 @@ class DcpAsync(Dcp):
 
     name = "dcp_async"
     async_type = "thread"
-    _stager: Any = None
-    _stager_for: int | None = None  # id() of the state the stager's pinned buffers were made for
+    # id(state) -> (state, its stager), most recently used last; at most two: the warm-up's tiny state and the
+    # state being measured. Holding the state keeps its id from being reused by a new one.
+    _stagers: dict[int, tuple[ShardedState, Any]]
 
     def staging(self, device: torch.device) -> str | None:
         return "pinned host memory" if self._pinned_stager_class(device) else "host memory (pageable)"
@@ -286,23 +301,36 @@ class DcpAsync(Dcp):
             )
         )
 
+    def __init__(self) -> None:
+        self._stagers = {}
+
     def _stager_for_state(self, state: ShardedState) -> Any:
-        """One stager per state, so its pinned buffers are allocated once (the first, untimed warm-up save) and
-        reused, as a trainer's would be; closed when the state changes or the run ends (close_stager)."""
+        """One stager per state, so its pinned buffers are allocated once (by ``prepare``, untimed) and reused,
+        as a trainer's would be. Each case warms up on a tiny state and then saves the real one, so both
+        stagers are kept; the least recently used beyond two is closed, and close_stager closes all at the end."""
         make = self._pinned_stager_class(state.device)
         if make is None:
             return None
-        if self._stager_for != id(state):
-            self.close_stager()
-            self._stager, self._stager_for = make(), id(state)
-        return self._stager
+        held = self._stagers.pop(id(state), None)
+        if held is None:
+            held = (state, make())
+        self._stagers[id(state)] = held
+        while len(self._stagers) > 2:
+            _, old = self._stagers.pop(next(iter(self._stagers)))
+            old.close()
+        return held[1]
+
+    def prepare(self, state: ShardedState) -> None:
+        """Stage the state once into its pinned buffers: allocating and registering pinned memory for the
+        whole state takes far longer than the copy, and a trainer pays it on its first checkpoint only."""
+        stager = self._stager_for_state(state)
+        if stager is not None:
+            stager.stage(state.dcp_state_dict())
 
     def close_stager(self) -> None:
-        if self._stager is not None:
-            try:
-                self._stager.close()
-            finally:
-                self._stager, self._stager_for = None, None
+        stagers, self._stagers = self._stagers, {}
+        for _, stager in stagers.values():
+            stager.close()
 
     def checkpointer_type(self):
         from torch.distributed.checkpoint import state_dict_saver
@@ -324,13 +352,17 @@ class DcpAsync(Dcp):
         if self.async_type == "thread":  # process mode writes in a daemon: its writer is pickled, not wrapped
             marks = SaveMarks()
             # without a stager of ours DCP stages through the writer (FileSystemWriter is a BlockingAsyncStager)
-            _instrument(writer, marks, stager if stager is not None else writer)
-        response = dcp.async_save(
-            state.dcp_state_dict(),
-            storage_writer=writer,
-            async_checkpointer_type=self.checkpointer_type(),
-            **({"async_stager": stager} if stager is not None else {}),
-        )
+            _instrument(writer, marks, stager if stager is not None else writer, state.device)
+        try:
+            response = dcp.async_save(
+                state.dcp_state_dict(),
+                storage_writer=writer,
+                async_checkpointer_type=self.checkpointer_type(),
+                **({"async_stager": stager} if stager is not None else {}),
+            )
+        finally:
+            if stager is not None:  # staged by now: async_save stages in this thread before it returns
+                _uninstrument(stager)
         # Newer torch may return AsyncSaveResponse(staging_completion, upload_completion).
         return PendingSave(getattr(response, "upload_completion", response), marks)
 

@@ -167,6 +167,7 @@ def run_case(
         ranks.agree(lambda: faults.prepare(rank))
         if tiny is not None:
             result.warmup_s = ranks.agree(lambda: _warm_up(ranks, tiny, case, f"{case_dir}/warmup", opts))
+        ranks.agree(lambda: case.method.prepare(state))
         faults.before_timing(rank, run.timeout_s)
         for path in paths:
             save = faults.timed(partial(case.method.save, state, case.storage, path, opts), rank, state.device)
