@@ -376,3 +376,20 @@ def test_a_usage_error_on_every_rank_is_said_once_with_exit_2(capsys):
     stderr = line + line + summary.replace("exitcode  : 1 (pid: 18026)", "exitcode  : 2 (pid: 18026)")
     assert dist._relay_stderr(io.StringIO(stderr), "opbench comm") == 2
     assert capsys.readouterr().err == line
+
+
+def test_more_ranks_than_gpus_under_nccl_is_one_clear_line():
+    """torchrun's LOCAL_WORLD_SIZE above the GPU count would put two ranks on one GPU (LOCAL_RANK modulo rule),
+    which NCCL refuses mid-rendezvous; srun without it may bind a GPU per task, so nothing is concluded there, and
+    NCCL's own "Duplicate GPU" error is turned into the same advice."""
+    with pytest.raises(UsageError, match="2 ranks on this node but torch sees 1 GPU"):
+        dist.check_one_gpu_per_rank("2", 1)
+    dist.check_one_gpu_per_rank("8", 8)
+    dist.check_one_gpu_per_rank(None, 1)  # srun: each task may see its own "GPU 0"
+    nccl = RuntimeError(
+        "NCCL error in: ProcessGroupNCCL.cpp:1970, invalid usage (run with NCCL_DEBUG=WARN for details), NCCL "
+        "version 2.27.5\nncclInvalidUsage: This usually reflects invalid usage of NCCL library.\nLast error:\n"
+        "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1a000"
+    )
+    line = dist.rendezvous_error(nccl, 30)
+    assert line.startswith("two ranks were given the same GPU") and "\n" not in line and "rank 1 and rank 0" in line

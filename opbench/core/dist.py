@@ -451,6 +451,21 @@ def local_device(spec: str | None, local_rank: int) -> torch.device:
     return dev
 
 
+def check_one_gpu_per_rank(local_world_size: str | None, gpus: int) -> None:
+    """NCCL/RCCL refuse two ranks of one communicator on the same GPU ("Duplicate GPU detected"), which the
+    LOCAL_RANK modulo rule would give when a node runs more ranks than it has GPUs: say so before NCCL does.
+    Every rank of the node sees torchrun's LOCAL_WORLD_SIZE, so all stop with the same line."""
+    if not (local_world_size and local_world_size.isdigit()):
+        return  # srun may bind one GPU per task (each sees "GPU 0"): nothing to conclude; NCCL's own error is mapped
+    ranks_here = int(local_world_size)
+    if ranks_here > gpus:
+        raise UsageError(
+            f"{ranks_here} ranks on this node but torch sees {gpus} GPU(s); NCCL needs one GPU per rank: run at most "
+            f"{gpus} rank(s) per node, or --backend gloo",
+            field="--nproc-per-node",
+        )
+
+
 def pick_backend(device_type: str, override: str | None = None) -> str:
     """NCCL on GPUs (torch names RCCL 'nccl' too), gloo on the CPU, unless told otherwise."""
     if override:
@@ -507,6 +522,12 @@ def rendezvous_error(exc: BaseException, timeout_s: float) -> str:
     """One line for a failed rendezvous: what went wrong and where, without torch's C++ trace."""
     text = " ".join(str(exc).split())
     where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    if "Duplicate GPU" in text:  # NCCL/RCCL: two ranks of one communicator on one GPU
+        return (
+            "two ranks were given the same GPU, which NCCL refuses: run one rank per GPU (fewer ranks per node, "
+            f"or check CUDA_VISIBLE_DEVICES / srun's GPU binding), or --backend gloo "
+            f"(NCCL: {text[text.index('Duplicate GPU') :][:160]})"
+        )
     if "EADDRINUSE" in text or "address already in use" in text.lower():
         return f"cannot open the rendezvous port {where}: it is in use (another job?); pick another --master-port"
     if "timed out" in text.lower() or "timeout" in text.lower():
@@ -571,6 +592,10 @@ class Ranks:
         chosen = pick_backend(device.type, backend)
         if "nccl" in chosen and "cpu:" not in chosen and device.type != "cuda":
             raise UsageError(f"NCCL runs on GPUs and this rank's device is {device}; use gloo", field="--backend")
+        if "nccl" in chosen and device.type == "cuda":
+            import torch
+
+            check_one_gpu_per_rank(os.environ.get("LOCAL_WORLD_SIZE"), torch.cuda.device_count())
         if cpu_group and chosen == "nccl":
             chosen = "cpu:gloo,cuda:nccl"
         try:
