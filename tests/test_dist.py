@@ -254,7 +254,7 @@ def test_printed_commands_are_paste_safe(run, tmp_path):
     cannot start a line of its own; run_script.sh checks its numbers and stages before using them."""
     import shlex
 
-    hostile = "out dir;$(touch X)"
+    hostile = str(tmp_path / "out dir;$(touch X)")  # under tmp_path: the run writes its CSV there
     proc = run(
         "opbench", "fsdp", "--model", "Llama3.1_8B", "--world-size", "8", "--commands", "--report-dir-path", hostile
     )
