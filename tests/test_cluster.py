@@ -52,6 +52,26 @@ def test_shift_rounds_measure_every_ordered_pair_once_in_n_minus_1_rounds():
             assert sorted(s for s, _ in r) == list(range(n)) == sorted(d for _, d in r)
 
 
+def test_a_slow_link_is_named_alone_not_with_its_neighbours_in_the_ring():
+    """Round 1 of a 4-unit ring: 0→1, 1→2, 2→3, 3→0, each rank's time covering its send and its receive. A slow
+    link 1→2 slows ranks 1 and 2; taking the sender's time alone would blame 2→3 as well."""
+    from opbench.cluster.checks import link_time
+
+    table = np.ones((4, 5))
+    table[[1, 2]] = 10.0
+    table[1, 0] = 1.0  # one odd iteration: the median over iterations ignores it
+    times = {(a, b): link_time(table, [a], [b]) for a, b in ((0, 1), (1, 2), (2, 3), (3, 0))}
+    assert times == {(0, 1): 1.0, (1, 2): 10.0, (2, 3): 1.0, (3, 0): 1.0}
+    table[3] = np.nan  # a receiver that sat the round out: the sender's time stands
+    assert link_time(table, [2], [3]) == 10.0
+    units = np.ones((4, 3))
+    units[2] = 7.0
+    units[3] = 7.0  # units of two ranks, (0, 1) and (2, 3): ranks 2 and 3 slowed by other links, not by these
+    assert link_time(units, [0, 1], [2, 3]) == 1.0 and link_time(units, [2, 3], [0, 1]) == 1.0
+    units[1] = 7.0  # now the pair 1→3 is slow, and the unit link as slow as its slowest pair
+    assert link_time(units, [0, 1], [2, 3]) == 7.0
+
+
 def test_rank_stats_name_the_straggler():
     times = np.full((4, 10), 1.0)
     times[2, :7] = 3.0  # rank 2 slow in 7 of 10 iterations

@@ -14,6 +14,7 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,16 @@ def median_row(rows: Sequence[dict[str, Any]], metric: str) -> dict[str, Any]:
     spread), else the first failed one."""
     ok = sorted((r for r in rows if r.get("status") == STATUS_OK), key=lambda r: r[metric])
     return ok[(len(ok) - 1) // 2] if ok else rows[0]
+
+
+def link_time(table: np.ndarray, senders: Sequence[int], receivers: Sequence[int]) -> float:
+    """Seconds per iteration of the link from ``senders`` to ``receivers`` (the k-th rank of one unit to the k-th
+    of the other) from the ranks × iterations times of one pairs round, where each rank's time covers its send
+    and its receive of that round. A slow link A→B makes both A's and B's times slow, while a slow link into A
+    or out of B slows only one of them, so a pair's time is the faster of its two ranks (NaN-aware); a unit's
+    link is as slow as its slowest pair, and the median over iterations is kept."""
+    per_pair = np.fmin(table[list(senders)], table[list(receivers)])
+    return float(np.median(np.nanmax(per_pair, axis=0)))
 
 
 class ClusterFailure(Exception):
@@ -211,7 +222,15 @@ class Cluster:
                 self._collective("barrier between CPU turns", self.ranks.barrier)
         return [median_row([r[i] for r in rounds], metric) for i in range(len(rounds[0]))]
 
-    def _iteration_times(self, call: Callable[[], Any], iters: int, warmup: int) -> list[float]:
+    def _barriers(self, count: int) -> None:
+        for _ in range(count):
+            self.ranks.barrier()
+
+    def _iteration_times(
+        self, call: Callable[[], Any], iters: int, warmup: int, barrier: Callable[[], Any] | None = None
+    ) -> list[float]:
+        """Per-iteration seconds of ``call``, back to back, or with ``barrier`` before each timed iteration (the
+        pairs check: see _pair_rounds)."""
         for _ in range(warmup):
             call()
         synchronize(self.device)
@@ -220,6 +239,8 @@ class Cluster:
                 (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)
             ]
             for start, end in events:
+                if barrier is not None:
+                    barrier()  # NCCL's barrier returns once its all-reduce has run, so the GPU is at it too
                 start.record()
                 call()
                 end.record()
@@ -227,6 +248,8 @@ class Cluster:
             return [start.elapsed_time(end) / 1e3 for start, end in events]
         out = []
         for _ in range(iters):
+            if barrier is not None:
+                barrier()
             t0 = time.perf_counter()
             call()  # gloo calls return when the data has arrived
             out.append(time.perf_counter() - t0)
@@ -533,7 +556,12 @@ class Cluster:
                         peer_from = src[p] if p < len(src) else None
             times: list[float] = []
             self._collective(f"barrier before {scope} pairs round {r}", self.ranks.barrier)
-            if peer_to is not None or peer_from is not None:
+            # Every rank starts each timed iteration together (a barrier, which ranks without a peer this round
+            # join too): back to back, a late receive would delay that rank's next send, and one slow link would
+            # pace every pair of its cycle within a few iterations.
+            if peer_to is None and peer_from is None:
+                self._collective(f"{scope} pairs round {r}", partial(self._barriers, s.iters))
+            else:
                 ops = []
                 if peer_to is not None:
                     ops.append(dist.P2POp(dist.isend, send, peer_to))
@@ -546,7 +574,8 @@ class Cluster:
 
                 call = cfg.faults.timed(exchange, self.rank, self.device)
                 times = self._collective(
-                    f"{scope} pairs round {r}", lambda: self._iteration_times(call, s.iters, s.warmup)
+                    f"{scope} pairs round {r}",
+                    lambda: self._iteration_times(call, s.iters, s.warmup, barrier=self.ranks.barrier),
                 )
             table = self._gather_times(f"gathering {scope} pair times", times, s.iters)
             if table is None:
@@ -560,7 +589,7 @@ class Cluster:
                     to = shift_peers(i, r, n)[0]
                     dst_unit = ring[to]
                     senders = unit[: len(dst_unit)]
-                    t = float(np.median(np.nanmax(table[senders], axis=0)))
+                    t = link_time(table, senders, dst_unit[: len(senders)])
                     gbs = size / t / 1e9
                     src_name, dst_name = ring_names[i], ring_names[to]
                     matrix[index[src_name], index[dst_name]] = gbs

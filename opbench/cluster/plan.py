@@ -115,8 +115,12 @@ def simulate(
     reps = sizes.iters + sizes.warmup
     est.phases.append(Phase("launch and rendezvous", 1, a.launch_s))
 
+    hops = math.ceil(math.log2(max(2, world)))
+
     def gather_cost() -> float:  # per case: every rank's per-iteration times to rank 0 (a tree: log2 world hops)
-        return math.ceil(math.log2(max(2, world))) * a.inter_latency_s + world * sizes.iters * 8 / (a.nic_gbs * 1e9)
+        return hops * a.inter_latency_s + world * sizes.iters * 8 / (a.nic_gbs * 1e9)
+
+    barrier_s = 2 * hops * a.inter_latency_s  # a world barrier: up and down a tree (before each timed pairs exchange)
 
     if "compute" in checks:
         flops = 2 * sizes.gemm_n**3
@@ -147,10 +151,12 @@ def simulate(
         # The world ring crosses the network once per node: bus bandwidth bounded by the NIC, a latency per rank.
         est.phases.append(Phase("inter (world)", cases, comm_phase(world, a.nic_gbs, a.inter_latency_s)))
     if "pairs" in checks and nnodes > 1:
-        per_round = reps * (sizes.pair_bytes / (a.nic_gbs * 1e9) + a.inter_latency_s) + gather_cost()
+        per_round = reps * (sizes.pair_bytes / (a.nic_gbs * 1e9) + a.inter_latency_s) + sizes.iters * barrier_s
+        per_round += gather_cost()
         est.phases.append(Phase("pairs (n−1 rounds)", nnodes - 1, (nnodes - 1) * per_round))
     if gpu_pairs and gpus_per_node > 1:
-        per_round = reps * (sizes.pair_bytes / (a.intra_gbs * 1e9) + a.intra_latency_s) + gather_cost()
+        per_round = reps * (sizes.pair_bytes / (a.intra_gbs * 1e9) + a.intra_latency_s) + sizes.iters * barrier_s
+        per_round += gather_cost()
         est.phases.append(Phase("GPU pairs (g−1 rounds)", gpus_per_node - 1, (gpus_per_node - 1) * per_round))
     if setups:
         est.phases.append(
