@@ -124,7 +124,8 @@ def test_simulated_schedule_grows_linearly_in_rounds():
     sizes = Sizes.default(gpu=True, quick=False)
     est = {n: simulate(n, 8, sizes) for n in (2, 16, 128, 1024)}
     pairs = {n: next(p for p in e.phases if p.name.startswith("pairs")) for n, e in est.items()}
-    assert [pairs[n].rounds for n in est] == [1, 15, 127, 1023]
+    assert [pairs[n].rounds for n in est] == [2, 16, 128, 1024]  # n − 1 shifts; the shift n/2 in two halves
+    assert next(p for p in simulate(5, 8, sizes).phases if p.name.startswith("pairs")).rounds == 4  # odd: no halves
     assert est[1024].seconds < 1024 / 16 * est[16].seconds  # O(n), with fixed parts: far below O(n²)
 
 
@@ -132,6 +133,7 @@ def test_plan_and_bad_input_are_one_line(run, tmp_path):
     proc = run("opbench", "cluster", "--plan", "2,16,128,1024", "--nproc-per-node", "8")
     assert proc.returncode == 0 and "simulated, not measured" in proc.stdout
     assert [ln.split()[0] for ln in proc.stdout.splitlines()[4:]] == ["2", "16", "128", "1024"]
+    assert {len(ln.split()) for ln in proc.stdout.splitlines()[4:]} == {11}  # every phase has its number
     bad = tmp_path / "x.json"
     bad.write_text("{")
     for argv, needle in (
@@ -228,6 +230,27 @@ def test_two_nodes_every_check_then_a_slowed_rank_is_named(tmp_path):
     assert (r0, r1) == (0, 0), out0 + err0[-3000:]
     text = (base / "cluster_summary.md").read_text()
     assert "Against the baseline" in text and "| compute | square_192 fp32 | tflops" in text
+
+
+@pytest.mark.slow
+def test_a_slow_link_out_of_one_gpu_is_named_and_nothing_else(tmp_path):
+    """late_send:1 posts rank 1's sends late, its receives on time: in one node of four ranks (--gpu-pairs, a ring
+    of four) exactly the three pairs from node0:1 are slow and named. Measured back to back, or judged by the
+    sender's time alone, the delay would spread to the pairs after it; measured both ways at once, the shift by
+    n/2 would make node0:3 -> node0:1 slow too."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "opbench", "cluster", "--nproc-per-node", "4", "--checks", "pairs", "--gpu-pairs",
+           "--quick", "--timeout", "60", "--outlier-fraction", "0.6", "--outlier-mad", "1",
+           "--report-dir-path", str(out)]  # fmt: skip
+    env = {**ENV, "OPBENCH_FAULTS": "late_send:1:0.05"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=240)
+    assert proc.returncode == 1 and "Cluster check: FAIL" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    pairs = rows(out, "pairs")
+    assert len(pairs) == 12 and len({(r["src"], r["dst"]) for r in pairs}) == 12  # every ordered pair once
+    flagged = sorted((r["src"], r["dst"]) for r in pairs if r["outlier"] == "True")
+    assert flagged == [("node0:1", "node0:0"), ("node0:1", "node0:2"), ("node0:1", "node0:3")], pairs
+    slow = max(float(r["gbs_per_gpu"]) for r in pairs if r["outlier"] == "True")
+    assert slow < 0.2 * min(float(r["gbs_per_gpu"]) for r in pairs if r["outlier"] == "False")
 
 
 @pytest.mark.slow

@@ -95,17 +95,20 @@ def test_torchrun_command_and_flag_removal():
 
 
 def test_faults_parse():
-    faults = Faults.parse("exit:1, hang:2,slow:3:4,corrupt:1,oom:0")
+    faults = Faults.parse("exit:1, hang:2,slow:3:4,corrupt:1,oom:0,late_send:2:0.25")
     assert faults.faults == (
         Fault("exit", 1),
         Fault("hang", 2),
         Fault("slow", 3, 4.0),
         Fault("corrupt", 1),
         Fault("oom", 0),
+        Fault("late_send", 2, seconds=0.25),
     )
     assert faults.corrupts(1) and not faults.corrupts(0)
+    assert faults.send_delay(2) == 0.25 and faults.send_delay(1) == 0.0
     assert not Faults.from_env({}) and Faults.from_env({}).timed(len, 0) is len
-    for bad in ("exit", "exit:x", "slow:1", "slow:1:0.5", "boom:1", "oom:1:2"):
+    bad_values = ("slow:1:inf", "slow:1:nan", "late_send:1", "late_send:1:0", "late_send:1:61", "late_send:1:x")
+    for bad in ("exit", "exit:x", "slow:1", "slow:1:0.5", "boom:1", "oom:1:2", *bad_values):
         with pytest.raises(UsageError, match="OPBENCH_FAULTS"):
             Faults.parse(bad)
 

@@ -19,7 +19,7 @@ from opbench.core.errors import UsageError, run_cli
 from opbench.core.faults import Faults
 
 from .links import parse_override
-from .plan import CHECKS, Sizes, simulate
+from .plan import CHECKS, PAIRS_PHASE, Sizes, simulate
 
 EXAMPLES = """\
 examples:
@@ -210,7 +210,7 @@ _PLAN_COLUMNS = (
     "intra (every node at once)",
     "inter (every rail at once)",
     "inter (world)",
-    "pairs (n−1 rounds)",
+    PAIRS_PHASE,
     "process-group setup",
 )
 _PLAN_HEADERS = ("compute", "memory", "intra", "inter rails", "world", "pairs", "group setup")

@@ -37,7 +37,7 @@ from opbench.gemm.shapes import GemmShape
 
 from . import telemetry
 from .links import LinkPeaks
-from .plan import COMM_COLLECTIVES, Sizes, shift_peers
+from .plan import COMM_COLLECTIVES, Sizes, link_phase, shift_peers
 from .verdict import Finding, Threshold, check_thresholds, judge
 
 CPU_ROUNDS = 3  # interleaved measuring rounds of the CPU ranks (compute, memory)
@@ -530,7 +530,8 @@ class Cluster:
     # -- point to point ------------------------------------------------------------------------------------------
     def _pair_rounds(self, scope: str, rings: list[list[list[int]]], names: list[list[str]]) -> None:
         """Shift rounds over every ring at once: in round r unit i of a ring sends to unit (i + r) mod n and
-        receives from unit (i − r) mod n, the k-th rank of one unit paired with the k-th of the other."""
+        receives from unit (i − r) mod n, the k-th rank of one unit paired with the k-th of the other; the round
+        where 2r = n runs in two halves, one direction each (plan.link_phase)."""
         cfg, s = self.cfg, self.cfg.sizes
         size = s.pair_bytes
         n_rounds = max(len(ring) for ring in rings) - 1
@@ -542,76 +543,16 @@ class Cluster:
         send = torch.ones(count, dtype=self.dtype, device=self.device)
         recv = torch.empty_like(send)
         for r in range(1, n_rounds + 1):
-            peer_to = peer_from = None
-            for ring in rings:
-                n = len(ring)
-                if r >= n:
-                    continue
-                for i, unit in enumerate(ring):
-                    if self.rank in unit:
-                        p = unit.index(self.rank)
-                        to, frm = shift_peers(i, r, n)
-                        dst, src = ring[to], ring[frm]
-                        peer_to = dst[p] if p < len(dst) else None
-                        peer_from = src[p] if p < len(src) else None
-            times: list[float] = []
-            self._collective(f"barrier before {scope} pairs round {r}", self.ranks.barrier)
-            # Every rank starts each timed iteration together (a barrier, which ranks without a peer this round
-            # join too): back to back, a late receive would delay that rank's next send, and one slow link would
-            # pace every pair of its cycle within a few iterations.
-            if peer_to is None and peer_from is None:
-                self._collective(f"{scope} pairs round {r}", partial(self._barriers, s.iters))
-            else:
-                ops = []
-                if peer_to is not None:
-                    ops.append(dist.P2POp(dist.isend, send, peer_to))
-                if peer_from is not None:
-                    ops.append(dist.P2POp(dist.irecv, recv, peer_from))
-
-                def exchange() -> None:
-                    for req in dist.batch_isend_irecv(ops):
-                        req.wait()
-
-                call = cfg.faults.timed(exchange, self.rank, self.device)
-                times = self._collective(
-                    f"{scope} pairs round {r}",
-                    lambda: self._iteration_times(call, s.iters, s.warmup, barrier=self.ranks.barrier),
-                )
-            table = self._gather_times(f"gathering {scope} pair times", times, s.iters)
-            if table is None:
-                continue
-            rows: list[dict[str, Any]] = []
-            for ring, ring_names in zip(rings, names):
-                n = len(ring)
-                if r >= n:
-                    continue
-                for i, unit in enumerate(ring):
-                    to = shift_peers(i, r, n)[0]
-                    dst_unit = ring[to]
-                    senders = unit[: len(dst_unit)]
-                    t = link_time(table, senders, dst_unit[: len(senders)])
-                    gbs = size / t / 1e9
-                    src_name, dst_name = ring_names[i], ring_names[to]
-                    matrix[index[src_name], index[dst_name]] = gbs
-                    rows.append(
-                        {
-                            "scope": scope,
-                            "src": src_name,
-                            "dst": dst_name,
-                            "round": r,
-                            "nranks": len(senders),
-                            "size_bytes": size,
-                            "iters": s.iters,
-                            "time_us": t * 1e6,
-                            "gbs_per_gpu": gbs,
-                            "gbs_total": gbs * len(senders),
-                            "link_peak_gbs": peak,
-                            "pct_of_link_peak": 100.0 * gbs / peak if peak else None,
-                            "status": STATUS_OK,
-                        }
-                    )
-            self.out("pairs").extend(rows)  # as each round completes; judged (and rewritten) after the last
-            self.got.pair_rows.extend(rows)
+            halves = 2 if any(2 * r == len(ring) for ring in rings) else 1
+            for half in range(halves):
+                rows = self._pair_round(scope, rings, names, r, half, send, recv)
+                for row in rows or []:
+                    matrix[index[row["src"]], index[row["dst"]]] = row["gbs_per_gpu"]
+                    row["link_peak_gbs"] = peak
+                    row["pct_of_link_peak"] = 100.0 * row["gbs_per_gpu"] / peak if peak else None
+                if rows is not None:
+                    self.out("pairs").extend(rows)  # as each round completes; judged (and rewritten) after the last
+                    self.got.pair_rows.extend(rows)
         del send, recv
         if self.ranks.is_main:
             self.got.pairs[(scope, size)] = matrix
@@ -631,6 +572,92 @@ class Cluster:
                     f"pairs    {scope} {size} B: {len(mine)} pairs in {n_rounds} rounds, median {np.median(ok):.4g} GB/s per GPU, "
                     f"lowest {worst['src']} -> {worst['dst']} {worst['gbs_per_gpu']:.4g}"
                 )
+
+    def _pair_round(
+        self,
+        scope: str,
+        rings: list[list[list[int]]],
+        names: list[list[str]],
+        r: int,
+        half: int,
+        send: torch.Tensor,
+        recv: torch.Tensor,
+    ) -> list[dict[str, Any]] | None:
+        """One shift (or one half of it, plan.link_phase) on every rank; its rows on rank 0, None elsewhere."""
+        s = self.cfg.sizes
+        peer_to = peer_from = None
+        for ring in rings:
+            n = len(ring)
+            if r >= n:
+                continue
+            for i, unit in enumerate(ring):
+                if self.rank in unit:
+                    p = unit.index(self.rank)
+                    to, frm = shift_peers(i, r, n)
+                    dst, src = ring[to], ring[frm]
+                    if link_phase(i, r, n) == half:
+                        peer_to = dst[p] if p < len(dst) else None
+                    if link_phase(frm, r, n) == half:
+                        peer_from = src[p] if p < len(src) else None
+        what = f"{scope} pairs round {r}" + (f" half {half + 1}" if half or any(2 * r == len(g) for g in rings) else "")
+        times: list[float] = []
+        self._collective(f"barrier before {what}", self.ranks.barrier)
+        # Every rank starts each timed iteration together (a barrier, which ranks without a peer this round
+        # join too): back to back, a late receive would delay that rank's next send, and one slow link would
+        # pace every pair of its cycle within a few iterations.
+        if peer_to is None and peer_from is None:
+            self._collective(what, partial(self._barriers, s.iters))
+        else:
+            sends = [dist.P2POp(dist.isend, send, peer_to)] if peer_to is not None else []
+            recvs = [dist.P2POp(dist.irecv, recv, peer_from)] if peer_from is not None else []
+            late = self.cfg.faults.send_delay(self.rank)
+
+            def exchange() -> None:
+                if late and sends:  # fault injection: a slow link out of this rank (receives posted on time)
+                    reqs = dist.batch_isend_irecv(recvs) if recvs else []
+                    time.sleep(late)
+                    reqs += dist.batch_isend_irecv(sends)
+                else:
+                    reqs = dist.batch_isend_irecv(sends + recvs)
+                for req in reqs:
+                    req.wait()
+
+            call = self.cfg.faults.timed(exchange, self.rank, self.device)
+            times = self._collective(
+                what, lambda: self._iteration_times(call, s.iters, s.warmup, barrier=self.ranks.barrier)
+            )
+        table = self._gather_times(f"gathering {scope} pair times", times, s.iters)
+        if table is None:
+            return None
+        rows: list[dict[str, Any]] = []
+        for ring, ring_names in zip(rings, names):
+            n = len(ring)
+            if r >= n:
+                continue
+            for i, unit in enumerate(ring):
+                if link_phase(i, r, n) != half:
+                    continue
+                to = shift_peers(i, r, n)[0]
+                dst_unit = ring[to]
+                senders = unit[: len(dst_unit)]
+                t = link_time(table, senders, dst_unit[: len(senders)])
+                gbs = s.pair_bytes / t / 1e9
+                rows.append(
+                    {
+                        "scope": scope,
+                        "src": ring_names[i],
+                        "dst": ring_names[to],
+                        "round": r,
+                        "nranks": len(senders),
+                        "size_bytes": s.pair_bytes,
+                        "iters": s.iters,
+                        "time_us": t * 1e6,
+                        "gbs_per_gpu": gbs,
+                        "gbs_total": gbs * len(senders),
+                        "status": STATUS_OK,
+                    }
+                )
+        return rows
 
     def pairs(self) -> None:
         if len(self.nodes) < 2:

@@ -7,7 +7,8 @@ The schedule (docs/cluster.md, "Schedule") keeps the cost of n nodes at O(n) col
 3. inter: one group per local GPU index ("rail": GPU g of every node), all rails at once; then the world;
 4. pairs: n − 1 rounds; in round r node i sends to node (i + r) mod n and receives from node (i − r) mod n, with
    every GPU of the node driving its own stream, so every ordered node pair is measured once and all pairs of a
-   round run concurrently. ``--gpu-pairs`` adds the same inside each node over GPU indices.
+   round run concurrently; with an even n the round r = n/2 runs in two halves, one direction each
+   (``link_phase``). ``--gpu-pairs`` adds the same inside each node over GPU indices.
 
 ``simulate`` estimates the wall time of that schedule from stated link speeds and latencies; it is an estimate
 (labelled so wherever it is printed), for sizes no test machine can run.
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 CHECKS = ("compute", "memory", "intra", "inter", "pairs")
+PAIRS_PHASE = "pairs (n−1 shifts)"  # the --plan table's "pairs" column (cluster.__main__)
 COMM_COLLECTIVES = ("all_reduce", "all_gather")
 
 
@@ -49,6 +51,14 @@ class Sizes:
 def shift_peers(i: int, r: int, n: int) -> tuple[int, int]:
     """In round r member i sends to (i + r) mod n and receives from (i − r) mod n: (to, from)."""
     return (i + r) % n, (i - r) % n
+
+
+def link_phase(i: int, r: int, n: int) -> int:
+    """The half of round r in which member i's link to (i + r) mod n is measured. Where 2r = n the round pairs
+    members both ways (i ↔ i + n/2): measured at once, a slow direction could not be told from the other on the
+    same two ranks, so the first half of the members sends in phase 0 and the second half in phase 1; every
+    other round runs whole in phase 0."""
+    return 1 if 2 * r == n and i >= n // 2 else 0
 
 
 def shift_rounds(n: int) -> list[list[tuple[int, int]]]:
@@ -150,14 +160,19 @@ def simulate(
         est.phases.append(Phase("inter (every rail at once)", cases, comm_phase(nnodes, a.nic_gbs, a.inter_latency_s)))
         # The world ring crosses the network once per node: bus bandwidth bounded by the NIC, a latency per rank.
         est.phases.append(Phase("inter (world)", cases, comm_phase(world, a.nic_gbs, a.inter_latency_s)))
+
+    def pair_rounds(n: int) -> int:  # n − 1 shifts; with an even n the shift n/2 runs one direction at a time
+        return n - 1 + (n % 2 == 0)
+
     if "pairs" in checks and nnodes > 1:
         per_round = reps * (sizes.pair_bytes / (a.nic_gbs * 1e9) + a.inter_latency_s) + sizes.iters * barrier_s
         per_round += gather_cost()
-        est.phases.append(Phase("pairs (n−1 rounds)", nnodes - 1, (nnodes - 1) * per_round))
+        est.phases.append(Phase(PAIRS_PHASE, pair_rounds(nnodes), pair_rounds(nnodes) * per_round))
     if gpu_pairs and gpus_per_node > 1:
         per_round = reps * (sizes.pair_bytes / (a.intra_gbs * 1e9) + a.intra_latency_s) + sizes.iters * barrier_s
         per_round += gather_cost()
-        est.phases.append(Phase("GPU pairs (g−1 rounds)", gpus_per_node - 1, (gpus_per_node - 1) * per_round))
+        g = pair_rounds(gpus_per_node)
+        est.phases.append(Phase("GPU pairs (g−1 shifts)", g, g * per_round))
     if setups:
         est.phases.append(
             Phase("process-group setup", setups, setups * (a.group_setup_s + nnodes * a.group_setup_per_node_s))

@@ -11,10 +11,12 @@ the user's own tooling around it — catches a bad rank. One environment variabl
 ``corrupt:R``   rank R damages its data: comm adds 1 to its first send element before a checked call; ckpt
                 flips a byte of what rank R saved before it is loaded
 ``oom:R``       rank R fails to allocate its first case, as an out-of-memory error
+``late_send:R:S`` rank R posts each point-to-point send of the cluster pairs check S seconds late, its receives
+                on time: a slow link out of rank R
 ==============  ==============================================================================================
 
-The benchmarks ask this module at four named points (``prepare``, ``before_timing``, ``timed`` and
-``corrupts``); no measurement function contains fault code. docs/faults.md shows each fault's effect.
+The benchmarks ask this module at five named points (``prepare``, ``before_timing``, ``timed``, ``corrupts``
+and ``send_delay``); no measurement function contains fault code. docs/faults.md shows each fault's effect.
 """
 
 from __future__ import annotations
@@ -29,8 +31,22 @@ from typing import Any
 from .errors import UsageError
 
 ENV_VAR = "OPBENCH_FAULTS"
-KINDS = ("exit", "hang", "slow", "corrupt", "oom")
-_SYNTAX = "expected a comma-separated list of exit:RANK, hang:RANK, slow:RANK:FACTOR, corrupt:RANK, oom:RANK"
+KINDS = ("exit", "hang", "slow", "corrupt", "oom", "late_send")
+_WITH_VALUE = ("slow", "late_send")  # kinds with a third field
+_SYNTAX = (
+    "expected a comma-separated list of exit:RANK, hang:RANK, slow:RANK:FACTOR, corrupt:RANK, oom:RANK, "
+    "late_send:RANK:SECONDS"
+)
+
+
+def _number(item: str, text: str, name: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"'{item}': {name} must be a number", field=ENV_VAR) from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise UsageError(f"'{item}': {name} must be a finite number", field=ENV_VAR)
+    return value
 
 
 class InjectedOOM(MemoryError):
@@ -41,7 +57,8 @@ class InjectedOOM(MemoryError):
 class Fault:
     kind: str
     rank: int
-    factor: float = 1.0
+    factor: float = 1.0  # slow
+    seconds: float = 0.0  # late_send
 
 
 @dataclass
@@ -59,17 +76,18 @@ class Faults:
                 continue
             parts = item.split(":")
             kind = parts[0]
-            if kind not in KINDS or len(parts) != (3 if kind == "slow" else 2) or not parts[1].isdigit():
+            if kind not in KINDS or len(parts) != (3 if kind in _WITH_VALUE else 2) or not parts[1].isdigit():
                 raise UsageError(f"'{item}': {_SYNTAX}", field=ENV_VAR)
-            factor = 1.0
+            factor, seconds = 1.0, 0.0
             if kind == "slow":
-                try:
-                    factor = float(parts[2])
-                except ValueError:
-                    raise UsageError(f"'{item}': FACTOR must be a number", field=ENV_VAR) from None
+                factor = _number(item, parts[2], "FACTOR")
                 if not factor >= 1:
                     raise UsageError(f"'{item}': FACTOR must be at least 1", field=ENV_VAR)
-            found.append(Fault(kind, int(parts[1]), factor))
+            if kind == "late_send":
+                seconds = _number(item, parts[2], "SECONDS")
+                if not 0 < seconds <= 60:
+                    raise UsageError(f"'{item}': SECONDS must be above 0 and at most 60", field=ENV_VAR)
+            found.append(Fault(kind, int(parts[1]), factor, seconds))
         return cls(tuple(found))
 
     @classmethod
@@ -116,6 +134,11 @@ class Faults:
     def corrupts(self, rank: int) -> bool:
         """Whether this rank should damage its data (every checked call / every saved checkpoint)."""
         return self._mine("corrupt", rank) is not None
+
+    def send_delay(self, rank: int) -> float:
+        """Seconds this rank waits before posting each point-to-point send of the pairs check (``late_send``)."""
+        fault = self._mine("late_send", rank)
+        return fault.seconds if fault is not None else 0.0
 
     def timed(self, fn: Callable[[], Any], rank: int, device: Any = None) -> Callable[[], Any]:
         """``fn`` itself, or for a ``slow`` rank a call that takes FACTOR times as long."""
