@@ -229,6 +229,32 @@ def test_ctrl_c_keeps_finished_rows(tmp_path):
     assert all(r["status"] == "ok" and float(r["time_s"]) > 0 for r in rows)
 
 
+def test_triton_matmul_compiles_for_gpu_targets_and_fp32_stays_fp32():
+    """The interpreter does no type checking: compile the matmul for an H100 (sm90) and an MI300X (gfx942) with
+    Triton's own compilers (no GPU needed). fp32 must be real fp32 FMAs, as torch.mm computes it: tl.dot's
+    default would use TF32 tensor-core MMAs on NVIDIA."""
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from opbench.gemm.triton_matmul import _matmul_kernel
+
+    fn = _matmul_kernel.fn
+
+    def compile_for(backend: str, arch: int | str, dtype: str, ieee: bool):
+        consts = {"IEEE_FP32": ieee, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8}
+        sig = {n: "constexpr" if n in consts else f"*{dtype}" if n.endswith("_ptr") else "i32" for n in fn.arg_names}
+        src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+        target = GPUTarget(backend, arch, 32 if backend == "cuda" else 64)
+        return triton.compile(src, target=target, options={"num_warps": 4, "num_stages": 3})
+
+    ieee = compile_for("cuda", 90, "fp32", True).asm["ptx"]
+    assert "fma.rn.f32" in ieee and "tf32" not in ieee and "mma" not in ieee
+    assert "tf32" in compile_for("cuda", 90, "fp32", False).asm["ptx"]  # what the flag avoids
+    assert "mfma" in compile_for("hip", "gfx942", "bf16", False).asm["amdgcn"]
+
+
 def test_triton_kernel_under_interpreter(tmp_path):
     code = """
 import torch

@@ -160,11 +160,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.max_seqlen is not None and args.max_seqlen < 0:
         raise UsageError(f"must not be negative, got {args.max_seqlen}", field="--max-seqlen")
     shapes = resolve_shapes(args)
-    from opbench.core.device import default_dtype_name, device_info, resolve_device
+    from opbench.core.device import default_dtype_name, device_info, use_device
 
     from .runner import AttentionCase, ProblemCache, run_case
 
-    device = resolve_device(args.device)
+    device = use_device(args.device)
     info = device_info(device)
     dtype = args.dtype or default_dtype_name(device)
     timing = timing_config(args)

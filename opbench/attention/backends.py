@@ -209,7 +209,7 @@ def _build_triton(shape: AttentionShape, device: torch.device, dtype: str) -> Pr
             untimed_reason="triton interpreter on CPU: checked against "
             "the reference, not timed (numpy emulation says nothing about kernel speed)",
         )
-    return Prepared(fn, "fp32 tl.dot uses TF32" if dtype == "fp32" else "")
+    return Prepared(fn, "fp32: tl.dot at its default precision, TF32 on NVIDIA" if dtype == "fp32" else "")
 
 
 BACKENDS: dict[str, Backend] = {

@@ -96,6 +96,15 @@ def resolve_device(spec: str | None = None, local_rank: int | None = None) -> to
     return dev
 
 
+def use_device(spec: str | None = None, local_rank: int | None = None) -> torch.device:
+    """resolve_device, made this process's current device: CUDA events, streams, torch.cuda._sleep and Triton
+    launches use the current device, so timing a GEMM on cuda:1 while cuda:0 is current would time nothing."""
+    dev = resolve_device(spec, local_rank)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    return dev
+
+
 def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:

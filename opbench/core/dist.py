@@ -441,14 +441,9 @@ def without_flag(argv: Sequence[str], flag: str) -> list[str]:
 # -- devices and the process group ----------------------------------------------------------------------------
 def local_device(spec: str | None, local_rank: int) -> torch.device:
     """This rank's device by the one LOCAL_RANK rule (``core.device.resolve_device``), made current."""
-    import torch
+    from .device import use_device
 
-    from .device import resolve_device
-
-    dev = resolve_device(spec, local_rank)
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)
-    return dev
+    return use_device(spec, local_rank)
 
 
 def check_one_gpu_per_rank(local_world_size: str | None, gpus: int) -> None:

@@ -152,11 +152,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             for cfg in configs
         ]
 
-    from opbench.core.device import default_dtype_name, device_info, resolve_device
+    from opbench.core.device import default_dtype_name, device_info, use_device
 
     from .runner import run_case
 
-    device = resolve_device(args.device)
+    device = use_device(args.device)
     info = device_info(device)
     dtype = args.dtype or default_dtype_name(device)
     timing = timing_config(args)

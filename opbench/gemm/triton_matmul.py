@@ -56,6 +56,7 @@ def _matmul_kernel(
     stride_cg,
     stride_cm,
     stride_cn,
+    IEEE_FP32: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -82,7 +83,10 @@ def _matmul_kernel(
         k_mask = (k0 + offs_k) < K
         a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & k_mask[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=k_mask[:, None] & (offs_n[None, :] < N), other=0.0)
-        acc = tl.dot(a, b, acc)
+        if IEEE_FP32:  # fp32 as torch.mm computes it; tl.dot's default for fp32 is TF32 on NVIDIA (not on AMD)
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
     c_ptrs = c_ptr + g * stride_cg + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
@@ -123,5 +127,6 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) ->
         c3.stride(0),
         c3.stride(1),
         c3.stride(2),
+        IEEE_FP32=a.dtype == torch.float32,
     )
     return out

@@ -50,13 +50,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Faults.from_env()  # a bad OPBENCH_FAULTS is the user's mistake, not a broken backend in the table
 
-    from opbench.core.device import default_dtype_name, resolve_device
+    from opbench.core.device import default_dtype_name, use_device
     from opbench.core.results import CsvReport, environment, summary_table
     from opbench.core.timing import TimingConfig
 
     from . import checks
 
-    device = resolve_device(args.device)
+    device = use_device(args.device)
     dtype = args.dtype or default_dtype_name(device)
     timing = TimingConfig.quick()
     path = cli.output_csv(args, CSV_NAME)
