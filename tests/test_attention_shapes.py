@@ -45,6 +45,9 @@ def test_flops_causal_unequal_lengths_bottom_right():
     # equal lengths: convention (0 + s)/2 vs counted (s+1)/2
     assert visible_kv(4096, 4096, True) == 2048
     assert visible_kv(100, 300, False) == 300
+    # more queries than keys: the first 1536 of 2048 rows see nothing, the last 512 a triangle (counted: 64.1)
+    assert visible_kv(2048, 512, True) == 512 * 512 / 2 / 2048 == 64
+    assert brute_force_visible(2048, 512) == pytest.approx(64.125)
 
 
 def test_gqa_does_not_change_flops():

@@ -10,10 +10,14 @@ PASS_MULTIPLIER = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
 
 def visible_kv(seqlen_q: int, seqlen_kv: int, causal: bool) -> float:
     """Average keys one query row attends to. Causal is aligned bottom-right (flash-attn): the convention's
-    (max(0, seqlen_kv − seqlen_q) + seqlen_kv) / 2, i.e. the mean of the first and last row's visible keys."""
+    (max(0, seqlen_kv − seqlen_q) + seqlen_kv) / 2, i.e. the mean of the first and last row's visible keys, for
+    seqlen_q ≤ seqlen_kv. With more queries than keys the first seqlen_q − seqlen_kv rows see none and the rest
+    form a triangle: seqlen_kv² / 2 keys over seqlen_q rows (equal to the above at seqlen_q = seqlen_kv)."""
     if not causal:
         return float(seqlen_kv)
-    return (max(0, seqlen_kv - seqlen_q) + seqlen_kv) / 2
+    if seqlen_q > seqlen_kv:
+        return seqlen_kv * seqlen_kv / (2 * seqlen_q)
+    return (seqlen_kv - seqlen_q + seqlen_kv) / 2
 
 
 def attention_flops(shape: AttentionShape, batch_size: int, pass_: str = "fwd") -> float:
