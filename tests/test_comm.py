@@ -336,3 +336,24 @@ def test_dry_run_plans_every_mbs_with_nccl_tests_lines(run):
     assert ar[0].split()[1:3] == ["67108864", "33554432"] and ar[1].split()[1:3] == ["134217728", "67108864"]
     assert "./build/all_reduce_perf -b 67108864 -e 67108864 -d bfloat16 -o sum -n 20 -w 5 -g 2" in r.stdout
     assert "./build/all_reduce_perf -b 134217728 -e 134217728 -d bfloat16 -o sum -n 20 -w 5 -g 2" in r.stdout
+
+
+def test_fp8_on_gloo_is_unsupported_not_an_error():
+    """gloo has no fp8 type: every fp8 collective on a CPU is a row with status unsupported and the reason, as a
+    backend without the kernel is elsewhere (it used to be status error, 'Invalid scalar type')."""
+    from opbench.comm.bench import Bench, RunConfig
+    from opbench.comm.sizes import CommCase
+    from opbench.core import dist
+
+    ranks = dist.Ranks.join(dist.single(), "cpu", 30)
+    try:
+        bench = Bench(RunConfig(iters=1, warmup=0, trials=1), ranks)
+        for name in ("all_reduce", "all_gather"):
+            row = bench.run_variant(CommCase(name, 1024, "fp8", "test"), OPS[name], False)
+            assert row["status"] == "unsupported" and row["error"].endswith(
+                "gloo has no fp8 type (NCCL/RCCL move fp8 on GPUs)"
+            )
+        row = bench.run_variant(CommCase("all_reduce", 1024, "bf16", "test"), OPS["all_reduce"], True)
+        assert row["status"] == "ok"
+    finally:
+        ranks.stop()

@@ -285,6 +285,7 @@ def test_slurm_environment_without_torchrun(tmp_path):
             "--p2p-mode",
             "pingpong",
             "--blocking",
+            "--per-rank",
             "--report-dir-path",
             str(tmp_path / f"rank{rank}"),
             *QUICK,
@@ -299,6 +300,8 @@ def test_slurm_environment_without_torchrun(tmp_path):
     (p2p,) = rows(tmp_path / "rank0", "send_recv")
     assert (p2p["pattern"], p2p["count"], p2p["wrong"]) == ("pingpong", "256", "0")
     assert_nccl_tests_numbers(p2p, 2)
+    # per-call times are one-way like time_us (a ping-pong iteration is a round trip, halved for both)
+    assert 0 < float(p2p["slowest_p50_us"]) < 1.5 * float(p2p["time_us_max"]), p2p
     assert not (tmp_path / "rank1").exists()
 
 
