@@ -42,6 +42,7 @@ from opbench.core.sweep import (
     classify_failure,
     release_memory,
 )
+from opbench.core.timing import hold_stream
 
 from .ops import OPS, Buffers, CommOp, Ctx, all_gather_fn, corrupt, count_wrong, fill_for_check
 from .schema import SCHEMA
@@ -68,12 +69,24 @@ class RunConfig:
     per_rank: bool = False  # keep every call's time on every rank: who was slowest (core.rankstats)
 
 
-def timed_loop(call, iters: int, device: torch.device, blocking: bool, per_call: list[float] | None = None) -> float:
-    """Seconds per iteration of ``iters`` back-to-back calls, measured on the device stream. With ``per_call``,
-    each call's own time is appended to it too (an event, or a clock reading, between calls: the loop stays
-    back to back)."""
+def timed_loop(
+    call,
+    iters: int,
+    device: torch.device,
+    blocking: bool,
+    per_call: list[float] | None = None,
+    hold_s: float = 0.0,
+) -> tuple[float, float]:
+    """(seconds per iteration of ``iters`` back-to-back calls measured on the device stream, the host's seconds
+    per call spent issuing them). With ``per_call``, each call's own time is appended to it too (an event, or a
+    clock reading, between calls: the loop stays back to back). On a GPU ``hold_s`` keeps the stream busy while
+    the host queues the calls, so a small message is timed at NCCL's pace, not at the rate Python issues calls
+    (nccl-tests issues from C); -z (``blocking``) waits for each call instead."""
     if device.type == "cuda":
         marks = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1 if per_call is not None else 2)]
+        if not blocking:
+            hold_stream(device, hold_s)
+        issued = time.perf_counter()
         marks[0].record()
         for i in range(iters):
             call()
@@ -82,22 +95,23 @@ def timed_loop(call, iters: int, device: torch.device, blocking: bool, per_call:
             if per_call is not None:
                 marks[i + 1].record()
         marks[-1].record()
+        host_s = (time.perf_counter() - issued) / iters
         marks[-1].synchronize()
         if per_call is not None:
             per_call += [a.elapsed_time(b) / 1e3 for a, b in zip(marks, marks[1:])]
-        return marks[0].elapsed_time(marks[-1]) / 1e3 / iters
+        return marks[0].elapsed_time(marks[-1]) / 1e3 / iters, host_s
     clock = time.perf_counter_ns
     t0 = clock()
     if per_call is None:
         for _ in range(iters):
             call()  # gloo calls return when the data has arrived
-        return (clock() - t0) / 1e9 / iters
+        return (clock() - t0) / 1e9 / iters, 0.0
     stamps = [t0]
     for _ in range(iters):
         call()
         stamps.append(clock())
     per_call += [(b - a) / 1e9 for a, b in zip(stamps, stamps[1:])]
-    return (stamps[-1] - t0) / 1e9 / iters
+    return (stamps[-1] - t0) / 1e9 / iters, 0.0
 
 
 class Bench:
@@ -143,14 +157,21 @@ class Bench:
     # -- one case ------------------------------------------------------------------------------------------
     def _time(self, call) -> list[float]:
         cfg = self.cfg
+        start = time.perf_counter()
         for _ in range(cfg.warmup):
             call()
+        host_s = (time.perf_counter() - start) / max(1, cfg.warmup)  # bounds the issue time from above
+        device_s = 0.0  # unknown before the first trial: hold for all of it
         synchronize(self.device)
         times = []
         self._per_call = [] if cfg.per_rank else None
         for _ in range(cfg.trials):
+            # hold only for the host's lag behind the GPU, as the timing harness does (core.timing.measure)
+            lag = host_s - device_s
+            hold_s = 1.25 * lag * cfg.iters + 2e-4 if lag > 0 else 0.0
             dist.barrier()
-            times.append(timed_loop(call, cfg.iters, self.device, cfg.blocking, self._per_call))
+            device_s, host_s = timed_loop(call, cfg.iters, self.device, cfg.blocking, self._per_call, hold_s)
+            times.append(device_s)
         return times
 
     def _check(self, op: CommOp, ctx: Ctx, bufs: Buffers) -> int:

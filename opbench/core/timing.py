@@ -131,8 +131,9 @@ def _sleep_cycles_per_s(device: torch.device) -> float | None:
     return _sleep_rate[index]
 
 
-def _hold_stream(device: torch.device, seconds: float) -> None:
-    """Keep the GPU busy for ``seconds`` so the host can enqueue a batch ahead of it."""
+def hold_stream(device: torch.device, seconds: float) -> None:
+    """Keep the GPU busy for ``seconds`` (at most MAX_HOLD_S) so the host can enqueue a batch ahead of it; does
+    nothing where the sleep kernel's rate is unknown."""
     import torch
 
     rate = _sleep_cycles_per_s(device)
@@ -157,7 +158,7 @@ def _run_batch(
     if device.type == "cuda":
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-        _hold_stream(device, hold_s)
+        hold_stream(device, hold_s)
         t0 = time.perf_counter()
         for i in range(n):
             starts[i].record()
