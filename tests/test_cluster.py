@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -118,6 +119,67 @@ def test_telemetry_decodes_nvml_reasons_and_never_fails_on_a_cpu():
     assert decode_nvml_reasons(0x4 | 0x40 | 0x1000) == ["sw_power_cap", "hw_thermal_slowdown", "other=0x1000"]
     r = read("cpu")
     assert r.error == "no GPU" and r.as_row()["sm_clock_mhz"] is None
+
+
+class _Enum:
+    GFX, MEM, HOTSPOT, CURRENT = "gfx", "mem", "hotspot", "current"
+
+
+def _fake_amdsmi(power: dict, violations: dict | None, throttle_status: object = None) -> types.ModuleType:
+    """Stands in for amdsmi with the shapes its Python interface documents and returns: dicts whose unreported
+    values are the string "N/A", and the violation status's active_* flags as True/False/"N/A"."""
+    m = types.ModuleType("amdsmi")
+    m.AmdSmiClkType = m.AmdSmiTemperatureType = m.AmdSmiTemperatureMetric = _Enum
+    m.amdsmi_init = m.amdsmi_shut_down = lambda: None
+    m.amdsmi_get_processor_handles = lambda: ["h0"]
+    m.amdsmi_get_gpu_device_bdf = lambda h: "0000:1B:00.0"
+    m.amdsmi_get_clock_info = lambda h, kind: {"clk": 2100 if kind == "gfx" else "N/A"}
+    m.amdsmi_get_temp_metric = lambda h, kind, metric: 61
+    m.amdsmi_get_power_info = lambda h: power
+    if violations is not None:
+        m.amdsmi_get_violation_status = lambda h: violations
+    m.amdsmi_get_gpu_metrics_info = lambda h: {"throttle_status": throttle_status}
+    return m
+
+
+def test_amd_smi_readings_keep_what_is_reported_and_flag_thermal_limits(monkeypatch):
+    power = {"current_socket_power": 712, "average_socket_power": "N/A", "power_limit": 750000000}
+    active = {"active_ppt_pwr": True, "active_hbm_thrm": True, "active_socket_thrm": False, "active_vr_thrm": "N/A"}
+    monkeypatch.setitem(sys.modules, "amdsmi", _fake_amdsmi(power, active))
+    r = read("rocm", pci_bus_id="0000:1b:00.0")
+    assert (r.error, r.sm_clock_mhz, r.mem_clock_mhz, r.temperature_c) == ("", 2100.0, None, 61.0)
+    assert (r.power_w, r.power_limit_w) == (712.0, 750.0)  # "N/A" average ignored; the limit in µW
+    assert r.throttle == ["hbm_thermal", "ppt_power_cap"] and r.flagged == ["hbm_thermal"]  # power cap: not flagged
+    older = {"current_socket_power": "N/A", "average_socket_power": 300, "power_limit": "N/A"}
+    monkeypatch.setitem(sys.modules, "amdsmi", _fake_amdsmi(older, None, throttle_status=True))
+    r = read("rocm", pci_bus_id="0000:1B:00.0")
+    assert (r.error, r.power_w, r.power_limit_w, r.flagged) == ("", 300.0, None, ["amd_throttle"])
+
+
+def test_nvml_falls_back_to_the_bus_id_when_the_uuid_is_unknown(monkeypatch):
+    """A MIG instance's UUID is not one NVML's device lookup knows; its bus id gives the parent GPU."""
+
+    class NVMLError(Exception):
+        pass
+
+    def by_uuid(uuid):
+        raise NVMLError("Not Found")
+
+    m = types.ModuleType("pynvml")
+    m.NVMLError = NVMLError
+    m.nvmlInit = m.nvmlShutdown = lambda: None
+    m.nvmlDeviceGetHandleByUUID = by_uuid
+    m.nvmlDeviceGetHandleByPciBusId = lambda bus: f"parent of {bus}"
+    m.NVML_CLOCK_SM, m.NVML_CLOCK_MEM, m.NVML_TEMPERATURE_GPU = 0, 1, 0
+    m.nvmlDeviceGetClockInfo = lambda h, kind: 1980 if kind == 0 else 2619
+    m.nvmlDeviceGetTemperature = lambda h, kind: 55
+    m.nvmlDeviceGetPowerUsage = lambda h: 650000
+    m.nvmlDeviceGetEnforcedPowerLimit = lambda h: 700000
+    m.nvmlDeviceGetCurrentClocksEventReasons = lambda h: 0x4
+    monkeypatch.setitem(sys.modules, "pynvml", m)
+    r = read("cuda", uuid="4a1b", pci_bus_id="00000000:19:00.0", index=0)
+    assert (r.error, r.sm_clock_mhz, r.power_w, r.power_limit_w) == ("", 1980.0, 650.0, 700.0)
+    assert r.throttle == ["sw_power_cap"] and r.flagged == []
 
 
 def test_simulated_schedule_grows_linearly_in_rounds():

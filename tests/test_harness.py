@@ -102,3 +102,24 @@ def test_csv_rows_are_on_disk_as_they_finish(tmp_path):
 def test_schema_rejects_keys_that_are_not_columns():
     with pytest.raises(ValueError, match="not columns"):
         Schema("toy", "Toy", 1, ("a", "b"), keys=("a", "c"), metrics={})
+
+
+def test_peaks_match_the_part_torch_names():
+    from opbench.core.device import lookup_peak
+
+    names = {  # torch.cuda.get_device_name(), as the parts report it
+        "NVIDIA H100 80GB HBM3": 3.35,
+        "NVIDIA H100 PCIe": 2.0,
+        "NVIDIA H100 NVL": 3.9,
+        "NVIDIA H200": 4.8,
+        "NVIDIA H200 NVL": 4.8,
+        "AMD Instinct MI300X": 5.3,
+        "AMD Instinct MI300A": 5.3,
+        "AMD Instinct MI325X": 6.0,
+    }
+    for name, hbm in names.items():
+        peak = lookup_peak(name)
+        assert peak is not None and peak.hbm_tbs == hbm, name
+    assert lookup_peak("NVIDIA H200 NVL").bf16_tflops == 835.0 and lookup_peak("NVIDIA H200").bf16_tflops == 989.0
+    assert lookup_peak("AMD Instinct MI300A").bf16_tflops == 980.6
+    assert lookup_peak("NVIDIA GH200 480GB") is None and lookup_peak("AMD EPYC 9654") is None

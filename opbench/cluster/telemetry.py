@@ -5,8 +5,11 @@
 Throttle reasons are NVML's documented ``nvmlClocksEventReason*`` bits (``nvmlClocksThrottleReason*`` before
 NVML 12). A GPU is *flagged* when a reason that costs performance without being the normal operating point is
 set: hardware slowdown, thermal slowdown (software or hardware) or power-brake. Hitting the software power cap
-is how a loaded H100 normally runs, so it is reported but not flagged. AMD SMI's throttle status is a
-vendor-specific bit field; it is reported as a number and flagged when non-zero.
+is how a loaded H100 normally runs, so it is reported but not flagged. AMD SMI's violation status (MI300 and
+later, ``amdsmi_get_violation_status``) says which limit is active: a thermal one (PROCHOT, socket, voltage
+regulator, HBM) is flagged, the package power cap (PPT) is reported like NVIDIA's power cap. Where it is missing,
+the GPU metrics table's ``throttle_status`` (true/false, or a bit field on older firmware) is reported and flagged
+when set. AMD SMI writes "N/A" for values a part does not report; those stay empty.
 """
 
 from __future__ import annotations
@@ -26,7 +29,26 @@ NVML_REASONS = {
     0x80: "hw_power_brake_slowdown",
     0x100: "display_clock_setting",
 }
-FLAGGED = {"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "amd_throttle"}
+# AMD SMI violation status (amdsmi_get_violation_status): active_* flag -> reported name.
+AMD_VIOLATIONS = {
+    "active_prochot_thrm": "prochot_thermal",
+    "active_socket_thrm": "socket_thermal",
+    "active_vr_thrm": "vr_thermal",
+    "active_hbm_thrm": "hbm_thermal",
+    "active_ppt_pwr": "ppt_power_cap",
+    "active_gfx_clk_below_host_limit": "gfx_clock_below_host_limit",
+}
+FLAGGED = {
+    "hw_slowdown",
+    "sw_thermal_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+    "amd_throttle",
+    "prochot_thermal",
+    "socket_thermal",
+    "vr_thermal",
+    "hbm_thermal",
+}
 
 
 @dataclass
@@ -64,18 +86,41 @@ def decode_nvml_reasons(bits: int) -> list[str]:
     return names + ([f"other=0x{unknown:x}"] if unknown else [])
 
 
+def _number(value: Any) -> float | None:
+    """A reading as a float; None for AMD SMI's "N/A" and anything else that is not a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _nvml_handle(pynvml: Any, uuid: str, pci_bus_id: str, index: int | None) -> Any:
+    """The GPU's NVML handle: by UUID (immune to CUDA_VISIBLE_DEVICES), else by PCI bus id — which also covers a
+    MIG instance, whose UUID NVML's device lookup does not know (the bus id gives its parent GPU, the one whose
+    clocks and power there are) — else by index."""
+    tries = []
+    if uuid:
+        tries.append(
+            lambda: pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
+        )
+    if pci_bus_id:
+        tries.append(lambda: pynvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id))
+    if index is not None:
+        tries.append(lambda: pynvml.nvmlDeviceGetHandleByIndex(index))
+    for i, look_up in enumerate(tries):
+        try:
+            return look_up()
+        except pynvml.NVMLError:
+            if i == len(tries) - 1:
+                raise
+    return None
+
+
 def _nvml(uuid: str, pci_bus_id: str, index: int | None) -> Reading:
     import pynvml  # nvidia-ml-py
 
     pynvml.nvmlInit()
     try:
-        handle = None
-        if uuid:
-            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
-        elif pci_bus_id:
-            handle = pynvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id)
-        elif index is not None:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        handle = _nvml_handle(pynvml, uuid, pci_bus_id, index)
         if handle is None:
             return Reading("nvml", error="no way to find this GPU in NVML (no UUID, bus id or index)")
         r = Reading("nvml")
@@ -103,26 +148,41 @@ def _amdsmi(pci_bus_id: str) -> Reading:
         if handle is None:
             return Reading("amdsmi", error=f"no GPU with bus id {pci_bus_id} in AMD SMI")
         r = Reading("amdsmi")
-        r.sm_clock_mhz = float(amdsmi.amdsmi_get_clock_info(handle, amdsmi.AmdSmiClkType.GFX)["clk"])
-        r.mem_clock_mhz = float(amdsmi.amdsmi_get_clock_info(handle, amdsmi.AmdSmiClkType.MEM)["clk"])
-        r.temperature_c = float(
+        r.sm_clock_mhz = _number(amdsmi.amdsmi_get_clock_info(handle, amdsmi.AmdSmiClkType.GFX).get("clk"))
+        r.mem_clock_mhz = _number(amdsmi.amdsmi_get_clock_info(handle, amdsmi.AmdSmiClkType.MEM).get("clk"))
+        r.temperature_c = _number(
             amdsmi.amdsmi_get_temp_metric(
                 handle, amdsmi.AmdSmiTemperatureType.HOTSPOT, amdsmi.AmdSmiTemperatureMetric.CURRENT
             )
         )
         power = amdsmi.amdsmi_get_power_info(handle)
-        r.power_w = float(power.get("current_socket_power") or power.get("average_socket_power") or 0) or None
-        limit = power.get("power_limit")
-        r.power_limit_w = float(limit) / (1e6 if limit and float(limit) > 1e5 else 1) if limit else None  # µW or W
-        try:
-            status = amdsmi.amdsmi_get_gpu_metrics_info(handle).get("throttle_status")
-        except Exception:  # noqa: BLE001 - older amdsmi / firmware: no metrics table
-            status = None
-        if isinstance(status, int) and status:
-            r.throttle = [f"amd_throttle=0x{status:x}"]
+        watts = [_number(power.get(k)) for k in ("current_socket_power", "average_socket_power")]
+        r.power_w = next((w for w in watts if w), None)  # MI300X reports the current, older parts the average
+        limit = _number(power.get("power_limit"))
+        r.power_limit_w = limit / (1e6 if limit > 1e5 else 1) if limit else None  # µW (hwmon) or W
+        r.throttle = _amd_throttle(amdsmi, handle)
         return r
     finally:
         amdsmi.amdsmi_shut_down()
+
+
+def _amd_throttle(amdsmi: Any, handle: Any) -> list[str]:
+    """Active limits from the violation status; else the metrics table's throttle_status; else nothing."""
+    try:
+        status = amdsmi.amdsmi_get_violation_status(handle)
+    except Exception:  # noqa: BLE001 - older amdsmi (no such call) or a part without it
+        status = None
+    if isinstance(status, dict):
+        return [name for key, name in AMD_VIOLATIONS.items() if status.get(key) is True]
+    try:
+        throttle = amdsmi.amdsmi_get_gpu_metrics_info(handle).get("throttle_status")
+    except Exception:  # noqa: BLE001 - older amdsmi / firmware: no metrics table
+        return []
+    if throttle is True:
+        return ["amd_throttle"]
+    if isinstance(throttle, int) and not isinstance(throttle, bool) and throttle:
+        return [f"amd_throttle=0x{throttle:x}"]
+    return []
 
 
 def read(kind: str, uuid: str = "", pci_bus_id: str = "", index: int | None = None) -> Reading:
