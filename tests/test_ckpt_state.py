@@ -206,3 +206,31 @@ def test_a_reused_async_stager_is_kept_per_state_staged_before_timing_and_unwrap
     finally:
         method.close_stager()
         ranks.stop()
+
+
+def test_a_state_s_pinned_stager_is_closed_before_the_next_state_is_built(tmp_path, monkeypatch):
+    """With two states (--size-mb 1,2) the first state's stager holds it — on a GPU its tensors and a pinned host
+    copy — until closed; it must be closed when its cases end, not kept while the second state is built."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    from opbench.ckpt.__main__ import main
+    from opbench.ckpt.methods import DcpAsync
+
+    events: list[str] = []
+
+    class RecordingStager(DefaultStager):
+        def __init__(self) -> None:
+            super().__init__(StagingOptions(False, False, False, False))
+            self.n = len(events)
+            events.append(f"open {self.n}")
+
+        def close(self) -> None:
+            events.append(f"close {self.n}")
+            super().close()
+
+    monkeypatch.setattr(DcpAsync, "_pinned_stager_class", lambda self, device: RecordingStager)
+    args = ["--size-mb", "1,2", "--methods", "dcp_async", "--no-raw", "--iterations", "1", "--device", "cpu"]
+    args += ["--storage", str(tmp_path / "data"), "--report-dir-path", str(tmp_path / "out")]
+    assert main(args) == 0
+    # per state: the warm-up's tiny state (opened first), then the state; both closed before the next state
+    assert events == ["open 0", "open 1", "close 0", "close 1", "open 4", "open 5", "close 4", "close 5"], events

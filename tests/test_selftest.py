@@ -54,7 +54,7 @@ def test_collectives_on_two_ranks_and_checkpoint_round_trip(tmp_path):
         mine = [r for name, r in comm.items() if name.startswith("gloo ") and coll in name]
         assert mine and all(r["correct"] == "True" and r["max_error"] == "0" for r in mine), (coll, mine)
         assert all(float(r["gbs"]) > 0 for r in mine)
-    for method in ("torch_save", "dcp"):
+    for method in ("torch_save", "dcp", "dcp_async"):
         r = rows[("ckpt", method)]
         assert (r["correct"], r["status"]) == ("True", "ok") and float(r["gbs"]) > 0
 

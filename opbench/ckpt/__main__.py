@@ -208,25 +208,42 @@ def cases_for(state_index: int, storages: list[Storage], methods: list[str], thr
     return cases
 
 
-def check_memory(specs: list[StateSpec], world: int, device_type: str) -> None:
-    """Refuse a state this machine cannot hold (state + one copy: a torch.load result or async staging)."""
-    if device_type != "cpu":
-        return
+def check_memory(specs: list[StateSpec], world: int, device: Any) -> None:
+    """Refuse a state this machine cannot hold: on a CPU the state and one copy (a torch.load result or async
+    staging) in host memory; on a GPU the state and a loaded copy in the GPU's memory, and (the staging copy)
+    the state once more in host memory."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    field = "--model" if any(s.optimizer for s in specs) else "--size-mb"
+    advice = "use --num-layers or a smaller --size-mb"
+    if device.type == "cuda":
+        import torch
+
+        gpu_bytes = torch.cuda.get_device_properties(device).total_memory
+        for spec in specs:
+            need = spec.local_bytes(0, world) * 2
+            if need > 0.9 * gpu_bytes:
+                raise UsageError(
+                    f"state '{spec.label}' needs about {need / 2**30:.1f} GiB on each GPU ({spec.local_bytes(0, world) / 2**30:.2f} "
+                    f"GiB per rank, twice for a loaded copy) but the GPU has {gpu_bytes / 2**30:.1f} GiB; {advice}",
+                    field=field,
+                )
     try:
         with open("/proc/meminfo") as fh:
             avail = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("MemAvailable:"))
     except (OSError, StopIteration):
         return
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    copies = 2 if device.type == "cpu" else 1
     for spec in specs:
-        need = spec.local_bytes(0, world) * local * 2
+        need = spec.local_bytes(0, world) * local * copies
         if need > avail:
+            what = (
+                "twice for load/staging copies" if copies == 2 else "once for staging and loading through host memory"
+            )
             raise UsageError(
                 f"state '{spec.label}' needs about {need / 2**30:.1f} GiB of memory on this node "
-                f"({local} ranks × {spec.local_bytes(0, world) / 2**30:.2f} GiB, twice for "
-                f"load/staging copies) but {avail / 2**30:.1f} GiB is available; use --num-layers or a "
-                "smaller --size-mb",
-                field="--model" if spec.optimizer else "--size-mb",
+                f"({local} ranks × {spec.local_bytes(0, world) / 2**30:.2f} GiB, {what}) but "
+                f"{avail / 2**30:.1f} GiB is available; {advice}",
+                field=field,
             )
 
 
@@ -303,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return dry_run(args, specs, storages, world) if dist_env is None or dist_env.is_main else 0
     from opbench.core.device import resolve_device
 
-    check_memory(specs, world, resolve_device(args.device).type)
+    check_memory(specs, world, resolve_device(args.device))
     if dist_env is None and world > 1:
         # Check the storage here so a typo fails once, cleanly, before any rank starts.
         for storage in storages:
@@ -451,7 +468,12 @@ def _sweep_state(
     def failed(case: Case, status: str, message: str) -> dict[str, Any]:
         return {**base_row(case, state, ranks, run), "status": status, "error": message}
 
-    return run_sweep(cases, measure, failed, report, desc=spec.label)
+    try:
+        return run_sweep(cases, measure, failed, report, desc=spec.label)
+    finally:
+        from .methods import close_stagers
+
+        close_stagers()  # a pinned stager holds its state (and its pinned copy) alive: not into the next state
 
 
 def with_raw_ratios(row: dict[str, Any], raw: dict[str, Any] | None) -> dict[str, Any]:

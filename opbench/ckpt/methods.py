@@ -389,16 +389,21 @@ def get_method(name: str) -> Method:
         raise UsageError(f"unknown method '{name}' (choose from {', '.join(METHODS)})", field="--methods") from None
 
 
+def close_stagers() -> None:
+    """Free every async method's pinned stagers (and the states they hold)."""
+    for method in METHODS.values():
+        if isinstance(method, DcpAsync):
+            method.close_stager()
+
+
 def stop_async_daemon(timeout: float = 60.0) -> None:
     """Stop DCP's checkpoint daemon (process mode) before the process group goes away, and free the pinned
     staging buffers. Every rank asks its own daemon at about the same time, since the daemons leave their gloo
     group together. Private torch state, so any surprise here is ignored."""
-    for method in METHODS.values():
-        if isinstance(method, DcpAsync):
-            try:
-                method.close_stager()
-            except Exception:  # noqa: BLE001
-                pass
+    try:
+        close_stagers()
+    except Exception:  # noqa: BLE001
+        pass
     try:
         from torch.distributed.checkpoint import _async_process_executor as ape
 
