@@ -181,7 +181,7 @@ def torch_dtype(name: str) -> torch.dtype:
     if found is None:
         raise UsageError(f"unknown dtype '{name}' (choose from {', '.join(dtypes.DTYPES)})", field="--dtype")
     if found.name == "fp8" and gpu_backend() == "rocm" and hasattr(torch, "float8_e4m3fnuz"):
-        props = torch.cuda.get_device_properties(0)
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
         if "gfx94" in getattr(props, "gcnArchName", ""):
             return torch.float8_e4m3fnuz
     return getattr(torch, found.torch_name)
