@@ -302,9 +302,11 @@ def test_a_slow_link_out_of_one_gpu_is_named_and_nothing_else(tmp_path):
     n/2 would make node0:3 -> node0:1 slow too."""
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "opbench", "cluster", "--nproc-per-node", "4", "--checks", "pairs", "--gpu-pairs",
-           "--quick", "--timeout", "60", "--outlier-fraction", "0.6", "--outlier-mad", "1",
+           "--quick", "--timeout", "60", "--outlier-fraction", "0.8", "--outlier-mad", "0",
            "--report-dir-path", str(out)]  # fmt: skip
-    env = {**ENV, "OPBENCH_FAULTS": "late_send:1:0.05"}
+    # 0.1 s late against ~1 ms exchanges; named when 80 % below the median (the MAD rule off: on a loaded 2-core
+    # machine the nine normal pairs can scatter over 10x, and the MAD with them)
+    env = {**ENV, "OPBENCH_FAULTS": "late_send:1:0.1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=240)
     assert proc.returncode == 1 and "Cluster check: FAIL" in proc.stdout, proc.stdout + proc.stderr[-3000:]
     pairs = rows(out, "pairs")
@@ -312,7 +314,7 @@ def test_a_slow_link_out_of_one_gpu_is_named_and_nothing_else(tmp_path):
     flagged = sorted((r["src"], r["dst"]) for r in pairs if r["outlier"] == "True")
     assert flagged == [("node0:1", "node0:0"), ("node0:1", "node0:2"), ("node0:1", "node0:3")], pairs
     slow = max(float(r["gbs_per_gpu"]) for r in pairs if r["outlier"] == "True")
-    assert slow < 0.2 * min(float(r["gbs_per_gpu"]) for r in pairs if r["outlier"] == "False")
+    assert slow < 0.25 * min(float(r["gbs_per_gpu"]) for r in pairs if r["outlier"] == "False")
 
 
 @pytest.mark.slow
