@@ -161,11 +161,11 @@ def test_phases_partition_the_save():
 
 
 def test_a_reused_async_stager_is_kept_per_state_staged_before_timing_and_unwrapped(tmp_path):
-    """dcp_async's pinned path (GPU only) reuses one DCP DefaultStager per state. Here the same code runs with a
-    real DefaultStager that does not pin (the CPU has no pinned memory), over two cases on one state: the warm-up's
-    tiny state must not evict the real state's stager (else every case pins the whole state again inside a timed
-    save), prepare() stages the real state once before timing, and each save gives the stager its own stage back
-    (else the timing wrappers nest, one more per save)."""
+    """dcp_async's pinned path (GPU only) reuses one DCP DefaultStager per state and case. Here the same code runs
+    with a real DefaultStager that does not pin (the CPU has no pinned memory), over two cases on one state:
+    prepare() stages the real state after the warm-up and before timing (else the first timed save pins the
+    whole state), the case's saves reuse that stager, each save gives it its own stage back (else the timing
+    wrappers nest, one more per save), and the case's end frees it."""
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
     from opbench.ckpt.methods import DcpAsync
@@ -200,28 +200,30 @@ def test_a_reused_async_stager_is_kept_per_state_staged_before_timing_and_unwrap
             result = run_case(ranks, state, case, str(tmp_path / "data" / name), run, tiny)
             assert not result.problems and len(result.phases) == 3
             assert all(p is not None and p["staging"] is not None for p in result.phases)
-        tiny_stager, state_stager = made  # two stagers for the whole run, not two per case
-        assert tiny_stager.staged == 2 and state_stager.staged == 2 * (1 + 3)  # per case: prepare + 3 saves
+        # per case: the warm-up's stager (its one save), then the state's, staged by prepare and each of 3 saves
+        assert [s.staged for s in made] == [1, 1 + 3, 1, 1 + 3]
         assert all("stage" not in vars(s) for s in made)
+        assert method._stager is None  # freed when each case ended: the pinned copy does not outlive its case
     finally:
         method.close_stager()
         ranks.stop()
 
 
 def test_a_state_s_pinned_stager_is_closed_before_the_next_state_is_built(tmp_path, monkeypatch):
-    """With two states (--size-mb 1,2) the first state's stager holds it — on a GPU its tensors and a pinned host
-    copy — until closed; it must be closed when its cases end, not kept while the second state is built."""
+    """With two states (--size-mb 1,2) a stager holds its state — on a GPU its tensors and a pinned host copy —
+    until closed; it must be closed when its case ends, not kept while later cases or the next state run."""
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
     from opbench.ckpt.__main__ import main
     from opbench.ckpt.methods import DcpAsync
 
     events: list[str] = []
+    opened = iter(range(100))
 
     class RecordingStager(DefaultStager):
         def __init__(self) -> None:
             super().__init__(StagingOptions(False, False, False, False))
-            self.n = len(events)
+            self.n = next(opened)
             events.append(f"open {self.n}")
 
         def close(self) -> None:
@@ -232,5 +234,5 @@ def test_a_state_s_pinned_stager_is_closed_before_the_next_state_is_built(tmp_pa
     args = ["--size-mb", "1,2", "--methods", "dcp_async", "--no-raw", "--iterations", "1", "--device", "cpu"]
     args += ["--storage", str(tmp_path / "data"), "--report-dir-path", str(tmp_path / "out")]
     assert main(args) == 0
-    # per state: the warm-up's tiny state (opened first), then the state; both closed before the next state
-    assert events == ["open 0", "open 1", "close 0", "close 1", "open 4", "open 5", "close 4", "close 5"], events
+    # per state: the warm-up's tiny state's stager, closed when prepare() opens the state's, closed at the case's end
+    assert events == ["open 0", "close 0", "open 1", "close 1", "open 2", "close 2", "open 3", "close 3"], events

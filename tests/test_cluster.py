@@ -180,6 +180,12 @@ def test_nvml_falls_back_to_the_bus_id_when_the_uuid_is_unknown(monkeypatch):
     r = read("cuda", uuid="4a1b", pci_bus_id="00000000:19:00.0", index=0)
     assert (r.error, r.sm_clock_mhz, r.power_w, r.power_limit_w) == ("", 1980.0, 650.0, 700.0)
     assert r.throttle == ["sw_power_cap"] and r.flagged == []
+    # neither known to NVML: an error, not GPU 0 by torch's index (NVML's numbering differs under
+    # CUDA_VISIBLE_DEVICES)
+    m.nvmlDeviceGetHandleByPciBusId = by_uuid
+    m.nvmlDeviceGetHandleByIndex = lambda i: "GPU 0"
+    r = read("cuda", uuid="4a1b", pci_bus_id="00000000:19:00.0", index=0)
+    assert r.sm_clock_mhz is None and "Not Found" in r.error
 
 
 def test_simulated_schedule_grows_linearly_in_rounds():

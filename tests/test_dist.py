@@ -107,7 +107,8 @@ def test_faults_parse():
     assert faults.corrupts(1) and not faults.corrupts(0)
     assert faults.send_delay(2) == 0.25 and faults.send_delay(1) == 0.0
     assert not Faults.from_env({}) and Faults.from_env({}).timed(len, 0) is len
-    bad_values = ("slow:1:inf", "slow:1:nan", "late_send:1", "late_send:1:0", "late_send:1:61", "late_send:1:x")
+    bad_values = ("slow:1:inf", "slow:1:nan", "late_send:1", "late_send:1:0", "late_send:1:61", "late_send:1:x",
+                  "late_send:1:0.1,late_send:2:0.1")  # fmt: skip
     for bad in ("exit", "exit:x", "slow:1", "slow:1:0.5", "boom:1", "oom:1:2", *bad_values):
         with pytest.raises(UsageError, match="OPBENCH_FAULTS"):
             Faults.parse(bad)

@@ -124,6 +124,9 @@ class Method:
         """Untimed set-up that a trainer pays once per job for this state, not per checkpoint (runner.run_case
         calls it after the warm-up)."""
 
+    def finish_case(self) -> None:
+        """Free what prepare() or the saves kept for this case (runner.run_case calls it when the case ends)."""
+
 
 class TorchSave(Method):
     """One file per rank: torch.save of the rank's local tensors, torch.load(weights_only=True) to read them
@@ -278,9 +281,8 @@ class DcpAsync(Dcp):
 
     name = "dcp_async"
     async_type = "thread"
-    # id(state) -> (state, its stager), most recently used last; at most two: the warm-up's tiny state and the
-    # state being measured. Holding the state keeps its id from being reused by a new one.
-    _stagers: dict[int, tuple[ShardedState, Any]]
+    _stager: Any = None
+    _stager_state: ShardedState | None = None  # the state the stager's pinned buffers were made for
 
     def staging(self, device: torch.device) -> str | None:
         return "pinned host memory" if self._pinned_stager_class(device) else "host memory (pageable)"
@@ -301,24 +303,16 @@ class DcpAsync(Dcp):
             )
         )
 
-    def __init__(self) -> None:
-        self._stagers = {}
-
     def _stager_for_state(self, state: ShardedState) -> Any:
-        """One stager per state, so its pinned buffers are allocated once (by ``prepare``, untimed) and reused,
-        as a trainer's would be. Each case warms up on a tiny state and then saves the real one, so both
-        stagers are kept; the least recently used beyond two is closed, and close_stager closes all at the end."""
+        """One stager per state, so its pinned buffers are allocated once (by ``prepare``, untimed) and reused by
+        the case's saves, as a trainer's would be; a new state (the warm-up's tiny one included) gets a new one."""
         make = self._pinned_stager_class(state.device)
         if make is None:
             return None
-        held = self._stagers.pop(id(state), None)
-        if held is None:
-            held = (state, make())
-        self._stagers[id(state)] = held
-        while len(self._stagers) > 2:
-            _, old = self._stagers.pop(next(iter(self._stagers)))
-            old.close()
-        return held[1]
+        if self._stager_state is not state:
+            self.close_stager()
+            self._stager, self._stager_state = make(), state
+        return self._stager
 
     def prepare(self, state: ShardedState) -> None:
         """Stage the state once into its pinned buffers: allocating and registering pinned memory for the
@@ -327,9 +321,14 @@ class DcpAsync(Dcp):
         if stager is not None:
             stager.stage(state.dcp_state_dict())
 
+    def finish_case(self) -> None:
+        """The pinned copy lives only while this method's case runs: later cases (raw, torch_save loads, process
+        mode's staging) make host copies of their own, and the memory check counts one at a time."""
+        self.close_stager()
+
     def close_stager(self) -> None:
-        stagers, self._stagers = self._stagers, {}
-        for _, stager in stagers.values():
+        stager, self._stager, self._stager_state = self._stager, None, None
+        if stager is not None:
             stager.close()
 
     def checkpointer_type(self):

@@ -199,6 +199,7 @@ def run_case(
         state.regenerate()
         raise
     finally:
+        case.method.finish_case()
         if not run.keep:
             _cleanup(ranks, case, case_dir, wait_for_peers=not interrupted)
     return result

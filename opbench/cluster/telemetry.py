@@ -96,7 +96,8 @@ def _number(value: Any) -> float | None:
 def _nvml_handle(pynvml: Any, uuid: str, pci_bus_id: str, index: int | None) -> Any:
     """The GPU's NVML handle: by UUID (immune to CUDA_VISIBLE_DEVICES), else by PCI bus id — which also covers a
     MIG instance, whose UUID NVML's device lookup does not know (the bus id gives its parent GPU, the one whose
-    clocks and power there are) — else by index."""
+    clocks and power there are). By index only when neither is known: torch's index is not NVML's under
+    CUDA_VISIBLE_DEVICES, and reading another GPU would be worse than an error."""
     tries = []
     if uuid:
         tries.append(
@@ -104,7 +105,7 @@ def _nvml_handle(pynvml: Any, uuid: str, pci_bus_id: str, index: int | None) -> 
         )
     if pci_bus_id:
         tries.append(lambda: pynvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id))
-    if index is not None:
+    if index is not None and not tries:  # torch's index is NVML's only without CUDA_VISIBLE_DEVICES: last resort
         tries.append(lambda: pynvml.nvmlDeviceGetHandleByIndex(index))
     for i, look_up in enumerate(tries):
         try:

@@ -163,16 +163,27 @@ class Bench:
         host_s = (time.perf_counter() - start) / max(1, cfg.warmup)  # bounds the issue time from above
         device_s = 0.0  # unknown before the first trial: hold for all of it
         synchronize(self.device)
+        if self.device.type == "cuda":
+            hold_stream(self.device, 0.0)  # measures the sleep kernel's rate now, not inside a timed trial
         times = []
         self._per_call = [] if cfg.per_rank else None
         for _ in range(cfg.trials):
             # hold only for the host's lag behind the GPU, as the timing harness does (core.timing.measure)
             lag = host_s - device_s
-            hold_s = 1.25 * lag * cfg.iters + 2e-4 if lag > 0 else 0.0
-            dist.barrier()
+            hold_s = self._barrier_agreeing_on(1.25 * lag * cfg.iters + 2e-4 if lag > 0 else 0.0)
             device_s, host_s = timed_loop(call, cfg.iters, self.device, cfg.blocking, self._per_call, hold_s)
             times.append(device_s)
         return times
+
+    def _barrier_agreeing_on(self, hold_s: float) -> float:
+        """A barrier before a trial that also agrees on the GPU hold: the longest any rank asks for, so every rank
+        sleeps as long and no rank's timed loop starts early and waits out a peer's sleep inside its timing."""
+        if self.device.type != "cuda":
+            dist.barrier()
+            return 0.0
+        longest = torch.tensor([hold_s], dtype=torch.float64, device=self.device)
+        dist.all_reduce(longest, op=dist.ReduceOp.MAX)
+        return float(longest.item())  # .item() waits for the all-reduce, so the ranks leave it together
 
     def _check(self, op: CommOp, ctx: Ctx, bufs: Buffers) -> int:
         fill_for_check(op, ctx, bufs)

@@ -449,7 +449,9 @@ def local_device(spec: str | None, local_rank: int) -> torch.device:
 def check_one_gpu_per_rank(local_world_size: str | None, gpus: int) -> None:
     """NCCL/RCCL refuse two ranks of one communicator on the same GPU ("Duplicate GPU detected"), which the
     LOCAL_RANK modulo rule would give when a node runs more ranks than it has GPUs: say so before NCCL does.
-    Every rank of the node sees torchrun's LOCAL_WORLD_SIZE, so all stop with the same line."""
+    Every rank of the node sees torchrun's LOCAL_WORLD_SIZE, so all stop with the same line. Only under
+    torchrun: other launchers (MPI, Kubernetes wrappers) may give each rank one GPU through
+    CUDA_VISIBLE_DEVICES, a valid setup in which each rank sees one GPU."""
     if not (local_world_size and local_world_size.isdigit()):
         return  # srun may bind one GPU per task (each sees "GPU 0"): nothing to conclude; NCCL's own error is mapped
     ranks_here = int(local_world_size)
@@ -590,7 +592,8 @@ class Ranks:
         if "nccl" in chosen and device.type == "cuda":
             import torch
 
-            check_one_gpu_per_rank(os.environ.get("LOCAL_WORLD_SIZE"), torch.cuda.device_count())
+            if os.environ.get("TORCHELASTIC_RUN_ID"):  # torchrun: every rank sees the node's GPUs
+                check_one_gpu_per_rank(os.environ.get("LOCAL_WORLD_SIZE"), torch.cuda.device_count())
         if cpu_group and chosen == "nccl":
             chosen = "cpu:gloo,cuda:nccl"
         try:

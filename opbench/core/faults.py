@@ -16,7 +16,8 @@ the user's own tooling around it — catches a bad rank. One environment variabl
 ==============  ==============================================================================================
 
 The benchmarks ask this module at five named points (``prepare``, ``before_timing``, ``timed``, ``corrupts``
-and ``send_delay``); no measurement function contains fault code. docs/faults.md shows each fault's effect.
+and ``send_delay``); the only fault code in a measurement is the pairs exchange posting its send late when
+``send_delay`` says so. docs/faults.md shows each fault's effect.
 """
 
 from __future__ import annotations
@@ -88,6 +89,9 @@ class Faults:
                 if not 0 < seconds <= 60:
                     raise UsageError(f"'{item}': SECONDS must be above 0 and at most 60", field=ENV_VAR)
             found.append(Fault(kind, int(parts[1]), factor, seconds))
+        if sum(f.kind == "late_send" for f in found) > 1:
+            # two late ranks in one shift cycle would each queue a receive before their send on NCCL's stream
+            raise UsageError("late_send names one rank at most", field=ENV_VAR)
         return cls(tuple(found))
 
     @classmethod
@@ -116,7 +120,7 @@ class Faults:
         self._fired.add((kind, rank))
         return True
 
-    # -- the four points the benchmarks call --------------------------------------------------------------
+    # -- the five points the benchmarks call --------------------------------------------------------------
     def prepare(self, rank: int) -> None:
         """Before a case allocates: ``oom`` fails the first case on its rank."""
         if self._once("oom", rank):
