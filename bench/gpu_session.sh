@@ -9,7 +9,7 @@ OUT=${OUT:-out/gpu_session}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 PY=${PYTHON:-python3}
-STEPS=${STEPS:-"env selftest gemm grouped attention harness bwd_split comm faults ckpt"}
+STEPS=${STEPS:-"env selftest gemm grouped attention harness bwd_split comm comm_hold faults ckpt"}
 step() {  # step NAME LIMIT_S CMD...
     local name=$1 limit=$2; shift 2
     case " $STEPS " in *" $name "*) ;; *) return 0;; esac
@@ -31,6 +31,8 @@ step attention 150 $PY -m opbench attention --model-config-path builtin --model 
 step harness 120 $PY bench/gemm_harness_overhead.py --size 1024 2048 4096 8192 --rounds 3 --seconds 1.0
 step bwd_split 90 $PY bench/attention_bwd_split.py --device cuda --backends sdpa,triton --seqlen 4096 --budget 0.5
 step comm 90 $PY -m opbench comm --nproc-per-node 1 -b 8 -e 1G -f 8 -n 20 -w 5 --check --report-dir-path "$OUT/comm"
+# opbench holds the stream while it queues a loop; a bare loop does not: at small sizes opbench should be faster
+step comm_hold 120 $PY bench/comm_allreduce_overhead.py --nproc-per-node 1 --sizes 8,4K,64K,1M --rounds 10
 step faults 120 bash -c "$PY -m opbench comm --nproc-per-node 1 -b 256M --collectives all_reduce -n 10 --report-dir-path $OUT/faults/none && OPBENCH_FAULTS=slow:0:3 $PY -m opbench comm --nproc-per-node 1 -b 256M --collectives all_reduce -n 10 --report-dir-path $OUT/faults/slow"
 step ckpt 120 $PY -m opbench ckpt --size-mb 1024 --nproc-per-node 1 --methods torch_save,dcp,dcp_async \
     --iterations 2 --report-dir-path "$OUT/ckpt" --storage /tmp/opbench_ckpt
