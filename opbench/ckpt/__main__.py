@@ -468,12 +468,7 @@ def _sweep_state(
     def failed(case: Case, status: str, message: str) -> dict[str, Any]:
         return {**base_row(case, state, ranks, run), "status": status, "error": message}
 
-    try:
-        return run_sweep(cases, measure, failed, report, desc=spec.label)
-    finally:
-        from .methods import close_stagers
-
-        close_stagers()  # a pinned stager holds its state (and its pinned copy) alive: not into the next state
+    return run_sweep(cases, measure, failed, report, desc=spec.label)
 
 
 def with_raw_ratios(row: dict[str, Any], raw: dict[str, Any] | None) -> dict[str, Any]:

@@ -545,7 +545,8 @@ class Cluster:
         for r in range(1, n_rounds + 1):
             halves = 2 if any(2 * r == len(ring) for ring in rings) else 1
             for half in range(halves):
-                rows = self._pair_round(scope, rings, names, r, half, send, recv)
+                what = f"{scope} pairs round {r}" + (f" half {half + 1}" if halves > 1 else "")
+                rows = self._pair_round(what, scope, rings, names, r, half, send, recv)
                 for row in rows or []:
                     matrix[index[row["src"]], index[row["dst"]]] = row["gbs_per_gpu"]
                     row["link_peak_gbs"] = peak
@@ -575,6 +576,7 @@ class Cluster:
 
     def _pair_round(
         self,
+        what: str,
         scope: str,
         rings: list[list[list[int]]],
         names: list[list[str]],
@@ -599,7 +601,6 @@ class Cluster:
                         peer_to = dst[p] if p < len(dst) else None
                     if link_phase(frm, r, n) == half:
                         peer_from = src[p] if p < len(src) else None
-        what = f"{scope} pairs round {r}" + (f" half {half + 1}" if half or any(2 * r == len(g) for g in rings) else "")
         times: list[float] = []
         self._collective(f"barrier before {what}", self.ranks.barrier)
         # Every rank starts each timed iteration together (a barrier, which ranks without a peer this round
