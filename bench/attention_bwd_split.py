@@ -13,7 +13,7 @@ import torch
 from tabulate import tabulate
 
 from opbench.attention.backends import BACKENDS, to_layout
-from opbench.attention.runner import AttentionCase, make_problem, time_passes
+from opbench.attention.runner import make_problem, time_passes
 from opbench.attention.shapes import AttentionShape
 from opbench.core.device import default_dtype_name, device_info, resolve_device
 from opbench.core.timing import TimingConfig
@@ -40,11 +40,9 @@ def main() -> None:
         for name in args.backends.split(","):
             backend = BACKENDS[name]
             prepared = backend.build(shape, device, dtype)
-            problem = make_problem(AttentionCase(shape, 1, name, dtype), device, with_grads=False)
-            q, k, v = (
-                to_layout(t, backend.layout).detach().requires_grad_() for t in (problem.q, problem.k, problem.v)
-            )
-            st = time_passes(prepared.fn, q, k, v, ["fwd", "bwd", "fwdbwd"], device, config)
+            problem = make_problem(shape, 1, dtype, device, with_grads=False)
+            q, k, v = (to_layout(t, backend.layout).detach().requires_grad_() for t in problem.inputs)
+            st = time_passes(prepared.fn, (q, k, v), ["fwd", "bwd", "fwdbwd"], device, config)
             fwd, bwd, both = st["fwd"].median, st["bwd"].median, st["fwdbwd"].median
             rows.append(
                 [

@@ -4,6 +4,7 @@ adapter against a reference with flash_attn_func's signature; unsupported rows; 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -50,12 +51,12 @@ def mk(sq, skv, hq, hkv, dqk, dv, causal=True) -> AttentionShape:
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 def test_cpu_backends_agree_with_oracle(dims, causal):
     shape = mk(*dims, causal=causal)
-    problem = make_problem(AttentionCase(shape, 2, "math", "fp32"), torch.device("cpu"), with_grads=True)
+    problem = make_problem(shape, 2, "fp32", torch.device("cpu"), with_grads=True)
     for name in CPU_BACKENDS:
         backend = B.BACKENDS[name]
         try:
             prepared = backend.build(shape, torch.device("cpu"), "fp32")
-            errs = check(AttentionCase(shape, 2, name, "fp32"), prepared.fn, backend.layout, problem)
+            errs = check(prepared.fn, backend.layout, problem)
         except Unsupported as exc:
             # the CPU flash kernel needs equal q/k/v head dims; everything else must run
             assert name == "sdpa_flash" and dims[4] != dims[5], (name, exc)
@@ -67,12 +68,12 @@ def test_cpu_backends_agree_with_oracle(dims, causal):
 
 def test_rows_without_visible_keys_are_zero_everywhere():
     shape = mk(40, 12, 4, 2, 32, 32)
-    problem = make_problem(AttentionCase(shape, 1, "math", "fp32"), torch.device("cpu"), with_grads=False)
+    problem = make_problem(shape, 1, "fp32", torch.device("cpu"), with_grads=False)
     assert problem.ref[0][:, :28].abs().max() == 0  # rows 0..27 see no key (bottom-right alignment)
     for name in CPU_BACKENDS:
         backend = B.BACKENDS[name]
         out = backend.build(shape, torch.device("cpu"), "fp32").fn(
-            *(B.to_layout(t, backend.layout) for t in (problem.q, problem.k, problem.v))
+            *(B.to_layout(t, backend.layout) for t in problem.inputs)
         )
         assert torch.isfinite(out).all() and B.from_layout(out, backend.layout)[:, :28].abs().max() == 0, name
 
@@ -80,12 +81,12 @@ def test_rows_without_visible_keys_are_zero_everywhere():
 def test_top_left_causal_would_be_caught():
     """SDPA's own is_causal (top-left) differs from the convention when lengths differ: the check flags it."""
     shape = mk(12, 40, 4, 4, 32, 32)
-    problem = make_problem(AttentionCase(shape, 1, "math", "fp32"), torch.device("cpu"), with_grads=True)
+    problem = make_problem(shape, 1, "fp32", torch.device("cpu"), with_grads=True)
 
     def top_left(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-    errs = check(AttentionCase(shape, 1, "x", "fp32"), top_left, B.BHSD, problem)
+    errs = check(top_left, B.BHSD, problem)
     assert errs["max_rel_err"] > 0.05
 
 
@@ -128,6 +129,8 @@ def reference_flash_attn_func(
         rows = torch.arange(sq)[:, None]
         cols = torch.arange(skv)[None, :]
         scores = scores.masked_fill(cols > rows + (skv - sq), float("-inf"))
+        if window_size[0] >= 0:  # keys i − left … i are visible
+            scores = scores.masked_fill(cols < rows + (skv - sq) - window_size[0], float("-inf"))
     p = torch.softmax(scores, -1).nan_to_num(0.0)
     return torch.einsum("bhqk,bkhd->bqhd", p, vv)
 
@@ -135,24 +138,71 @@ def reference_flash_attn_func(
 @pytest.mark.parametrize("dims", CASES, ids=lambda d: "x".join(map(str, d)))
 def test_flash_attn_adapter_against_reference_signature(dims):
     shape = mk(*dims)
-    problem = make_problem(AttentionCase(shape, 2, "flash_attn", "fp32"), torch.device("cpu"), with_grads=True)
+    problem = make_problem(shape, 2, "fp32", torch.device("cpu"), with_grads=True)
     prepared = B.flash_attn_adapter(reference_flash_attn_func, shape, pad_v=True)
-    errs = check(AttentionCase(shape, 2, "flash_attn", "fp32"), prepared.fn, B.BSHD, problem)
+    errs = check(prepared.fn, B.BSHD, problem)
     assert errs["max_rel_err"] < 1e-5 and errs["grad_max_rel_err"] < 1e-4, errs
     assert ("zero-padded" in prepared.note) == (dims[4] != dims[5])
 
 
+def test_flash_attn_adapter_passes_the_sliding_window():
+    shape = AttentionShape("t", 40, 40, 4, 2, 32, 32, True, "sliding", 7)
+    problem = make_problem(shape, 2, "fp32", torch.device("cpu"), with_grads=True)
+    errs = check(B.flash_attn_adapter(reference_flash_attn_func, shape, pad_v=True).fn, B.BSHD, problem)
+    assert errs["max_rel_err"] < 1e-5 and errs["grad_max_rel_err"] < 1e-4, errs
+    with pytest.raises(Unsupported, match="no sparse mask"):
+        B.flash_attn_adapter(reference_flash_attn_func, replace(shape, attn_kind="sparse"), pad_v=True)
+
+
+# Every attention kind a model config can give, through the real runner on CPU: (shape, backends that run it)
+KIND_CASES = [
+    (AttentionShape("gpt-oss", 48, 48, 4, 2, 16, 16, True, "sliding", 12, sinks=True), ["math", "sdpa", "sdpa_math"]),
+    (AttentionShape("llama4", 48, 48, 4, 2, 16, 16, True, "chunked", 16), ["math", "sdpa", "sdpa_flash"]),
+    (AttentionShape("llama4-tail", 40, 40, 4, 2, 16, 16, True, "chunked", 16), ["math", "sdpa"]),
+    (AttentionShape("dsa", 48, 48, 4, 4, 24, 16, True, "sparse", 8), ["math", "sdpa", "sdpa_math"]),
+    (AttentionShape("qwen3-next", 70, 70, 4, 2, 16, 8, True, "linear", 16), ["gdn_torch"]),
+    (AttentionShape("dsa-indexer", 40, 40, 3, 1, 16, 1, True, "indexer", 8), ["indexer_torch"]),
+]
+
+
+@pytest.mark.parametrize("shape,backends", KIND_CASES, ids=[s.model for s, _ in KIND_CASES])
+def test_every_attention_kind_runs_checked_and_timed(shape, backends):
+    cache = ProblemCache()
+    for name in backends:
+        row = run_case(AttentionCase(shape, 2, name, "fp32"), torch.device("cpu"), ["fwd", "bwd"], FAST, cache)
+        assert row["status"] == "ok", (name, row.get("error"))
+        assert row["max_rel_err"] < 1e-4 and row["grad_max_rel_err"] < 1e-3, (name, row)
+        assert row["attn_kind"] == shape.attn_kind and row["fwd_flops"] == attention_flops(shape, 2)
+        assert row["fwd_time"] > 0 and row["bwd_tflops"] > 0
+        note = row["note"] or ""
+        if shape.attn_kind in ("sliding", "sparse"):
+            assert "dense kernel under a" in note  # SDPA has no window: the row says it computed every score
+        if shape.attn_kind == "chunked":
+            assert ("timed as causal attention over 3 blocks of 16" in note) == (shape.seqlen_q == 48)
+        assert ("attention sinks not applied" in note) == shape.sinks
+
+
+def test_masked_kinds_refused_where_a_kernel_has_no_such_mask():
+    sparse = AttentionShape("dsa", 48, 48, 4, 4, 16, 16, True, "sparse", 8)
+    with pytest.raises(Unsupported, match="no sparse mask"):
+        B.BACKENDS["triton"].build(sparse, torch.device("cuda"), "bf16")
+
+
+def test_unsupported_row_for_linear_kernels_off_gpu():
+    linear = AttentionShape("qwen3-next", 64, 64, 4, 2, 16, 8, True, "linear", 64)
+    row = run_case(AttentionCase(linear, 1, "gdn_fla", "fp32"), torch.device("cpu"), ["fwd"], FAST, ProblemCache())
+    assert row["status"] == "unsupported" and "GPUs only" in row["error"]
+
+
 def test_flash_attn_adapter_unwraps_fa3_tuple():
     shape = mk(12, 40, 4, 2, 32, 32)
-    problem = make_problem(AttentionCase(shape, 1, "flash_attn", "fp32"), torch.device("cpu"), with_grads=False)
+    problem = make_problem(shape, 1, "fp32", torch.device("cpu"), with_grads=False)
 
     def fa3_like(q, k, v, softmax_scale=None, causal=False):
         out = reference_flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal)
         return out, torch.zeros(q.shape[0], q.shape[2], q.shape[1])
 
-    errs = check(
-        AttentionCase(shape, 1, "x", "fp32"), B.flash_attn_adapter(fa3_like, shape, pad_v=False).fn, B.BSHD, problem
-    )
+    errs = check(B.flash_attn_adapter(fa3_like, shape, pad_v=False).fn, B.BSHD, problem)
     assert errs["max_rel_err"] < 1e-5
 
 
@@ -166,10 +216,10 @@ def test_backward_timing_never_reruns_forward():
         return fn(q, k, v)
 
     q, k, v = (torch.randn(1, h, 32, 32, requires_grad=True) for h in (4, 2, 2))
-    stats = time_passes(counted, q, k, v, ["bwd"], torch.device("cpu"), FAST)
+    stats = time_passes(counted, (q, k, v), ["bwd"], torch.device("cpu"), FAST)
     assert calls["n"] == 1 and stats["bwd"].iters >= 3  # one untimed forward, many timed backwards
     calls["n"] = 0
-    stats = time_passes(counted, q, k, v, ["fwdbwd"], torch.device("cpu"), FAST)
+    stats = time_passes(counted, (q, k, v), ["fwdbwd"], torch.device("cpu"), FAST)
     assert calls["n"] >= stats["fwdbwd"].iters + 1
 
 

@@ -22,25 +22,27 @@ CHECK = textwrap.dedent("""
     from opbench.attention.reference import reference_attention, max_errors
     torch.manual_seed(0)
     results = []
-    # (batch, sq, skv, hq, hkv, dqk, dv, causal, blocks, transposed_q)
+    # (batch, sq, skv, hq, hkv, dqk, dv, causal, blocks, transposed_q, sliding window)
     cases = [
-        (1, 20, 37, 4, 2, 32, 32, True, None, False),     # queries at the end of a longer KV, GQA
-        (2, 37, 20, 2, 1, 16, 16, True, None, False),     # more queries than keys: empty rows, MQA
-        (1, 33, 33, 3, 3, 40, 40, False, None, True),     # full mask, head dim padded 40->64, strided q
-        (1, 17, 17, 4, 1, 48, 24, True, None, False),     # MLA-like head_dim_qk != head_dim_v
-        (1, 21, 70, 4, 2, 24, 16, True, (32, 16), False), # uneven tiles, both directions
-        (1, 70, 21, 2, 1, 16, 16, True, (16, 32), False),
+        (1, 20, 37, 4, 2, 32, 32, True, None, False, 0),     # queries at the end of a longer KV, GQA
+        (2, 37, 20, 2, 1, 16, 16, True, None, False, 0),     # more queries than keys: empty rows, MQA
+        (1, 33, 33, 3, 3, 40, 40, False, None, True, 0),     # full mask, head dim padded 40->64, strided q
+        (1, 17, 17, 4, 1, 48, 24, True, None, False, 0),     # MLA-like head_dim_qk != head_dim_v
+        (1, 21, 70, 4, 2, 24, 16, True, (32, 16), False, 0), # uneven tiles, both directions
+        (1, 70, 21, 2, 1, 16, 16, True, (16, 32), False, 0),
+        (1, 70, 70, 2, 1, 16, 16, True, (16, 16), False, 20), # sliding window: whole key blocks skipped
+        (1, 21, 70, 2, 2, 16, 16, True, (16, 16), False, 9),  # window with queries at the end of the keys
     ]
-    for b, sq, skv, hq, hkv, dqk, dv, causal, blocks, tq in cases:
+    for b, sq, skv, hq, hkv, dqk, dv, causal, blocks, tq, window in cases:
         q = torch.randn(b, hq, sq, dqk).transpose(1, 2) if tq else torch.randn(b, sq, hq, dqk)
         q.requires_grad_()
         k = torch.randn(b, skv, hkv, dqk, requires_grad=True)
         v = torch.randn(b, skv, hkv, dv, requires_grad=True)
-        out = triton_attention(q, k, v, causal, blocks=blocks)
+        out = triton_attention(q, k, v, causal, blocks=blocks, window=window)
         g = torch.randn_like(out)
         grads = torch.autograd.grad(out, (q, k, v), g, retain_graph=True)
         again = torch.autograd.grad(out, (q, k, v), g)      # backward re-run on the retained graph
-        ref = reference_attention(q, k, v, causal, g)
+        ref = reference_attention(q, k, v, causal, g, kind="sliding" if window else "full", window=window)
         errs = [max_errors(x, r)[1] for x, r in zip((out, *grads), ref)]
         errs.append(max(max_errors(a, b.double())[0] for a, b in zip(again, grads)))
         results.append(errs)
@@ -57,7 +59,7 @@ def test_triton_kernel_matches_oracle_under_interpreter():
     proc = run_interpreted(["-c", CHECK])
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(results) == 6
+    assert len(results) == 8
     for i, (out, dq, dk, dv, rerun) in enumerate(results):
         assert out < 1e-5 and max(dq, dk, dv) < 1e-5, (i, out, dq, dk, dv)
         assert rerun == 0.0, i

@@ -5,7 +5,9 @@ import json
 import pytest
 
 from opbench.core.errors import UsageError
+from opbench.gemm.shapes import gemm_shapes
 from opbench.models import load_model_configs, select_models
+from opbench.models.params import layer_parameters
 
 
 def write(tmp_path, name, obj):
@@ -70,7 +72,8 @@ def test_hf_model_name_override(tmp_path):
         },
     )
     (cfg,) = load_model_configs(p, model_name="Qwen3-0.6B")
-    assert cfg.name == "Qwen3-0.6B" and cfg.qk_norm and cfg.tie_word_embeddings and cfg.head_dim == 128
+    assert cfg.name == "Qwen3-0.6B" and cfg.tie_word_embeddings and cfg.head_dim == 128
+    assert "self_attn.q_norm.weight" in dict(layer_parameters(cfg, 0))  # Qwen3's per-head q/k norms
 
 
 @pytest.mark.parametrize(
@@ -150,9 +153,9 @@ def test_hf_moe_variants_normalised(tmp_path, obj, arch, experts, top_k, expert_
 def test_dense_first_layers_detected():
     (ds,) = select_models(load_model_configs(), "DeepSeek_V3")
     assert [ds.is_moe_layer(i) for i in range(5)] == [False, False, False, True, True]
-    assert ds.has_dense_mlp_layers
+    assert "mlp_gate_up" in {s.layer for s in gemm_shapes(ds, passes=["fwd"])}
     (mx,) = select_models(load_model_configs(), "Mixtral_8x7B")
-    assert not mx.has_dense_mlp_layers
+    assert "mlp_gate_up" not in {s.layer for s in gemm_shapes(mx, passes=["fwd"])}
 
 
 def test_single_primus_object(tmp_path):
@@ -247,6 +250,7 @@ PRIMUS_DEEPSEEK = {
     "qk_rope_head_dim": 64,
     "v_head_dim": 128,
 }
+GUESSED = "no model_type, so the architecture is guessed from the name and fields: "
 PRIMUS_LLAMA = {
     "model": "Llama2_7B",
     "seqlen": 4096,
@@ -264,10 +268,13 @@ def test_primus_deepseek_without_first_k_dense_replace_warns_once_when_chosen(tm
     path.write_text(json.dumps([PRIMUS_LLAMA, PRIMUS_DEEPSEEK]))
     configs = load_model_configs(str(path))
     assert select_models(configs, "Llama2_7B")[0].name == "Llama2_7B"
-    assert capsys.readouterr().err == ""  # the DeepSeek entry is not chosen: no word about it
+    # Primus' entries carry no model_type: the guess is said, and nothing about the DeepSeek entry not chosen
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"warning: {path}[0]: model 'Llama2_7B': {GUESSED}'llama'"]
     (ds,) = select_models(configs, "deepseek_v2_lite")
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "model 'Deepseek_V2_Lite': no first_k_dense_replace" in err[0] and str(path) in err[0]
+    assert len(err) == 2 and f"{GUESSED}'deepseek_v2'" in err[0]
+    assert "model 'Deepseek_V2_Lite': no first_k_dense_replace" in err[1] and str(path) in err[1]
     assert ds.first_k_dense_replace == 0 and ds.is_moe
 
 
@@ -298,7 +305,7 @@ def test_primus_deepseek_rows_have_no_dense_mlp_and_say_why(run, tmp_path):
         str(tmp_path),
     )
     assert r.returncode == 0, r.stderr
-    assert r.stderr.count("warning:") == 1 and "first_k_dense_replace" in r.stderr
+    assert r.stderr.count("warning:") == 2 and GUESSED in r.stderr and "first_k_dense_replace" in r.stderr
     layers = {
         line.split(",")[1] for line in (tmp_path / "benchmark_gemm_Deepseek_V2_Lite.csv").read_text().splitlines()[1:]
     }
@@ -312,4 +319,4 @@ def test_primus_dense_mistral_entry_warns_that_it_is_timed_dense(tmp_path, capsy
     path.write_text(json.dumps([entry]))
     (cfg,) = select_models(load_model_configs(str(path)), "Mistral_8x7B")
     err = capsys.readouterr().err.strip().splitlines()
-    assert not cfg.is_moe and len(err) == 1 and "timed as a dense model" in err[0]
+    assert not cfg.is_moe and len(err) == 2 and f"{GUESSED}'mistral'" in err[0] and "timed as a dense model" in err[1]

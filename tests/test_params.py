@@ -14,9 +14,9 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from opbench.core.errors import UsageError  # noqa: E402
-from opbench.fsdp_model.hf import build_model  # noqa: E402
 from opbench.models import load_model_configs  # noqa: E402
 from opbench.models.config import parse_model_config  # noqa: E402
+from opbench.models.hf import build_model  # noqa: E402
 from opbench.models.params import parameter_shapes, units  # noqa: E402
 
 _DENSE = dict(

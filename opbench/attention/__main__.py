@@ -23,8 +23,8 @@ from opbench.core.sweep import run_sweep
 from opbench.core.timing import TimingConfig, noisy_advice
 from opbench.models import load_model_configs, select_models
 
-from .schema import BACKEND_NAMES, PASSES, SCHEMA, SHAPE_COLUMNS
-from .shapes import AttentionShape, cap_seqlen, load_attention_shapes, model_attention_shape, select_shapes
+from .schema import BACKEND_NAMES, PASSES, SCHEMA, SHAPE_COLUMNS, backends_for
+from .shapes import AttentionShape, cap_seqlen, load_attention_shapes, model_attention_shapes, select_shapes
 
 SUMMARY = [
     "model",
@@ -35,6 +35,8 @@ SUMMARY = [
     "num_head_kv",
     "head_dim_qk",
     "head_dim_v",
+    "attn_kind",
+    "window",
     "backend",
     "fwd_time",
     "fwd_tflops",
@@ -45,7 +47,7 @@ SUMMARY = [
     "status",
     "note",
 ]
-PLAN_SUMMARY = [*SHAPE_COLUMNS[:8], "backend", "fwd_flops", "status"]
+PLAN_SUMMARY = [*SHAPE_COLUMNS[:8], "attn_kind", "window", "layer_count", "backend", "fwd_flops", "status"]
 CSV_NAME = "attention_benchmark.csv"
 CPU_MAX_SEQLEN = 128  # CPU attention at 4k-8k tokens takes minutes per case; GPUs run the real lengths
 CPU_BUDGET_S = 0.2  # per pass on CPU unless a timing flag is given: the default sweep ends in minutes
@@ -115,7 +117,7 @@ def resolve_shapes(args: argparse.Namespace) -> list[AttentionShape]:
         raise UsageError("give --shapes-json-path or --model-config-path, not both", field="--model-config-path")
     if args.model_config_path:
         configs = select_models(load_model_configs(args.model_config_path, args.model_name), args.model)
-        return [model_attention_shape(c, args.seqlen, args.tp, args.cp) for c in configs]
+        return [s for c in configs for s in model_attention_shapes(c, args.seqlen, args.tp, args.cp)]
     for flag, value, default in (("--seqlen", args.seqlen, None), ("--tp", args.tp, 1), ("--cp", args.cp, 1)):
         if value != default:
             raise UsageError(
@@ -185,7 +187,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 file=sys.stderr,
             )
     shapes = [cap_seqlen(s, max_seqlen) for s in shapes]
-    cases = [AttentionCase(s, b, name, dtype) for s in shapes for b in args.batch_sizes for name in args.backends]
+    # each shape runs on the chosen backends that implement its kind's operator
+    cases = [
+        AttentionCase(s, b, name, dtype)
+        for s in shapes
+        for b in args.batch_sizes
+        for name in args.backends
+        if name in backends_for(s.attn_kind)
+    ]
+    for kind in dict.fromkeys(s.attn_kind for s in shapes):
+        if not set(args.backends) & set(backends_for(kind)):
+            print(
+                f"note: no backend chosen for the '{kind}' layers (their backends: {','.join(backends_for(kind))})",
+                file=sys.stderr,
+            )
 
     par = {"tp": args.tp, "cp": args.cp} if args.model_config_path else {}
     extra = {**par, "device": info.name}

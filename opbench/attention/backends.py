@@ -1,9 +1,11 @@
 """Attention backends: one table, one ``build`` function each.
 
-``build(shape, device, dtype)`` returns a ``Prepared`` callable ``fn(q, k, v) -> out`` for that case (causal and
+``build(shape, device, dtype)`` returns a ``Prepared`` callable ``fn(*inputs) -> out`` for that case (mask and
 scale baked in, tensors in the backend's ``layout``), or raises ``Unsupported`` with the reason. Adding a
-backend is one build function and one line in ``BACKENDS``. Every backend computes
-softmax(q·kᵀ / sqrt(head_dim_qk)) · v with causal masks aligned bottom-right (see reference.py).
+backend is one build function and one line in ``BACKENDS``. Softmax backends compute
+softmax(q·kᵀ / sqrt(head_dim_qk)) · v on (q, k, v) with causal masks aligned bottom-right and narrowed by the
+shape's kind (see reference.py); the linear backends compute gated DeltaNet on (q, k, v, g, β), the indexer
+backend DeepSeek-V3.2's index scores on (q, k, w) (operators.py).
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ import torch
 import torch.nn.functional as F
 
 from opbench.core.sweep import Unsupported
+from opbench.models.layout import FULL, SLIDING
 
-from .reference import eager_attention
+from .operators import chunked_gated_delta_rule, indexer_scores
+from .reference import eager_attention, visible_mask
 from .schema import BACKEND_NAMES
 from .shapes import AttentionShape
 
-AttnFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+AttnFn = Callable[..., torch.Tensor]
 
 BSHD = "bshd"  # flash-attn: (batch, seq, heads, dim)
 BHSD = "bhsd"  # SDPA / eager: (batch, heads, seq, dim)
@@ -52,8 +56,12 @@ def _scale(shape: AttentionShape) -> float:
 # --- math: eager matmul + softmax -------------------------------------------------------------------------
 
 
+MASKED_NOTE = "dense kernel under a {kind} mask: every score is computed, fwd_flops counts the visible ones"
+
+
 def _build_math(shape: AttentionShape, device: torch.device, dtype: str) -> Prepared:
-    return Prepared(partial(eager_attention, causal=shape.causal, scale=_scale(shape)))
+    fn = partial(eager_attention, causal=shape.causal, scale=_scale(shape), kind=shape.attn_kind, window=shape.window)
+    return Prepared(fn, MASKED_NOTE.format(kind=shape.attn_kind) if shape.attn_kind != FULL else "")
 
 
 # --- torch SDPA, default dispatch or one kernel ------------------------------------------------------------
@@ -67,12 +75,16 @@ SDPA_KERNELS = {
 CPU_SDPA_KERNELS = ("FLASH_ATTENTION", "MATH")  # the only SDPA kernels torch implements for CPU tensors
 
 
-def sdpa_mask_kwargs(shape: AttentionShape) -> dict[str, Any]:
+def sdpa_mask_kwargs(shape: AttentionShape, device: torch.device | None = None) -> dict[str, Any]:
     """SDPA's ``is_causal`` aligns top-left; flash-attn (and our convention) bottom-right. They coincide for
     seqlen_q == seqlen_kv; otherwise pass torch's lower-right CausalBias, which uses the flash/efficient
-    kernels' own bottom-right mode where they can run and a materialised boolean mask elsewhere."""
+    kernels' own bottom-right mode where they can run and a materialised boolean mask elsewhere. Windowed kinds
+    pass their boolean mask (SDPA has no window argument)."""
     if not shape.causal:
         return {}
+    if shape.attn_kind != FULL:
+        mask = visible_mask(shape.seqlen_q, shape.seqlen_kv, device, kind=shape.attn_kind, window=shape.window)
+        return {"attn_mask": mask}
     if shape.seqlen_q == shape.seqlen_kv:
         return {"is_causal": True}
     from torch.nn.attention.bias import causal_lower_right
@@ -100,7 +112,7 @@ def _build_sdpa(kernel: str | None, shape: AttentionShape, device: torch.device,
         )
     if kernel == "CUDNN_ATTENTION" and getattr(torch.version, "hip", None):
         raise Unsupported("cuDNN attention does not exist on ROCm")
-    kwargs = sdpa_mask_kwargs(shape)
+    kwargs = sdpa_mask_kwargs(shape, device)
     if shape.num_head_kv != shape.num_head_q:
         kwargs["enable_gqa"] = True  # native GQA (torch ≥ 2.5): KV heads are not repeated in memory
     kwargs["scale"] = _scale(shape)
@@ -125,7 +137,7 @@ def _build_sdpa(kernel: str | None, shape: AttentionShape, device: torch.device,
                 raise Unsupported("this torch's SDPA has no enable_gqa (needs torch ≥ 2.5)") from None
             raise
 
-    return Prepared(fn)
+    return Prepared(fn, MASKED_NOTE.format(kind=shape.attn_kind) if shape.attn_kind != FULL else "")
 
 
 # --- flash-attn (FlashAttention-2, or FlashAttention-3's interface when installed) ------------------------
@@ -141,11 +153,15 @@ def flash_attn_adapter(flash_attn_func: Callable[..., Any], shape: AttentionShap
     pad = d_qk - d_v if pad_v and d_v != d_qk else 0
     if pad < 0:
         raise Unsupported(f"head_dim_v {d_v} > head_dim_qk {d_qk}: cannot pad v for flash-attn 2")
+    if shape.attn_kind not in (FULL, SLIDING):
+        raise Unsupported(f"flash-attn has no {shape.attn_kind} mask (sliding windows and full causal only)")
+    # window_size=(left, right): keys i − left … i + right; a sliding window of W keys is (W − 1, 0)
+    window = {"window_size": (shape.window - 1, 0)} if shape.attn_kind == SLIDING else {}
 
     def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if pad:
             v = F.pad(v, (0, pad))
-        res = flash_attn_func(q, k, v, softmax_scale=scale, causal=shape.causal)
+        res = flash_attn_func(q, k, v, softmax_scale=scale, causal=shape.causal, **window)
         out = res[0] if isinstance(res, tuple) else res  # FA3 builds return (out, lse)
         return out[..., :d_v] if pad else out
 
@@ -197,7 +213,12 @@ def _build_triton(shape: AttentionShape, device: torch.device, dtype: str) -> Pr
         import triton  # noqa: F401
     except ImportError:
         raise Unsupported("triton is not installed (pip install triton)") from None
-    fn = partial(triton_attention, causal=shape.causal, softmax_scale=_scale(shape))
+    if shape.attn_kind not in (FULL, SLIDING):
+        raise Unsupported(
+            f"opbench's Triton kernel has no {shape.attn_kind} mask (sliding windows and full causal only)"
+        )
+    window = shape.window if shape.attn_kind == SLIDING else 0
+    fn = partial(triton_attention, causal=shape.causal, softmax_scale=_scale(shape), window=window)
     if device.type == "cpu":
         if not interpreter_enabled():
             raise Unsupported(
@@ -212,6 +233,43 @@ def _build_triton(shape: AttentionShape, device: torch.device, dtype: str) -> Pr
     return Prepared(fn, "fp32: tl.dot at its default precision, TF32 on NVIDIA" if dtype == "fp32" else "")
 
 
+# --- gated DeltaNet (linear attention) and the DSA indexer ---------------------------------------------------
+
+
+def _build_gdn_torch(shape: AttentionShape, device: torch.device, dtype: str) -> Prepared:
+    fn = partial(chunked_gated_delta_rule, chunk=shape.window)
+    return Prepared(fn, f"chunkwise gated delta rule in torch ops, chunk {shape.window}, fp32 accumulation")
+
+
+def _build_gdn_fla(shape: AttentionShape, device: torch.device, dtype: str) -> Prepared:
+    """flash-linear-attention's chunk kernel (Triton), as transformers' Qwen3-Next calls it: q/k heads repeated to
+    the value heads, L2 norm inside the kernel. Not run on a GPU yet."""
+    if device.type != "cuda":
+        raise Unsupported("flash-linear-attention's kernels run on CUDA/ROCm GPUs only")
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except ImportError as exc:
+        raise Unsupported(
+            f"flash-linear-attention is not installed ({exc.msg}); pip install flash-linear-attention"
+        ) from None
+    rep = shape.num_head_q // shape.num_head_kv
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+        if rep > 1:
+            q, k = q.repeat_interleave(rep, dim=2), k.repeat_interleave(rep, dim=2)
+        out = chunk_gated_delta_rule(q, k, v, g, beta, scale=shape.head_dim_qk**-0.5, use_qk_l2norm_in_kernel=True)
+        return out[0] if isinstance(out, tuple) else out
+
+    return Prepared(fn, "fla chunk_gated_delta_rule")
+
+
+def _build_indexer_torch(shape: AttentionShape, device: torch.device, dtype: str) -> Prepared:
+    return Prepared(
+        partial(indexer_scores, top_k=shape.window),
+        f"scores in torch ops (8 index heads at a time) + top-{shape.window} keys per query",
+    )
+
+
 BACKENDS: dict[str, Backend] = {
     "math": Backend("math", BHSD, _build_math, "eager matmul + softmax (materialises the scores)"),
     "sdpa": Backend("sdpa", BHSD, partial(_build_sdpa, None), "torch SDPA, torch picks the kernel"),
@@ -221,6 +279,9 @@ BACKENDS: dict[str, Backend] = {
     },
     "flash_attn": Backend("flash_attn", BSHD, _build_flash_attn, "flash_attn_func (FA3 interface on Hopper)"),
     "triton": Backend("triton", BSHD, _build_triton, "opbench's fused Triton kernel (fwd + bwd)"),
+    "gdn_torch": Backend("gdn_torch", BSHD, _build_gdn_torch, "gated DeltaNet, chunkwise, torch ops (linear kind)"),
+    "gdn_fla": Backend("gdn_fla", BSHD, _build_gdn_fla, "gated DeltaNet, flash-linear-attention kernel (linear kind)"),
+    "indexer_torch": Backend("indexer_torch", BSHD, _build_indexer_torch, "DSA lightning indexer, torch ops"),
 }
 if tuple(BACKENDS) != BACKEND_NAMES:  # the CLI lists schema.BACKEND_NAMES without importing this module
     raise RuntimeError(f"attention backends {tuple(BACKENDS)} differ from schema.BACKEND_NAMES {BACKEND_NAMES}")

@@ -1,11 +1,39 @@
-"""Attention FLOPs, FlashAttention / tritonbench convention (docs/conventions.md, "Attention FLOPs"). The formula lives here only."""
+"""Attention FLOPs by kind (docs/conventions.md, "Attention FLOPs"; docs/models.md, "Attention kinds"). The
+formulas live here only.
+
+Softmax kinds (full, sliding, chunked, sparse top-k, the DSA indexer) follow the FlashAttention / tritonbench
+convention: 2 · batch · heads_q · Σ_rows visible keys · (head_dim_qk + head_dim_v), counting only the keys each
+query row sees under its mask. Linear attention (gated DeltaNet) counts the matmuls of the chunkwise algorithm.
+"""
 
 from __future__ import annotations
 
+import math
+
+from opbench.models.layout import CHUNKED, INDEXER, LINEAR, SLIDING, SPARSE
+
 from .shapes import AttentionShape
 
-# Backward recomputes q·kᵀ and does four more matmuls of the same size: 2.5 × forward by convention.
+# Softmax attention's backward recomputes q·kᵀ and does four more matmuls of the same size: 2.5 × forward by
+# convention. Linear attention and the indexer: the two input gradients of each forward matmul, 2 × forward.
 PASS_MULTIPLIER = {"fwd": 1.0, "bwd": 2.5, "fwdbwd": 3.5}
+MATMUL_PASS_MULTIPLIER = {"fwd": 1.0, "bwd": 2.0, "fwdbwd": 3.0}
+
+
+def _sum_min(cap: int, lo: int, hi: int) -> int:
+    """Σ_{x=lo}^{hi} min(cap, x) for integers 0 ≤ lo, hi (0 when hi < lo)."""
+    if hi < lo:
+        return 0
+    below_hi = min(hi, cap)
+    total = (lo + below_hi) * (below_hi - lo + 1) // 2 if below_hi >= lo else 0
+    start = max(lo, cap + 1)
+    return total + (hi - start + 1) * cap if hi >= start else total
+
+
+def _sum_chunk_positions(chunk: int, n: int) -> int:
+    """Σ_{p=0}^{n-1} ((p mod chunk) + 1): keys a causal query at position p sees inside its chunk."""
+    full, rest = divmod(n, chunk)
+    return full * chunk * (chunk + 1) // 2 + rest * (rest + 1) // 2
 
 
 def visible_kv(seqlen_q: int, seqlen_kv: int, causal: bool) -> float:
@@ -20,15 +48,53 @@ def visible_kv(seqlen_q: int, seqlen_kv: int, causal: bool) -> float:
     return (seqlen_kv - seqlen_q + seqlen_kv) / 2
 
 
+def visible_keys(shape: AttentionShape) -> float:
+    """Keys one query row of ``shape`` attends to, averaged over the rows. Full attention: ``visible_kv`` (the
+    triangle's continuous count, as FlashAttention's and tritonbench's benchmarks count causal). Windowed kinds
+    count each row's keys exactly, as FlashAttention's benchmark counts a window: row i sits at position
+    p = i + seqlen_kv − seqlen_q and sees keys j ≤ p; a sliding window keeps the last ``window`` of them (the
+    query's own included), a sparse top-k layer at most ``window`` of them, a chunked layer those in p's block
+    of ``window`` positions."""
+    sq, skv = shape.seqlen_q, shape.seqlen_kv
+    if not shape.causal or shape.attn_kind not in (SLIDING, SPARSE, CHUNKED):
+        return visible_kv(sq, skv, shape.causal)
+    first = max(1, skv - sq + 1)  # keys seen by the first row that sees any: p + 1 at p = max(0, skv − sq)
+    if shape.attn_kind == CHUNKED:
+        return (_sum_chunk_positions(shape.window, skv) - _sum_chunk_positions(shape.window, first - 1)) / sq
+    return _sum_min(shape.window, first, skv) / sq
+
+
+def gated_deltanet_flops(shape: AttentionShape, batch_size: int, with_solve: bool = True) -> float:
+    """Forward FLOPs of the chunkwise gated delta rule (Yang, Kautz, Hatamizadeh, "Gated Delta Networks", ICLR 2025,
+    §3.3; the chunk form of Yang et al., "Parallelizing Linear Transformers with the Delta Rule over Sequence
+    Length", NeurIPS 2024), as flash-linear-attention's and transformers' chunk kernels compute it.
+
+    Per value head and chunk of C tokens (d_k key, d_v value dims; the sequence padded to whole chunks): the two
+    C×C matrices K_β·Kᵀ and Q·Kᵀ (2·2·C²·d_k), the intra-chunk output P·V_new (2·C²·d_v), reading the state twice
+    (K_cumdecay·S and Q·S) and updating it (Kᵀ·V_new): 3 · 2·C·d_k·d_v; and two unit-triangular solves with d_v
+    and d_k right-hand sides, C²·(d_k + d_v) (``with_solve=False`` leaves them out: torch's FLOP counter does not
+    count triangular solves)."""
+    chunk, dk, dv = shape.window, shape.head_dim_qk, shape.head_dim_v
+    chunks = math.ceil(shape.seqlen_q / chunk)
+    per_chunk = 4 * chunk * chunk * dk + 2 * chunk * chunk * dv + 6 * chunk * dk * dv
+    if with_solve:
+        per_chunk += chunk * chunk * (dk + dv)
+    return float(batch_size * shape.num_head_q * chunks * per_chunk)
+
+
 def attention_flops(shape: AttentionShape, batch_size: int, pass_: str = "fwd") -> float:
-    """2 · batch · heads_q · seqlen_q · visible_kv · (head_dim_qk + head_dim_v) for the forward (q·kᵀ plus P·v);
-    bwd = 2.5×, fwdbwd = 3.5×. KV heads (GQA) change bytes, not FLOPs."""
+    """Softmax kinds: 2 · batch · heads_q · seqlen_q · visible_keys · (head_dim_qk + head_dim_v) forward (q·kᵀ plus
+    P·v; the indexer's head_dim_v is 1, its per-head weight), bwd = 2.5×, fwdbwd = 3.5×. Linear attention: its
+    chunkwise matmuls, bwd = 2×, fwdbwd = 3×. KV heads (GQA) change bytes, not FLOPs."""
+    if shape.attn_kind == LINEAR:
+        return gated_deltanet_flops(shape, batch_size) * MATMUL_PASS_MULTIPLIER[pass_]
     fwd = (
         2
         * batch_size
         * shape.num_head_q
         * shape.seqlen_q
-        * visible_kv(shape.seqlen_q, shape.seqlen_kv, shape.causal)
+        * visible_keys(shape)
         * (shape.head_dim_qk + shape.head_dim_v)
     )
-    return fwd * PASS_MULTIPLIER[pass_]
+    multiplier = MATMUL_PASS_MULTIPLIER if shape.attn_kind == INDEXER else PASS_MULTIPLIER
+    return fwd * multiplier[pass_]

@@ -2,7 +2,10 @@
 
 Conventions shared by every backend: scale 1/sqrt(head_dim_qk); causal aligned bottom-right (query row i sees
 key j iff j ≤ i + seqlen_kv − seqlen_q, as flash-attn); a row that sees no key (causal with seqlen_q >
-seqlen_kv) outputs zeros, as flash-attn and torch's SDPA do.
+seqlen_kv) outputs zeros, as flash-attn and torch's SDPA do. Windowed kinds narrow the causal mask
+(``visible_mask``): a sliding window keeps the last ``window`` keys, a chunked layer the keys in the query's
+block of ``window``, a sparse layer ``window`` keys picked per query by a fixed pseudo-random score (a stand-in
+for DeepSeek-V3.2's indexer: which keys it picks does not change the work a masked kernel does).
 """
 
 from __future__ import annotations
@@ -16,10 +19,38 @@ def causal_mask(
     seqlen_q: int, seqlen_kv: int, device: torch.device | str | None = None, row_start: int = 0, rows: int | None = None
 ) -> torch.Tensor:
     """Boolean (rows, seqlen_kv) mask, True = visible, for query rows [row_start, row_start + rows)."""
+    return visible_mask(seqlen_q, seqlen_kv, device, row_start, rows)
+
+
+def _pseudo_scores(pos: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+    """A fixed, well-mixed integer per (query position, key): the sparse kind's stand-in indexer score."""
+    return ((pos * 0x9E3779B1) ^ (j * 0x85EBCA77) ^ ((pos * j) & 0xFFFF)) & 0x7FFFFFFF
+
+
+def visible_mask(
+    seqlen_q: int,
+    seqlen_kv: int,
+    device: torch.device | str | None = None,
+    row_start: int = 0,
+    rows: int | None = None,
+    kind: str = "full",
+    window: int = 0,
+) -> torch.Tensor:
+    """Boolean (rows, seqlen_kv) causal mask of ``kind`` (True = visible) for query rows [row_start, +rows)."""
     rows = seqlen_q - row_start if rows is None else rows
-    i = torch.arange(row_start, row_start + rows, device=device)[:, None]
+    pos = torch.arange(row_start, row_start + rows, device=device)[:, None] + (seqlen_kv - seqlen_q)
     j = torch.arange(seqlen_kv, device=device)[None, :]
-    return j <= i + (seqlen_kv - seqlen_q)
+    mask = j <= pos
+    if kind == "sliding":
+        mask &= j > pos - window
+    elif kind == "chunked":
+        mask &= torch.div(j, window, rounding_mode="floor") == torch.div(pos, window, rounding_mode="floor")
+    elif kind == "sparse" and window < seqlen_kv:
+        scores = torch.where(mask, _pseudo_scores(pos, j), -1)
+        picked = torch.zeros_like(mask)
+        picked.scatter_(1, scores.topk(window, dim=1).indices, True)
+        mask &= picked
+    return mask
 
 
 def has_empty_rows(seqlen_q: int, seqlen_kv: int, causal: bool) -> bool:
@@ -38,7 +69,13 @@ def attention_probs(scores: torch.Tensor, mask: torch.Tensor | None, empty_rows:
 
 
 def eager_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    scale: float | None = None,
+    kind: str = "full",
+    window: int = 0,
 ) -> torch.Tensor:
     """Plain matmul + softmax + matmul in (batch, heads, seq, dim) layout, GQA by repeating KV heads.
     This is what a model without a fused kernel runs; it materialises the (seqlen_q, seqlen_kv) scores."""
@@ -49,7 +86,7 @@ def eager_attention(
     sq, skv = q.shape[2], k.shape[2]
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    mask = causal_mask(sq, skv, q.device) if causal else None
+    mask = visible_mask(sq, skv, q.device, kind=kind, window=window) if causal else None
     probs = attention_probs(scores, mask, has_empty_rows(sq, skv, causal))
     return torch.matmul(probs.to(v.dtype), v)
 
@@ -68,6 +105,8 @@ def reference_attention(
     grad_out: torch.Tensor | None = None,
     dtype: torch.dtype | None = None,
     chunk_bytes: int = 256 << 20,
+    kind: str = "full",
+    window: int = 0,
 ):
     """The oracle: output (and dq, dk, dv for ``grad_out``) in flash-attn layout (batch, seq, heads, dim).
 
@@ -106,7 +145,7 @@ def reference_attention(
             for r0 in range(0, sq, rows_per_chunk):
                 rows = slice(r0, min(sq, r0 + rows_per_chunk))
                 qh = qg[b, hs, :, rows]  # (h, group, r, d_qk)
-                mask = causal_mask(sq, skv, q.device, r0, qh.shape[-2]) if causal else None
+                mask = visible_mask(sq, skv, q.device, r0, qh.shape[-2], kind, window) if causal else None
                 probs = attention_probs(torch.matmul(qh, kh.transpose(-1, -2)) * scale, mask, empty)
                 oh = torch.matmul(probs, vh)
                 out[b, hs, :, rows] = oh

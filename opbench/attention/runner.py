@@ -1,9 +1,10 @@
 """Runs one (shape, batch size, backend) case: check against the oracle once, then time fwd / bwd / fwdbwd.
 
 Backward is timed alone: the forward runs once, untimed, keeping its graph, and each timed call is
-``torch.autograd.grad(out, (q, k, v), grad_out, retain_graph=True)``; the harness' untimed ``before`` hook
+``torch.autograd.grad(out, inputs, grad_out, retain_graph=True)``; the harness' untimed ``before`` hook
 swaps in a different ``grad_out`` for every call. The forward is timed as in training (inputs require grad, so autograd
-records and the kernel saves what backward needs).
+records and the kernel saves what backward needs). Inputs are (q, k, v) for softmax attention, (q, k, v, g, β)
+for gated DeltaNet and (q, k, w) for the DSA indexer.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from __future__ import annotations
 import math
 import warnings
 import zlib
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -20,10 +21,12 @@ import torch
 from opbench.core.device import torch_dtype
 from opbench.core.sweep import STATUS_ERROR, STATUS_OK, STATUS_UNSUPPORTED, Unsupported
 from opbench.core.timing import Stats, TimingConfig, measure, noisy_note
+from opbench.models.layout import CHUNKED, FULL, INDEXER, LINEAR
 
 from .backends import BACKENDS, from_layout, to_layout
 from .flops import attention_flops
-from .reference import max_errors, reference_attention
+from .operators import indexer_reference, recurrent_gated_delta_rule
+from .reference import max_errors, reference_attention, reference_precision
 from .schema import STAT_SUFFIXES
 from .shapes import AttentionShape
 
@@ -51,14 +54,26 @@ class AttentionCase:
 
 @dataclass
 class Problem:
-    """Inputs of one (shape, batch) in bshd, and the oracle's answer, shared by every backend."""
+    """Inputs of one (kernel shape, batch) in bshd, and the oracle's answer, shared by every backend."""
 
     key: tuple
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
+    inputs: tuple[torch.Tensor, ...]
     grad_out: torch.Tensor | None
-    ref: tuple[torch.Tensor, ...]
+    ref: tuple[torch.Tensor, ...]  # the output, then (with grad_out) the gradient of every input
+
+
+def kernel_problem(shape: AttentionShape, batch: int) -> tuple[AttentionShape, int, str]:
+    """What the backends run for a row: a chunked layer whose length is a whole number of chunks is causal
+    attention over each chunk, so it runs as that (exact) with the chunks as the batch, on every backend; a
+    chunk as long as the sequence is plain causal attention. Other rows run as they are."""
+    if shape.attn_kind == CHUNKED and shape.seqlen_q == shape.seqlen_kv:
+        s, c = shape.seqlen_q, shape.window
+        if c >= s:
+            return replace(shape, attn_kind=FULL, window=0), batch, f"chunked: one chunk of {c} ≥ seqlen, plain causal"
+        if s % c == 0:
+            kernel = replace(shape, seqlen_q=c, seqlen_kv=c, attn_kind=FULL, window=0)
+            return kernel, batch * (s // c), f"chunked: timed as causal attention over {s // c} blocks of {c}"
+    return shape, batch, ""
 
 
 class ProblemCache:
@@ -67,29 +82,72 @@ class ProblemCache:
     def __init__(self) -> None:
         self._problem: Problem | None = None
 
-    def get(self, case: AttentionCase, device: torch.device, with_grads: bool) -> Problem:
-        key = (case.shape.key, case.batch_size, case.dtype, with_grads)
+    def get(self, shape: AttentionShape, batch: int, dtype: str, device: torch.device, with_grads: bool) -> Problem:
+        key = (shape.key, batch, dtype, with_grads)
         if self._problem is None or self._problem.key != key:
             self._problem = None  # release the previous shape's tensors before allocating
-            self._problem = make_problem(case, device, with_grads)
+            self._problem = make_problem(shape, batch, dtype, device, with_grads)
         return self._problem
 
 
-def make_problem(case: AttentionCase, device: torch.device, with_grads: bool) -> Problem:
-    s, b = case.shape, case.batch_size
+def _autograd_reference(
+    fn: Callable[..., torch.Tensor], inputs: tuple[torch.Tensor, ...], grad_out: torch.Tensor | None
+) -> tuple[torch.Tensor, ...]:
+    """An operator's oracle: its definition run in ``reference_precision`` (fp64 on the host), with autograd's
+    gradients of every input."""
+    wide = reference_precision(inputs[0].device)
+    xs = tuple(t.detach().to(wide).requires_grad_(grad_out is not None) for t in inputs)
+    out = fn(*xs)
+    if grad_out is None:
+        return (out.detach(),)
+    return (out.detach(), *torch.autograd.grad(out, xs, grad_out.to(wide)))
+
+
+def make_problem(s: AttentionShape, b: int, dtype: str, device: torch.device, with_grads: bool) -> Problem:
     gen = torch.Generator(device=device)
     gen.manual_seed(zlib.crc32(repr((s.key, b)).encode()))
-    dt = torch_dtype(case.dtype)
+    dt = torch_dtype(dtype)
 
     def randn(*size: int) -> torch.Tensor:
         return torch.randn(size, generator=gen, device=device, dtype=dt)
 
-    q = randn(b, s.seqlen_q, s.num_head_q, s.head_dim_qk)
-    k = randn(b, s.seqlen_kv, s.num_head_kv, s.head_dim_qk)
-    v = randn(b, s.seqlen_kv, s.num_head_kv, s.head_dim_v)
-    grad_out = randn(b, s.seqlen_q, s.num_head_q, s.head_dim_v) if with_grads else None
-    ref = reference_attention(q, k, v, s.causal, grad_out)
-    return Problem((s.key, b, case.dtype, with_grads), q, k, v, grad_out, ref if with_grads else (ref,))
+    out_shape: tuple[int, ...]
+    if s.attn_kind == LINEAR:
+        # g: log-decay ≤ 0 (decays 0.6–1 per token), β in (0, 1): the ranges a trained model's gates produce
+        q, k = randn(b, s.seqlen_q, s.num_head_kv, s.head_dim_qk), randn(b, s.seqlen_kv, s.num_head_kv, s.head_dim_qk)
+        v = randn(b, s.seqlen_kv, s.num_head_q, s.head_dim_v)
+        g = -0.5 * torch.rand(b, s.seqlen_q, s.num_head_q, generator=gen, device=device, dtype=dt)
+        beta = torch.sigmoid(randn(b, s.seqlen_q, s.num_head_q))
+        inputs: tuple[torch.Tensor, ...] = (q, k, v, g, beta)
+        oracle: Callable[..., tuple[torch.Tensor, ...]] = partial_reference(recurrent_gated_delta_rule)
+        out_shape = (b, s.seqlen_q, s.num_head_q, s.head_dim_v)
+    elif s.attn_kind == INDEXER:
+        inputs = (randn(b, s.seqlen_q, s.num_head_q, s.head_dim_qk), randn(b, s.seqlen_kv, 1, s.head_dim_qk))
+        inputs += (randn(b, s.seqlen_q, s.num_head_q),)
+        oracle = partial_reference(indexer_reference)
+        out_shape = (b, s.seqlen_q, s.seqlen_kv)
+    else:
+        inputs = (
+            randn(b, s.seqlen_q, s.num_head_q, s.head_dim_qk),
+            randn(b, s.seqlen_kv, s.num_head_kv, s.head_dim_qk),
+            randn(b, s.seqlen_kv, s.num_head_kv, s.head_dim_v),
+        )
+
+        def oracle(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad: torch.Tensor | None):
+            ref = reference_attention(q, k, v, s.causal, grad, kind=s.attn_kind, window=s.window)
+            return ref if grad is not None else (ref,)
+
+        out_shape = (b, s.seqlen_q, s.num_head_q, s.head_dim_v)
+    grad_out = randn(*out_shape) if with_grads else None
+    return Problem((s.key, b, dtype, with_grads), inputs, grad_out, tuple(oracle(*inputs, grad_out)))
+
+
+def partial_reference(definition: Callable[..., torch.Tensor]) -> Callable[..., tuple[torch.Tensor, ...]]:
+    def oracle(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        *inputs, grad_out = args
+        return _autograd_reference(definition, tuple(inputs), grad_out)
+
+    return oracle
 
 
 def _stats_columns(pass_: str, stats: Stats, flops: float) -> dict[str, Any]:
@@ -98,17 +156,14 @@ def _stats_columns(pass_: str, stats: Stats, flops: float) -> dict[str, Any]:
     return row
 
 
-def check(case: AttentionCase, fn, layout: str, problem: Problem) -> dict[str, Any]:
-    """Run the backend once on the problem; errors of the output (and of dq, dk, dv) against the oracle."""
-    q, k, v = (
-        to_layout(t, layout).detach().requires_grad_(problem.grad_out is not None)
-        for t in (problem.q, problem.k, problem.v)
-    )
-    out = fn(q, k, v)
+def check(fn, layout: str, problem: Problem) -> dict[str, Any]:
+    """Run the backend once on the problem; errors of the output (and of every input's gradient) against the oracle."""
+    xs = tuple(to_layout(t, layout).detach().requires_grad_(problem.grad_out is not None) for t in problem.inputs)
+    out = fn(*xs)
     row: dict[str, Any] = {}
     row["max_abs_err"], row["max_rel_err"] = max_errors(from_layout(out, layout), problem.ref[0])
     if problem.grad_out is not None:
-        grads = torch.autograd.grad(out, (q, k, v), to_layout(problem.grad_out, layout))
+        grads = torch.autograd.grad(out, xs, to_layout(problem.grad_out, layout))
         errs = [max_errors(from_layout(g, layout), r) for g, r in zip(grads, problem.ref[1:])]
         row["grad_max_abs_err"] = max(e[0] for e in errs)
         row["grad_max_rel_err"] = max(e[1] for e in errs)
@@ -117,19 +172,16 @@ def check(case: AttentionCase, fn, layout: str, problem: Problem) -> dict[str, A
 
 def time_passes(
     fn,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+    inputs: tuple[torch.Tensor, ...],
     passes: Sequence[str],
     device: torch.device,
     config: TimingConfig,
 ) -> dict[str, Stats]:
-    inputs = (q, k, v)
     stats: dict[str, Stats] = {}
     if "fwd" in passes:
-        stats["fwd"] = measure(lambda: fn(q, k, v), device, config)
+        stats["fwd"] = measure(lambda: fn(*inputs), device, config)
     if "bwd" in passes or "fwdbwd" in passes:
-        out = fn(q, k, v)
+        out = fn(*inputs)
         # Untimed, before each call: the next of two different output gradients, so no call repeats the
         # previous one's input (drawing a new one per call costs more than the CPU backward itself).
         pool = [torch.randn_like(out), torch.randn_like(out)]
@@ -148,7 +200,7 @@ def time_passes(
         del out  # free the retained graph before fwdbwd builds its own
         if "fwdbwd" in passes:
             stats["fwdbwd"] = measure(
-                lambda: torch.autograd.grad(fn(q, k, v), inputs, pool[current[0]]), device, config, before=fresh_grad
+                lambda: torch.autograd.grad(fn(*inputs), inputs, pool[current[0]]), device, config, before=fresh_grad
             )
     return stats
 
@@ -161,21 +213,27 @@ def inconsistent_passes(row: dict[str, Any]) -> str | None:
     return None
 
 
+SINKS_NOTE = "attention sinks not applied: one learned logit per head joins the softmax (FLOPs unchanged)"
+
+
 def run_case(
     case: AttentionCase, device: torch.device, passes: Sequence[str], config: TimingConfig, cache: ProblemCache
 ) -> dict[str, Any]:
-    """One CSV row. Raises Unsupported (and lets OOM/errors propagate) for run_sweep to turn into a row."""
+    """One CSV row. Raises Unsupported (and lets OOM/errors propagate) for run_sweep to turn into a row. The row
+    keeps the case's shape and FLOPs; the backend runs ``kernel_problem``'s equivalent where they differ."""
     backend = BACKENDS[case.backend]
     with_grads = any(p in passes for p in ("bwd", "fwdbwd"))
+    kernel, batch, kernel_note = kernel_problem(case.shape, case.batch_size)
     with warnings.catch_warnings():  # torch's kernel-selection chatter; reasons that matter land in the row
         warnings.simplefilter("ignore", UserWarning)
         try:
-            prepared = backend.build(case.shape, device, case.dtype)
+            prepared = backend.build(kernel, device, case.dtype)
         except Unsupported as exc:  # known before any allocation: the row needs no cleanup
             return {**case.as_row(), "status": STATUS_UNSUPPORTED, "error": str(exc)}
-        problem = cache.get(case, device, with_grads)
-        errors = check(case, prepared.fn, backend.layout, problem)
-    row = {**case.as_row(), "note": prepared.note or None, **errors}
+        problem = cache.get(kernel, batch, case.dtype, device, with_grads)
+        errors = check(prepared.fn, backend.layout, problem)
+    notes = [prepared.note, kernel_note, SINKS_NOTE if case.shape.sinks else ""]
+    row = {**case.as_row(), "note": "; ".join(n for n in notes if n) or None, **errors}
     tol = TOLERANCE.get(case.dtype, 5e-3)
     wrong = [
         f"{what} rel err {row[col]:.3g} > {limit:.3g}" + (" (NaN/inf)" if math.isinf(row[col]) else "")
@@ -186,9 +244,9 @@ def run_case(
         return {**row, "status": STATUS_ERROR, "error": "wrong result vs the reference: " + "; ".join(wrong)}
     if prepared.untimed_reason:
         return {**row, "status": STATUS_UNSUPPORTED, "error": prepared.untimed_reason}
-    q, k, v = (to_layout(t, backend.layout).detach().requires_grad_() for t in (problem.q, problem.k, problem.v))
+    inputs = tuple(to_layout(t, backend.layout).detach().requires_grad_() for t in problem.inputs)
     noisy = []
-    for pass_, stats in time_passes(prepared.fn, q, k, v, passes, device, config).items():
+    for pass_, stats in time_passes(prepared.fn, inputs, passes, device, config).items():
         row.update(_stats_columns(pass_, stats, attention_flops(case.shape, case.batch_size, pass_)))
         if stats.noisy:
             noisy.append(noisy_note(stats, pass_))

@@ -4,7 +4,9 @@ from opbench.core.schema import Schema
 
 PASSES = ("fwd", "bwd", "fwdbwd")
 # The backends' names, for the CLI's help and checks without importing torch; backends.py registers exactly these.
-BACKEND_NAMES = (
+# Softmax attention (full, sliding, chunked, sparse kinds) runs on the first group; gated DeltaNet layers (kind
+# "linear") and DeepSeek-V3.2's indexer (kind "indexer") are other operators with their own implementations.
+SOFTMAX_BACKENDS = (
     "math",
     "sdpa",
     "sdpa_flash",
@@ -14,6 +16,16 @@ BACKEND_NAMES = (
     "flash_attn",
     "triton",
 )
+LINEAR_BACKENDS = ("gdn_torch", "gdn_fla")
+INDEXER_BACKENDS = ("indexer_torch",)
+BACKEND_NAMES = (*SOFTMAX_BACKENDS, *LINEAR_BACKENDS, *INDEXER_BACKENDS)
+
+
+def backends_for(kind: str) -> tuple[str, ...]:
+    """The backends that implement an attention kind's operator."""
+    return {"linear": LINEAR_BACKENDS, "indexer": INDEXER_BACKENDS}.get(kind, SOFTMAX_BACKENDS)
+
+
 # Per pass: the median time and its spread (the timing harness' Stats), calls timed, TFLOP/s from the median.
 STAT_SUFFIXES = {
     "time": "median",
@@ -36,6 +48,10 @@ SHAPE_COLUMNS = (
     "head_dim_qk",
     "head_dim_v",
     "causal",
+    "attn_kind",
+    "window",
+    "sinks",
+    "layer_count",
     "dtype",
     "backend",
     "fwd_flops",
@@ -44,7 +60,7 @@ SHAPE_COLUMNS = (
 SCHEMA = Schema(
     benchmark="attention",
     title="Attention",
-    version=2,  # 2: <pass>_time_iqr_rel, noisy passes in note
+    version=3,  # 2: <pass>_time_iqr_rel, noisy passes in note; 3: attn_kind, window, sinks, layer_count
     columns=(
         *SHAPE_COLUMNS,
         *PASS_COLUMNS,
@@ -69,6 +85,8 @@ SCHEMA = Schema(
         "head_dim_qk",
         "head_dim_v",
         "causal",
+        "attn_kind",
+        "window",
         "dtype",
         "backend",
         "tp",

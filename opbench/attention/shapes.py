@@ -4,7 +4,9 @@ Pure Python, no torch, so ``--dry-run`` and the shape tests are instant. One sha
 kernel call sees on one rank: ``num_head_q`` query heads attend over ``seqlen_kv`` keys/values of
 ``num_head_kv`` heads (GQA/MQA when fewer), with ``head_dim_qk`` for q·k and ``head_dim_v`` for the values
 (DeepSeek MLA: 192 / 128). Causal masks align bottom-right (flash-attn's convention) when
-seqlen_q ≠ seqlen_kv: query row i sees key j iff j ≤ i + seqlen_kv − seqlen_q.
+seqlen_q ≠ seqlen_kv: query row i sees key j iff j ≤ i + seqlen_kv − seqlen_q. ``attn_kind`` narrows the mask
+(sliding window, chunks, an indexer's top-k) or names another operator (gated DeltaNet linear attention, the
+DSA indexer); docs/models.md, "Attention kinds", says what each means for the timings.
 """
 
 from __future__ import annotations
@@ -17,12 +19,15 @@ from typing import Any
 
 from opbench.core.errors import UsageError
 from opbench.models import ModelConfig
+from opbench.models.architectures import decoder_layers
 from opbench.models.config import read_json
+from opbench.models.layout import ATTENTION_KINDS, FULL, INDEXER, LINEAR, Attention
 
 BUILTIN_SHAPES = Path(__file__).resolve().parent.parent / "shapes" / "attention_shapes.json"
 
 # Primus' attention shape schema, in its key order.
 SCHEMA_INT_FIELDS = ("seqlen_q", "seqlen_kv", "num_head_q", "num_head_kv", "head_dim_qk", "head_dim_v")
+OPTIONAL_FIELDS = ("attn_kind", "window", "sinks")  # opbench's additions; Primus' files have none of them
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,10 @@ class AttentionShape:
     head_dim_qk: int
     head_dim_v: int
     causal: bool
+    attn_kind: str = FULL
+    window: int = 0  # sliding window, chunk size, top-k keys, or the linear kind's chunk size
+    sinks: bool = False  # gpt-oss: a learned logit per head joins the softmax (not applied when timed)
+    layer_count: int | None = None  # layers of the model with this operator (derived shapes; None: unknown)
 
     @property
     def group_size(self) -> int:
@@ -43,8 +52,9 @@ class AttentionShape:
 
     @property
     def key(self) -> tuple:
-        """Everything but the model name: two models with the same key run the same kernel."""
-        return tuple(asdict(self).values())[1:]
+        """Everything but the model name and layer count: two models with the same key run the same kernel."""
+        d = asdict(self)
+        return tuple(v for k, v in d.items() if k not in ("model", "layer_count"))
 
     def as_row(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,14 +89,28 @@ def parse_shape(obj: Any, where: str) -> AttentionShape:
             source=where,
             field="num_head_kv",
         )
-    unknown = sorted(set(obj) - {"model", "causal", *SCHEMA_INT_FIELDS})
+    unknown = sorted(set(obj) - {"model", "causal", *SCHEMA_INT_FIELDS, *OPTIONAL_FIELDS})
     if unknown:
         raise UsageError(
-            f"unknown field(s) {unknown}; the schema is model, {', '.join(SCHEMA_INT_FIELDS)}, causal",
+            f"unknown field(s) {unknown}; the schema is model, {', '.join(SCHEMA_INT_FIELDS)}, causal "
+            f"(and optionally {', '.join(OPTIONAL_FIELDS)})",
             source=where,
             field=unknown[0],
         )
-    return AttentionShape(model=model, causal=causal, **values)
+    kind = obj.get("attn_kind", FULL)
+    if kind not in ATTENTION_KINDS:
+        raise UsageError(f"must be one of {', '.join(ATTENTION_KINDS)}, got {kind!r}", source=where, field="attn_kind")
+    window = obj.get("window", 0)
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0 or window > 1 << 24:
+        raise UsageError(f"must be an integer from 0 to {1 << 24}, got {window!r}", source=where, field="window")
+    if kind != FULL and kind != INDEXER and not window:
+        raise UsageError(f"a '{kind}' shape needs its window (size, chunk or top-k)", source=where, field="window")
+    if kind != FULL and not causal:
+        raise UsageError(f"a '{kind}' shape is causal", source=where, field="causal")
+    sinks = obj.get("sinks", False)
+    if not isinstance(sinks, bool):
+        raise UsageError(f"must be true or false, got {sinks!r}", source=where, field="sinks")
+    return AttentionShape(model=model, causal=causal, attn_kind=kind, window=window, sinks=sinks, **values)
 
 
 def load_attention_shapes(path: str | Path | None = None) -> list[AttentionShape]:
@@ -108,52 +132,69 @@ def _split(total: int, parts: int, what: str, flag: str, model: str) -> int:
     return total // parts
 
 
-def model_attention_shape(
-    cfg: ModelConfig, seqlen: int | None = None, tp: int = 1, cp: int = 1, causal: bool = True
-) -> AttentionShape:
-    """The self-attention kernel one rank runs in training.
+def _operator_shape(cfg: ModelConfig, op: Attention, seqlen: int, tp: int, cp: int) -> AttentionShape:
+    """One rank's kernel of ``op``: tensor parallel splits heads (not the replicated DSA indexer's); context
+    parallel is Megatron's ring, each step a kernel over seqlen/cp queries and one seqlen/cp block of keys."""
+    local = _split(seqlen, cp, "seqlen", "--cp", cfg.name)
+    if op.kind == INDEXER:
+        heads_q, heads_kv = op.heads_q, op.heads_kv
+    elif op.kind == LINEAR:
+        heads_q = _split(op.heads_q, tp, "linear_num_value_heads", "--tp", cfg.name)
+        heads_kv = _split(op.heads_kv, tp, "linear_num_key_heads", "--tp", cfg.name)
+    else:
+        heads_q = _split(op.heads_q, tp, "num_attention_heads", "--tp", cfg.name)
+        heads_kv = _split(op.heads_kv, tp, "num_key_value_heads", "--tp", cfg.name)
+    return AttentionShape(
+        model=cfg.name,
+        seqlen_q=local,
+        seqlen_kv=local,
+        num_head_q=heads_q,
+        num_head_kv=heads_kv,
+        head_dim_qk=op.head_dim_qk,
+        head_dim_v=op.head_dim_v,
+        causal=True,
+        attn_kind=op.kind,
+        window=op.window,
+        sinks=op.sinks,
+    )
 
-    Tensor parallel splits query and KV heads (Megatron requires both to divide by tp). Context parallel is
-    modelled as Megatron's default ring (p2p) exchange: each step is a kernel over the rank's seqlen/cp
-    queries and one seqlen/cp block of keys, so seqlen_q = seqlen_kv = seqlen/cp. MLA (DeepSeek) attends with
-    qk_nope+qk_rope dims for q·k, v_head_dim for values and as many KV heads as query heads after up-projection.
-    """
+
+def model_attention_shapes(
+    cfg: ModelConfig, seqlen: int | None = None, tp: int = 1, cp: int = 1
+) -> list[AttentionShape]:
+    """The distinct attention operators one rank runs in a training step, in model order, each with the number
+    of layers that run it: one shape for a Llama; sliding and full for Gemma 3 and gpt-oss, chunked and full for
+    Llama 4, linear and full for Qwen3-Next, the indexer and sparse attention for DeepSeek-V3.2. MLA (DeepSeek)
+    attends with qk_nope+qk_rope dims for q·k, v_head_dim for values and as many KV heads as query heads."""
     if tp < 1 or cp < 1:
         raise UsageError(f"parallel sizes must be positive, got tp={tp} cp={cp}", field="--tp" if tp < 1 else "--cp")
     s = seqlen or cfg.seqlen
     if not s:
         raise UsageError("the model config has no seqlen; pass --seqlen", source=cfg.source or cfg.name, field="seqlen")
-    if cfg.is_mla:
-        d_qk = (cfg.qk_nope_head_dim or 0) + (cfg.qk_rope_head_dim or 0)
-        d_v = cfg.v_head_dim or d_qk
-        heads, kv_heads = cfg.num_attention_heads, cfg.num_attention_heads
-    else:
-        d_qk = d_v = cfg.head_dim
-        heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
-    local = _split(s, cp, "seqlen", "--cp", cfg.name)
-    return AttentionShape(
-        model=cfg.name,
-        seqlen_q=local,
-        seqlen_kv=local,
-        num_head_q=_split(heads, tp, "num_attention_heads", "--tp", cfg.name),
-        num_head_kv=_split(kv_heads, tp, "num_key_value_heads", "--tp", cfg.name),
-        head_dim_qk=d_qk,
-        head_dim_v=d_v,
-        causal=causal,
-    )
+    counts: dict[AttentionShape, int] = {}
+    for lay in decoder_layers(cfg):
+        for op in lay.attention:
+            shape = _operator_shape(cfg, op, s, tp, cp)
+            counts[shape] = counts.get(shape, 0) + 1
+    counted = cfg.num_hidden_layers is not None
+    return [replace(shape, layer_count=n if counted else None) for shape, n in counts.items()]
 
 
 def cap_seqlen(shape: AttentionShape, max_seqlen: int | None) -> AttentionShape:
     """Shrink both seqlens by one factor so the longer is at most ``max_seqlen`` (keeps the q:kv ratio and so
-    the causal structure); used to make CPU runs finish. ``None``/0 leaves the shape alone."""
+    the causal structure; a sliding window, chunk or top-k shrinks by the same factor, so a windowed layer stays
+    windowed; the linear kind's chunk size is the algorithm's and stays); used to make CPU runs finish.
+    ``None``/0 leaves the shape alone."""
     longest = max(shape.seqlen_q, shape.seqlen_kv)
     if not max_seqlen or longest <= max_seqlen:
         return shape
     scale = max_seqlen / longest
+    window = shape.window if shape.attn_kind == LINEAR or not shape.window else max(1, math.floor(shape.window * scale))
     return replace(
         shape,
         seqlen_q=max(1, math.floor(shape.seqlen_q * scale)),
         seqlen_kv=max(1, math.floor(shape.seqlen_kv * scale)),
+        window=window,
     )
 
 

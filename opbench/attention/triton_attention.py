@@ -112,8 +112,10 @@ def attention_forward(
     causal: bool,
     sm_scale: float,
     blocks: tuple[int, int] | None = None,
+    window: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) with lse in log2 units, shape (batch·heads, seqlen_q), fp32."""
+    """(out, lse) with lse in log2 units, shape (batch·heads, seqlen_q), fp32. ``window`` > 0: a causal sliding
+    window of that many keys (the query's own included)."""
     kern = _kernels()
     n = _dims(q, k, v)
     out = torch.empty(n["batch"], n["sq"], n["heads"], n["D_V"], dtype=q.dtype, device=q.device)
@@ -140,13 +142,14 @@ def attention_forward(
         n["BD_QK"],
         n["BD_V"],
         CAUSAL=causal,
+        WINDOW=window,
         **cfg,
     )
     return out, lse
 
 
 def attention_backward(
-    q, k, v, out, lse, grad_out, causal: bool, sm_scale: float, blocks: tuple[int, int] | None = None
+    q, k, v, out, lse, grad_out, causal: bool, sm_scale: float, blocks: tuple[int, int] | None = None, window: int = 0
 ):
     """(dq, dk, dv) for the forward that produced ``out`` and ``lse``."""
     kern = _kernels()
@@ -184,6 +187,7 @@ def attention_backward(
         n["skv"],
         *common,
         CAUSAL=causal,
+        WINDOW=window,
         **cfg,
     )
     cfg = block_config(n["BD_QK"], n["BD_V"], "dq", q.device, blocks, q.element_size())
@@ -209,6 +213,7 @@ def attention_backward(
         n["skv"],
         *common,
         CAUSAL=causal,
+        WINDOW=window,
         **cfg,
     )
     return dq, dk, dv
@@ -216,17 +221,17 @@ def attention_backward(
 
 class _TritonAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal, sm_scale, blocks):
-        out, lse = attention_forward(q, k, v, causal, sm_scale, blocks)
+    def forward(ctx, q, k, v, causal, sm_scale, blocks, window):
+        out, lse = attention_forward(q, k, v, causal, sm_scale, blocks, window)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.causal, ctx.sm_scale, ctx.blocks = causal, sm_scale, blocks
+        ctx.causal, ctx.sm_scale, ctx.blocks, ctx.window = causal, sm_scale, blocks, window
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = attention_backward(q, k, v, out, lse, grad_out, ctx.causal, ctx.sm_scale, ctx.blocks)
-        return dq, dk, dv, None, None, None
+        dq, dk, dv = attention_backward(q, k, v, out, lse, grad_out, ctx.causal, ctx.sm_scale, ctx.blocks, ctx.window)
+        return dq, dk, dv, None, None, None, None
 
 
 def triton_attention(
@@ -236,7 +241,8 @@ def triton_attention(
     causal: bool = False,
     softmax_scale: float | None = None,
     blocks: tuple[int, int] | None = None,
+    window: int = 0,
 ) -> torch.Tensor:
-    """Fused attention, (batch, seq, heads, dim) in and out, differentiable."""
+    """Fused attention, (batch, seq, heads, dim) in and out, differentiable; ``window`` > 0 slides (causal only)."""
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
-    return _TritonAttention.apply(q, k, v, causal, scale, blocks)
+    return _TritonAttention.apply(q, k, v, causal, scale, blocks, window)

@@ -34,13 +34,28 @@ def _store_tile(ptr, rows, row_ok, stride_s, value, D: tl.constexpr, BD: tl.cons
 
 
 @triton.jit
-def _visible(q_idx, k_idx, q_ok, k_ok, shift, CAUSAL: tl.constexpr):
+def _visible(q_idx, k_idx, q_ok, k_ok, shift, CAUSAL: tl.constexpr, WINDOW: tl.constexpr):
     """Which (query, key) pairs count, for indices already broadcast to a 2-D tile in either orientation;
-    causal aligned bottom-right: key j is visible to query i iff j <= i + (SKV - SQ)."""
+    causal aligned bottom-right: key j is visible to query i iff j <= i + (SKV - SQ), and with a sliding
+    WINDOW (> 0) only the last WINDOW of those: j > i + (SKV - SQ) - WINDOW."""
     ok = q_ok & k_ok
     if CAUSAL:
         ok = ok & (k_idx <= q_idx + shift)
+    if WINDOW > 0:
+        ok = ok & (k_idx > q_idx + shift - WINDOW)
     return ok
+
+
+@triton.jit
+def _kv_start(pid_m, SQ, SKV, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WINDOW: tl.constexpr):
+    """The first key block any row of query block pid_m can see: 0, or under a sliding window the block holding
+    the first row's oldest visible key (whole blocks before it are skipped, which is what makes a window cheap)."""
+    if WINDOW > 0:
+        start = tl.maximum(0, pid_m * BLOCK_M + SKV - SQ - WINDOW + 1)
+        start = (start // BLOCK_N) * BLOCK_N
+    else:
+        start = 0 * pid_m
+    return start
 
 
 @triton.jit
@@ -85,6 +100,7 @@ def attn_fwd(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
 ):
     pid_m = tl.program_id(0).to(tl.int64)  # int64: offsets exceed 2**31 on large shapes
     pid_bh = tl.program_id(1).to(tl.int64)  # int64: offsets exceed 2**31 on large shapes
@@ -99,11 +115,13 @@ def attn_fwd(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BD_V], dtype=tl.float32)
-    for start_n in range(0, _kv_end(pid_m, SQ, SKV, BLOCK_M, CAUSAL), BLOCK_N):
+    for start_n in range(
+        _kv_start(pid_m, SQ, SKV, BLOCK_M, BLOCK_N, WINDOW), _kv_end(pid_m, SQ, SKV, BLOCK_M, CAUSAL), BLOCK_N
+    ):
         cols = start_n + tl.arange(0, BLOCK_N)
         col_ok = cols < SKV
         s = tl.dot(q, _tile_t(k_base, cols, col_ok, sks, D_QK, BD_QK)) * qk_scale
-        ok = _visible(rows[:, None], cols[None, :], row_ok[:, None], col_ok[None, :], SKV - SQ, CAUSAL)
+        ok = _visible(rows[:, None], cols[None, :], row_ok[:, None], col_ok[None, :], SKV - SQ, CAUSAL, WINDOW)
         s = tl.where(ok, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
@@ -163,6 +181,7 @@ def attn_bwd_dkdv(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
 ):
     pid_n = tl.program_id(0).to(tl.int64)  # int64: offsets exceed 2**31 on large shapes
     pid_bhk = tl.program_id(1).to(tl.int64)  # int64: offsets exceed 2**31 on large shapes
@@ -179,9 +198,13 @@ def attn_bwd_dkdv(
         lo = (lo // BLOCK_M) * BLOCK_M
     else:
         lo = 0 * pid_n
+    if WINDOW > 0:  # rows past (last key − shift + WINDOW − 1) have slid beyond this block
+        hi = tl.minimum(SQ, (pid_n + 1) * BLOCK_N - (SKV - SQ) + WINDOW - 1)
+    else:
+        hi = SQ + 0 * pid_n
     for g in range(0, GROUP):
         h = hk * GROUP + g
-        for start_m in range(lo, SQ, BLOCK_M):
+        for start_m in range(lo, hi, BLOCK_M):
             rows = start_m + tl.arange(0, BLOCK_M)
             row_ok = rows < SQ
             q = _tile(Q + b * sqb + h * sqh, rows, row_ok, sqs, D_QK, BD_QK)
@@ -190,7 +213,7 @@ def attn_bwd_dkdv(
             delta = tl.load(DELTA + (b * H + h) * SQ + rows, mask=row_ok, other=0.0)
             # transposed scores/probabilities: (BLOCK_N keys, BLOCK_M queries)
             pt = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - lse[None, :])
-            ok = _visible(rows[None, :], cols[:, None], row_ok[None, :], col_ok[:, None], SKV - SQ, CAUSAL)
+            ok = _visible(rows[None, :], cols[:, None], row_ok[None, :], col_ok[:, None], SKV - SQ, CAUSAL, WINDOW)
             pt = tl.where(ok, pt, 0.0)
             dv += tl.dot(pt.to(do.dtype), do)
             dst = pt * (tl.dot(v, tl.trans(do)) - delta[None, :])
@@ -236,6 +259,7 @@ def attn_bwd_dq(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
 ):
     pid_m = tl.program_id(0).to(tl.int64)  # int64: offsets exceed 2**31 on large shapes
     pid_bh = tl.program_id(1).to(tl.int64)  # int64: offsets exceed 2**31 on large shapes
@@ -248,13 +272,15 @@ def attn_bwd_dq(
     lse = tl.load(LSE + pid_bh * SQ + rows, mask=row_ok, other=float("inf"))
     delta = tl.load(DELTA + pid_bh * SQ + rows, mask=row_ok, other=0.0)
     dq = tl.zeros([BLOCK_M, BD_QK], dtype=tl.float32)
-    for start_n in range(0, _kv_end(pid_m, SQ, SKV, BLOCK_M, CAUSAL), BLOCK_N):
+    for start_n in range(
+        _kv_start(pid_m, SQ, SKV, BLOCK_M, BLOCK_N, WINDOW), _kv_end(pid_m, SQ, SKV, BLOCK_M, CAUSAL), BLOCK_N
+    ):
         cols = start_n + tl.arange(0, BLOCK_N)
         col_ok = cols < SKV
         kt = _tile_t(K + b * skb + hk * skh, cols, col_ok, sks, D_QK, BD_QK)
         vt = _tile_t(V + b * svb + hk * svh, cols, col_ok, svs, D_V, BD_V)
         p = tl.math.exp2(tl.dot(q, kt) * qk_scale - lse[:, None])
-        ok = _visible(rows[:, None], cols[None, :], row_ok[:, None], col_ok[None, :], SKV - SQ, CAUSAL)
+        ok = _visible(rows[:, None], cols[None, :], row_ok[:, None], col_ok[None, :], SKV - SQ, CAUSAL, WINDOW)
         p = tl.where(ok, p, 0.0)
         ds = p * (tl.dot(do, vt) - delta[:, None])
         dq += tl.dot(ds.to(kt.dtype), tl.trans(kt))

@@ -138,8 +138,9 @@ def _validate(args: argparse.Namespace) -> None:
             raise UsageError(f"must be in [0, 1), got {value}", field="--" + name.replace("_", "-"))
     if not args.outlier_mad >= 0:
         raise UsageError(f"must not be negative, got {args.outlier_mad}", field="--outlier-mad")
-    if args.model_config_path and not os.path.isfile(args.model_config_path) and args.model_config_path != "builtin":
-        raise UsageError("no such file", source=args.model_config_path, field="--model-config-path")
+    from opbench.models.config import check_config_path
+
+    check_config_path(args.model_config_path)
     if args.expect:
         from .verdict import load_expect
 
@@ -173,7 +174,7 @@ def plan(args: argparse.Namespace) -> int:
     gpus = args.nproc_per_node or 8
     gpu = args.device != "cpu"
     sizes = sizes_for(args, gpu)
-    if args.model:  # the same check a real run makes: a name that is not there is a usage error here too
+    if args.model or args.model_config_path:  # the checks a real run makes: a bad config or name is refused here too
         from opbench.models import load_model_configs, select_models
 
         select_models(load_model_configs(args.model_config_path, args.model_name), args.model)

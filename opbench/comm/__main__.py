@@ -152,8 +152,9 @@ def _validate(args: argparse.Namespace) -> None:
         raise UsageError(f"must be positive, got {args.timeout}", field="--timeout")
     if args.sizes is not None and any(s < 1 for s in args.sizes):
         raise UsageError("sizes must be at least 1 byte", field="--sizes")
-    if args.model_config_path and not os.path.isfile(args.model_config_path):
-        raise UsageError("no such file", source=args.model_config_path, field="--model-config-path")
+    from opbench.models.config import check_config_path
+
+    check_config_path(args.model_config_path)
     for path in args.sizes_from_trace or []:
         if path != "-" and not os.path.isfile(path):
             raise UsageError("no such file", source=path, field="--sizes-from-trace")

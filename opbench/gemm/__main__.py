@@ -35,6 +35,7 @@ SUMMARY = [
     "n",
     "k",
     "groups",
+    "layer_count",
     "backend",
     "time_s",
     "time_iqr_rel",

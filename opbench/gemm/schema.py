@@ -8,7 +8,7 @@ BACKEND_NAMES = ("torch", "torch_grouped", "fp8", "triton")
 SCHEMA = Schema(
     benchmark="gemm",
     title="GEMM",
-    version=2,  # 2: time_iqr_rel, note (noisy rows), etp
+    version=3,  # 2: time_iqr_rel, note (noisy rows), etp; 3: layer_count
     columns=(
         "model",
         "layer",
@@ -18,6 +18,7 @@ SCHEMA = Schema(
         "n",
         "k",
         "groups",
+        "layer_count",
         "transA",
         "transB",
         "dtype",

@@ -13,12 +13,16 @@ from dataclasses import asdict, dataclass
 
 from opbench.core.errors import UsageError
 from opbench.models import ModelConfig
+from opbench.models.architectures import decoder_layers
+from opbench.models.layout import ALL, COLUMN, EXPERT_COLUMN, EXPERT_ROW, LOCAL, ROUTED, ROW, VOCAB, Gemm
 
 PASSES = ("fwd", "dgrad", "wgrad")
-DENSE_LAYERS = ("qkv", "attn_out", "mlp_gate_up", "mlp_down", "lm_head")
-MOE_LAYERS = ("router", "expert_gate_up", "expert_down", "shared_gate_up", "shared_down")
+DENSE_LAYERS = ("qkv", "attn_out", "mlp_gate_up", "mlp_up", "mlp_down", "lm_head")
+MOE_LAYERS = ("router", "expert_gate_up", "expert_down", "shared_gate_up", "shared_down", "shared_gate")
 MLA_LAYERS = ("mla_q", "mla_q_down", "mla_q_up", "mla_kv_down", "mla_kv_up")
-ALL_LAYERS = (*DENSE_LAYERS, *MOE_LAYERS, *MLA_LAYERS)
+DSA_LAYERS = ("index_q", "index_k", "index_weights")
+LINEAR_ATTENTION_LAYERS = ("linear_in", "linear_out")
+ALL_LAYERS = (*DENSE_LAYERS, *MOE_LAYERS, *MLA_LAYERS, *DSA_LAYERS, *LINEAR_ATTENTION_LAYERS)
 VOCAB_PAD = 128  # Megatron's --make-vocab-size-divisible-by default
 
 
@@ -37,13 +41,15 @@ class ModelParallel:
 
 @dataclass(frozen=True)
 class LinearLayer:
-    """One weight W[N,K] applied to ``tokens`` rows, ``groups`` times (grouped GEMM for routed experts)."""
+    """One weight W[N,K] applied to ``tokens`` rows, ``groups`` times (grouped GEMM for routed experts), in
+    ``count`` decoder layers of the model (None: the config gives no layer count)."""
 
     name: str
     n: int
     k: int
     tokens: int
     groups: int = 1
+    count: int | None = 1
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,7 @@ class GemmShape:
     groups: int
     trans_a: bool
     trans_b: bool
+    layer_count: int | None = 1  # decoder layers that run this GEMM per step (1 for lm_head; None: unknown)
 
     @property
     def flops(self) -> int:
@@ -123,48 +130,52 @@ def tokens_per_expert(tokens: int, top_k: int, n_experts: int, ep: int, etp: int
     return math.ceil(tokens * etp * ep * top_k / n_experts)
 
 
+def _split(gemm: Gemm, tp: int, etp: int) -> tuple[int, int]:
+    """(N, K) of one rank's share of ``gemm`` (docs/conventions.md, "GEMM shapes of a training step")."""
+    n, k = gemm.n, gemm.k
+    if gemm.split == COLUMN:
+        return _divide(n, tp, f"{gemm.layer}: N", "--tp"), k
+    if gemm.split == ROW:
+        return n, _divide(k, tp, f"{gemm.layer}: K", "--tp")
+    if gemm.split == EXPERT_COLUMN:
+        return n // etp, k
+    if gemm.split == EXPERT_ROW:
+        return n, k // etp
+    if gemm.split == VOCAB:
+        return padded_vocab(n, tp) // tp, k
+    return n, k
+
+
 def model_layers(cfg: ModelConfig, tokens: int, par: ModelParallel) -> list[LinearLayer]:
-    """The distinct linear layers of one decoder layer (+ lm_head) as one TP/EP rank sees them."""
-    tp = par.tp
-    name = cfg.name
-    out: list[LinearLayer] = []
-    heads = _divide(cfg.num_attention_heads, tp, f"{name}: num_attention_heads", "--tp")
-    if cfg.is_mla:
-        nope, rope, v_dim, kv_rank = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
-        assert nope and rope and v_dim and kv_rank, "the config loader requires every MLA dimension"
-        qk_head = nope + rope
-        if cfg.q_lora_rank:
-            # q_down is replicated across TP ranks (Megatron builds it duplicated); q_up is column-parallel.
-            out.append(LinearLayer("mla_q_down", cfg.q_lora_rank, cfg.hidden_size, tokens))
-            out.append(LinearLayer("mla_q_up", heads * qk_head, cfg.q_lora_rank, tokens))
-        else:
-            out.append(LinearLayer("mla_q", heads * qk_head, cfg.hidden_size, tokens))
-        out.append(LinearLayer("mla_kv_down", kv_rank + rope, cfg.hidden_size, tokens))
-        out.append(LinearLayer("mla_kv_up", heads * (nope + v_dim), kv_rank, tokens))
-        out.append(LinearLayer("attn_out", cfg.hidden_size, heads * v_dim, tokens))
-    else:
-        kv_heads = _divide(cfg.num_key_value_heads, tp, f"{name}: num_key_value_heads", "--tp")
-        out.append(LinearLayer("qkv", (heads + 2 * kv_heads) * cfg.head_dim, cfg.hidden_size, tokens))
-        out.append(LinearLayer("attn_out", cfg.hidden_size, heads * cfg.head_dim, tokens))
-    if cfg.has_dense_mlp_layers:
-        inter = _divide(cfg.intermediate_size, tp, f"{name}: intermediate_size", "--tp")
-        out.append(LinearLayer("mlp_gate_up", 2 * inter, cfg.hidden_size, tokens))
-        out.append(LinearLayer("mlp_down", cfg.hidden_size, inter, tokens))
+    """The distinct linear layers of the model's decoder layers (+ lm_head) as one TP/EP rank sees them, in model
+    order, each with the number of layers that run it. Read from the architecture's description (layout.Gemm)."""
+    tp, etp, name = par.tp, par.expert_tp, cfg.name
+    layers = decoder_layers(cfg)
+    counted = cfg.num_hidden_layers is not None
+    for what, value in dict.fromkeys(unit for lay in layers for unit in lay.tp_units):
+        _divide(value, tp, f"{name}: {what}", "--tp")
+    local = tokens
     if cfg.is_moe:
         # Megatron-Core: MoE with TP needs sequence parallelism, so the router and the dispatcher see the rank's
         # T/tp tokens; experts are split by etp (default tp). Shared experts are ordinary TP MLPs on all T tokens.
-        etp = par.expert_tp
         local = _divide(tokens, tp, f"{name}: tokens mbs·seqlen/cp (sequence parallel with MoE)", "--tp")
-        experts = _divide(cfg.n_routed_experts, par.ep, f"{name}: n_routed_experts", "--ep")
-        e_inter = _divide(cfg.expert_intermediate_size, etp, f"{name}: moe_intermediate_size", "--etp")
-        rows = tokens_per_expert(local, cfg.num_experts_per_tok, cfg.n_routed_experts, par.ep, etp)
-        out.append(LinearLayer("router", cfg.n_routed_experts, cfg.hidden_size, local))
-        out.append(LinearLayer("expert_gate_up", 2 * e_inter, cfg.hidden_size, rows, experts))
-        out.append(LinearLayer("expert_down", cfg.hidden_size, e_inter, rows, experts))
-        if cfg.shared_intermediate_size:
-            s_inter = _divide(cfg.shared_intermediate_size, tp, f"{name}: shared expert intermediate size", "--tp")
-            out.append(LinearLayer("shared_gate_up", 2 * s_inter, cfg.hidden_size, tokens))
-            out.append(LinearLayer("shared_down", cfg.hidden_size, s_inter, tokens))
+        _divide(cfg.n_routed_experts, par.ep, f"{name}: n_routed_experts", "--ep")
+        _divide(cfg.expert_intermediate_size, etp, f"{name}: moe_intermediate_size", "--etp")
+    seen: dict[tuple, int] = {}
+    for lay in layers:
+        for gemm in lay.gemms:
+            n, k = _split(gemm, tp, etp)
+            groups = 1
+            rows = {ALL: tokens, LOCAL: local}.get(gemm.rows, tokens)
+            if gemm.rows == ROUTED:
+                groups = gemm.experts // par.ep
+                rows = tokens_per_expert(local, gemm.top_k, gemm.experts, par.ep, etp)
+            key = (gemm.layer, n, k, rows, groups)
+            seen[key] = seen.get(key, 0) + 1
+    out = [
+        LinearLayer(layer, n, k, rows, groups, count if counted else None)
+        for (layer, n, k, rows, groups), count in seen.items()
+    ]
     out.append(LinearLayer("lm_head", padded_vocab(cfg.vocab_size, tp) // tp, cfg.hidden_size, tokens))
     return out
 
@@ -196,7 +207,7 @@ def gemm_shapes(
                 continue
             for p in passes:
                 m, n, k, ta, tb = pass_shape(p, layer.tokens, layer.n, layer.k)
-                shapes.append(GemmShape(cfg.name, layer.name, p, mbs, m, n, k, layer.groups, ta, tb))
+                shapes.append(GemmShape(cfg.name, layer.name, p, mbs, m, n, k, layer.groups, ta, tb, layer.count))
     return shapes
 
 

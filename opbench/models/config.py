@@ -1,8 +1,9 @@
 """ModelConfig and its loaders.
 
-Accepted inputs (docs/conventions.md, "Model configs"): Primus' ``model_configs.json`` (a list of objects), one object in that schema,
-or a Hugging Face ``config.json`` (Llama, Mistral/Mixtral, Qwen2/Qwen3 dense and MoE, DeepSeek V2/V3).
-Field-name variants are normalised here and nowhere else. Reading a config never touches the network.
+Accepted inputs (docs/models.md): Primus' ``model_configs.json`` (a list of objects), one object in that schema,
+or a Hugging Face ``config.json`` (the file or its model folder) of an architecture in ``architectures.py``; any
+other ``model_type`` is refused by name. Field-name variants are normalised here and nowhere else. Reading a
+config never touches the network.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any
 
 from opbench.core.errors import UsageError
 
+from .architectures import ARCHITECTURES, TEXT_CONFIG_WRAPPERS, unsupported
+
 BUILTIN_CONFIGS = Path(__file__).resolve().parent.parent / "shapes" / "model_configs.json"
 
 # canonical field -> accepted spellings, first found wins
@@ -25,22 +28,27 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "num_attention_heads": ("num_attention_heads", "n_heads", "n_head", "num_heads"),
     "num_key_value_heads": ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "num_query_groups"),
     "head_dim": ("head_dim", "kv_channels"),
-    "intermediate_size": ("intermediate_size", "ffn_hidden_size", "ffn_dim"),
+    "intermediate_size": ("intermediate_size", "ffn_hidden_size", "ffn_dim", "n_inner"),
     "vocab_size": ("vocab_size", "padded_vocab_size"),
     "seqlen": ("seqlen", "seq_length", "seq_len"),
     "num_hidden_layers": ("num_hidden_layers", "num_layers", "n_layers", "n_layer"),
-    "n_routed_experts": ("n_routed_experts", "num_local_experts", "num_experts", "num_moe_experts"),
-    "num_experts_per_tok": ("num_experts_per_tok", "moe_router_topk", "top_k"),
+    "n_routed_experts": ("n_routed_experts", "num_local_experts", "num_experts", "num_moe_experts", "moe_num_experts"),
+    "num_experts_per_tok": ("num_experts_per_tok", "moe_router_topk", "top_k", "moe_k"),
     "moe_intermediate_size": ("moe_intermediate_size", "moe_ffn_hidden_size"),
     "shared_expert_intermediate_size": ("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size"),
+    "n_shared_experts": ("n_shared_experts", "moe_num_shared_experts"),
 }
 
-KNOWN_ARCHS = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "deepseek_v2", "deepseek_v3")
+# Every integer a config gives is bounded like a command-line flag: 2**24 is far above any real dimension (the
+# largest vocabularies are ~262k, hidden sizes ~16k), and keeps every product the tools form finite and printable.
+MAX_CONFIG_INT = 1 << 24
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The dimensions every benchmark derives shapes from. MoE/MLA fields are zero/None for dense models."""
+    """The dimensions every benchmark derives shapes from. MoE/MLA fields are zero/None for dense models; what one
+    architecture alone reads (gpt-oss's sinks, Qwen3-Next's linear-attention heads, …) is in ``extra``, and what
+    each layer is made of comes from its description in architectures.py (``decoder_layers``)."""
 
     name: str
     hidden_size: int
@@ -51,10 +59,9 @@ class ModelConfig:
     vocab_size: int
     seqlen: int | None = None
     num_hidden_layers: int | None = None
-    architecture: str = "llama"
+    architecture: str = "llama"  # a model_type of architectures.ARCHITECTURES
     tie_word_embeddings: bool = False
-    attention_bias: bool = False  # q/k/v (and o for Llama's flag) biases
-    qk_norm: bool = False  # Qwen3 per-head q_norm / k_norm weights
+    attention_bias: bool = False
     # MoE
     n_routed_experts: int = 0
     num_experts_per_tok: int = 0
@@ -65,13 +72,20 @@ class ModelConfig:
     moe_layer_freq: int = 1
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    moe_layers: tuple[int, ...] | None = None  # an explicit list of MoE layers (Llama 4, ERNIE, DeepSeek-V3.2)
     # DeepSeek multi-head latent attention
     q_lora_rank: int | None = None
     kv_lora_rank: int | None = None
     qk_nope_head_dim: int | None = None
     qk_rope_head_dim: int | None = None
     v_head_dim: int | None = None
+    # attention kind per layer (layout.ATTENTION_KINDS; empty = every layer full causal) and its windows
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
+    attention_chunk_size: int | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
     source: str = ""
+    from_hf: bool = False  # read from a transformers config.json (whose fields rebuild the real model, models/hf.py)
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     notes: tuple[str, ...] = field(default=(), compare=False)  # what the config left out and what that changes
 
@@ -84,9 +98,12 @@ class ModelConfig:
         return self.kv_lora_rank is not None
 
     def is_moe_layer(self, index: int) -> bool:
-        """Which decoder layers carry routed experts (DeepSeek first_k_dense_replace/moe_layer_freq, Qwen sparse step)."""
+        """Which decoder layers carry routed experts: an explicit list, else DeepSeek's first_k_dense_replace /
+        moe_layer_freq and Qwen's mlp_only_layers / decoder_sparse_step."""
         if not self.is_moe:
             return False
+        if self.moe_layers is not None:
+            return index in self.moe_layers
         return (
             index >= self.first_k_dense_replace
             and index % self.moe_layer_freq == 0
@@ -95,25 +112,12 @@ class ModelConfig:
         )
 
     @property
-    def has_dense_mlp_layers(self) -> bool:
-        if not self.is_moe:
-            return True
-        if self.num_hidden_layers is not None:
-            return any(not self.is_moe_layer(i) for i in range(self.num_hidden_layers))
-        return (
-            self.first_k_dense_replace > 0
-            or bool(self.mlp_only_layers)
-            or self.decoder_sparse_step > 1
-            or self.moe_layer_freq > 1
-        )
-
-    @property
     def expert_intermediate_size(self) -> int:
         return self.moe_intermediate_size or self.intermediate_size
 
     @property
     def shared_intermediate_size(self) -> int:
-        """Qwen2-MoE names it directly; DeepSeek uses moe_intermediate × n_shared_experts."""
+        """Qwen names it directly; DeepSeek, GLM and ERNIE use moe_intermediate × n_shared_experts."""
         if self.shared_expert_intermediate_size:
             return self.shared_expert_intermediate_size
         return self.expert_intermediate_size * self.n_shared_experts
@@ -121,6 +125,7 @@ class ModelConfig:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("raw")
+        d["extra"] = dict(self.extra)
         return d
 
 
@@ -132,39 +137,86 @@ def _where(source: str, name: str | None) -> str:
     return f"{source}: model '{name}'" if name else source
 
 
-def _pick(obj: Mapping[str, Any], canonical: str) -> tuple[str | None, Any]:
-    for key in ALIASES.get(canonical, (canonical,)):
-        if key in obj and obj[key] is not None:
-            return key, obj[key]
-    return None, None
+class FieldReader:
+    """Validated access to one config object's fields; every error names the file, the model and the field.
+
+    ``hf``: the object is a Hugging Face config.json, so a field it leaves out takes transformers' default for its
+    model_type (``hf_default``); a Primus-schema entry leaves it unset instead."""
+
+    def __init__(self, obj: Mapping[str, Any], where: str, hf: bool) -> None:
+        self.obj, self.where, self.hf = obj, where, hf
+
+    def hf_default(self, value: Any) -> Any:
+        return value if self.hf else None
+
+    def pick(self, key: str, alias: Sequence[str] = ()) -> tuple[str | None, Any]:
+        for k in (*ALIASES.get(key, (key,)), *alias):
+            if k in self.obj and self.obj[k] is not None:
+                return k, self.obj[k]
+        return None, None
+
+    def _check_int(self, key: str, value: Any, *, zero: bool, signed: bool = False) -> int:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or (isinstance(value, float) and not value.is_integer())
+        ):
+            raise UsageError(f"must be an integer, got {value!r}", source=self.where, field=key)
+        if abs(value) > MAX_CONFIG_INT:
+            raise UsageError(f"{value:.4g} is out of range (at most {MAX_CONFIG_INT:,})", source=self.where, field=key)
+        value = int(value)
+        if not signed and (value < 0 or (value == 0 and not zero)):
+            raise UsageError(f"must be positive, got {value}", source=self.where, field=key)
+        return value
+
+    def number(
+        self, key: str, default: int | None = None, *, zero: bool = False, alias: Sequence[str] = ()
+    ) -> int | None:
+        found, value = self.pick(key, alias)
+        return default if found is None else self._check_int(found, value, zero=zero)
+
+    def signed(self, key: str, default: int) -> int:
+        found, value = self.pick(key)
+        return default if found is None else self._check_int(found, value, zero=True, signed=True)
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.obj.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise UsageError(f"must be true or false, got {value!r}", source=self.where, field=key)
+        return value
+
+    def strings(self, key: str) -> list[str] | None:
+        value = self.obj.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise UsageError("must be a list of strings", source=self.where, field=key)
+        return value
+
+    def indices(self, key: str) -> tuple[int, ...] | None:
+        value = self.obj.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, list):
+            raise UsageError("must be a list of integers", source=self.where, field=key)
+        return tuple(self._check_int(key, v, zero=True) for v in value)
 
 
-def _int_field(
-    obj: Mapping[str, Any], canonical: str, where: str, *, required: bool, allow_zero: bool = False
-) -> int | None:
-    key, value = _pick(obj, canonical)
-    if key is None:
-        if required:
-            raise UsageError("missing", source=where, field=canonical)
-        return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or (isinstance(value, float) and not value.is_integer())
-    ):
-        raise UsageError(f"must be an integer, got {value!r}", source=where, field=key)
-    value = int(value)
-    if value < 0 or (value == 0 and not allow_zero):
-        raise UsageError(f"must be positive, got {value}", source=where, field=key)
-    return value
-
-
-def _architecture(obj: Mapping[str, Any], name: str) -> str:
-    mt = str(obj.get("model_type", "")).lower()
-    if mt in KNOWN_ARCHS:
-        return mt
-    archs = " ".join(obj.get("architectures") or []).lower()
-    hint = f"{mt} {archs} {name}".lower().replace("-", "_").replace(".", "")
+def _architecture(obj: Mapping[str, Any], name: str, where: str) -> tuple[str, str | None]:
+    """(model_type, note). A config's ``model_type`` (or a Primus entry's ``architecture``) must be one opbench
+    models exactly; only a config without one is guessed from its name (the note says what was guessed)."""
+    given = obj.get("model_type") or obj.get("architecture")
+    if given is not None:
+        mt = str(given).lower()
+        if mt not in ARCHITECTURES:
+            raise unsupported(mt, where)
+        return mt, None
+    archs = " ".join(str(a) for a in obj.get("architectures") or []).lower()
+    hint = f"{archs} {name}".lower().replace("-", "_").replace(".", "")
+    has_experts = any(k in obj for k in ALIASES["n_routed_experts"])
+    guess = None
     for arch, needles in (
         ("deepseek_v3", ("deepseek_v3", "deepseekv3")),
         ("deepseek_v2", ("deepseek",)),
@@ -177,109 +229,112 @@ def _architecture(obj: Mapping[str, Any], name: str) -> str:
         ("llama", ("llama",)),
     ):
         if any(n in hint for n in needles):
-            if arch == "qwen3" and _pick(obj, "n_routed_experts")[0]:
-                return "qwen3_moe"
-            if arch == "qwen2" and _pick(obj, "n_routed_experts")[0]:
-                return "qwen2_moe"
-            return arch
-    if obj.get("kv_lora_rank") is not None:
-        return "deepseek_v3"
-    return "mixtral" if _pick(obj, "n_routed_experts")[0] else "llama"
+            guess = {"qwen3": "qwen3_moe", "qwen2": "qwen2_moe"}.get(arch, arch) if has_experts else arch
+            break
+    if guess is None:
+        guess = "deepseek_v3" if obj.get("kv_lora_rank") is not None else ("mixtral" if has_experts else "llama")
+    return guess, f"{where}: no model_type, so the architecture is guessed from the name and fields: '{guess}'"
 
 
-def parse_model_config(obj: Mapping[str, Any], source: str, default_name: str | None = None) -> ModelConfig:
-    """Normalise one object (Primus entry or HF config.json) into a validated ModelConfig."""
+def _text_config(obj: Mapping[str, Any], where: str) -> tuple[Mapping[str, Any], str | None]:
+    """A multimodal Gemma 3 / Llama 4 config.json holds its language model in ``text_config``: read that."""
+    mt = str(obj.get("model_type", "")).lower()
+    if mt not in TEXT_CONFIG_WRAPPERS:
+        return obj, None
+    text = obj.get("text_config")
+    if not isinstance(text, Mapping):
+        raise UsageError(
+            f"a '{mt}' config without text_config: pass the language model's config ({TEXT_CONFIG_WRAPPERS[mt]})",
+            source=where,
+            field="text_config",
+        )
+    inner = {**text, "model_type": TEXT_CONFIG_WRAPPERS[mt]}
+    for key in ("model", "name"):
+        if key in obj:
+            inner[key] = obj[key]
+    note = f"{where}: a multimodal '{mt}' config; its language model (text_config, {inner['model_type']}) is modelled"
+    return inner, note
+
+
+def parse_model_config(
+    obj: Mapping[str, Any], source: str, default_name: str | None = None, *, hf: bool = False
+) -> ModelConfig:
+    """Normalise one object (Primus entry, or an HF config.json when ``hf``) into a validated ModelConfig."""
     if not isinstance(obj, Mapping):
         raise UsageError(f"expected a JSON object, got {type(obj).__name__}", source=source)
     name = obj.get("model") or obj.get("name") or default_name
     if not name or not isinstance(name, str):
         raise UsageError("missing (a name for the model)", source=source, field="model")
     where = _where(source, name)
+    obj, wrapper_note = _text_config(obj, where)
+    arch_name, guess_note = _architecture(obj, name, where)
+    arch = ARCHITECTURES[arch_name]
+    r = FieldReader(obj, where, hf)
+    f: dict[str, Any] = {"name": name, "architecture": arch_name, "source": source, "raw": dict(obj), "extra": {}}
+    f["from_hf"] = hf
+    for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size"):
+        f[key] = r.number(key)
+    for key in ("vocab_size", "seqlen", "num_hidden_layers", "moe_intermediate_size"):
+        f[key] = r.number(key)
+    for key in ("n_routed_experts", "num_experts_per_tok", "n_shared_experts", "first_k_dense_replace"):
+        f[key] = r.number(key, 0, zero=True)
+    f["shared_expert_intermediate_size"] = r.number("shared_expert_intermediate_size", zero=True) or None
+    f["moe_layer_freq"] = r.number("moe_layer_freq", 1)
+    f["decoder_sparse_step"] = r.number("decoder_sparse_step", 1)
+    f["mlp_only_layers"] = r.indices("mlp_only_layers") or ()
+    for key in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+        f[key] = r.number(key)
+    f["tie_word_embeddings"] = r.flag("tie_word_embeddings", arch.tie_default if hf else False)
+    if hf and arch_name.startswith("deepseek") and "first_k_dense_replace" not in obj:
+        f["first_k_dense_replace"] = 0 if arch_name == "deepseek_v2" else 3  # transformers' defaults
+    arch.read(r, f)
 
-    def req(field_name: str) -> int:
-        value = _int_field(obj, field_name, where, required=True)
-        assert value is not None  # a missing required field raised UsageError above
-        return value
-
-    def opt(field_name: str, allow_zero: bool = False) -> int | None:
-        return _int_field(obj, field_name, where, required=False, allow_zero=allow_zero)
-
-    hidden = req("hidden_size")
-    heads = req("num_attention_heads")
-    kv_heads = opt("num_key_value_heads") or heads
-    if heads % kv_heads:
+    hidden, heads = f["hidden_size"], f["num_attention_heads"]
+    for key in ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size"):
+        if f[key] is None:
+            raise UsageError("missing", source=where, field=key)
+    if f["num_key_value_heads"] is None:
+        f["num_key_value_heads"] = heads
+    if heads % f["num_key_value_heads"]:
         raise UsageError(
-            f"{heads} attention heads are not a multiple of {kv_heads} KV heads",
+            f"{heads} attention heads are not a multiple of {f['num_key_value_heads']} KV heads",
             source=where,
             field="num_key_value_heads",
         )
-    head_dim = opt("head_dim")
-    if head_dim is None:
-        if hidden % heads:
+    if f["head_dim"] is None:
+        if hf and arch.head_dim_default:
+            f["head_dim"] = arch.head_dim_default
+        elif hf:
+            f["head_dim"] = hidden // heads  # transformers' getattr(config, "head_dim", hidden // heads)
+        elif hidden % heads:
             raise UsageError(
                 f"absent, and hidden_size {hidden} is not divisible by {heads} heads", source=where, field="head_dim"
             )
-        head_dim = hidden // heads
-    arch = _architecture(obj, name)
-    experts = opt("n_routed_experts", allow_zero=True) or 0
-    top_k = opt("num_experts_per_tok", allow_zero=True) or 0
+        else:
+            f["head_dim"] = hidden // heads
+    experts, top_k = f["n_routed_experts"], f["num_experts_per_tok"]
     if experts and not top_k:
         raise UsageError("missing for a MoE model", source=where, field="num_experts_per_tok")
     if top_k > experts and experts:
         raise UsageError(f"top-k {top_k} exceeds {experts} experts", source=where, field="num_experts_per_tok")
-    mla_fields = {
-        f: opt(f) for f in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-    }
-    if mla_fields["kv_lora_rank"] is not None:
-        for f in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
-            if mla_fields[f] is None:
-                raise UsageError("missing for an MLA (kv_lora_rank) model", source=where, field=f)
-    mlp_only = obj.get("mlp_only_layers") or []
-    if not isinstance(mlp_only, list) or not all(isinstance(i, int) and i >= 0 for i in mlp_only):
-        raise UsageError("must be a list of layer indices", source=where, field="mlp_only_layers")
-    tie = obj.get("tie_word_embeddings", False)
-    attention_bias = bool(obj.get("attention_bias", arch in ("qwen2", "qwen2_moe")))
-    notes = []
-    if not experts and (arch == "mixtral" or name.lower() in PRIMUS_NAMES):
+    if f["kv_lora_rank"] is not None:
+        for key in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            if f[key] is None:
+                raise UsageError("missing for an MLA (kv_lora_rank) model", source=where, field=key)
+    notes = [n for n in (wrapper_note, guess_note) if n]
+    if not experts and (arch_name == "mixtral" or name.lower() in PRIMUS_NAMES):
         # Primus' own model_configs.json lists Mistral_8x7B/8x22B with dense keys only
         notes.append(
             f"{where}: no expert fields (n_routed_experts/num_local_experts), so this Mixtral is timed as a dense "
             "model; the built-in config of the same name has its 8 experts (leave out --model-config-path)"
         )
-    if experts and arch.startswith("deepseek") and "first_k_dense_replace" not in obj:
+    if experts and arch_name.startswith("deepseek") and "first_k_dense_replace" not in obj and not hf:
         # Primus' own model_configs.json has DeepSeek entries without it; DeepSeek's configs have 1 (V2, V2-Lite), 3 (V3)
         notes.append(
             f"{where}: no first_k_dense_replace, so every layer is taken as MoE and the dense MLP GEMMs "
             "of DeepSeek's first layers are left out (DeepSeek's own configs say 1 for V2/V2-Lite, 3 for V3)"
         )
-    return ModelConfig(
-        name=name,
-        hidden_size=hidden,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=head_dim,
-        intermediate_size=req("intermediate_size"),
-        vocab_size=req("vocab_size"),
-        seqlen=opt("seqlen"),
-        num_hidden_layers=opt("num_hidden_layers"),
-        architecture=arch,
-        tie_word_embeddings=bool(tie),
-        attention_bias=attention_bias,
-        qk_norm=bool(obj.get("qk_norm", arch in ("qwen3", "qwen3_moe"))),
-        n_routed_experts=experts,
-        num_experts_per_tok=top_k,
-        moe_intermediate_size=opt("moe_intermediate_size"),
-        n_shared_experts=opt("n_shared_experts", allow_zero=True) or 0,
-        shared_expert_intermediate_size=opt("shared_expert_intermediate_size", allow_zero=True) or None,
-        first_k_dense_replace=opt("first_k_dense_replace", allow_zero=True) or 0,
-        moe_layer_freq=opt("moe_layer_freq") or 1,
-        decoder_sparse_step=opt("decoder_sparse_step") or 1,
-        mlp_only_layers=tuple(mlp_only),
-        source=source,
-        raw=dict(obj),
-        notes=tuple(notes),
-        **mla_fields,
-    )
+    return ModelConfig(**f, notes=tuple(notes))
 
 
 def read_json(path: Path) -> Any:
@@ -302,9 +357,36 @@ def read_json(path: Path) -> Any:
         raise UsageError("JSON nested too deeply to be a config", source=str(path)) from None
 
 
+def config_file(path: Path) -> tuple[Path, str]:
+    """(the JSON file, the model name it defaults to): a Hugging Face model folder means its ``config.json``, and
+    a file called ``config.json`` is named after its folder (``~/hf/Llama-3.1-8B/config.json`` → Llama-3.1-8B)."""
+    if path.is_dir():
+        inner = path / "config.json"
+        if not inner.is_file():
+            raise UsageError(
+                "is a directory without a config.json (a Hugging Face model folder has one)", source=str(path)
+            )
+        return inner, path.resolve().name
+    if path.name == "config.json" and path.resolve().parent.name:
+        return path, path.resolve().parent.name
+    return path, path.stem
+
+
+def check_config_path(path: str | None) -> None:
+    """Fail early, before any rank starts, on a --model-config-path that is neither 'builtin', a file, nor a
+    model folder with a config.json."""
+    if not path or path == "builtin":
+        return
+    p = Path(path)
+    if not p.exists():
+        raise UsageError("no such file", source=path, field="--model-config-path")
+    config_file(p)
+
+
 def load_model_configs(path: str | os.PathLike | None = None, model_name: str | None = None) -> list[ModelConfig]:
-    """Load a Primus list, a single Primus object or an HF config.json; ``None`` or 'builtin' loads the built-in list."""
-    p = Path(path) if path and str(path) != "builtin" else BUILTIN_CONFIGS
+    """Load a Primus list, a single Primus object, or an HF config.json (or its model folder); ``None`` or 'builtin'
+    loads the built-in list."""
+    p, stem = config_file(Path(path)) if path and str(path) != "builtin" else (BUILTIN_CONFIGS, "")
     data = read_json(p)
     if isinstance(data, list):
         if not data:
@@ -317,11 +399,12 @@ def load_model_configs(path: str | os.PathLike | None = None, model_name: str | 
         return configs
     if isinstance(data, dict):
         is_primus = "model" in data and "model_type" not in data
-        name = model_name or (None if is_primus else p.stem)
+        hf = "model" not in data and "model_type" in data  # a transformers config.json: its defaults apply
+        name = model_name or (None if is_primus else stem)
         obj = dict(data)
         if model_name:
             obj["model"] = model_name
-        return [parse_model_config(obj, str(p), default_name=name)]
+        return [parse_model_config(obj, str(p), default_name=name, hf=hf)]
     raise UsageError(f"expected a list of models or one config object, got {type(data).__name__}", source=str(p))
 
 

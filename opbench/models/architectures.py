@@ -1,0 +1,825 @@
+"""One description per architecture opbench models exactly: which config fields it reads (with transformers'
+defaults for fields a config.json leaves out), and what each decoder layer is made of (``layout.Layer``).
+
+Every tool reads a model through these descriptions: parameter names and shapes (params.py, FSDP, checkpoints),
+GEMM rows (gemm/shapes.py), attention operators (attention/shapes.py). Each follows the transformers 5.x
+modeling file of its ``model_type`` (``modeling_<type>.py``) and is checked against the real model's
+``named_parameters()`` and a forward's FLOPs in tests/test_architectures.py. Adding an architecture is one entry
+in ``ARCHITECTURES`` and its name in that test (docs/models.md, "Adding an architecture").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from opbench.core.errors import UsageError
+
+from . import layout as L
+from .layout import Attention, Block, Gemm, Layer, Named, weight
+
+if TYPE_CHECKING:
+    from .config import FieldReader, ModelConfig
+
+# transformers' layer_types names -> opbench attention kinds
+HF_LAYER_TYPES = {
+    "full_attention": L.FULL,
+    "sliding_attention": L.SLIDING,
+    "chunked_attention": L.CHUNKED,
+    "linear_attention": L.LINEAR,
+    "indexed_attention": L.SPARSE,
+}
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """How one ``model_type`` is read and built. ``read`` fills architecture-specific fields into the config
+    being parsed (``fields``: canonical names plus ``extra``); ``layer`` builds decoder layer ``i``."""
+
+    model_type: str
+    models: str  # for the README and error messages: which released models use it
+    layer: Callable[[ModelConfig, int], Layer]
+    read: Callable[[FieldReader, dict[str, Any]], None] = lambda r, f: None
+    tie_default: bool = False  # transformers' tie_word_embeddings default for this model_type
+    head_dim_default: int | None = None  # transformers' head_dim default, when it is not hidden / heads
+    embeddings: Callable[[ModelConfig], Named] = lambda c: [
+        ("model.embed_tokens.weight", (c.vocab_size, c.hidden_size))
+    ]
+    layers_prefix: str = "model.layers"
+    final: Callable[[ModelConfig], Named] = lambda c: L.norm("model.norm", c.hidden_size)
+    lm_head_bias: Callable[[ModelConfig], bool] = lambda c: False
+
+
+# --- reading helpers ----------------------------------------------------------------------------------------
+
+
+def layer_kinds(r: FieldReader, fields: dict[str, Any], rule: Callable[[int], str] | None) -> None:
+    """``fields['layer_types']``: the config's own ``layer_types`` list when it has one (transformers writes it),
+    else ``rule(i)`` per layer as the model's config class derives it; a sliding layer with no window is full."""
+    n = fields.get("num_hidden_layers")
+    given = r.strings("layer_types")
+    if given is not None:
+        unknown = sorted({t for t in given if t not in HF_LAYER_TYPES})
+        if unknown:
+            raise UsageError(
+                f"layer type(s) {unknown} are not modelled by opbench (known: {', '.join(HF_LAYER_TYPES)})",
+                source=r.where,
+                field="layer_types",
+            )
+        if n is not None and len(given) != n:
+            raise UsageError(f"has {len(given)} entries for {n} layers", source=r.where, field="layer_types")
+        kinds = [HF_LAYER_TYPES[t] for t in given]
+    elif rule is not None and n is not None:
+        kinds = [rule(i) for i in range(n)]
+    else:
+        return
+    if fields.get("sliding_window") is None:
+        kinds = [L.FULL if k == L.SLIDING else k for k in kinds]
+    if fields.get("attention_chunk_size") is None:
+        kinds = [L.FULL if k == L.CHUNKED else k for k in kinds]
+    fields["layer_types"] = tuple(kinds)
+
+
+def kind_of(cfg: ModelConfig, i: int, default: str = L.FULL) -> str:
+    """Layer ``i``'s attention kind (configs without a layer count: the rule's kind for that index)."""
+    if cfg.layer_types and i < len(cfg.layer_types):
+        return cfg.layer_types[i]
+    return default
+
+
+def window(r: FieldReader, key: str, hf_default: int | None) -> int | None:
+    """A window size; 0 or null means none (Qwen2-MoE writes 0 when sliding is off)."""
+    return r.number(key, r.hf_default(hf_default), zero=True) or None
+
+
+def sliding_everywhere(r: FieldReader, fields: dict[str, Any], hf_default: int | None) -> None:
+    """Mistral, Mixtral, Phi-3, StarCoder2, Qwen3-MoE: one ``sliding_window`` for every layer when it is set."""
+    fields["sliding_window"] = window(r, "sliding_window", hf_default)
+    layer_kinds(r, fields, lambda i: L.SLIDING)
+
+
+def softmax_attention(cfg: ModelConfig, i: int, heads: int, kv_heads: int, d_qk: int, d_v: int, **kw: Any) -> Attention:
+    kind = kind_of(cfg, i)
+    window = {L.SLIDING: cfg.sliding_window, L.CHUNKED: cfg.attention_chunk_size}.get(kind) or 0
+    return Attention(kind, heads, kv_heads, d_qk, d_v, window, **kw)
+
+
+def standard_attention(
+    cfg: ModelConfig,
+    i: int,
+    prefix: str = "self_attn",
+    qkv_bias: bool = False,
+    o_bias: bool = False,
+    qk_norm: str | None = None,
+    q_factor: int = 1,
+    sinks: bool = False,
+) -> Block:
+    """q/k/v/o projections (``q_factor`` 2: q carries an output gate), optional per-head (``head``) or whole
+    (``full``, OLMo 2) q/k norms after them, optional gpt-oss sinks (a parameter of the attention module itself,
+    so listed first)."""
+    h, heads, kv, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    params: Named = [(f"{prefix}.sinks", (heads,))] if sinks else []
+    params += (
+        weight(f"{prefix}.q_proj", q_factor * heads * hd, h, qkv_bias)
+        + weight(f"{prefix}.k_proj", kv * hd, h, qkv_bias)
+        + weight(f"{prefix}.v_proj", kv * hd, h, qkv_bias)
+        + weight(f"{prefix}.o_proj", h, heads * hd, o_bias)
+    )
+    if qk_norm == "head":
+        params += L.norm(f"{prefix}.q_norm", hd) + L.norm(f"{prefix}.k_norm", hd)
+    elif qk_norm == "full":
+        params += L.norm(f"{prefix}.q_norm", heads * hd) + L.norm(f"{prefix}.k_norm", kv * hd)
+    return Block(
+        params,
+        L.attention_gemms(h, heads, kv, hd, q_factor),
+        (softmax_attention(cfg, i, heads, kv, hd, hd, sinks=sinks),),
+        L.head_units(heads, kv),
+    )
+
+
+def fused_attention(
+    cfg: ModelConfig,
+    i: int,
+    qkv: str,
+    out: str,
+    kv_heads: int,
+    bias: bool,
+    qkv_out: int | None = None,
+    transposed: bool = False,
+    out_first: bool = False,
+) -> Block:
+    """One fused q/k/v projection (Phi-3 ``qkv_proj``, GPT-NeoX/Falcon ``query_key_value``, GPT-2 ``c_attn``)."""
+    h, heads, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
+    n_qkv = qkv_out if qkv_out is not None else (heads + 2 * kv_heads) * hd
+    w_qkv = weight(qkv, n_qkv, h, bias, transposed)
+    w_out = weight(out, h, heads * hd, bias, transposed)
+    return Block(
+        w_out + w_qkv if out_first else w_qkv + w_out,
+        L.attention_gemms(h, heads, kv_heads, hd),
+        (softmax_attention(cfg, i, heads, kv_heads, hd, hd),),
+        L.head_units(heads, kv_heads),
+    )
+
+
+def mla_attention(cfg: ModelConfig, i: int, prefix: str = "self_attn", indexer: bool = False) -> Block:
+    """DeepSeek multi-head latent attention (q LoRA optional), optionally with V3.2's DSA indexer."""
+    h, heads, bias = cfg.hidden_size, cfg.num_attention_heads, cfg.attention_bias
+    nope, rope, v = cfg.qk_nope_head_dim or 0, cfg.qk_rope_head_dim or 0, cfg.v_head_dim or 0
+    kv_rank, q_rank = cfg.kv_lora_rank or 0, cfg.q_lora_rank
+    p = prefix
+    gemms: list[Gemm] = []
+    if q_rank is None:
+        params = weight(f"{p}.q_proj", heads * (nope + rope), h)
+        gemms.append(Gemm("mla_q", heads * (nope + rope), h, L.COLUMN))
+    else:
+        params = (
+            weight(f"{p}.q_a_proj", q_rank, h, bias)
+            + L.norm(f"{p}.q_a_layernorm", q_rank)
+            + weight(f"{p}.q_b_proj", heads * (nope + rope), q_rank)
+        )
+        # q_down is replicated across TP ranks (Megatron builds it duplicated); q_up is column-parallel
+        gemms += [Gemm("mla_q_down", q_rank, h, L.REPLICATED), Gemm("mla_q_up", heads * (nope + rope), q_rank)]
+    params += (
+        weight(f"{p}.kv_a_proj_with_mqa", kv_rank + rope, h, bias)
+        + L.norm(f"{p}.kv_a_layernorm", kv_rank)
+        + weight(f"{p}.kv_b_proj", heads * (nope + v), kv_rank)
+        + weight(f"{p}.o_proj", h, heads * v, bias)
+    )
+    gemms += [
+        Gemm("mla_kv_down", kv_rank + rope, h, L.REPLICATED),
+        Gemm("mla_kv_up", heads * (nope + v), kv_rank),
+        Gemm("attn_out", h, heads * v, L.ROW),
+    ]
+    ops: tuple[Attention, ...]
+    if indexer:
+        ih, idim, topk = cfg.extra["index_n_heads"], cfg.extra["index_head_dim"], cfg.extra["index_topk"]
+        params += (
+            weight(f"{p}.indexer.wq_b", ih * idim, q_rank or 0)
+            + weight(f"{p}.indexer.wk", idim, h)
+            + L.norm(f"{p}.indexer.k_norm", idim, bias=True)
+            + weight(f"{p}.indexer.weights_proj", ih, h)
+        )
+        # The indexer is replicated across TP ranks: its top-k sums scores over all of its heads.
+        gemms += [
+            Gemm("index_q", ih * idim, q_rank or 0, L.REPLICATED),
+            Gemm("index_k", idim, h, L.REPLICATED),
+            Gemm("index_weights", ih, h, L.REPLICATED),
+        ]
+        # head_dim_v = 1: each score is weighted by its head's weight and summed over heads (docs/models.md)
+        ops = (
+            Attention(L.INDEXER, ih, 1, idim, 1, topk),
+            Attention(L.SPARSE, heads, heads, nope + rope, v, topk),
+        )
+    else:
+        ops = (Attention(L.FULL, heads, heads, nope + rope, v),)
+    return Block(params, tuple(gemms), ops, (("num_attention_heads", heads),))
+
+
+def gated_deltanet(cfg: ModelConfig, prefix: str = "linear_attn") -> Block:
+    """Qwen3-Next's gated DeltaNet: its own parameters (dt_bias, A_log) first, then conv1d, the input projections
+    (q, k, v, z and β, a), the gated norm and out_proj; Megatron fuses the two input projections (``linear_in``)."""
+    x = cfg.extra
+    kh, vh, dk, dv, conv = (
+        x["linear_num_key_heads"],
+        x["linear_num_value_heads"],
+        x["linear_key_head_dim"],
+        x["linear_value_head_dim"],
+        x["linear_conv_kernel_dim"],
+    )
+    h = cfg.hidden_size
+    conv_dim = 2 * kh * dk + vh * dv
+    p = prefix
+    params: Named = [(f"{p}.dt_bias", (vh,)), (f"{p}.A_log", (vh,)), (f"{p}.conv1d.weight", (conv_dim, 1, conv))]
+    params += weight(f"{p}.in_proj_qkvz", 2 * kh * dk + 2 * vh * dv, h) + weight(f"{p}.in_proj_ba", 2 * vh, h)
+    params += L.norm(f"{p}.norm", dv) + weight(f"{p}.out_proj", h, vh * dv)
+    gemms = (
+        Gemm("linear_in", 2 * kh * dk + 2 * vh * dv + 2 * vh, h, L.COLUMN),
+        Gemm("linear_out", h, vh * dv, L.ROW),
+    )
+    units = (("linear_num_key_heads", kh), ("linear_num_value_heads", vh))
+    return Block(params, gemms, (Attention(L.LINEAR, vh, kh, dk, dv, L.LINEAR_CHUNK),), units)
+
+
+def norms(*names: str, size: int, bias: bool = False) -> Block:
+    out: Named = []
+    for n in names:
+        out += L.norm(n, size, bias)
+    return L.with_params(out)
+
+
+def two_norms(cfg: ModelConfig) -> Block:
+    return norms("input_layernorm", "post_attention_layernorm", size=cfg.hidden_size)
+
+
+def dense_or_moe(cfg: ModelConfig, i: int, dense: Callable[[], Block], moe: Callable[[], Block]) -> tuple[Block, bool]:
+    is_moe = cfg.is_moe_layer(i)
+    return (moe() if is_moe else dense()), is_moe
+
+
+def experts(cfg: ModelConfig, prefix: str, **kw: Any) -> Block:
+    return L.routed_experts(
+        prefix, cfg.n_routed_experts, cfg.hidden_size, cfg.expert_intermediate_size, cfg.num_experts_per_tok, **kw
+    )
+
+
+def gate(cfg: ModelConfig, name: str, bias: bool = False) -> Block:
+    return L.router(name, cfg.n_routed_experts, cfg.hidden_size, bias)
+
+
+# --- Llama family -------------------------------------------------------------------------------------------
+
+
+def _read_llama(r: FieldReader, f: dict[str, Any]) -> None:
+    f["attention_bias"] = r.flag("attention_bias", False)
+    f["extra"]["mlp_bias"] = r.flag("mlp_bias", False)
+
+
+def _llama_layer(cfg: ModelConfig, i: int) -> Layer:
+    b = cfg.attention_bias
+    blk = standard_attention(cfg, i, qkv_bias=b, o_bias=b)
+    blk += L.gated_mlp("mlp", cfg.hidden_size, cfg.intermediate_size, cfg.extra.get("mlp_bias", False))
+    return L.layer(i, blk + two_norms(cfg), False)
+
+
+def _read_mistral(r: FieldReader, f: dict[str, Any]) -> None:
+    sliding_everywhere(r, f, 4096)
+
+
+def _mistral_layer(cfg: ModelConfig, i: int) -> Layer:
+    blk = standard_attention(cfg, i) + L.gated_mlp("mlp", cfg.hidden_size, cfg.intermediate_size)
+    return L.layer(i, blk + two_norms(cfg), False)
+
+
+def _read_mixtral(r: FieldReader, f: dict[str, Any]) -> None:
+    sliding_everywhere(r, f, None)
+
+
+def _mixtral_layer(cfg: ModelConfig, i: int) -> Layer:
+    if cfg.is_moe:
+        mlp = gate(cfg, "mlp.gate") + experts(cfg, "mlp.experts")
+    else:  # Primus' own Mixtral entries have no expert fields (a note says so)
+        mlp = L.gated_mlp("mlp", cfg.hidden_size, cfg.intermediate_size)
+    return L.layer(i, standard_attention(cfg, i) + mlp + two_norms(cfg), cfg.is_moe)
+
+
+# --- Qwen family --------------------------------------------------------------------------------------------
+
+
+def _qwen_sliding(r: FieldReader, f: dict[str, Any], rule: Callable[[int, int], bool]) -> None:
+    """Qwen2/Qwen3 (and the MoE variants) slide only with ``use_sliding_window``; which layers, per ``rule``."""
+    use = r.flag("use_sliding_window", False)
+    size = window(r, "sliding_window", 4096)
+    f["sliding_window"] = size if use else None
+    max_window_layers = r.number("max_window_layers", 28, zero=True) or 0
+    layer_kinds(r, f, lambda i: L.SLIDING if use and rule(i, max_window_layers) else L.FULL)
+
+
+def _read_qwen2(r: FieldReader, f: dict[str, Any]) -> None:
+    _qwen_sliding(r, f, lambda i, m: i >= m)
+
+
+def _qwen2_layer(cfg: ModelConfig, i: int) -> Layer:
+    blk = standard_attention(cfg, i, qkv_bias=True) + L.gated_mlp("mlp", cfg.hidden_size, cfg.intermediate_size)
+    return L.layer(i, blk + two_norms(cfg), False)
+
+
+def _read_qwen2_moe(r: FieldReader, f: dict[str, Any]) -> None:
+    f["extra"]["qkv_bias"] = r.flag("qkv_bias", True)
+    _qwen_sliding(r, f, lambda i, m: bool((i + 1) % 2) and i < m)
+
+
+def _qwen2_moe_layer(cfg: ModelConfig, i: int) -> Layer:
+    h = cfg.hidden_size
+
+    def moe() -> Block:
+        return (
+            gate(cfg, "mlp.gate")
+            + experts(cfg, "mlp.experts")
+            + shared_gate_block(cfg, "mlp.shared_expert", "mlp.shared_expert_gate")
+        )
+
+    mlp, is_moe = dense_or_moe(cfg, i, lambda: L.gated_mlp("mlp", h, cfg.intermediate_size), moe)
+    attn = standard_attention(cfg, i, qkv_bias=cfg.extra.get("qkv_bias", True))
+    return L.layer(i, attn + mlp + two_norms(cfg), is_moe)
+
+
+def shared_gate_block(cfg: ModelConfig, shared: str, gate_name: str) -> Block:
+    """Qwen's shared expert and its sigmoid gate (a (1, hidden) linear, replicated like the router)."""
+    h = cfg.hidden_size
+    return L.shared_mlp(shared, h, cfg.shared_intermediate_size) + Block(
+        weight(gate_name, 1, h), (Gemm("shared_gate", 1, h, L.REPLICATED, L.LOCAL),)
+    )
+
+
+def _read_qwen3(r: FieldReader, f: dict[str, Any]) -> None:
+    f["attention_bias"] = r.flag("attention_bias", False)
+    _qwen_sliding(r, f, lambda i, m: i >= m)
+
+
+def _qwen3_layer(cfg: ModelConfig, i: int) -> Layer:
+    b = cfg.attention_bias
+    blk = standard_attention(cfg, i, qkv_bias=b, o_bias=b, qk_norm="head")
+    blk += L.gated_mlp("mlp", cfg.hidden_size, cfg.intermediate_size)
+    return L.layer(i, blk + two_norms(cfg), False)
+
+
+def _read_qwen3_moe(r: FieldReader, f: dict[str, Any]) -> None:
+    f["attention_bias"] = r.flag("attention_bias", False)
+    use = r.flag("use_sliding_window", False)
+    f["sliding_window"] = window(r, "sliding_window", 4096) if use else None
+    layer_kinds(r, f, lambda i: L.SLIDING)
+
+
+def _qwen3_moe_layer(cfg: ModelConfig, i: int) -> Layer:
+    b = cfg.attention_bias
+    mlp, is_moe = dense_or_moe(
+        cfg,
+        i,
+        lambda: L.gated_mlp("mlp", cfg.hidden_size, cfg.intermediate_size),
+        lambda: experts(cfg, "mlp.experts") + gate(cfg, "mlp.gate"),
+    )
+    attn = standard_attention(cfg, i, qkv_bias=b, o_bias=b, qk_norm="head")
+    return L.layer(i, attn + mlp + two_norms(cfg), is_moe)
+
+
+def _read_qwen3_next(r: FieldReader, f: dict[str, Any]) -> None:
+    f["attention_bias"] = r.flag("attention_bias", False)
+    x = f["extra"]
+    for key, default in (
+        ("linear_num_key_heads", 16),
+        ("linear_num_value_heads", 32),
+        ("linear_key_head_dim", 128),
+        ("linear_value_head_dim", 128),
+        ("linear_conv_kernel_dim", 4),
+    ):
+        x[key] = r.number(key, default)
+    if x["linear_num_value_heads"] % x["linear_num_key_heads"]:
+        raise UsageError(
+            f"{x['linear_num_value_heads']} is not a multiple of linear_num_key_heads {x['linear_num_key_heads']}",
+            source=r.where,
+            field="linear_num_value_heads",
+        )
+    interval = r.number("full_attention_interval", 4) or 4
+    layer_kinds(r, f, lambda i: L.LINEAR if (i + 1) % interval else L.FULL)
+
+
+def _qwen3_next_layer(cfg: ModelConfig, i: int) -> Layer:
+    b = cfg.attention_bias
+    if kind_of(cfg, i) == L.LINEAR:
+        mixer = gated_deltanet(cfg)
+    else:
+        mixer = standard_attention(cfg, i, qkv_bias=b, o_bias=b, qk_norm="head", q_factor=2)
+
+    def moe() -> Block:
+        return (
+            gate(cfg, "mlp.gate")
+            + experts(cfg, "mlp.experts")
+            + shared_gate_block(cfg, "mlp.shared_expert", "mlp.shared_expert_gate")
+        )
+
+    mlp, is_moe = dense_or_moe(cfg, i, lambda: L.gated_mlp("mlp", cfg.hidden_size, cfg.intermediate_size), moe)
+    return L.layer(i, mixer + mlp + two_norms(cfg), is_moe)
+
+
+# --- DeepSeek / GLM / ERNIE ---------------------------------------------------------------------------------
+
+
+def _read_deepseek(version: str) -> Callable[[FieldReader, dict[str, Any]], None]:
+    def read(r: FieldReader, f: dict[str, Any]) -> None:
+        f["attention_bias"] = r.flag("attention_bias", False)
+        f["extra"]["mlp_bias"] = r.flag("mlp_bias", False) if version == "v2" else False
+        if version == "v32":
+            x = f["extra"]
+            for key, default in (("index_topk", 2048), ("index_head_dim", 128), ("index_n_heads", 64)):
+                x[key] = r.number(key, default)
+            if f.get("q_lora_rank") is None:
+                raise UsageError(
+                    "missing: DeepSeek-V3.2's indexer reads the compressed query (transformers builds no "
+                    "q_lora_rank-free variant)",
+                    source=r.where,
+                    field="q_lora_rank",
+                )
+            mlp_types = r.strings("mlp_layer_types")
+            if mlp_types is not None:
+                f["moe_layers"] = tuple(i for i, t in enumerate(mlp_types) if t == "sparse")
+            layer_kinds(r, f, lambda i: L.SPARSE)
+
+    return read
+
+
+def _deepseek_layer(indexer: bool) -> Callable[[ModelConfig, int], Layer]:
+    def build(cfg: ModelConfig, i: int) -> Layer:
+        h = cfg.hidden_size
+        mlp_bias = cfg.extra.get("mlp_bias", False)
+        mlp, is_moe = dense_or_moe(
+            cfg,
+            i,
+            lambda: L.gated_mlp("mlp", h, cfg.intermediate_size, mlp_bias),
+            lambda: (
+                experts(cfg, "mlp.experts")
+                + gate(cfg, "mlp.gate")
+                + L.shared_mlp("mlp.shared_experts", h, cfg.shared_intermediate_size, mlp_bias)
+            ),
+        )
+        return L.layer(i, mla_attention(cfg, i, indexer=indexer) + mlp + two_norms(cfg), is_moe)
+
+    return build
+
+
+def _read_glm4_moe(r: FieldReader, f: dict[str, Any]) -> None:
+    f["attention_bias"] = r.flag("attention_bias", False)
+    f["extra"]["use_qk_norm"] = r.flag("use_qk_norm", False)
+
+
+def _glm4_moe_layer(cfg: ModelConfig, i: int) -> Layer:
+    h = cfg.hidden_size
+    attn = standard_attention(
+        cfg, i, qkv_bias=cfg.attention_bias, qk_norm="head" if cfg.extra.get("use_qk_norm") else None
+    )
+    mlp, is_moe = dense_or_moe(
+        cfg,
+        i,
+        lambda: L.gated_mlp("mlp", h, cfg.intermediate_size),
+        lambda: (
+            experts(cfg, "mlp.experts")
+            + gate(cfg, "mlp.gate")
+            + L.shared_mlp("mlp.shared_experts", h, cfg.shared_intermediate_size)
+        ),
+    )
+    return L.layer(i, attn + mlp + two_norms(cfg), is_moe)
+
+
+def _read_ernie(r: FieldReader, f: dict[str, Any]) -> None:
+    x = f["extra"]
+    x["use_bias"] = r.flag("use_bias", False)
+    n = f.get("num_hidden_layers")
+    start = r.number("moe_layer_start_index", 1, zero=True) or 0
+    end = r.signed("moe_layer_end_index", -1)
+    interval = r.number("moe_layer_interval", 1) or 1
+    if end == -1 and n is not None:
+        end = n - 1
+    if n is not None and f.get("n_routed_experts"):
+        f["moe_layers"] = tuple(i for i in range(n) if (i + 1) % interval == 0 and start <= i <= end)
+
+
+def _ernie_layer(cfg: ModelConfig, i: int) -> Layer:
+    h, b = cfg.hidden_size, cfg.extra.get("use_bias", False)
+    attn = standard_attention(cfg, i, qkv_bias=b, o_bias=b)
+
+    def moe() -> Block:
+        blk = gate(cfg, "mlp.gate") + L.with_params(
+            [("mlp.gate.moe_statics.e_score_correction_bias", (1, cfg.n_routed_experts))]
+        )
+        blk += experts(cfg, "mlp.experts")
+        if cfg.n_shared_experts:
+            blk += L.shared_mlp("mlp.shared_experts", h, cfg.shared_intermediate_size, b)
+        return blk
+
+    mlp, is_moe = dense_or_moe(cfg, i, lambda: L.gated_mlp("mlp", h, cfg.intermediate_size, b), moe)
+    return L.layer(i, attn + mlp + two_norms(cfg), is_moe)
+
+
+# --- gpt-oss, Llama 4, Gemma 3, OLMo 2, Phi-3 ------------------------------------------------------------------
+
+
+def _read_gpt_oss(r: FieldReader, f: dict[str, Any]) -> None:
+    f["attention_bias"] = r.flag("attention_bias", True)
+    f["sliding_window"] = window(r, "sliding_window", 128)
+    layer_kinds(r, f, lambda i: L.SLIDING if (i + 1) % 2 else L.FULL)
+
+
+def _gpt_oss_layer(cfg: ModelConfig, i: int) -> Layer:
+    b = cfg.attention_bias
+    attn = standard_attention(cfg, i, qkv_bias=b, o_bias=b, sinks=True)
+    mlp = gate(cfg, "mlp.router", bias=True) + experts(cfg, "mlp.experts", transposed=True, bias=True)
+    return L.layer(i, attn + mlp + two_norms(cfg), True)
+
+
+def _read_llama4(r: FieldReader, f: dict[str, Any]) -> None:
+    f["attention_bias"] = r.flag("attention_bias", False)
+    n = f.get("num_hidden_layers")
+    # Llama 4's intermediate_size is the experts' (and the shared expert's) width; dense layers use
+    # intermediate_size_mlp. opbench's intermediate_size is the dense MLP's.
+    expert_ffn = f.get("intermediate_size")
+    f["moe_intermediate_size"] = expert_ffn
+    f["shared_expert_intermediate_size"] = expert_ffn
+    f["intermediate_size"] = r.number("intermediate_size_mlp", 16384)
+    moe_layers = r.indices("moe_layers")
+    step = r.number("interleave_moe_layer_step", 1) or 1
+    if moe_layers is None and n is not None:
+        moe_layers = tuple(range(step - 1, n, step))
+    f["moe_layers"] = moe_layers
+    f["attention_chunk_size"] = window(r, "attention_chunk_size", 8192)
+    rope = r.indices("no_rope_layers")  # 1 = the layer uses RoPE (and chunked attention), 0 = NoPE, global
+    interval = r.number("no_rope_layer_interval", 4) or 4
+
+    def rule(i: int) -> str:
+        uses_rope = rope[i] if rope and i < len(rope) else int((i + 1) % interval != 0)
+        return L.CHUNKED if uses_rope else L.FULL
+
+    layer_kinds(r, f, rule)
+
+
+def _llama4_layer(cfg: ModelConfig, i: int) -> Layer:
+    h, b = cfg.hidden_size, cfg.attention_bias
+    attn = standard_attention(cfg, i, qkv_bias=b, o_bias=b)  # its q/k norm is an L2 norm without weights
+
+    def moe() -> Block:
+        return (
+            experts(cfg, "feed_forward.experts", transposed=True)
+            + gate(cfg, "feed_forward.router")
+            + L.shared_mlp("feed_forward.shared_expert", h, cfg.shared_intermediate_size)
+        )
+
+    mlp, is_moe = dense_or_moe(cfg, i, lambda: L.gated_mlp("feed_forward", h, cfg.intermediate_size), moe)
+    return L.layer(i, attn + mlp + two_norms(cfg), is_moe)
+
+
+def _read_gemma3(r: FieldReader, f: dict[str, Any]) -> None:
+    if r.flag("use_bidirectional_attention", False):
+        raise UsageError(
+            "true: a bidirectional (encoder) Gemma 3 is not a causal language model",
+            source=r.where,
+            field="use_bidirectional_attention",
+        )
+    f["attention_bias"] = r.flag("attention_bias", False)
+    f["sliding_window"] = window(r, "sliding_window", 4096)
+    pattern = r.number("sliding_window_pattern", alias=("_sliding_window_pattern",)) or 6
+    layer_kinds(r, f, lambda i: L.SLIDING if (i + 1) % pattern else L.FULL)
+
+
+def _gemma3_layer(cfg: ModelConfig, i: int) -> Layer:
+    b = cfg.attention_bias
+    blk = standard_attention(cfg, i, qkv_bias=b, o_bias=b, qk_norm="head")
+    blk += L.gated_mlp("mlp", cfg.hidden_size, cfg.intermediate_size)
+    blk += norms(
+        "input_layernorm",
+        "post_attention_layernorm",
+        "pre_feedforward_layernorm",
+        "post_feedforward_layernorm",
+        size=cfg.hidden_size,
+    )
+    return L.layer(i, blk, False)
+
+
+def _read_bias_flag(r: FieldReader, f: dict[str, Any]) -> None:
+    f["attention_bias"] = r.flag("attention_bias", False)
+
+
+def _olmo2_layer(cfg: ModelConfig, i: int) -> Layer:
+    b = cfg.attention_bias
+    blk = standard_attention(cfg, i, qkv_bias=b, o_bias=b, qk_norm="full")
+    blk += L.gated_mlp("mlp", cfg.hidden_size, cfg.intermediate_size)
+    blk += norms("post_attention_layernorm", "post_feedforward_layernorm", size=cfg.hidden_size)
+    return L.layer(i, blk, False)
+
+
+def _read_phi3(r: FieldReader, f: dict[str, Any]) -> None:
+    sliding_everywhere(r, f, None)
+
+
+def _phi3_layer(cfg: ModelConfig, i: int) -> Layer:
+    attn = fused_attention(
+        cfg, i, "self_attn.qkv_proj", "self_attn.o_proj", cfg.num_key_value_heads, False, out_first=True
+    )
+    blk = attn + L.gated_mlp("mlp", cfg.hidden_size, cfg.intermediate_size, fused=True)
+    return L.layer(i, blk + two_norms(cfg), False)
+
+
+# --- GPT-2, GPT-NeoX, Falcon, StarCoder2: LayerNorm with biases, two-matrix GELU MLPs -------------------------
+
+
+def _read_gpt2(r: FieldReader, f: dict[str, Any]) -> None:
+    if r.flag("add_cross_attention", False):
+        raise UsageError(
+            "true: GPT-2 with cross-attention is an encoder-decoder part, not a causal language model",
+            source=r.where,
+            field="add_cross_attention",
+        )
+    h = f.get("hidden_size")
+    if f.get("intermediate_size") is None and h is not None:
+        f["intermediate_size"] = 4 * h  # n_inner: None means 4·n_embd
+    f["extra"]["n_positions"] = r.number("n_positions", 1024, alias=("max_position_embeddings",))
+
+
+def _gpt2_layer(cfg: ModelConfig, i: int) -> Layer:
+    h = cfg.hidden_size
+    blk = norms("ln_1", size=h, bias=True)
+    blk += fused_attention(cfg, i, "attn.c_attn", "attn.c_proj", cfg.num_attention_heads, True, transposed=True)
+    blk += norms("ln_2", size=h, bias=True)
+    blk += L.plain_mlp("mlp.c_fc", "mlp.c_proj", h, cfg.intermediate_size, True, transposed=True)
+    return L.layer(i, blk, False)
+
+
+def _read_gpt_neox(r: FieldReader, f: dict[str, Any]) -> None:
+    f["attention_bias"] = r.flag("attention_bias", True)
+    h, heads = f.get("hidden_size"), f.get("num_attention_heads")
+    if h and heads:
+        f["head_dim"] = h // heads  # its query_key_value is 3·hidden whatever head_dim says
+
+
+def _gpt_neox_layer(cfg: ModelConfig, i: int) -> Layer:
+    h, b = cfg.hidden_size, cfg.attention_bias
+    blk = norms("input_layernorm", "post_attention_layernorm", size=h, bias=True)
+    blk += fused_attention(cfg, i, "attention.query_key_value", "attention.dense", cfg.num_attention_heads, b)
+    blk += L.plain_mlp("mlp.dense_h_to_4h", "mlp.dense_4h_to_h", h, cfg.intermediate_size, True)
+    return L.layer(i, blk, False)
+
+
+def _read_falcon(r: FieldReader, f: dict[str, Any]) -> None:
+    x = f["extra"]
+    x["bias"] = r.flag("bias", False)
+    x["new_decoder_architecture"] = new = r.flag("new_decoder_architecture", False)
+    x["multi_query"] = mq = r.flag("multi_query", True)
+    x["parallel_attn"] = r.flag("parallel_attn", True)
+    x["alibi"] = r.flag("alibi", False)
+    ln = r.number("num_ln_in_parallel_attn", None)
+    x["num_ln_in_parallel_attn"] = 2 if ln is None and new else ln
+    h, heads = f.get("hidden_size"), f.get("num_attention_heads")
+    if h is not None and f.get("intermediate_size") is None:
+        f["intermediate_size"] = 4 * h  # ffn_hidden_size: None means 4·hidden
+    if h and heads:
+        f["head_dim"] = h // heads  # Falcon's attention ignores head_dim
+    # KV heads: num_kv_heads for the new (40B/180B) layout, one for multi-query, else every head
+    if not new:
+        f["num_key_value_heads"] = 1 if mq else heads
+
+
+def _falcon_layer(cfg: ModelConfig, i: int) -> Layer:
+    x, h = cfg.extra, cfg.hidden_size
+    kv, hd, heads = cfg.num_key_value_heads, cfg.head_dim, cfg.num_attention_heads
+    if x["new_decoder_architecture"]:
+        qkv_out = (2 * kv + heads) * hd
+    elif x["multi_query"]:
+        qkv_out = h + 2 * hd
+    else:
+        qkv_out = 3 * h
+    blk = fused_attention(
+        cfg, i, "self_attention.query_key_value", "self_attention.dense", kv, x["bias"], qkv_out=qkv_out
+    )
+    blk += L.plain_mlp("mlp.dense_h_to_4h", "mlp.dense_4h_to_h", h, cfg.intermediate_size, x["bias"])
+    if not x["parallel_attn"]:
+        blk += norms("post_attention_layernorm", "input_layernorm", size=h, bias=True)
+    elif x["num_ln_in_parallel_attn"] == 2:
+        blk += norms("ln_attn", "ln_mlp", size=h, bias=True)
+    else:
+        blk += norms("input_layernorm", size=h, bias=True)
+    return L.layer(i, blk, False)
+
+
+def _read_starcoder2(r: FieldReader, f: dict[str, Any]) -> None:
+    f["extra"]["use_bias"] = r.flag("use_bias", True)
+    sliding_everywhere(r, f, None)
+
+
+def _starcoder2_layer(cfg: ModelConfig, i: int) -> Layer:
+    h, b = cfg.hidden_size, cfg.extra.get("use_bias", True)
+    blk = standard_attention(cfg, i, qkv_bias=b, o_bias=b)
+    blk += L.plain_mlp("mlp.c_fc", "mlp.c_proj", h, cfg.intermediate_size, b)
+    blk += norms("input_layernorm", "post_attention_layernorm", size=h, bias=True)
+    return L.layer(i, blk, False)
+
+
+def _layer_norm_final(name: str) -> Callable[[ModelConfig], Named]:
+    return lambda c: L.norm(name, c.hidden_size, bias=True)
+
+
+def _embedding(name: str) -> Callable[[ModelConfig], Named]:
+    return lambda c: [(name, (c.vocab_size, c.hidden_size))]
+
+
+_ARCHS: Sequence[Architecture] = (
+    Architecture("llama", "Llama 2, Llama 3/3.1/3.3", _llama_layer, _read_llama),
+    Architecture("mistral", "Mistral 7B, Mistral NeMo/Small", _mistral_layer, _read_mistral),
+    Architecture("mixtral", "Mixtral 8x7B/8x22B", _mixtral_layer, _read_mixtral),
+    Architecture("qwen2", "Qwen2, Qwen2.5", _qwen2_layer, _read_qwen2),
+    Architecture("qwen2_moe", "Qwen1.5-MoE, Qwen2-57B-A14B", _qwen2_moe_layer, _read_qwen2_moe),
+    Architecture("qwen3", "Qwen3 dense", _qwen3_layer, _read_qwen3, head_dim_default=128),
+    Architecture("qwen3_moe", "Qwen3-30B-A3B, Qwen3-235B-A22B", _qwen3_moe_layer, _read_qwen3_moe),
+    Architecture("qwen3_next", "Qwen3-Next-80B-A3B", _qwen3_next_layer, _read_qwen3_next, head_dim_default=256),
+    Architecture("deepseek_v2", "DeepSeek-V2, V2-Lite", _deepseek_layer(False), _read_deepseek("v2")),
+    Architecture("deepseek_v3", "DeepSeek-V3, R1, Kimi K2", _deepseek_layer(False), _read_deepseek("v3")),
+    Architecture("deepseek_v32", "DeepSeek-V3.2", _deepseek_layer(True), _read_deepseek("v32")),
+    Architecture("glm4_moe", "GLM-4.5, GLM-4.6", _glm4_moe_layer, _read_glm4_moe),
+    Architecture(
+        "ernie4_5_moe",
+        "ERNIE-4.5 MoE",
+        _ernie_layer,
+        _read_ernie,
+        tie_default=True,
+        lm_head_bias=lambda c: bool(c.extra.get("use_bias")),
+    ),
+    Architecture("gpt_oss", "gpt-oss-20b/120b", _gpt_oss_layer, _read_gpt_oss, head_dim_default=64),
+    Architecture("llama4_text", "Llama 4 Scout/Maverick (text)", _llama4_layer, _read_llama4, head_dim_default=128),
+    Architecture("gemma3_text", "Gemma 3 (text)", _gemma3_layer, _read_gemma3, tie_default=True, head_dim_default=256),
+    Architecture("olmo2", "OLMo 2", _olmo2_layer, _read_bias_flag),
+    Architecture("phi3", "Phi-3, Phi-3.5, Phi-4", _phi3_layer, _read_phi3),
+    Architecture(
+        "gpt2",
+        "GPT-2 (GPT-3-style GELU MLP, learned positions)",
+        _gpt2_layer,
+        _read_gpt2,
+        tie_default=True,
+        embeddings=lambda c: [
+            ("transformer.wte.weight", (c.vocab_size, c.hidden_size)),
+            ("transformer.wpe.weight", (c.extra["n_positions"], c.hidden_size)),
+        ],
+        layers_prefix="transformer.h",
+        final=_layer_norm_final("transformer.ln_f"),
+    ),
+    Architecture(
+        "gpt_neox",
+        "GPT-NeoX-20B, Pythia",
+        _gpt_neox_layer,
+        _read_gpt_neox,
+        embeddings=_embedding("gpt_neox.embed_in.weight"),
+        layers_prefix="gpt_neox.layers",
+        final=_layer_norm_final("gpt_neox.final_layer_norm"),
+    ),
+    Architecture(
+        "falcon",
+        "Falcon 7B/40B/180B",
+        _falcon_layer,
+        _read_falcon,
+        tie_default=True,
+        embeddings=_embedding("transformer.word_embeddings.weight"),
+        layers_prefix="transformer.h",
+        final=_layer_norm_final("transformer.ln_f"),
+    ),
+    Architecture(
+        "starcoder2",
+        "StarCoder2",
+        _starcoder2_layer,
+        _read_starcoder2,
+        tie_default=True,
+        final=_layer_norm_final("model.norm"),
+    ),
+)
+ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in _ARCHS}
+SUPPORTED = tuple(ARCHITECTURES)
+# Multimodal configs whose language model is one of the above, in ``text_config``.
+TEXT_CONFIG_WRAPPERS = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
+
+
+def unsupported(model_type: str, where: str) -> UsageError:
+    return UsageError(
+        f"model_type '{model_type}' is not an architecture opbench models exactly (it would not guess a layout); "
+        f"supported: {', '.join(SUPPORTED)}",
+        source=where,
+        field="model_type",
+    )
+
+
+def architecture(cfg: ModelConfig) -> Architecture:
+    return ARCHITECTURES[cfg.architecture]
+
+
+PROBE_LAYERS = 64  # configs without num_hidden_layers (Primus' schema): the first layers show every kind
+
+
+def decoder_layers(cfg: ModelConfig) -> list[Layer]:
+    """Every decoder layer (or, without a layer count, the first ``PROBE_LAYERS``: enough to see each kind)."""
+    n = cfg.num_hidden_layers if cfg.num_hidden_layers is not None else PROBE_LAYERS
+    build = architecture(cfg).layer
+    return [build(cfg, i) for i in range(n)]

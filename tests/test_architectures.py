@@ -1,0 +1,418 @@
+"""Every supported architecture against the real transformers model, built on the meta device (nothing is
+allocated or downloaded): opbench's parameter list equals ``named_parameters()`` (names, shapes, order), and a
+forward under ``torch.utils.flop_counter.FlopCounterMode`` does exactly the GEMM FLOPs opbench's GEMM rows add up
+to, and exactly the attention FLOPs of opbench's attention operators as transformers computes them (dense, the mask
+applied after the scores: docs/models.md, "Checked against transformers").
+
+A new architecture joins by its entry in opbench/models/architectures.py; ``SUPPORTED`` parametrises the tests
+below, and ``VARIANTS`` adds configs that exercise its flags.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from opbench.attention.flops import attention_flops, gated_deltanet_flops, visible_keys  # noqa: E402
+from opbench.attention.reference import visible_mask  # noqa: E402
+from opbench.attention.shapes import AttentionShape, model_attention_shapes  # noqa: E402
+from opbench.core.errors import UsageError  # noqa: E402
+from opbench.gemm.shapes import gemm_shapes  # noqa: E402
+from opbench.models import load_model_configs  # noqa: E402
+from opbench.models.architectures import HF_LAYER_TYPES, SUPPORTED, decoder_layers  # noqa: E402
+from opbench.models.layout import FULL, LINEAR  # noqa: E402
+from opbench.models.params import parameter_shapes  # noqa: E402
+
+# transformers' default DeepSeek-V2 config routes to None experts per token; its released models use 6
+DEFAULT_FIXES = {"deepseek_v2": {"num_experts_per_tok": 6}}
+# Per-layer lists transformers derives from other fields; a config.json from before 5.x does not carry them
+DERIVED_LISTS = ("layer_types", "mlp_layer_types", "moe_layers", "no_rope_layers")
+# What those older configs say instead, which transformers consumes without keeping (Qwen3-Next's interval)
+CONSUMED = {"full_attention_interval"}
+
+_SMALL = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=256)
+_FALCON = dict(hidden_size=64, num_attention_heads=4, vocab_size=256, num_hidden_layers=2)
+# (model_type, config kwargs): configs that switch each architecture's layout flags
+VARIANTS: dict[str, tuple[str, dict]] = {
+    "falcon_40b_layout": ("falcon", dict(_FALCON, new_decoder_architecture=True, num_kv_heads=2, bias=True)),
+    "falcon_sequential": ("falcon", dict(_FALCON, parallel_attn=False, multi_query=False)),
+    "falcon_one_norm": (
+        "falcon",
+        dict(_FALCON, new_decoder_architecture=True, num_kv_heads=2, num_ln_in_parallel_attn=1),
+    ),
+    "gpt2_inner": ("gpt2", dict(n_embd=64, n_head=4, n_layer=2, n_inner=96, n_positions=128, vocab_size=256)),
+    "gpt_neox_nobias": ("gpt_neox", dict(_SMALL, intermediate_size=96, attention_bias=False, num_hidden_layers=2)),
+    "starcoder2_sliding": (
+        "starcoder2",
+        dict(_SMALL, intermediate_size=96, use_bias=False, sliding_window=16, num_hidden_layers=2),
+    ),
+    "olmo2_bias": ("olmo2", dict(_SMALL, intermediate_size=96, attention_bias=True, num_hidden_layers=2)),
+    "phi3_gqa": (
+        "phi3",
+        dict(_SMALL, intermediate_size=96, sliding_window=32, num_hidden_layers=2, pad_token_id=0, eos_token_id=1),
+    ),
+    "gemma3_pattern": (
+        "gemma3_text",
+        dict(_SMALL, intermediate_size=96, sliding_window=8, sliding_window_pattern=3, num_hidden_layers=5),
+    ),
+    "qwen2_window": (
+        "qwen2",
+        dict(
+            _SMALL,
+            intermediate_size=96,
+            use_sliding_window=True,
+            sliding_window=16,
+            max_window_layers=1,
+            num_hidden_layers=3,
+        ),
+    ),
+    "glm4_qk_norm": (
+        "glm4_moe",
+        dict(
+            _SMALL,
+            intermediate_size=96,
+            use_qk_norm=True,
+            attention_bias=True,
+            first_k_dense_replace=2,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            n_shared_experts=2,
+            num_hidden_layers=3,
+        ),
+    ),
+    "ernie_interval": (
+        "ernie4_5_moe",
+        dict(
+            _SMALL,
+            intermediate_size=96,
+            use_bias=True,
+            moe_layer_interval=2,
+            moe_layer_start_index=1,
+            moe_layer_end_index=-1,
+            moe_num_experts=4,
+            moe_k=2,
+            moe_intermediate_size=32,
+            moe_num_shared_experts=0,
+            num_hidden_layers=5,
+        ),
+    ),
+    "qwen3_next_sparse_step": (
+        "qwen3_next",
+        dict(
+            _SMALL,
+            intermediate_size=96,
+            decoder_sparse_step=2,
+            mlp_only_layers=[3],
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=8,
+            full_attention_interval=2,
+            num_hidden_layers=4,
+        ),
+    ),
+    "deepseek_v32_small": (
+        "deepseek_v32",
+        dict(
+            _SMALL,
+            num_key_value_heads=4,
+            intermediate_size=96,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            kv_lora_rank=32,
+            q_lora_rank=48,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            v_head_dim=16,
+            index_topk=8,
+            index_n_heads=2,
+            index_head_dim=16,
+            n_group=1,
+            topk_group=1,
+            first_k_dense_replace=2,
+            num_hidden_layers=3,
+        ),
+    ),
+    "llama4_interleaved": (
+        "llama4_text",
+        dict(
+            _SMALL,
+            intermediate_size=32,
+            intermediate_size_mlp=96,
+            num_local_experts=4,
+            num_experts_per_tok=1,
+            interleave_moe_layer_step=2,
+            attention_chunk_size=16,
+            no_rope_layer_interval=2,
+            num_hidden_layers=4,
+        ),
+    ),
+    "gpt_oss_small": (
+        "gpt_oss",
+        dict(
+            _SMALL,
+            intermediate_size=32,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=8,
+            num_hidden_layers=3,
+        ),
+    ),
+}
+
+
+def hf_named_shapes(model) -> list[tuple[str, tuple[int, ...]]]:
+    return [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+
+
+def meta_model(hf_cfg):
+    with torch.device("meta"):
+        return transformers.AutoModelForCausalLM.from_config(hf_cfg)
+
+
+def write_config(path, hf_cfg, derived: bool = True, consumed: dict | None = None) -> str:
+    """The config as a config.json; without ``derived`` the per-layer lists transformers computes are left out,
+    as in configs written before transformers 5 (which give ``consumed`` instead), so opbench derives them."""
+    d = hf_cfg.to_dict()
+    if not derived:
+        for key in DERIVED_LISTS:
+            d.pop(key, None)
+        d.update(consumed or {})
+    path.write_text(json.dumps(d))
+    return str(path)
+
+
+def check_against_hf(hf_cfg, tmp_path, kwargs: dict) -> None:
+    expected = hf_named_shapes(meta_model(hf_cfg))
+    hf_kinds = [HF_LAYER_TYPES[t] for t in getattr(hf_cfg, "layer_types", None) or []]
+    consumed = {k: v for k, v in kwargs.items() if k in CONSUMED}
+    for derived in (True, False):
+        path = write_config(tmp_path / f"config_{derived}.json", hf_cfg, derived, consumed)
+        (cfg,) = load_model_configs(path)
+        assert [(s.name, s.shape) for s in parameter_shapes(cfg)] == expected, f"derived lists given: {derived}"
+        if hf_kinds:  # each layer's attention operator is the kind transformers builds
+            kinds = [lay.attention[-1].kind for lay in decoder_layers(cfg)]
+            windowless = {
+                "sliding": getattr(hf_cfg, "sliding_window", 1),
+                "chunked": getattr(hf_cfg, "attention_chunk_size", 1),
+            }
+            assert kinds == [FULL if k in windowless and not windowless[k] else k for k in hf_kinds]
+
+
+@pytest.mark.parametrize("model_type", SUPPORTED)
+def test_default_config_matches_named_parameters(model_type, tmp_path):
+    kwargs = DEFAULT_FIXES.get(model_type, {})
+    check_against_hf(transformers.AutoConfig.for_model(model_type, **kwargs), tmp_path, kwargs)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_variant_matches_named_parameters(variant, tmp_path):
+    model_type, kwargs = VARIANTS[variant]
+    check_against_hf(transformers.AutoConfig.for_model(model_type, **kwargs), tmp_path, kwargs)
+
+
+# Layers per FLOP check: enough for every kind of layer (Gemma 3's sixth is full; DeepSeek-V3's fourth is MoE).
+FLOP_LAYERS = {"gemma3_text": 6, "deepseek_v3": 4, "deepseek_v32": 4, "llama4_text": 4, "qwen3_next": 4}
+# Tokens: a multiple of every default config's experts / top-k, so balanced routing is whole rows per expert,
+# and not of the linear-attention chunk (64), so its padding is counted too.
+FLOP_TOKENS = 3840
+
+
+def _module_flops(counts, root: str, name: str) -> int:
+    return sum(counts.get(f"{root}.{name}" if name else root, {}).values())
+
+
+@pytest.mark.parametrize("model_type", SUPPORTED)
+def test_forward_flops_match_gemm_and_attention_rows(model_type, tmp_path):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    kwargs = dict(num_hidden_layers=FLOP_LAYERS.get(model_type, 2), **DEFAULT_FIXES.get(model_type, {}))
+    (cfg,) = load_model_configs(
+        write_config(tmp_path / "config.json", transformers.AutoConfig.for_model(model_type, **kwargs))
+    )
+    impl = "eager" if model_type == "gpt_oss" else "sdpa"  # gpt-oss's sinks have no SDPA path
+    hf_cfg = transformers.AutoConfig.for_model(
+        model_type, attn_implementation=impl, experts_implementation="batched_mm", **kwargs
+    )
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.bfloat16)
+    t = FLOP_TOKENS
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=torch.zeros(1, t, dtype=torch.long, device="meta"))
+    counts, root = counter.get_flop_counts(), type(model).__name__
+    weight_modules = [
+        n
+        for n, m in model.named_modules()
+        if any(p.dim() >= 2 for p in m.parameters(recurse=False))
+        and not isinstance(m, (torch.nn.Embedding, torch.nn.Conv1d))
+    ]
+    gemm_counted = sum(_module_flops(counts, root, n) for n in weight_modules)
+
+    # opbench's GEMM rows; lm_head at the real vocabulary (opbench pads it to 128·tp as Megatron does)
+    rows = gemm_shapes(cfg, seqlen=t, passes=["fwd"])
+    # transformers' Llama 4 runs every expert on every token and weights by the router: E / top_k × the work
+    dense_moe = cfg.n_routed_experts / cfg.num_experts_per_tok if model_type == "llama4_text" else 1
+    gemm_expected = sum(
+        r.flops * r.layer_count * (dense_moe if r.layer.startswith("expert_") else 1)
+        for r in rows
+        if r.layer != "lm_head"
+    )
+    gemm_expected += 2 * t * cfg.vocab_size * cfg.hidden_size
+    assert gemm_counted == gemm_expected
+
+    # Attention as transformers computes it: every score, the mask applied afterwards (opbench's rows count the
+    # visible keys: attention_flops of the shape as it is). Linear attention: the chunk algorithm's matmuls
+    # without the triangular solves (not counted by torch) and the causal conv over T + K − 1 outputs.
+    attention_expected, conv = 0.0, 0
+    for s in model_attention_shapes(cfg, seqlen=t):
+        if s.attn_kind == LINEAR:
+            attention_expected += gated_deltanet_flops(s, 1, with_solve=False) * s.layer_count
+            x = cfg.extra
+            kernel = x["linear_conv_kernel_dim"]
+            channels = 2 * x["linear_num_key_heads"] * x["linear_key_head_dim"]
+            channels += x["linear_num_value_heads"] * x["linear_value_head_dim"]
+            conv += 2 * (t + kernel - 1) * channels * kernel * s.layer_count
+        else:
+            attention_expected += attention_flops(replace(s, causal=False, attn_kind=FULL), 1) * s.layer_count
+    assert _module_flops(counts, root, "") - gemm_counted - conv == attention_expected
+
+
+def test_rows_say_which_kind_each_layer_is(tmp_path):
+    (cfg,) = load_model_configs(
+        write_config(tmp_path / "config.json", transformers.AutoConfig.for_model("gpt_oss", num_hidden_layers=24))
+    )
+    shapes = model_attention_shapes(cfg, seqlen=4096)
+    assert [(s.attn_kind, s.window, s.sinks, s.layer_count) for s in shapes] == [
+        ("sliding", 128, True, 12),
+        ("full", 0, True, 12),
+    ]
+    sliding, full = shapes
+    # a 128-key window: 4096·128 − 128·127/2 visible pairs per head, against 4096²/2 for the full layer
+    assert visible_keys(sliding) * 4096 == 4096 * 128 - 128 * 127 // 2
+    assert attention_flops(sliding, 1) / attention_flops(full, 1) == pytest.approx((4096 * 128 - 8128) / 4096**2 * 2)
+
+
+@pytest.mark.parametrize(
+    "sq,skv,kind,window",
+    [
+        (64, 64, "sliding", 9),
+        (40, 64, "sliding", 16),
+        (64, 64, "chunked", 16),
+        (50, 50, "chunked", 16),
+        (30, 80, "chunked", 32),
+        (64, 64, "sparse", 12),
+        (20, 64, "sparse", 100),
+        (64, 64, "sliding", 64),
+    ],
+)
+def test_windowed_flops_count_the_mask(sq, skv, kind, window):
+    """The closed forms in flops.visible_keys equal the keys the reference mask lets each row see."""
+    shape = AttentionShape("t", sq, skv, 1, 1, 1, 1, True, kind, window)
+    mask = visible_mask(sq, skv, kind=kind, window=window)
+    assert visible_keys(shape) * sq == pytest.approx(float(mask.sum()))
+    if kind == "sparse":  # top-k picks min(k, causal keys) per row
+        causal = visible_mask(sq, skv)
+        assert torch.equal(mask.sum(1), causal.sum(1).clamp(max=window))
+
+
+UNKNOWN = {"model_type": "bloom", "hidden_size": 64, "n_head": 4, "n_layer": 2, "vocab_size": 256}
+
+
+@pytest.mark.parametrize(
+    "tool,args",
+    [
+        ("gemm", ["--dry-run"]),
+        ("attention", ["--dry-run"]),
+        ("fsdp", ["--world-size", "8"]),
+        ("ckpt", ["--dry-run"]),
+        ("comm", ["--dry-run"]),
+        ("cluster", ["--plan"]),
+    ],
+)
+def test_unknown_model_type_is_refused_by_every_tool(tool, args, tmp_path):
+    path = tmp_path / "bloom"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(UNKNOWN))
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "opbench",
+            tool,
+            "--model-config-path",
+            str(path),
+            *args,
+            "--report-dir-path",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr
+    assert "model_type 'bloom' is not an architecture opbench models exactly" in lines[0]
+    assert "supported: llama, mistral" in lines[0] and "gpt_oss" in lines[0]
+
+
+def test_no_model_type_is_guessed_and_says_so(tmp_path, capsys):
+    from opbench.models import select_models
+
+    path = tmp_path / "m.json"
+    path.write_text(
+        json.dumps(
+            [
+                {
+                    "model": "Llama-ish",
+                    "hidden_size": 64,
+                    "intermediate_size": 96,
+                    "num_attention_heads": 4,
+                    "vocab_size": 256,
+                }
+            ]
+        )
+    )
+    (cfg,) = select_models(load_model_configs(path), "Llama-ish")
+    assert cfg.architecture == "llama"
+    assert "no model_type, so the architecture is guessed from the name and fields: 'llama'" in capsys.readouterr().err
+
+
+def test_model_folder_and_config_json_are_named_after_the_folder(tmp_path):
+    folder = tmp_path / "Gemma-3-1B"
+    folder.mkdir()
+    write_config(folder / "config.json", transformers.AutoConfig.for_model("gemma3_text", num_hidden_layers=2))
+    (by_folder,) = load_model_configs(folder)
+    (by_file,) = load_model_configs(folder / "config.json")
+    assert by_folder.name == by_file.name == "Gemma-3-1B"
+    with pytest.raises(UsageError, match="is a directory without a config.json"):
+        load_model_configs(tmp_path)
+
+
+def test_multimodal_config_reads_its_language_model(tmp_path):
+    text = transformers.AutoConfig.for_model("gemma3_text", num_hidden_layers=2).to_dict()
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "gemma3", "text_config": text, "vision_config": {}}))
+    (cfg,) = load_model_configs(path)
+    assert cfg.architecture == "gemma3_text" and cfg.num_hidden_layers == 2
+    assert any("its language model (text_config, gemma3_text) is modelled" in n for n in cfg.notes)
+
+
+def test_huge_config_field_is_refused(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**UNKNOWN, "model_type": "gpt2", "hidden_size": 10**30}))
+    with pytest.raises(UsageError, match="field 'hidden_size': 1e\\+30 is out of range"):
+        load_model_configs(path)
