@@ -24,6 +24,7 @@ from test_params import SMALL_HF_CONFIGS, write_hf_config
 
 from opbench.fsdp_model.model import fsdp_collectives
 from opbench.models import load_model_configs
+from opbench.models.hf import decoder_layer_list
 
 WORLD = 4
 TIMEOUT_S = 400  # the box is shared and slow
@@ -68,7 +69,7 @@ CASES: dict[int, list[Case]] = {
 _DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 
 
-def _wrap_fsdp2(model, case: Case, group, ws: int):
+def _wrap_fsdp2(model, layers, case: Case, group, ws: int):
     import torch
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -80,13 +81,13 @@ def _wrap_fsdp2(model, case: Case, group, ws: int):
     mp_policy = MixedPrecisionPolicy(
         param_dtype=getattr(torch, _DTYPES[case.param_dtype]), reduce_dtype=getattr(torch, _DTYPES[case.reduce_dtype])
     )
-    for layer in model.model.layers:
+    for layer in layers:
         fully_shard(layer, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=case.reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=mp_policy)  # root left at its default (not resharded after forward)
     return model
 
 
-def _wrap_fsdp1(model, case: Case, group):
+def _wrap_fsdp1(model, layers, case: Case, group):
     import torch
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
@@ -101,8 +102,8 @@ def _wrap_fsdp1(model, case: Case, group):
         ),
         sharding_strategy=ShardingStrategy.FULL_SHARD if case.reshard_after_forward else ShardingStrategy.SHARD_GRAD_OP,
     )
-    for i, layer in enumerate(model.model.layers):
-        model.model.layers[i] = FSDP(layer, **kw)
+    for i, layer in enumerate(layers):
+        layers[i] = FSDP(layer, **kw)
     return FSDP(model, **kw)
 
 
@@ -111,12 +112,16 @@ def _one_step(case: Case, config_dir: str, group, ws: int) -> list[dict]:
     from fsdp_capture import record_collectives
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    data = json.loads(Path(config_dir, f"{case.config}.json").read_text())
+    path = Path(config_dir, f"{case.config}.json")
+    data = json.loads(path.read_text())
     hf_cfg = AutoConfig.for_model(data.pop("model_type"), **data)
     hf_cfg._experts_implementation = "eager"
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(hf_cfg, attn_implementation="eager")
-    model = _wrap_fsdp1(model, case, group) if case.version == 1 else _wrap_fsdp2(model, case, group, ws)
+    layers = decoder_layer_list(model, load_model_configs(path)[0])  # model.layers, transformer.h, …
+    model = (
+        _wrap_fsdp1(model, layers, case, group) if case.version == 1 else _wrap_fsdp2(model, layers, case, group, ws)
+    )
     ids = torch.randint(0, hf_cfg.vocab_size, (2, 7))
     with record_collectives() as calls:
         model(input_ids=ids, labels=ids).loss.backward()

@@ -68,6 +68,27 @@ SMALL_HF_CONFIGS: dict[str, tuple[str, dict]] = {
     ),
     "deepseek_v2": ("deepseek_v2", dict(_MLA, q_lora_rank=None, n_shared_experts=2)),
     "deepseek_v3": ("deepseek_v3", dict(_MLA, q_lora_rank=17, n_shared_experts=1)),
+    # newer layouts (tests/test_architectures.py has them all): sinks and expert biases, linear attention, Conv1D
+    "gpt_oss": (
+        "gpt_oss",
+        dict(_DENSE, intermediate_size=13, num_local_experts=3, num_experts_per_tok=2, sliding_window=4),
+    ),
+    "qwen3_next": (
+        "qwen3_next",
+        dict(
+            _DENSE,
+            num_experts=3,
+            num_experts_per_tok=2,
+            moe_intermediate_size=11,
+            shared_expert_intermediate_size=13,
+            linear_num_key_heads=1,
+            linear_num_value_heads=2,
+            linear_key_head_dim=6,
+            linear_value_head_dim=5,
+            full_attention_interval=2,
+        ),
+    ),
+    "gpt2": ("gpt2", dict(n_embd=35, n_head=5, n_inner=37, n_layer=2, n_positions=64, vocab_size=67)),
 }
 
 

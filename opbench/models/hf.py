@@ -133,3 +133,11 @@ def build_model(cfg: ModelConfig, device: str = "cpu", dtype: Any = None, seed: 
     torch.manual_seed(seed)
     with torch.device(device):
         return AutoModelForCausalLM.from_config(hf_cfg, dtype=dtype or torch.float32)
+
+
+def decoder_layer_list(model: Any, cfg: ModelConfig) -> Any:
+    """The model's ``nn.ModuleList`` of decoder layers (``model.layers``, ``transformer.h``, ``gpt_neox.layers``):
+    what FSDP wraps one unit at a time."""
+    from .architectures import architecture
+
+    return model.get_submodule(architecture(cfg).layers_prefix)
