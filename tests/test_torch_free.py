@@ -34,8 +34,13 @@ SCRIPT = textwrap.dedent("""
         "comm --help": ["comm", "--help"],
         "cluster --plan": ["cluster", "--plan", "2,1024", "--nproc-per-node", "8"],
         "cluster --help": ["cluster", "--help"],
+        "project": ["project", "--model", "Llama3.1_8B", "--world-size", "16", "--tp", "8", "--device", "H100",
+                    "--report-dir-path", res],
+        "project --search": ["project", "--model", "Qwen3_30B_A3B", "--world-size", "16", "--search", "--device",
+                             "MI300X"],
     }
-    tools = ("gemm", "attention", "comm", "fsdp", "trace", "nccl-tests", "ckpt", "report", "cluster", "selftest")
+    tools = ("gemm", "attention", "comm", "fsdp", "trace", "nccl-tests", "ckpt", "report", "cluster", "selftest",
+             "project")
     usage_errors = {
         "gemm --backends": ["gemm", "--backends", "nope"],
         "gemm --model": ["gemm", "--model", "nope"],
@@ -45,6 +50,7 @@ SCRIPT = textwrap.dedent("""
         "trace missing": ["trace", log + ".missing"],
         "gemm --device": ["gemm", "--device", "gpu0"],
         "ckpt --device": ["ckpt", "--device", "bogus", "--dry-run"],
+        "project --tp": ["project", "--model", "Llama3.1_8B", "--world-size", "8", "--tp", "3", "--device", "H100"],
     }
     for name, argv in [*runs.items(), *((f"{t} help", [t, "--help"]) for t in tools), *usage_errors.items()]:
         out = io.StringIO()
@@ -72,6 +78,6 @@ def test_tools_without_gpu_code_never_import_torch(tmp_path):
         timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    assert proc.stdout.split() == ["ok", "26"]
+    assert proc.stdout.split() == ["ok", "30"]
     assert (tmp_path / "res" / "trace_summary.csv").exists() and (tmp_path / "res" / "nccl_tests.csv").exists()
     assert (tmp_path / "res" / "fsdp_collectives.csv").exists() and (tmp_path / "res" / "report" / "report.md").exists()

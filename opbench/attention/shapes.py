@@ -132,7 +132,7 @@ def _split(total: int, parts: int, what: str, flag: str, model: str) -> int:
     return total // parts
 
 
-def _operator_shape(cfg: ModelConfig, op: Attention, seqlen: int, tp: int, cp: int) -> AttentionShape:
+def operator_shape(cfg: ModelConfig, op: Attention, seqlen: int, tp: int, cp: int) -> AttentionShape:
     """One rank's kernel of ``op``: tensor parallel splits heads (not the replicated DSA indexer's); context
     parallel is Megatron's ring, each step a kernel over seqlen/cp queries and one seqlen/cp block of keys."""
     local = _split(seqlen, cp, "seqlen", "--cp", cfg.name)
@@ -174,7 +174,7 @@ def model_attention_shapes(
     counts: dict[AttentionShape, int] = {}
     for lay in decoder_layers(cfg):
         for op in lay.attention:
-            shape = _operator_shape(cfg, op, s, tp, cp)
+            shape = operator_shape(cfg, op, s, tp, cp)
             counts[shape] = counts.get(shape, 0) + 1
     counted = cfg.num_hidden_layers is not None
     return [replace(shape, layer_count=n if counted else None) for shape, n in counts.items()]

@@ -34,6 +34,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "report": ("opbench.report.__main__", "turn a results folder into a summary with plots"),
     "selftest": ("opbench.selftest.__main__", "every backend on a tiny case, checked: is this install right?"),
     "cluster": ("opbench.cluster.__main__", "every GPU, node and link of a cluster measured, the slow ones named"),
+    "project": ("opbench.project.__main__", "a training step's time and memory per GPU, and the best layout"),
 }
 
 

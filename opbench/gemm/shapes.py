@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from opbench.core.errors import UsageError
 from opbench.models import ModelConfig
 from opbench.models.architectures import decoder_layers
-from opbench.models.layout import ALL, COLUMN, EXPERT_COLUMN, EXPERT_ROW, LOCAL, ROUTED, ROW, VOCAB, Gemm
+from opbench.models.layout import ALL, COLUMN, EXPERT_COLUMN, EXPERT_ROW, LOCAL, ROUTED, ROW, VOCAB, Gemm, Layer
 
 PASSES = ("fwd", "dgrad", "wgrad")
 DENSE_LAYERS = ("qkv", "attn_out", "mlp_gate_up", "mlp_up", "mlp_down", "lm_head")
@@ -146,37 +146,54 @@ def _split(gemm: Gemm, tp: int, etp: int) -> tuple[int, int]:
     return n, k
 
 
+def check_parallel(cfg: ModelConfig, tokens: int, par: ModelParallel, layers: Sequence[Layer]) -> int:
+    """Refuse sizes a parallel layout cannot split (one line naming the flag); the rank's tokens at the MoE layers
+    (T/tp: MoE with TP runs sequence-parallel, Megatron-Core's rule)."""
+    tp, name = par.tp, cfg.name
+    for what, value in dict.fromkeys(unit for lay in layers for unit in lay.tp_units):
+        _divide(value, tp, f"{name}: {what}", "--tp")
+    if not cfg.is_moe:
+        return tokens
+    local = _divide(tokens, tp, f"{name}: tokens mbs·seqlen/cp (sequence parallel with MoE)", "--tp")
+    _divide(cfg.n_routed_experts, par.ep, f"{name}: n_routed_experts", "--ep")
+    _divide(cfg.expert_intermediate_size, par.expert_tp, f"{name}: moe_intermediate_size", "--etp")
+    return local
+
+
+def layer_gemms(lay: Layer, tokens: int, local: int, par: ModelParallel) -> list[LinearLayer]:
+    """One decoder layer's GEMMs as one TP/EP rank runs them (``local``: the rank's tokens at the MoE layers)."""
+    out = []
+    for gemm in lay.gemms:
+        n, k = _split(gemm, par.tp, par.expert_tp)
+        groups, rows = 1, {ALL: tokens, LOCAL: local}.get(gemm.rows, tokens)
+        if gemm.rows == ROUTED:
+            # Megatron-Core: experts are split by etp (default tp); the dispatcher brings etp·ep ranks' tokens
+            groups = gemm.experts // par.ep
+            rows = tokens_per_expert(local, gemm.top_k, gemm.experts, par.ep, par.expert_tp)
+        out.append(LinearLayer(gemm.layer, n, k, rows, groups))
+    return out
+
+
+def lm_head_gemm(cfg: ModelConfig, tokens: int, tp: int) -> LinearLayer:
+    return LinearLayer("lm_head", padded_vocab(cfg.vocab_size, tp) // tp, cfg.hidden_size, tokens)
+
+
 def model_layers(cfg: ModelConfig, tokens: int, par: ModelParallel) -> list[LinearLayer]:
     """The distinct linear layers of the model's decoder layers (+ lm_head) as one TP/EP rank sees them, in model
     order, each with the number of layers that run it. Read from the architecture's description (layout.Gemm)."""
-    tp, etp, name = par.tp, par.expert_tp, cfg.name
     layers = decoder_layers(cfg)
-    counted = cfg.num_hidden_layers is not None
-    for what, value in dict.fromkeys(unit for lay in layers for unit in lay.tp_units):
-        _divide(value, tp, f"{name}: {what}", "--tp")
-    local = tokens
-    if cfg.is_moe:
-        # Megatron-Core: MoE with TP needs sequence parallelism, so the router and the dispatcher see the rank's
-        # T/tp tokens; experts are split by etp (default tp). Shared experts are ordinary TP MLPs on all T tokens.
-        local = _divide(tokens, tp, f"{name}: tokens mbs·seqlen/cp (sequence parallel with MoE)", "--tp")
-        _divide(cfg.n_routed_experts, par.ep, f"{name}: n_routed_experts", "--ep")
-        _divide(cfg.expert_intermediate_size, etp, f"{name}: moe_intermediate_size", "--etp")
+    local = check_parallel(cfg, tokens, par, layers)
     seen: dict[tuple, int] = {}
     for lay in layers:
-        for gemm in lay.gemms:
-            n, k = _split(gemm, tp, etp)
-            groups = 1
-            rows = {ALL: tokens, LOCAL: local}.get(gemm.rows, tokens)
-            if gemm.rows == ROUTED:
-                groups = gemm.experts // par.ep
-                rows = tokens_per_expert(local, gemm.top_k, gemm.experts, par.ep, etp)
-            key = (gemm.layer, n, k, rows, groups)
+        for g in layer_gemms(lay, tokens, local, par):
+            key = (g.name, g.n, g.k, g.tokens, g.groups)
             seen[key] = seen.get(key, 0) + 1
+    counted = cfg.num_hidden_layers is not None
     out = [
         LinearLayer(layer, n, k, rows, groups, count if counted else None)
         for (layer, n, k, rows, groups), count in seen.items()
     ]
-    out.append(LinearLayer("lm_head", padded_vocab(cfg.vocab_size, tp) // tp, cfg.hidden_size, tokens))
+    out.append(lm_head_gemm(cfg, tokens, par.tp))
     return out
 
 

@@ -1,0 +1,388 @@
+"""``python -m opbench.project`` / ``opbench project``: a training step's time and memory per GPU, and the best
+parallel layout, from this cluster's own measurements (docs/project.md).
+
+Give a model, a batch and a layout, and the CSVs opbench measured on the target (``--results``): every GEMM,
+attention operator and collective of the step is looked up there (interpolated where a size was not measured,
+estimated from the peak table where no CSV covers it, and said so). ``--search`` ranks every valid layout of
+``--world-size`` GPUs; ``--validate`` trains the model for real on this machine and sets the projection beside
+what it measured. Torch is imported only by ``--validate``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from opbench.core import cli
+from opbench.core.cli import finite_float, positive_int
+from opbench.core.errors import UsageError, run_cli
+from opbench.core.results import CsvReport, environment, summary_table
+from opbench.models import ModelConfig, load_model_configs, select_models
+
+from .memory import GIB
+from .plan import RECOMPUTE, SCHEDULES, Plan, layouts, problems
+from .rates import Assumptions, Rates
+from .schema import COMM_KINDS, SCHEMA
+from .step import Projection, Projector
+
+CSV_NAME = "project.csv"
+DEFAULT_GLOBAL_BATCH_TOKENS = 4 << 20  # 4 Mi tokens per step when neither --global-batch nor --microbatches
+
+
+def fraction(text: str) -> float:
+    value = finite_float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = cli.parser("opbench project", __doc__)
+    m = p.add_argument_group("model and batch")
+    cli.add_model_args(m, model_help="the model (one name from the configs)")
+    m.add_argument("--seqlen", type=positive_int, default=None, help="sequence length (default: the config's)")
+    m.add_argument("--mbs", type=positive_int, default=1, help="micro-batch size, sequences (default: 1)")
+    m.add_argument(
+        "--global-batch",
+        type=positive_int,
+        default=None,
+        help=f"sequences per optimizer step (default: {DEFAULT_GLOBAL_BATCH_TOKENS >> 20} Mi tokens' worth, or "
+        "--microbatches × mbs × dp)",
+    )
+    m.add_argument("--microbatches", type=positive_int, default=None, help="micro-batches per step per DP rank")
+    m.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16", help="training precision")
+    lay = p.add_argument_group("layout (data parallel = the rest: world / (tp·pp·cp))")
+    lay.add_argument("--world-size", type=positive_int, required=True, help="GPUs in the job")
+    lay.add_argument("--gpus-per-node", type=positive_int, default=8, help="GPUs per node (default: 8)")
+    for flag, what in (
+        ("--tp", "tensor parallel"),
+        ("--pp", "pipeline parallel"),
+        ("--cp", "context parallel"),
+        ("--ep", "expert parallel"),
+    ):
+        lay.add_argument(flag, type=positive_int, default=1, help=f"{what} size (default: 1)")
+    lay.add_argument("--etp", type=positive_int, default=None, help="expert tensor parallel (default: --tp)")
+    lay.add_argument("--vpp", type=positive_int, default=1, help="model chunks per pipeline stage (interleaved)")
+    lay.add_argument(
+        "--schedule", choices=SCHEDULES, default=None, help="pipeline schedule (default: interleaved when --vpp > 1)"
+    )
+    lay.add_argument("--fsdp", action="store_true", help="shard parameters, gradients and optimizer (FSDP2/ZeRO-3)")
+    lay.add_argument("--zero", type=int, choices=[0, 1], default=0, help="1: shard the optimizer only (ZeRO-1)")
+    lay.add_argument("--recompute", choices=RECOMPUTE, default="none", help="activation recomputation")
+    lay.add_argument(
+        "--no-sequence-parallel", action="store_true", help="TP without sequence parallelism (all-reduces)"
+    )
+    lay.add_argument("--memory-gib", type=positive_float, default=None, help="memory per GPU (default: the device's)")
+    r = p.add_argument_group("rates (docs/project.md, 'Rates'; every assumption below is one of them)")
+    r.add_argument("--results", nargs="+", default=[], metavar="DIR", help="folders of opbench CSVs from the target")
+    r.add_argument(
+        "--device",
+        default=None,
+        help="the target GPU for the peak and link tables, e.g. 'H100' "
+        "(default: the device the --results were measured on)",
+    )
+    a = Assumptions()
+    for flag, default, what, kind in (
+        ("--gemm-efficiency", a.gemm_efficiency, "share of the dense peak a GEMM reaches without a row", fraction),
+        (
+            "--attention-efficiency",
+            a.attention_efficiency,
+            "share of the peak attention reaches without a row",
+            fraction,
+        ),
+        ("--memory-efficiency", a.memory_efficiency, "share of HBM bandwidth a streaming kernel reaches", fraction),
+        ("--link-efficiency", a.link_efficiency, "share of a link's peak a collective's busbw reaches", fraction),
+        ("--nic-gbs", a.nic_gbs, "network GB/s per GPU per direction", positive_float),
+        ("--latency-us-intra", a.latency_us_intra, "a collective's fixed cost inside a node, µs", positive_float),
+        ("--latency-us-inter", a.latency_us_inter, "... across nodes, µs", positive_float),
+        ("--tp-overlap", a.tp_overlap, "share of TP collectives hidden behind GEMMs", fraction),
+        ("--ep-overlap", a.ep_overlap, "share of the EP all-to-all hidden", fraction),
+    ):
+        r.add_argument(flag, type=kind, default=default, help=f"{what} (default: {default:g})")
+    r.add_argument("--memory-bandwidth-gbs", type=positive_float, default=None, help="memory bandwidth, GB/s")
+    r.add_argument(
+        "--optimizer-bytes-per-param",
+        type=positive_float,
+        default=None,
+        help="bytes the optimizer moves per parameter (default: 30 fused mixed precision, 28 fp32, "
+        "80 eager PyTorch AdamW)",
+    )
+    r.add_argument("--no-cp-overlap", action="store_true", help="the CP ring's sends are not hidden by attention")
+    r.add_argument("--no-dp-overlap", action="store_true", help="gradient reduction is not overlapped")
+    r.add_argument(
+        "--activation-profile",
+        choices=["fused", "eager"],
+        default="fused",
+        help="what layers save for backward: fused kernels (Megatron/TE) or PyTorch eager (transformers)",
+    )
+    s = p.add_argument_group("search and validation")
+    s.add_argument("--search", action="store_true", help="rank every valid layout of --world-size GPUs")
+    cli.add_top_arg(s, 10)
+    s.add_argument("--validate", action="store_true", help="train the model here for real and compare")
+    s.add_argument("--nproc-per-node", type=positive_int, default=1, help="--validate: ranks (2: real FSDP2)")
+    s.add_argument("--steps", type=positive_int, default=3, help="--validate: timed training steps")
+    cli.add_output_args(
+        p,
+        dir_help=f"write DIR/{CSV_NAME}",
+        csv_help="the CSV itself (wins over --report-dir-path)",
+    )
+    return p
+
+
+def assumptions(args: argparse.Namespace) -> Assumptions:
+    return Assumptions(
+        gemm_efficiency=args.gemm_efficiency,
+        attention_efficiency=args.attention_efficiency,
+        memory_efficiency=args.memory_efficiency,
+        link_efficiency=args.link_efficiency,
+        nic_gbs=args.nic_gbs,
+        latency_us_intra=args.latency_us_intra,
+        latency_us_inter=args.latency_us_inter,
+        memory_bandwidth_gbs=args.memory_bandwidth_gbs,
+        tp_overlap=args.tp_overlap,
+        ep_overlap=args.ep_overlap,
+        cp_overlap=not args.no_cp_overlap,
+        dp_overlap=not args.no_dp_overlap,
+        optimizer_bytes_per_param=args.optimizer_bytes_per_param,
+    )
+
+
+def base_plan(cfg: ModelConfig, args: argparse.Namespace) -> Plan:
+    seqlen = args.seqlen or cfg.seqlen
+    if not seqlen:
+        raise UsageError(f"{cfg.name} has no seqlen; pass --seqlen", field="--seqlen")
+    if args.fsdp and args.zero:
+        raise UsageError("give --fsdp or --zero 1, not both", field="--zero")
+    plan = Plan(
+        world=args.world_size,
+        seqlen=seqlen,
+        global_batch=1,
+        mbs=args.mbs,
+        tp=args.tp,
+        pp=args.pp,
+        cp=args.cp,
+        ep=args.ep,
+        etp=args.etp,
+        vpp=args.vpp,
+        sharding="fsdp" if args.fsdp else ("zero1" if args.zero else "none"),
+        recompute=args.recompute,
+        schedule=args.schedule or ("interleaved" if args.vpp > 1 else "1f1b"),
+        sequence_parallel=not args.no_sequence_parallel,
+        gpus_per_node=args.gpus_per_node,
+        dtype=args.dtype,
+    )
+    if args.global_batch and args.microbatches:
+        raise UsageError("give --global-batch or --microbatches, not both", field="--microbatches")
+    if args.microbatches:
+        if plan.world % (plan.tp * plan.pp * plan.cp):
+            raise UsageError(f"{plan.world} GPUs do not split into tp·pp·cp", field="--world-size")
+        return replace(plan, global_batch=args.microbatches * plan.mbs * plan.dp)
+    return replace(plan, global_batch=args.global_batch or max(1, DEFAULT_GLOBAL_BATCH_TOKENS // seqlen))
+
+
+def row(
+    cfg: ModelConfig, r: Projection, rank: int | None, device: str | None, memory_gib: float | None
+) -> dict[str, Any]:
+    p, m = r.plan, r.memory
+    out: dict[str, Any] = {
+        "model": cfg.name,
+        "layout": p.label(),
+        "world_size": p.world,
+        "tp": p.tp,
+        "pp": p.pp,
+        "dp": p.dp,
+        "cp": p.cp,
+        "ep": p.ep,
+        "etp": p.expert_tp,
+        "vpp": p.vpp,
+        "mbs": p.mbs,
+        "microbatches": p.microbatches,
+        "global_batch": p.global_batch,
+        "seqlen": p.seqlen,
+        "sharding": p.sharding,
+        "recompute": p.recompute,
+        "schedule": p.schedule,
+        "dtype": p.dtype,
+        "device": device,
+        "rank": rank,
+        "step_time_s": r.step_s,
+        "compute_s": r.compute_s,
+        "exposed_comm_s": r.exposed_comm_total,
+        **{f"{k}_s": r.exposed_comm_s.get(k, 0.0) for k in COMM_KINDS},
+        "bubble_s": r.bubble_s,
+        "optimizer_s": r.optimizer_s,
+        "tokens_per_s": r.tokens_per_s,
+        "mfu": r.mfu,
+        "mem_params_gib": m.params / GIB,
+        "mem_grads_gib": m.grads / GIB,
+        "mem_optimizer_gib": m.optimizer / GIB,
+        "mem_activations_gib": m.activations / GIB,
+        "mem_buffers_gib": m.buffers / GIB,
+        "mem_total_gib": m.total / GIB,
+        "memory_gib": memory_gib,
+        "fits": r.fits,
+        "estimated_share": r.estimated_share,
+        "rates": "; ".join(f"{k}: {v}" for k, v in sorted(r.sources.items())),
+        "status": "ok" if r.fits else "does not fit",
+        "error": None,
+    }
+    return out
+
+
+def breakdown(cfg: ModelConfig, r: Projection, device: str | None, memory_gib: float | None) -> str:
+    """The console view of one projection: where a step's time goes and what a GPU holds."""
+    p, m = r.plan, r.memory
+    lines = [
+        f"{cfg.name} on {p.world} × {device or 'the target'} ({p.dtype}): {p.label()}, {p.microbatches} "
+        f"micro-batch(es) of {p.mbs} × {p.seqlen} tokens per DP rank, global batch {p.global_batch}",
+        f"step {r.step_s:.4g} s   {r.tokens_per_s:,.0f} tokens/s"
+        + (f"   MFU {100 * r.mfu:.1f} %" if r.mfu is not None else "")
+        + f"   ({100 * r.estimated_share:.0f} % of the time from estimated rates)",
+        "",
+    ]
+    parts = [("compute (GEMM, attention, memory-bound)", r.compute_s)]
+    parts += [(f"exposed {k.replace('_', ' ')}", v) for k, v in r.exposed_comm_s.items() if v > 0]
+    parts += [("pipeline bubble", r.bubble_s), ("optimizer", r.optimizer_s)]
+    width = max(len(n) for n, _ in parts)
+    for name, seconds in parts:
+        lines.append(f"  {name:<{width}}  {seconds:10.4g} s  {100 * seconds / r.step_s:5.1f} %")
+    limit = f" of {memory_gib:g} GiB" if memory_gib else ""
+    verdict = ("fits" if r.fits else "DOES NOT FIT") if memory_gib else "no limit given"
+    stage = f"stage {r.memory_stage} of {p.pp}, the fullest" if p.pp > 1 else "per GPU"
+    lines += [
+        "",
+        f"memory ({stage}): {m.total / GIB:.2f} GiB{limit}: {verdict}",
+        f"  params {m.params / GIB:.2f}  grads {m.grads / GIB:.2f}  optimizer {m.optimizer / GIB:.2f}  "
+        f"activations {m.activations / GIB:.2f}  buffers {m.buffers / GIB:.2f} GiB",
+        "rates: " + "; ".join(f"{k} {v}" for k, v in sorted(r.sources.items())),
+    ]
+    return "\n".join(lines)
+
+
+def search(
+    cfg: ModelConfig, base: Plan, projector: Projector, top: int, global_batch_set: bool
+) -> tuple[list[Projection], Counter[str], int]:
+    """Every layout of the world, screened (closed-form schedule), the best ``top`` re-projected op by op."""
+    rejected: Counter[str] = Counter()
+    fitting: list[Projection] = []
+    seen = 0
+    for plan in layouts(cfg, base):
+        seen += 1
+        if not global_batch_set and base.global_batch % (plan.mbs * plan.dp):
+            plan = replace(plan, global_batch=plan.mbs * plan.dp * max(1, base.global_batch // (plan.mbs * plan.dp)))
+        found = problems(cfg, plan, projector.layers)
+        if found:
+            rejected[_reason_class(found[0])] += 1
+            continue
+        from .pipeline import in_flight
+
+        memory, _ = projector.memory(plan, in_flight(plan.pp, plan.microbatches, plan.vpp))
+        if projector.memory_gib is not None and memory.total > projector.memory_gib * GIB:
+            rejected[f"does not fit in {projector.memory_gib:g} GiB"] += 1
+            continue
+        fitting.append(projector.project(plan, exact=False))
+    fitting.sort(key=lambda r: -r.tokens_per_s)
+    best = [projector.project(r.plan) for r in fitting[: max(top, 1) * 3]]
+    best.sort(key=lambda r: -r.tokens_per_s)
+    return best[:top], rejected, seen
+
+
+def _reason_class(found: tuple[str, str]) -> str:
+    flag, why = found
+    if "not divisible by --tp" in why:
+        return "heads or widths do not split over tp"
+    if "--ep" in why or flag == "--ep":
+        return "experts do not split over ep / etp"
+    return {
+        "--pp": "layers do not split over pp·vpp",
+        "--global-batch": "global batch does not split over mbs·dp",
+        "--microbatches": "interleaving needs micro-batches a multiple of pp",
+        "--cp": "seqlen does not split over 2·cp",
+        "--fsdp": "FSDP with pipeline parallelism not modelled",
+    }.get(flag, why)
+
+
+SEARCH_COLUMNS = [
+    "rank",
+    "layout",
+    "step_time_s",
+    "tokens_per_s",
+    "mfu",
+    "compute_s",
+    "exposed_comm_s",
+    "bubble_s",
+    "mem_total_gib",
+    "estimated_share",
+]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.model_config_path is None and args.model is None:
+        raise UsageError("name the model (--model, from the built-in configs, or --model-config-path)", field="--model")
+    configs = select_models(load_model_configs(args.model_config_path, args.model_name), args.model)
+    if len(configs) != 1:
+        raise UsageError(f"projects one model at a time, got {len(configs)}", field="--model")
+    (cfg,) = configs
+    plan = base_plan(cfg, args)
+    if args.validate:
+        from .validate import validate
+
+        return validate(cfg, plan, args)
+    rates = Rates(args.results, args.device, args.dtype, assumptions(args), args.gpus_per_node)
+    memory_gib: float | None = args.memory_gib or _device_memory_gib(rates.device)
+    projector = Projector(cfg, rates, args.activation_profile, memory_gib)
+    csv_path = cli.output_csv(args, CSV_NAME)
+    meta = environment(
+        None,
+        {"model_config": cfg.to_dict(), "results": args.results, "device": rates.device, "assumptions": vars(rates.a)},
+    )
+    if args.search:
+        best, rejected, seen = search(cfg, plan, projector, args.top or 10, args.global_batch is not None)
+        rows = [row(cfg, r, i + 1, rates.device, memory_gib) for i, r in enumerate(best)]
+        print(
+            f"{cfg.name}, {plan.world} × {rates.device or 'the target'}, seqlen {plan.seqlen}, global batch "
+            f"{plan.global_batch}: {seen} layouts, {sum(rejected.values())} rejected, {len(rows)} best shown"
+        )
+        print(summary_table(rows, SEARCH_COLUMNS))
+        if rejected:
+            print("rejected: " + "; ".join(f"{n} × {why}" for why, n in rejected.most_common()))
+        if best:
+            print("\nbest:\n" + breakdown(cfg, best[0], rates.device, memory_gib))
+    else:
+        result = projector.project(plan)
+        rows = [row(cfg, result, None, rates.device, memory_gib)]
+        print(breakdown(cfg, result, rates.device, memory_gib))
+    if csv_path:
+        with CsvReport(csv_path, SCHEMA, meta) as report:
+            for r in rows:
+                report.append(r)
+        print(f"wrote {csv_path} ({len(rows)} rows)")
+    return 0
+
+
+def _device_memory_gib(device: str | None) -> float | None:
+    """The memory of the GPUs the peak table knows, by name (datasheets; HBM stacks come in binary sizes): H100
+    80 GiB (NVL 94), H200 141, MI300X 192, MI325X 256."""
+    import re
+
+    low = (device or "").lower()
+    for pattern, gib in ((r"mi325", 256), (r"mi300", 192), (r"h200", 141), (r"h100.*nvl", 94), (r"h100", 80)):
+        if re.search(pattern, low):
+            return float(gib)
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, prog="python -m opbench.project"))

@@ -1,0 +1,301 @@
+"""Memory per GPU: parameters, gradients and optimizer state under the chosen sharding, activations saved for
+backward under the recomputation mode and pipeline schedule, and the transient buffers a step peaks with
+(docs/project.md, "Memory"). Pure Python.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from opbench.core.dtypes import element_size
+from opbench.gemm.shapes import padded_vocab
+from opbench.models import ModelConfig
+from opbench.models.architectures import architecture, decoder_layers
+from opbench.models.layout import (
+    COLUMN,
+    EXPERT_COLUMN,
+    EXPERT_ROW,
+    INDEXER,
+    LINEAR,
+    LINEAR_CHUNK,
+    REPLICATED,
+    ROW,
+    SPARSE,
+    Layer,
+)
+from opbench.models.params import ParamSpec, parameter_shapes
+
+from .plan import Plan
+
+GIB = 1 << 30
+ADAM_STEP_BYTES = 4  # torch's Adam keeps a float32 'step' tensor per parameter tensor
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes one GPU holds at its peak: persistent state and the step's activations and transient buffers."""
+
+    params: int
+    grads: int
+    optimizer: int
+    activations: int
+    buffers: int  # transient: unsharded FSDP units, logits and their gradient, a recomputed layer
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer + self.activations + self.buffers
+
+
+@dataclass(frozen=True)
+class StageParams:
+    """A stage's parameters on one rank: element count and tensor count, and for FSDP the padded shard counts."""
+
+    numel: int
+    tensors: int
+    fsdp_padded: int  # Σ ceil(d0 / shard) · rest: what FSDP2 keeps per rank (its sharded storage)
+    fsdp_local: int  # Σ rank 0's rows · rest: the sharded gradient and optimizer state (unpadded)
+    largest_unit: int  # the largest FSDP unit (a decoder layer or the root), elements on this rank
+    zero1_numel: int  # ZeRO-1: the parameters whose optimizer state the fullest rank keeps
+    zero1_tensors: int
+
+
+def _gemm_weight(n: int, k: int, split: str, experts: int, tp: int, ep: int, etp: int) -> tuple[int, int]:
+    """(elements on one rank, elements in the whole model) of one GEMM's weight."""
+    whole = n * k * max(1, experts)
+    if split == COLUMN or split == ROW:
+        return whole // tp, whole
+    if split in (EXPERT_COLUMN, EXPERT_ROW):
+        return whole // (ep * etp), whole
+    if split == REPLICATED:
+        return whole, whole
+    return whole // tp, whole
+
+
+def layer_numel(lay: Layer, plan: Plan) -> int:
+    """One decoder layer's parameters on one rank: GEMM weights split as their GEMMs are; everything else
+    (norms, biases, sinks, convolutions) replicated."""
+    total = sum(math.prod(shape) for _, shape in lay.params)
+    rank = whole = 0
+    for g in lay.gemms:
+        r, w = _gemm_weight(g.n, g.k, g.split, g.experts, plan.tp, plan.ep, plan.expert_tp)
+        rank += r
+        whole += w
+    return rank + max(0, total - whole)
+
+
+def stage_layers(
+    cfg: ModelConfig, plan: Plan, stage: int, layers: Sequence[Layer] | None = None
+) -> list[tuple[int, Layer]]:
+    """(chunk, layer) of every decoder layer pipeline stage ``stage`` holds: chunk c of stage s is the model's
+    piece c·pp + s, each of layers / (pp·vpp) consecutive layers. ``layers``: decoder_layers(cfg), if known."""
+    layers = layers if layers is not None else decoder_layers(cfg)
+    per = len(layers) // (plan.pp * plan.vpp)
+    out = []
+    for chunk in range(plan.vpp):
+        piece = chunk * plan.pp + stage
+        out += [(chunk, lay) for lay in layers[piece * per : (piece + 1) * per]]
+    return out
+
+
+def _shard_counts(specs: list[ParamSpec], shard: int) -> tuple[int, int]:
+    padded = local = 0
+    for s in specs:
+        d0 = s.shape[0] if s.shape else 1
+        rest = s.numel // d0 if d0 else 0
+        chunk = -(-d0 // shard)
+        padded += chunk * rest
+        local += min(chunk, d0) * rest
+    return padded, local
+
+
+def stage_params(cfg: ModelConfig, plan: Plan, stage: int, layers: Sequence[Layer] | None = None) -> StageParams:
+    """The parameters stage ``stage`` holds on one rank. Without tensor or expert parallelism they are the real
+    model's tensors (params.parameter_shapes: exact, FSDP padding included); with them, each GEMM weight is split
+    as its GEMM is and the embedding and lm_head by vocabulary (padded to 128·tp, as Megatron)."""
+    first, last = stage == 0, stage == plan.pp - 1
+    shard = plan.dp * plan.cp
+    if plan.tp == 1 and plan.ep == 1:
+        specs = parameter_shapes(cfg)
+        mine = {f"layers.{lay.index}" for _, lay in stage_layers(cfg, plan, stage, layers)}
+        root = architecture(cfg)
+        head_names = {n for n, _ in root.final(cfg)} | {"lm_head.weight", "lm_head.bias"}
+        picked = [
+            s
+            for s in specs
+            if s.unit in mine
+            or (
+                s.unit == "root"
+                and (plan.pp == 1 or (first and s.name not in head_names) or (last and s.name in head_names))
+            )
+        ]
+        if plan.pp > 1 and last and cfg.tie_word_embeddings:  # the last stage keeps its own copy of a tied embedding
+            picked += [s for s in specs if s.name in {n for n, _ in root.embeddings(cfg)}][:1]
+        padded, local = _shard_counts(picked, shard)
+        units: dict[str, int] = {}
+        for s in picked:
+            d0 = s.shape[0] if s.shape else 1
+            units[s.unit] = units.get(s.unit, 0) + -(-d0 // shard) * (s.numel // d0 if d0 else 0)
+        z_numel, z_tensors = zero1_partition([s.numel for s in picked], shard)
+        total = sum(s.numel for s in picked)
+        return StageParams(total, len(picked), padded, local, max(units.values(), default=0), z_numel, z_tensors)
+    vocab = padded_vocab(cfg.vocab_size, plan.tp) // plan.tp * cfg.hidden_size
+    numel = tensors = 0
+    largest = 0
+    for _, lay in stage_layers(cfg, plan, stage, layers):
+        n = layer_numel(lay, plan)
+        numel += n
+        tensors += len(lay.params)
+        largest = max(largest, n)
+    if first:
+        numel += vocab
+        tensors += 1
+    if last:
+        numel += vocab if (not cfg.tie_word_embeddings or plan.pp > 1) else 0
+        numel += cfg.hidden_size
+        tensors += 2
+    padded = -(-numel // shard)
+    return StageParams(numel, tensors, padded, padded, -(-largest // shard), padded, -(-tensors // shard))
+
+
+def zero1_partition(numels: Sequence[int], shard: int) -> tuple[int, int]:
+    """(elements, tensors) of the fullest rank when a sharded optimizer assigns whole parameters to ranks as
+    torch's ZeroRedundancyOptimizer does: largest first, each to the rank with the fewest elements so far (ties
+    to the lowest rank). Megatron's distributed optimizer splits a flat buffer evenly instead: the same to within
+    one parameter."""
+    sizes, counts = [0] * shard, [0] * shard
+    for n in sorted(numels, reverse=True):
+        r = sizes.index(min(sizes))
+        sizes[r] += n
+        counts[r] += 1
+    r = sizes.index(max(sizes))
+    return sizes[r], counts[r]
+
+
+def state_bytes(sp: StageParams, plan: Plan) -> tuple[int, int, int]:
+    """(params, grads, optimizer) bytes on one rank (docs/project.md, "Memory"). Mixed precision (bf16/fp16)
+    follows Megatron-Core for none/zero1 (16-bit parameters, fp32 main gradients, fp32 master copy and Adam
+    moments; zero1 shards the last over data parallel) and FSDP2 with param_dtype 16-bit / reduce fp32 for fsdp
+    (fp32 sharded parameters, gradients and moments). fp32: 4-byte parameters and gradients, Adam's two moments;
+    the optimizer also keeps torch's per-tensor step counter."""
+    mixed = plan.dtype in ("bf16", "fp16")
+    shard = plan.dp * plan.cp
+    steps = ADAM_STEP_BYTES * sp.tensors
+    if plan.sharding == "fsdp":
+        return 4 * sp.fsdp_padded, 4 * sp.fsdp_local, 8 * sp.fsdp_local + steps
+    p_bytes = (2 if mixed else 4) * sp.numel
+    g_bytes = 4 * sp.numel
+    per_param = 12 if mixed else 8
+    if plan.sharding == "zero1" and shard > 1:
+        return p_bytes, g_bytes, per_param * sp.zero1_numel + ADAM_STEP_BYTES * sp.zero1_tensors
+    return p_bytes, g_bytes, per_param * sp.numel + steps
+
+
+def layer_activation_bytes(cfg: ModelConfig, lay: Layer, plan: Plan, profile: str = "fused") -> int:
+    """Bytes one decoder layer saves for backward per micro-batch (docs/project.md, "Activations"): each block's
+    norm input and output (the GEMM input; T/tp of them with sequence parallelism), what the attention kernel
+    keeps (q, k, v, output and its fp32 log-sum-exp; gated DeltaNet: its convolution's input and output, gate,
+    output-norm input and per-chunk fp32 states; the DSA indexer's q, k, weights and the chosen keys), the MLP's
+    activation input and output, and for MoE the router's fp32 probabilities and the permuted tokens.
+    ``profile='eager'`` is PyTorch eager as transformers runs it: RMSNorm keeps its normalised output too, SwiGLU
+    keeps silu's output as well. Full recomputation keeps the layer's input only."""
+    e = element_size(plan.dtype)
+    t, h, tp = plan.tokens, cfg.hidden_size, plan.tp
+    t_seq = t // tp if plan.sp else t
+    eager = profile == "eager"
+    if plan.recompute == "full":
+        return t_seq * h * e
+    qk_norm = any(name.endswith(("q_norm.weight", "k_norm.weight")) for name, _ in lay.params)
+    total = 2 * 2 * t_seq * h * e  # two blocks' norm input and output
+    if eager:
+        total += 2 * t_seq * h * e  # RMSNorm keeps x·rsqrt besides its input and output
+    for op in lay.attention:
+        hq, hkv = max(1, op.heads_q // tp), max(1, op.heads_kv // tp)
+        if op.kind == INDEXER:
+            total += t * (op.heads_q * op.head_dim_qk + op.head_dim_qk + op.heads_q) * e
+        elif op.kind == LINEAR:
+            conv = 2 * hkv * op.head_dim_qk + hq * op.head_dim_v
+            total += t * (2 * conv + 3 * hq * op.head_dim_v + 2 * hq) * e
+            total += math.ceil(t / LINEAR_CHUNK) * hq * op.head_dim_qk * op.head_dim_v * 4 * plan.mbs
+        else:
+            total += t * (hq * op.head_dim_qk + hkv * (op.head_dim_qk + op.head_dim_v) + hq * op.head_dim_v) * e
+            total += t * hq * 4  # log-sum-exp
+            if op.kind == SPARSE:
+                total += t * op.window * 4  # the selected key indices (int32)
+            if qk_norm:  # q/k norms keep their input (eager: and the normalised copy)
+                total += (2 if eager else 1) * t * (hq + hkv) * op.head_dim_qk * e
+    local = t // tp if cfg.is_moe else t
+    for g in lay.gemms:
+        if g.layer in ("mlp_gate_up", "shared_gate_up"):
+            width = g.n // 2 // tp
+            total += (3 + (1 if eager else 0)) * t * width * e  # gate and up, and their product (down's input)
+        elif g.layer == "mlp_up":
+            total += 2 * t * g.n // tp * e
+        elif g.layer == "expert_gate_up":
+            rows = local * g.top_k * plan.expert_tp
+            width = g.n // 2 // plan.expert_tp
+            total += rows * h * e + (3 + (1 if eager else 0)) * rows * width * e
+            total += local * g.experts * 4 * 2  # router logits and probabilities, fp32
+            total += rows * h * e  # each expert's output, kept for the routing-weight product
+        elif g.layer in ("mla_q_up", "mla_kv_up", "linear_out"):
+            total += t * g.k * e  # a second GEMM input inside the block (compressed q / kv, gated-norm output)
+    return total
+
+
+def activation_bytes(
+    cfg: ModelConfig,
+    plan: Plan,
+    stage: int,
+    in_flight: int,
+    profile: str = "fused",
+    all_layers: Sequence[Layer] | None = None,
+) -> tuple[int, int]:
+    """(activations kept at the peak, transient buffers) on stage ``stage`` holding ``in_flight`` micro-batch
+    chunks. Transient: the last stage's fp32 logits and their gradient; a recomputed layer's activations under
+    full recomputation."""
+    layers = stage_layers(cfg, plan, stage, all_layers)
+    kinds = Counter((lay.gemms, lay.attention) for _, lay in layers)  # a few kinds of layer, many of each
+    first = {(lay.gemms, lay.attention): lay for _, lay in reversed(layers)}
+    per_chunk = sum(n * layer_activation_bytes(cfg, first[k], plan, profile) for k, n in kinds.items())
+    kept = per_chunk // max(1, plan.vpp) * in_flight
+    e = element_size(plan.dtype)
+    buffers = 0
+    if plan.recompute == "full" and layers:
+        full = replace(plan, recompute="none")
+        buffers += max(layer_activation_bytes(cfg, lay, full, profile) for lay in first.values())
+    if stage == plan.pp - 1:
+        kept += head_activation_bytes(cfg, plan, profile)
+        vocab = padded_vocab(cfg.vocab_size, plan.tp) // plan.tp
+        buffers += plan.tokens * vocab * (e + 4)  # the logits and, in backward, their fp32 gradient
+    return kept, buffers
+
+
+def head_activation_bytes(cfg: ModelConfig, plan: Plan, profile: str = "fused") -> int:
+    """What the last piece saves for one micro-batch: the final norm's input and output (lm_head's input; eager
+    RMSNorm one more) and the cross-entropy's fp32 log-probabilities over the rank's vocabulary slice. The last
+    stage holds one micro-batch of these at a time (its forward is followed at once by its backward)."""
+    e = element_size(plan.dtype)
+    t_seq = plan.tokens // (plan.tp if plan.sp else 1)
+    vocab = padded_vocab(cfg.vocab_size, plan.tp) // plan.tp if plan.tp > 1 else cfg.vocab_size
+    return (3 if profile == "eager" else 2) * t_seq * cfg.hidden_size * e + plan.tokens * vocab * 4
+
+
+def memory(
+    cfg: ModelConfig,
+    plan: Plan,
+    stage: int,
+    in_flight: int,
+    profile: str = "fused",
+    known: StageParams | None = None,
+    layers: Sequence[Layer] | None = None,
+) -> Memory:
+    """Stage ``stage``'s memory per GPU at its peak, holding ``in_flight`` micro-batch chunks."""
+    sp = known or stage_params(cfg, plan, stage, layers)
+    params, grads, opt = state_bytes(sp, plan)
+    acts, buffers = activation_bytes(cfg, plan, stage, in_flight, profile, layers)
+    if plan.sharding == "fsdp":
+        e = element_size(plan.dtype)
+        buffers += sp.largest_unit * plan.dp * plan.cp * (2 * e + 4)  # two gathered units and one unsharded grad
+    return Memory(params, grads, opt, acts, buffers)

@@ -1,0 +1,154 @@
+"""Pipeline schedules, simulated op by op: when each stage runs each micro-batch's forward and backward, and so how
+long a step's pipeline takes, how much of it is bubble, and how many micro-batches' activations a stage holds at
+once (docs/project.md, "Pipeline schedules").
+
+Schedules follow Megatron-Core's ordering (``megatron/core/pipeline_parallel/schedules.py``): 1F1B runs
+``p − s − 1`` warm-up forwards on stage ``s``, then alternates one forward and one backward, then drains the
+backwards; the interleaved schedule gives every stage ``v`` model chunks and orders forwards chunk by chunk in groups
+of ``p`` micro-batches. An op starts when its stage is free and its input has arrived (the previous stage's forward,
+or the next stage's backward, plus the point-to-point send). Pure Python, no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from opbench.core.errors import UsageError
+
+
+@dataclass(frozen=True)
+class StageTimes:
+    """One stage's per-micro-batch times (seconds) for one model chunk: forward, backward (recompute included)."""
+
+    fwd: float
+    bwd: float
+
+
+@dataclass(frozen=True)
+class ScheduleResult:
+    total_s: float  # first op's start to last op's end
+    busy_s: tuple[float, ...]  # per stage: time spent computing
+    bubble_s: float  # the slowest-busy stage's idle time inside the step (what the pipeline adds)
+    in_flight: tuple[int, ...]  # per stage: the most micro-batch chunks whose activations it holds at once
+
+    @property
+    def bubble_fraction(self) -> float:
+        return self.bubble_s / self.total_s if self.total_s else 0.0
+
+
+def _order_1f1b(stage: int, p: int, m: int) -> list[tuple[str, int, int]]:
+    """(direction, micro-batch, chunk) in the order stage ``stage`` runs them."""
+    warmup = min(p - stage - 1, m)
+    ops = [("F", i, 0) for i in range(warmup)]
+    f, b = warmup, 0
+    while f < m:
+        ops.append(("F", f, 0))
+        f += 1
+        ops.append(("B", b, 0))
+        b += 1
+    ops += [("B", i, 0) for i in range(b, m)]
+    return ops
+
+
+def _order_interleaved(stage: int, p: int, m: int, v: int) -> list[tuple[str, int, int]]:
+    """Megatron's interleaved order: forward k runs chunk (k // p) % v of micro-batch (k // (p·v))·p + k % p;
+    backwards run the chunks in reverse. Warm-up: (p − stage − 1)·2 + (v − 1)·p forwards (all of them when that
+    exceeds the total)."""
+    total = m * v
+
+    def fwd(k: int) -> tuple[str, int, int]:
+        return ("F", (k // (p * v)) * p + k % p, (k // p) % v)
+
+    def bwd(k: int) -> tuple[str, int, int]:
+        return ("B", (k // (p * v)) * p + k % p, v - 1 - (k // p) % v)
+
+    warmup = min((p - stage - 1) * 2 + (v - 1) * p, total)
+    ops = [fwd(k) for k in range(warmup)]
+    f, b = warmup, 0
+    while f < total:
+        ops.append(fwd(f))
+        f += 1
+        ops.append(bwd(b))
+        b += 1
+    ops += [bwd(k) for k in range(b, total)]
+    return ops
+
+
+def simulate(
+    stages: list[list[StageTimes]],
+    microbatches: int,
+    p2p_s: float = 0.0,
+    schedule: str = "1f1b",
+) -> ScheduleResult:
+    """Simulate one step. ``stages[s][c]`` are stage ``s``'s times for its model chunk ``c`` (one chunk for 1F1B,
+    ``v`` for interleaved); ``p2p_s`` is the time to send an activation (or its gradient) to the next stage.
+
+    Chunk ``c`` of stage ``s`` is model piece ``c·p + s``: a forward flows s → s+1 and from the last stage's chunk
+    c to the first stage's chunk c+1; backwards the reverse."""
+    p, m = len(stages), microbatches
+    v = len(stages[0])
+    if any(len(s) != v for s in stages):
+        raise ValueError("every stage needs the same number of model chunks")
+    if schedule == "interleaved" and v > 1 and m % p:
+        raise UsageError(
+            f"the interleaved schedule needs micro-batches ({m}) to be a multiple of the pipeline size ({p})",
+            field="--microbatches",
+        )
+    orders = [_order_interleaved(s, p, m, v) if v > 1 else _order_1f1b(s, p, m) for s in range(p)]
+    last_piece = p * v - 1
+    done: dict[tuple[str, int, int], float] = {}  # (direction, micro-batch, piece) -> end time
+    free = [0.0] * p
+    busy = [0.0] * p
+    held, most = [0] * p, [0] * p
+    nxt = [0] * p
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for s in range(p):
+            while nxt[s] < len(orders[s]):
+                kind, mb, chunk = orders[s][nxt[s]]
+                piece = chunk * p + s
+                if kind == "F":
+                    dep = ("F", mb, piece - 1) if piece > 0 else None
+                else:
+                    dep = ("B", mb, piece + 1) if piece < last_piece else ("F", mb, piece)
+                if dep is not None and dep not in done:
+                    break
+                ready = done[dep] if dep is not None else 0.0
+                if dep is not None and dep[2] != piece:  # crossing to another stage costs a send
+                    ready += p2p_s
+                if kind == "B":
+                    ready = max(ready, done[("F", mb, piece)])
+                start = max(free[s], ready)
+                t = stages[s][chunk].fwd if kind == "F" else stages[s][chunk].bwd
+                free[s] = start + t
+                busy[s] += t
+                done[(kind, mb, piece)] = free[s]
+                held[s] += 1 if kind == "F" else -1
+                most[s] = max(most[s], held[s])
+                nxt[s] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError("pipeline schedule deadlocked")  # an ordering bug, never an input problem
+    total = max(free)
+    return ScheduleResult(total, tuple(busy), total - max(busy), tuple(most))
+
+
+def estimate(stages: list[list[StageTimes]], microbatches: int, p2p_s: float = 0.0) -> ScheduleResult:
+    """A closed form of ``simulate`` for screening many layouts: the slowest stage's pace for all but one
+    micro-batch (chunk round), plus one pass through every stage, plus the sends of filling and draining. Exact
+    for equal stages and free sends ((m + p − 1)·(F + B) for 1F1B, (v·m + p − 1)·(F + B)/v interleaved);
+    in-flight counts are Megatron's (1F1B: p − s; interleaved: 2·(p − s − 1) + (v − 1)·p + 1)."""
+    p, m, v = len(stages), microbatches, len(stages[0])
+    per_chunk = [max(c.fwd + c.bwd for c in s) for s in stages]
+    busy = tuple(m * sum(c.fwd + c.bwd for c in s) for s in stages)
+    total = (m * v - 1) * max(per_chunk) + sum(per_chunk) + 2 * (p - 1) * p2p_s
+    return ScheduleResult(total, busy, total - max(busy), in_flight(p, m, v))
+
+
+def in_flight(p: int, m: int, v: int = 1) -> tuple[int, ...]:
+    """Micro-batch chunks each stage holds activations for at its peak, by Megatron's warm-up counts."""
+    if v == 1:
+        return tuple(min(p - s, m) for s in range(p))
+    return tuple(min(2 * (p - s - 1) + (v - 1) * p + 1, m * v) for s in range(p))

@@ -1,0 +1,157 @@
+"""A training layout: how a world of GPUs splits a model (TP × CP × PP × DP, experts over EP × ETP), the batch
+(micro-batch, global batch), sharding, recomputation and pipeline schedule; which layouts are valid for a model,
+with the reason when not; and every valid layout of a world, for ``--search`` (docs/project.md, "Layouts").
+Rank order is Megatron-Core's default ``tp-cp-ep-dp-pp``: TP groups are neighbours, pipeline stages farthest
+apart. Pure Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+
+from opbench.core.errors import UsageError
+from opbench.gemm.shapes import ModelParallel, check_parallel
+from opbench.models import ModelConfig
+from opbench.models.architectures import decoder_layers
+from opbench.models.layout import Layer
+
+SHARDINGS = ("none", "zero1", "fsdp")  # DDP (replicated optimizer), sharded optimizer (ZeRO-1), FSDP2 / ZeRO-3
+RECOMPUTE = ("none", "selective", "full")
+SCHEDULES = ("1f1b", "interleaved")
+
+
+@dataclass(frozen=True)
+class Plan:
+    world: int
+    seqlen: int
+    global_batch: int  # sequences per optimizer step
+    mbs: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    etp: int | None = None  # expert tensor parallel; None = tp (Megatron-Core's default)
+    vpp: int = 1  # model chunks per pipeline stage (interleaved schedule)
+    sharding: str = "none"
+    recompute: str = "none"
+    schedule: str = "1f1b"
+    sequence_parallel: bool = True  # with tp > 1 (Megatron's --sequence-parallel)
+    gpus_per_node: int = 8
+    dtype: str = "bf16"
+
+    @property
+    def dp(self) -> int:
+        return self.world // (self.tp * self.pp * self.cp)
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp if self.etp is not None else self.tp
+
+    @property
+    def microbatches(self) -> int:
+        return self.global_batch // (self.mbs * self.dp)
+
+    @property
+    def sp(self) -> bool:
+        return self.sequence_parallel and self.tp > 1
+
+    @property
+    def tokens(self) -> int:
+        """Tokens one rank's GEMMs multiply per micro-batch: mbs · seqlen / cp (TP all-gathers the sequence)."""
+        return self.mbs * self.seqlen // self.cp
+
+    def model_parallel(self) -> ModelParallel:
+        return ModelParallel(tp=self.tp, ep=self.ep, cp=self.cp, etp=self.etp)
+
+    def spans_nodes(self, group: int, stride: int) -> bool:
+        """Whether a group of ``group`` ranks ``stride`` apart reaches past one node."""
+        return group > 1 and group * stride > self.gpus_per_node
+
+    def label(self) -> str:
+        parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
+        parts += [f"cp{self.cp}"] if self.cp > 1 else []
+        parts += [f"ep{self.ep}"] if self.ep > 1 else []
+        parts += [f"etp{self.expert_tp}"] if self.ep > 1 and self.expert_tp != self.tp else []
+        parts += [f"vpp{self.vpp}"] if self.vpp > 1 else []
+        parts += [f"mbs{self.mbs}", self.sharding, f"rc-{self.recompute}"]
+        return " ".join(parts)
+
+
+def problems(cfg: ModelConfig, plan: Plan, layers: Sequence[Layer] | None = None) -> list[tuple[str, str]]:
+    """(flag, reason) for everything that makes ``plan`` impossible for ``cfg``; empty when it is valid.
+    ``layers``: decoder_layers(cfg), if known."""
+    out: list[tuple[str, str]] = []
+    if plan.world % (plan.tp * plan.pp * plan.cp):
+        return [("--world-size", f"{plan.world} GPUs do not split into tp·pp·cp = {plan.tp * plan.pp * plan.cp}")]
+    n_layers = cfg.num_hidden_layers
+    if n_layers is None:
+        return [("num_hidden_layers", "the config has no layer count; a step needs it")]
+    if n_layers % (plan.pp * plan.vpp):
+        out.append(("--pp", f"{n_layers} layers do not split into pp·vpp = {plan.pp * plan.vpp} equal chunks"))
+    if plan.vpp > 1 and plan.schedule != "interleaved":
+        out.append(("--vpp", "model chunks per stage need --schedule interleaved"))
+    if plan.global_batch % (plan.mbs * plan.dp):
+        out.append(("--global-batch", f"{plan.global_batch} sequences do not split into mbs·dp = {plan.mbs}·{plan.dp}"))
+    elif plan.vpp > 1 and plan.microbatches % plan.pp:
+        out.append(("--microbatches", f"{plan.microbatches} micro-batches: interleaving needs a multiple of pp"))
+    if plan.cp > 1 and plan.seqlen % (2 * plan.cp):
+        out.append(("--cp", f"seqlen {plan.seqlen} is not a multiple of 2·cp (load-balanced causal context parallel)"))
+    if plan.ep > 1 and not cfg.is_moe:
+        out.append(("--ep", f"{cfg.name} has no experts"))
+    elif cfg.is_moe and (plan.tp * plan.cp * plan.dp) % (plan.ep * plan.expert_tp):
+        out.append(
+            ("--ep", f"ep·etp = {plan.ep * plan.expert_tp} does not divide tp·cp·dp = {plan.tp * plan.cp * plan.dp}")
+        )
+    if plan.sharding == "fsdp" and plan.pp > 1:
+        out.append(("--fsdp", "FSDP with pipeline parallelism is not modelled (use --zero 1)"))
+    try:
+        check_parallel(cfg, plan.tokens, plan.model_parallel(), layers if layers is not None else decoder_layers(cfg))
+    except UsageError as exc:  # its text names the field already ("field '--tp': …")
+        out.append(("", str(exc)))
+    return out
+
+
+def check(cfg: ModelConfig, plan: Plan, layers: Sequence[Layer] | None = None) -> None:
+    """Refuse an impossible layout with one line (the first reason)."""
+    found = problems(cfg, plan, layers)
+    if found:
+        flag, why = found[0]
+        raise UsageError(why, field=flag or None)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def layouts(cfg: ModelConfig, base: Plan, max_tp: int | None = None) -> Iterator[Plan]:
+    """Every layout of ``base.world`` GPUs worth trying: tp up to a node (TP across nodes is never faster), pp,
+    cp, ep (MoE), vpp, mbs, sharding and recompute, each combination yielded once (validity is checked later,
+    so the caller can say why each was rejected)."""
+    world = base.world
+    tps = [t for t in _divisors(world) if t <= (max_tp or base.gpus_per_node)]
+    for tp in tps:
+        for pp in _divisors(world // tp):
+            for cp in _divisors(world // (tp * pp)):
+                if cp > 1 and cp * tp > base.gpus_per_node * 8:
+                    continue
+                eps = _divisors(world) if cfg.is_moe else [1]
+                for ep in eps:
+                    if ep > 1 and (cfg.n_routed_experts % ep or ep > cfg.n_routed_experts):
+                        continue
+                    for vpp in [1, 2, 4] if pp > 1 else [1]:
+                        for mbs in (1, 2, 4):
+                            for sharding in SHARDINGS:
+                                for recompute in RECOMPUTE:
+                                    yield replace(
+                                        base,
+                                        tp=tp,
+                                        pp=pp,
+                                        cp=cp,
+                                        ep=ep,
+                                        vpp=vpp,
+                                        mbs=mbs,
+                                        sharding=sharding,
+                                        recompute=recompute,
+                                        schedule="interleaved" if vpp > 1 else "1f1b",
+                                    )

@@ -1,0 +1,269 @@
+"""How long each piece of a step takes on the target hardware: looked up in opbench CSVs measured there, interpolated
+from the nearest measured row, or, where no CSV covers it, estimated from a stated roofline (docs/project.md,
+"Rates"). Every answer says which of the three it is and where it came from. Torch-free (pandas reads the CSVs).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from opbench.attention.flops import attention_flops
+from opbench.attention.shapes import AttentionShape
+from opbench.cluster.links import intra_link
+from opbench.core.collectives import COLLECTIVES
+from opbench.core.errors import UsageError
+from opbench.core.peaks import Peak, lookup_peak
+from opbench.gemm.shapes import gemm_bytes, gemm_flops
+
+MEASURED, INTERPOLATED, ESTIMATED = "measured", "interpolated", "estimated"
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """Every figure the projection takes rather than measures, each a flag (docs/project.md states its source)."""
+
+    gemm_efficiency: float = 0.75  # of the dense peak, GEMMs no row covers (H100 best public bf16 GEMM: 0.80)
+    attention_efficiency: float = 0.45  # of the dense peak, attention no row covers (FA-2/3 fwd+bwd on Hopper)
+    memory_efficiency: float = 0.80  # of HBM peak, streaming (copy) kernels
+    link_efficiency: float = 0.80  # of the link peak, a collective's busbw at large sizes
+    nic_gbs: float = 50.0  # network per GPU per direction: one 400 Gb/s NIC per GPU (H100/MI300X node designs)
+    latency_us_intra: float = 10.0  # a collective's fixed cost inside a node
+    latency_us_inter: float = 20.0  # ... across nodes
+    memory_bandwidth_gbs: float | None = None  # overrides the measured / peak memory bandwidth
+    tp_overlap: float = 0.0  # share of TP/SP collectives hidden behind GEMMs (Megatron --tp-comm-overlap: ~0.6-0.9)
+    ep_overlap: float = 0.0  # share of the EP all-to-all hidden (shared-expert / batch-level overlap)
+    cp_overlap: bool = True  # the context-parallel ring overlaps its sends with attention (Megatron/TE do)
+    dp_overlap: bool = True  # data-parallel gradient reduction overlaps the last micro-batch's backward
+    optimizer_bytes_per_param: float | None = None  # None: by precision (docs/project.md, "Optimizer")
+
+
+@dataclass(frozen=True)
+class Timed:
+    seconds: float
+    source: str  # MEASURED | INTERPOLATED | ESTIMATED
+    note: str = ""  # the row it came from, or the roofline it used
+
+
+def _ok(frame: pd.DataFrame) -> pd.DataFrame:
+    if frame.empty or "status" not in frame:
+        return frame
+    return frame[frame["status"].astype(str) == "ok"]
+
+
+class Rates:
+    """Look-ups over the rows of ``--results`` folders for one device name and dtype."""
+
+    def __init__(
+        self,
+        results: Sequence[str | Path],
+        device: str | None,
+        dtype: str,
+        assumptions: Assumptions,
+        gpus_per_node: int,
+    ) -> None:
+        from opbench.report.discover import discover
+
+        frames: dict[str, list[pd.DataFrame]] = {}
+        names: list[str] = []
+        for folder in results:
+            found = discover(folder)
+            for f in found.files:
+                frames.setdefault(f.kind.benchmark, []).append(f.frame.assign(file=f"{folder}/{f.rel}"))
+                name = f.meta.get("device_name") or (f.frame["device"].iloc[0] if "device" in f.frame else None)
+                if isinstance(name, str) and name:
+                    names.append(name)
+
+        def kind(name: str) -> pd.DataFrame:
+            return _ok(pd.concat(frames[name], ignore_index=True)) if name in frames else pd.DataFrame()
+
+        self.dtype = dtype
+        self.a = assumptions
+        self.gpus_per_node = gpus_per_node
+        self.device = device or (names[0] if names else None)
+        self.peak: Peak | None = lookup_peak(self.device) if self.device else None
+        gemm = kind("gemm")
+        self.gemm = gemm[gemm["dtype"].astype(str) == dtype] if not gemm.empty else gemm
+        att = kind("attention")
+        self.attention = att[att["dtype"].astype(str) == dtype] if not att.empty else att
+        self.comm = kind("comm")
+        self.memory_rows = kind("cluster_memory")
+        self._gemm_index: dict[tuple[int, int, int, int], tuple[float, str]] = {}
+        if not self.gemm.empty:
+            self.gemm = self.gemm[self.gemm["time_s"].notna() & (self.gemm["time_s"] > 0)]
+            for r in self.gemm.sort_values("time_s", ascending=False).itertuples():  # the fastest backend wins
+                self._gemm_index[(int(r.m), int(r.n), int(r.k), int(r.groups))] = (float(r.time_s), str(r.file))
+
+    # -- compute ----------------------------------------------------------------------------------------------
+
+    def _peak_tflops(self, what: str) -> float:
+        tflops = self.peak.tflops(self.dtype) if self.peak else None
+        if not tflops:
+            raise UsageError(
+                f"no measured row covers this {what} and there is no peak for '{self.device or 'an unnamed device'}' "
+                "in the peak table: measure on the target (opbench gemm/attention into a --results folder) or name "
+                "a --device the table has (docs/conventions.md, 'Peaks')",
+                field="--results",
+            )
+        return tflops
+
+    def gemm_time(self, m: int, n: int, k: int, groups: int = 1) -> Timed:
+        """Exact (m, n, k, groups) row; else the measured row nearest in FLOPs (log scale), scaled by FLOPs; else
+        max(FLOPs / (peak · gemm_efficiency), bytes / memory bandwidth)."""
+        hit = self._gemm_index.get((m, n, k, groups))
+        if hit:
+            return Timed(hit[0], MEASURED, f"{hit[1]}: {m}x{n}x{k}" + (f"x{groups}" if groups > 1 else ""))
+        flops = gemm_flops(m, n, k, groups)
+        rows = self.gemm[(self.gemm["groups"] > 1) == (groups > 1)] if not self.gemm.empty else self.gemm
+        if rows.empty:
+            rows = self.gemm
+        if not rows.empty:
+            row_flops = 2.0 * rows["m"] * rows["n"] * rows["k"] * rows["groups"]
+            distance = (row_flops.apply(math.log) - math.log(flops)).abs()
+            r = rows.loc[distance.idxmin()]
+            rate = 2.0 * r["m"] * r["n"] * r["k"] * r["groups"] / r["time_s"]
+            note = f"{r['file']}: {int(r['m'])}x{int(r['n'])}x{int(r['k'])} at {rate / 1e12:.3g} TFLOP/s"
+            return Timed(flops / rate, INTERPOLATED, note)
+        peak = self._peak_tflops("GEMM") * 1e12 * self.a.gemm_efficiency
+        moved = gemm_bytes(m, n, k, groups, 2 if self.dtype in ("bf16", "fp16") else 4)
+        return Timed(max(flops / peak, moved / self.memory_bandwidth().seconds), ESTIMATED, "roofline")
+
+    def attention_time(self, shape: AttentionShape, batch: int, pass_: str) -> Timed:
+        """The fastest measured backend on exactly this shape; else the same kind's row nearest in FLOPs, scaled;
+        else FLOPs / (peak · attention_efficiency)."""
+        flops = attention_flops(shape, batch, pass_)
+        col = f"{pass_}_time"
+        a = self.attention
+        if not a.empty and col in a:
+            same_kind = a[(a["attn_kind"].astype(str) == shape.attn_kind) & a[col].notna()] if "attn_kind" in a else a
+            keys = {
+                "seqlen_q": shape.seqlen_q,
+                "seqlen_kv": shape.seqlen_kv,
+                "num_head_q": shape.num_head_q,
+                "num_head_kv": shape.num_head_kv,
+                "head_dim_qk": shape.head_dim_qk,
+                "head_dim_v": shape.head_dim_v,
+                "batch_size": batch,
+            }
+            exact = same_kind
+            for k, v in keys.items():
+                exact = exact[exact[k] == v]
+            if not exact.empty:
+                r = exact.loc[exact[col].idxmin()]
+                return Timed(float(r[col]), MEASURED, f"{r['file']}: {r['backend']}")
+            if not same_kind.empty:
+                row_flops = same_kind.apply(
+                    lambda r: attention_flops(_row_shape(r, shape.attn_kind), int(r["batch_size"]), pass_), axis=1
+                )
+                distance = (row_flops.apply(math.log) - math.log(flops)).abs()
+                i = distance.idxmin()
+                r = same_kind.loc[i]
+                rate = row_flops[i] / r[col]
+                return Timed(flops / rate, INTERPOLATED, f"{r['file']}: {r['backend']} at {rate / 1e12:.3g} TFLOP/s")
+        peak = self._peak_tflops(f"{shape.attn_kind} attention") * 1e12 * self.a.attention_efficiency
+        return Timed(flops / peak, ESTIMATED, "roofline")
+
+    # -- memory -------------------------------------------------------------------------------------------------
+
+    def memory_bandwidth(self) -> Timed:
+        """Bytes per second of a streaming kernel: --memory-bandwidth-gbs, else the median 'copy' rate of the
+        largest size measured by opbench cluster, else HBM peak × memory_efficiency. ``seconds`` holds B/s."""
+        if self.a.memory_bandwidth_gbs:
+            return Timed(self.a.memory_bandwidth_gbs * 1e9, ESTIMATED, "--memory-bandwidth-gbs")
+        rows = self.memory_rows
+        if not rows.empty:
+            copy = rows[rows["kernel"].astype(str) == "copy"]
+            copy = copy if not copy.empty else rows
+            big = copy[copy["size_bytes"] == copy["size_bytes"].max()]
+            return Timed(float(big["gbs"].median()) * 1e9, MEASURED, f"{big['file'].iloc[0]}: copy")
+        if self.peak:
+            return Timed(self.peak.hbm_tbs * 1e12 * self.a.memory_efficiency, ESTIMATED, "HBM peak")
+        raise UsageError(
+            f"no measured memory bandwidth and no peak for '{self.device or 'an unnamed device'}': run opbench cluster "
+            "--checks memory into a --results folder, or pass --memory-bandwidth-gbs",
+            field="--results",
+        )
+
+    def memory_time(self, nbytes: float) -> Timed:
+        bw = self.memory_bandwidth()
+        return Timed(nbytes / bw.seconds, bw.source, bw.note)
+
+    # -- communication ------------------------------------------------------------------------------------------
+
+    def collective_time(self, collective: str, size_bytes: float, nranks: int, inter: bool) -> Timed:
+        """nccl-tests conventions: ``size_bytes`` is the per-rank buffer (max of send and receive). busbw comes
+        from measured rows of the same collective across nodes (or within one), interpolated over log size, else
+        from another collective's rows in that domain, else latency + size·factor / (link peak · efficiency)."""
+        if nranks <= 1 or size_bytes <= 0:
+            return Timed(0.0, MEASURED, "no peers")
+        factor = COLLECTIVES[collective].busbw_factor(nranks) or 1.0
+        rows = self._comm_rows(inter)
+        if not rows.empty:
+            same = rows[rows["collective"].astype(str) == collective]
+            use, source = (same, MEASURED) if not same.empty else (rows, INTERPOLATED)
+            busbw = _interpolate_log(use["size_bytes"].astype(float), use["busbw_gbs"].astype(float), size_bytes)
+            if busbw and busbw > 0:
+                what = collective if not same.empty else f"{use['collective'].iloc[0]} rows"
+                note = f"{use['file'].iloc[0]}: {what} busbw {busbw:.3g} GB/s"
+                exact = (use["size_bytes"] == size_bytes).any()
+                return Timed(size_bytes * factor / (busbw * 1e9), source if exact else INTERPOLATED, note)
+        if inter:
+            bw, latency, what = self.a.nic_gbs * self.a.link_efficiency, self.a.latency_us_inter, "network"
+        else:
+            link = intra_link(self.device or "")
+            if link is None:
+                raise UsageError(
+                    f"no measured collective rows and no link peak for '{self.device or 'an unnamed device'}': run "
+                    "opbench comm into a --results folder, or name a --device the link table has",
+                    field="--results",
+                )
+            bw, latency, what = link.intra_gbs * self.a.link_efficiency, self.a.latency_us_intra, link.name
+        return Timed(latency * 1e-6 + size_bytes * factor / (bw * 1e9), ESTIMATED, f"{what} at {bw:.3g} GB/s")
+
+    def _comm_rows(self, inter: bool) -> pd.DataFrame:
+        c = self.comm
+        if c.empty:
+            return c
+        nodes = c["nnodes"].fillna(1).astype(int)
+        per_node = c["world_size"].astype(int) // nodes.clip(lower=1)
+        spans = (nodes > 1) & (c["nranks"].astype(int) > per_node)
+        picked = c[spans if inter else ~spans]
+        return picked[picked["busbw_gbs"].notna() & (picked["busbw_gbs"] > 0)]
+
+
+def _row_shape(r: Any, kind: str) -> AttentionShape:
+    shape = AttentionShape(
+        "",
+        int(r["seqlen_q"]),
+        int(r["seqlen_kv"]),
+        int(r["num_head_q"]),
+        int(r["num_head_kv"]),
+        int(r["head_dim_qk"]),
+        int(r["head_dim_v"]),
+        bool(r["causal"]),
+    )
+    window = int(r["window"]) if "window" in r and pd.notna(r["window"]) else 0
+    return replace(shape, attn_kind=kind, window=window)
+
+
+def _interpolate_log(sizes: pd.Series, values: pd.Series, x: float) -> float | None:
+    """Linear interpolation of ``values`` over log ``sizes`` (median of repeats), clamped at the ends."""
+    table = pd.DataFrame({"s": sizes, "v": values}).groupby("s")["v"].median().sort_index()
+    if table.empty:
+        return None
+    xs = [math.log(s) for s in table.index]
+    lx = math.log(x)
+    if lx <= xs[0]:
+        return float(table.iloc[0])
+    if lx >= xs[-1]:
+        return float(table.iloc[-1])
+    for i in range(1, len(xs)):
+        if lx <= xs[i]:
+            w = (lx - xs[i - 1]) / (xs[i] - xs[i - 1])
+            return float(table.iloc[i - 1] * (1 - w) + table.iloc[i] * w)
+    return float(table.iloc[-1])

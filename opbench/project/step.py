@@ -1,0 +1,236 @@
+"""One training step of a layout, put together: each pipeline stage's forward and backward per micro-batch (from
+workload.py, timed by rates.py), the pipeline schedule (pipeline.py), data-parallel gradient reduction or FSDP's
+gathers with what overlaps, the optimizer, and memory per GPU (memory.py) (docs/project.md, "A step").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from opbench.attention.flops import attention_flops
+from opbench.attention.shapes import model_attention_shapes
+from opbench.core.dtypes import element_size
+from opbench.gemm.shapes import gemm_shapes
+from opbench.models import ModelConfig
+from opbench.models.architectures import decoder_layers
+
+from . import memory as mem
+from .pipeline import ScheduleResult, StageTimes, estimate, simulate
+from .plan import Plan, check
+from .rates import ESTIMATED, Rates, Timed
+from .workload import COMPUTE_KINDS, Item, Work, embedding_work, head_work, layer_work
+
+# Bytes the optimizer reads and writes per parameter (docs/project.md, "Optimizer"): a fused Adam reads gradient,
+# master weight and two moments and writes the last three (and the 16-bit copy in mixed precision); PyTorch's
+# default (foreach) AdamW makes about ten passes over fp32 tensors.
+OPTIMIZER_BYTES = {("fused", True): 30.0, ("fused", False): 28.0, ("eager", True): 80.0, ("eager", False): 80.0}
+
+
+@dataclass(frozen=True)
+class Projection:
+    plan: Plan
+    step_s: float
+    compute_s: float
+    exposed_comm_s: dict[str, float]
+    bubble_s: float
+    optimizer_s: float
+    tokens_per_s: float
+    mfu: float | None
+    memory: mem.Memory  # the fullest stage's
+    memory_stage: int
+    fits: bool
+    estimated_share: float
+    schedule: ScheduleResult
+    sources: dict[str, str] = field(default_factory=dict)  # category -> where its rates came from
+
+    @property
+    def exposed_comm_total(self) -> float:
+        return sum(self.exposed_comm_s.values())
+
+
+def _layer_key(lay) -> tuple:
+    return (lay.gemms, lay.attention, lay.moe)
+
+
+class Projector:
+    """Projects layouts of one model on one set of rates; caches per-layer work across layouts (the search asks
+    for thousands of layouts that share their layers' work)."""
+
+    def __init__(self, cfg: ModelConfig, rates: Rates, profile: str = "fused", memory_gib: float | None = None):
+        self.cfg, self.rates, self.profile, self.memory_gib = cfg, rates, profile, memory_gib
+        self.layers = decoder_layers(cfg)
+        self._work: dict[tuple, Work] = {}
+        self._params: dict[tuple, mem.StageParams] = {}
+        self._flops: dict[int, float] = {}
+
+    def stage_params(self, plan: Plan, stage: int) -> mem.StageParams:
+        key = (plan.tp, plan.pp, plan.vpp, plan.ep, plan.expert_tp, plan.dp * plan.cp, stage)
+        if key not in self._params:
+            self._params[key] = mem.stage_params(self.cfg, plan, stage, self.layers)
+        return self._params[key]
+
+    def _layer(self, lay, plan: Plan) -> Work:
+        key = (_layer_key(lay), plan.tp, plan.cp, plan.ep, plan.expert_tp, plan.mbs, plan.sp, plan.recompute)
+        if key not in self._work:
+            self._work[key] = layer_work(self.cfg, lay, plan, self.rates)
+        return self._work[key]
+
+    def stage_work(self, plan: Plan) -> list[list[Work]]:
+        """work[stage][chunk]: one micro-batch through that piece of the model."""
+        out = []
+        last_piece = plan.pp * plan.vpp - 1
+        for s in range(plan.pp):
+            chunks = [Work((), ()) for _ in range(plan.vpp)]
+            for chunk, lay in mem.stage_layers(self.cfg, plan, s, self.layers):
+                chunks[chunk] = chunks[chunk] + self._layer(lay, plan)
+            if s == 0:
+                chunks[0] = embedding_work(self.cfg, plan, self.rates) + chunks[0]
+            for c in range(plan.vpp):
+                if c * plan.pp + s == last_piece:
+                    chunks[c] = chunks[c] + head_work(self.cfg, plan, self.rates)
+            out.append(chunks)
+        return out
+
+    def memory(self, plan: Plan, in_flight: tuple[int, ...]) -> tuple[mem.Memory, int]:
+        per_stage = [
+            mem.memory(self.cfg, plan, s, in_flight[s], self.profile, self.stage_params(plan, s), self.layers)
+            for s in range(plan.pp)
+        ]
+        worst = max(range(plan.pp), key=lambda s: per_stage[s].total)
+        return per_stage[worst], worst
+
+    def project(self, plan: Plan, exact: bool = True) -> Projection:
+        """``exact``: simulate the schedule op by op; else its closed form (the search screens with it)."""
+        check(self.cfg, plan, self.layers)
+        cfg, rates, e = self.cfg, self.rates, element_size(plan.dtype)
+        work = self.stage_work(plan)
+        times = [[StageTimes(w.fwd_s, w.bwd_s) for w in chunks] for chunks in work]
+        act = plan.tokens // (plan.tp if plan.sp else 1) * cfg.hidden_size * e
+        m = plan.microbatches
+        send = 0.0
+        if plan.pp > 1:
+            send = rates.collective_time("send_recv", act, 2, plan.spans_nodes(2, plan.tp * plan.cp * plan.dp)).seconds
+        if exact:
+            sched = simulate(times, m, send, plan.schedule)
+            # the sends' exposed cost: how much longer the schedule is than with free sends
+            pp_exposed = sched.total_s - simulate(times, m, 0.0, plan.schedule).total_s if plan.pp > 1 else 0.0
+        else:
+            sched = estimate(times, m, send)
+            pp_exposed = 2 * (plan.pp - 1) * send
+
+        # per stage: data-parallel exposure and the optimizer, after the pipeline drains
+        tail, dp_exposed, opt_time = [], [], []
+        shard = plan.dp * plan.cp
+        dp_inter = plan.spans_nodes(shard, plan.tp)
+        bw = rates.memory_bandwidth()
+        impl = "eager" if self.profile == "eager" else "fused"
+        per_param = rates.a.optimizer_bytes_per_param or OPTIMIZER_BYTES[(impl, plan.dtype in ("bf16", "fp16"))]
+        dp_items: list[Item] = []
+        for s in range(plan.pp):
+            sp = self.stage_params(plan, s)
+            last_bwd = sum(w.bwd_s for w in work[s])
+            first_fwd = sum(w.fwd_s for w in work[s])
+            exposed = 0.0
+            if shard > 1 and plan.sharding == "fsdp":
+                for w in work[s]:
+                    fsdp = self._fsdp(plan, sp, w, m, dp_inter)
+                    exposed += fsdp[1]
+                    dp_items.append(Item("dp_comm", "FSDP gathers and reduce-scatters", fsdp[0], fsdp[1]))
+            elif shard > 1:
+                grads = sp.numel * 4
+                if plan.sharding == "zero1":
+                    rs = rates.collective_time("reduce_scatter", grads, shard, dp_inter)
+                    ag = rates.collective_time("all_gather", sp.numel * e, shard, dp_inter)
+                    hidden_rs = last_bwd if rates.a.dp_overlap else 0.0
+                    exposed = max(0.0, rs.seconds - hidden_rs) + max(0.0, ag.seconds - first_fwd)
+                    dp_items += [Item("dp_comm", "DP reduce-scatter", rs, max(0.0, rs.seconds - hidden_rs))]
+                    dp_items += [Item("dp_comm", "DP all-gather", ag, max(0.0, ag.seconds - first_fwd))]
+                else:
+                    ar = rates.collective_time("all_reduce", grads, shard, dp_inter)
+                    exposed = max(0.0, ar.seconds - (last_bwd if rates.a.dp_overlap else 0.0))
+                    dp_items.append(Item("dp_comm", "DP all-reduce", ar, exposed))
+            opt_numel = {"fsdp": sp.fsdp_local, "zero1": sp.zero1_numel}.get(plan.sharding, sp.numel)
+            opt = opt_numel * per_param / bw.seconds
+            dp_exposed.append(exposed)
+            opt_time.append(opt)
+            tail.append(exposed + opt)
+        crit = max(range(plan.pp), key=lambda s: sched.busy_s[s] + tail[s])
+        step = sched.total_s + tail[crit]
+
+        # breakdown of the critical stage
+        items = [i for w in work[crit] for i in (*w.fwd, *w.bwd)]
+        compute = sum(i.exposed for i in items if i.category in COMPUTE_KINDS) * m
+        comm: dict[str, float] = {}
+        for i in items:
+            if i.category not in COMPUTE_KINDS:
+                comm[i.category] = comm.get(i.category, 0.0) + i.exposed * m
+        if plan.pp > 1:
+            comm["pp_comm"] = pp_exposed
+        comm["dp_comm"] = dp_exposed[crit]
+        bubble = step - compute - sum(comm.values()) - opt_time[crit]
+
+        all_items = [i for chunks in work for w in chunks for i in (*w.fwd, *w.bwd)] + dp_items
+        spent = sum(i.timed.seconds for i in all_items) or 1.0
+        estimated = sum(i.timed.seconds for i in all_items if i.timed.source == ESTIMATED)
+        if bw.source == ESTIMATED:
+            estimated += sum(opt_time)
+            spent += sum(opt_time)
+        sources: dict[str, str] = {}
+        for i in all_items:
+            sources.setdefault(i.category, i.timed.source)
+            if i.timed.source == ESTIMATED:
+                sources[i.category] = ESTIMATED
+
+        memory, worst = self.memory(plan, sched.in_flight)
+        tokens = plan.global_batch * plan.seqlen
+        peak = rates.peak.tflops(plan.dtype) if rates.peak else None
+        mfu = self.model_flops(plan) / (step * plan.world * peak * 1e12) if peak else None
+        fits = self.memory_gib is None or memory.total <= self.memory_gib * mem.GIB
+        return Projection(
+            plan,
+            step,
+            compute,
+            comm,
+            bubble,
+            opt_time[crit],
+            tokens / step,
+            mfu,
+            memory,
+            worst,
+            fits,
+            estimated / spent,
+            sched,
+            sources,
+        )
+
+    def _fsdp(self, plan: Plan, sp: mem.StageParams, w: Work, microbatches: int, inter: bool) -> tuple[Timed, float]:
+        """FSDP2 per micro-batch: every unit all-gathers in forward and again in backward (reshard after forward)
+        and reduce-scatters its gradient (fp32); each is prefetched behind the neighbouring unit's compute, so a
+        unit's collectives are exposed only where they outlast its compute (the first gather always is)."""
+        rates, shard = self.rates, plan.dp * plan.cp
+        units = max(1, len(self.layers) // plan.pp) + 1
+        unit = sp.fsdp_padded / units
+        e = element_size(plan.dtype)
+        ag = rates.collective_time("all_gather", unit * shard * e, shard, inter)
+        rs = rates.collective_time("reduce_scatter", unit * shard * 4, shard, inter)
+        per_unit_fwd, per_unit_bwd = w.fwd_s / units, w.bwd_s / units
+        total = units * (2 * ag.seconds + rs.seconds)
+        if not rates.a.dp_overlap:
+            return Timed(total * microbatches, ag.source, ag.note), total * microbatches
+        exposed = units * (max(0.0, ag.seconds - per_unit_fwd) + max(0.0, ag.seconds + rs.seconds - per_unit_bwd))
+        exposed += ag.seconds
+        return Timed(total * microbatches, ag.source, ag.note), exposed * microbatches
+
+    def model_flops(self, plan: Plan) -> float:
+        """Model FLOPs of one step (all replicas): every GEMM's forward × 3 (forward, input and weight gradients)
+        and attention forward + backward by the convention (× 3.5), without recomputation: MFU's numerator."""
+        if plan.seqlen not in self._flops:
+            self._flops[plan.seqlen] = self._sequence_flops(plan.seqlen)
+        return self._flops[plan.seqlen] * plan.global_batch
+
+    def _sequence_flops(self, seqlen: int) -> float:
+        gemm = sum(r.flops * (r.layer_count or 1) for r in gemm_shapes(self.cfg, seqlen=seqlen, passes=["fwd"]))
+        attn = sum(
+            attention_flops(s, 1, "fwdbwd") * (s.layer_count or 1) for s in model_attention_shapes(self.cfg, seqlen)
+        )
+        return 3 * gemm + attn

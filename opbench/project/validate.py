@@ -1,0 +1,384 @@
+"""``opbench project --validate``: train the model for real on this machine and set the projection beside it.
+
+The rates come from opbench's own tools run here on the model's shapes, exactly as a user would measure a cluster
+(``opbench gemm``, ``opbench attention``, ``opbench cluster --checks memory``, and ``opbench comm`` for two ranks),
+into a results folder; the projection reads that folder. Then the transformers model is built from its config
+(random weights) and trained: forward, backward and AdamW for ``--steps`` steps (after one untimed step), in one
+process or, with ``--nproc-per-node 2``, as real FSDP2 over gloo/NCCL. Peak memory is the allocator's peak on a
+GPU; on a CPU, which has no such counter, it is what the step holds: parameters, gradients and optimizer state
+(counted from the real tensors) and the activations one micro-batch saves for backward (counted by
+``torch.autograd.graph.saved_tensors_hooks``). (docs/project.md, "Validation")
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from opbench.core.errors import UsageError
+from opbench.core.results import CsvReport, environment
+from opbench.models import ModelConfig
+from opbench.models.params import parameter_shapes
+
+from .memory import GIB
+from .plan import Plan
+from .rates import Rates
+from .schema import VALIDATE_SCHEMA
+from .step import Projection, Projector
+
+MAX_PARAMS = {"cpu": 1_500_000_000, "cuda": 8_000_000_000}  # validation trains the whole model on one machine
+
+
+@dataclass
+class Measured:
+    step_s: list[float]
+    params: int
+    grads: int
+    optimizer: int
+    activations: int  # CPU: saved for backward by one micro-batch; GPU: 0 (peak below covers it)
+    peak: int | None  # GPU: torch.cuda.max_memory_allocated over a step
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.step_s)
+
+    @property
+    def accounted(self) -> int:
+        return self.params + self.grads + self.optimizer + self.activations
+
+
+def threads_per_rank(world: int) -> int:
+    """CPU ranks share this process's threads (OMP_NUM_THREADS, else the cores): each rank gets its share, in the
+    rate measurements and in training alike."""
+    import torch
+
+    return max(1, torch.get_num_threads() // world)
+
+
+def _tool(args: list[str], what: str, threads: int | None = None) -> None:
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    proc = subprocess.run([sys.executable, "-m", "opbench", *args], capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
+        raise RuntimeError(f"measuring {what} failed (opbench {' '.join(args[:1])}, exit {proc.returncode}):\n{tail}")
+
+
+def measure_rates(cfg: ModelConfig, plan: Plan, args: argparse.Namespace, folder: Path, device: str) -> None:
+    """The rates of this model's step on this machine, by opbench's tools, into ``folder``."""
+    model = ["--model", cfg.name] + (["--model-config-path", args.model_config_path] if args.model_config_path else [])
+    if args.model_name:
+        model += ["--model-name", args.model_name]
+    common = ["--device", device, "--dtype", plan.dtype, "--report-dir-path", str(folder)]
+    shape = ["--seqlen", str(plan.seqlen), "--mbs", str(plan.mbs)]
+    threads = threads_per_rank(plan.world) if device == "cpu" else None
+    _tool(["gemm", *model, *shape, *common, "--budget", "0.5"], "GEMMs", threads)
+    _tool(
+        [
+            "attention",
+            *model,
+            *shape,
+            *common,
+            "--max-seqlen",
+            "0",
+            "--backends",
+            "sdpa,gdn_torch,indexer_torch",
+            "--passes",
+            "fwd,bwd",
+            "--budget",
+            "0.5",
+        ],
+        "attention",
+        threads,
+    )
+    _tool(
+        ["cluster", "--checks", "memory", "--quick", "--device", device, "--report-dir-path", str(folder)],
+        "memory",
+        threads,
+    )
+    if plan.world > 1:
+        # the sizes this step sends: FSDP's per-layer and root gathers, or the whole gradient
+        numels = [s.numel for s in parameter_shapes(cfg)]
+        largest = max(sum(numels), 1) * 4 * plan.world
+        top = 1 << max(20, (largest - 1).bit_length())
+        collectives = {"fsdp": "all_gather,reduce_scatter", "zero1": "all_reduce,broadcast"}.get(
+            plan.sharding, "all_reduce"
+        )
+        _tool(
+            [
+                "comm",
+                "--nproc-per-node",
+                str(plan.world),
+                "--collectives",
+                collectives,
+                "-b",
+                str(top >> 8),
+                "-e",
+                str(top),
+                "-f",
+                "4",
+                "--dtype",
+                "fp32",
+                "--device",
+                device,
+                "-w",
+                "1",
+                "-n",
+                "3",
+                "--report-dir-path",
+                str(folder),
+            ],
+            "collectives",
+        )
+
+
+def _saved_bytes(model: Any, batch: Any) -> int:
+    """Bytes the forward saves for backward: every distinct storage autograd keeps, parameters excluded."""
+    import torch
+
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params and t.device.type != "meta":
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(input_ids=batch, labels=batch).loss
+    del loss
+    return sum(seen.values())
+
+
+def _state_bytes(model: Any, optimizer: Any) -> tuple[int, int, int]:
+    """(params, grads, optimizer) bytes this rank holds, from the real tensors (local shards under FSDP)."""
+
+    def local(t: Any) -> Any:
+        return t.to_local() if hasattr(t, "to_local") else t
+
+    params = sum(local(p).untyped_storage().nbytes() for p in model.parameters())
+    grads = sum(local(p.grad).numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)
+    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps its rank's optimizer there
+    opt = sum(
+        local(v).numel() * v.element_size()
+        for state in inner.state.values()
+        for v in state.values()
+        if hasattr(v, "element_size")
+    )
+    return params, grads, opt
+
+
+def train(cfg: ModelConfig, plan: Plan, steps: int, device: str, rank: int = 0, world: int = 1) -> Measured:
+    """Real training steps: micro-batches of random tokens, forward + backward each, then AdamW."""
+    import torch
+
+    from opbench.models.hf import build_model, decoder_layer_list
+
+    dev = torch.device(device if device != "cuda" else f"cuda:{rank}")
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[plan.dtype]
+    # SDPA attention and grouped-GEMM experts: the kernels opbench attention / gemm time (sdpa, torch._grouped_mm)
+    experts = "grouped_mm" if cfg.is_moe else "eager"  # dense models take no experts implementation but eager
+    model = build_model(cfg, device=str(dev), dtype=dtype, attn_implementation="sdpa", experts_implementation=experts)
+    model.train()
+    optimizer: Any
+    if world > 1 and plan.sharding == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in decoder_layer_list(model, cfg):
+            fully_shard(layer)
+        fully_shard(model)
+    elif world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(model)
+    if world > 1 and plan.sharding == "zero1":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-4)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    gen = torch.Generator(device="cpu").manual_seed(rank)
+    batches = [
+        torch.randint(0, cfg.vocab_size, (plan.mbs, plan.seqlen), generator=gen).to(dev)
+        for _ in range(plan.microbatches)
+    ]
+
+    def step() -> None:
+        for batch in batches:
+            (model(input_ids=batch, labels=batch).loss / len(batches)).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        if world > 1:
+            torch.distributed.barrier()
+
+    step()  # untimed: allocates gradients and optimizer state, warms the kernels
+    times = []
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    for _ in range(steps):
+        sync()
+        start = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - start)
+    peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
+    params, grads, opt = _state_bytes(model, optimizer)
+    # one process on a CPU: what a micro-batch saves (under FSDP the saved weights are all-gathered copies, which
+    # are FSDP's buffers, not activations; a GPU has its allocator's peak instead)
+    acts = _saved_bytes(model, batches[0]) if dev.type == "cpu" and world == 1 else 0
+    return Measured(times, params, grads, opt, acts, peak)
+
+
+def _worker(rank: int, world: int, port: int, cfg: ModelConfig, plan: Plan, steps: int, device: str, out: str) -> None:
+    import json
+
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(threads_per_rank(world))
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank, world_size=world)
+    try:
+        m = train(cfg, plan, steps, device, rank, world)
+        times = torch.tensor(m.step_s)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a step ends when the slowest rank's does
+        if rank == 0:
+            Path(out).write_text(json.dumps({**m.__dict__, "step_s": times.tolist()}))
+    finally:
+        dist.destroy_process_group()
+
+
+def train_distributed(cfg: ModelConfig, plan: Plan, steps: int, device: str) -> Measured:
+    import json
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rank0.json")
+        mp.start_processes(
+            _worker, args=(plan.world, port, cfg, plan, steps, device, out), nprocs=plan.world, start_method="spawn"
+        )
+        return Measured(**json.loads(Path(out).read_text()))
+
+
+def check_plan(cfg: ModelConfig, plan: Plan, args: argparse.Namespace, device: str) -> None:
+    if plan.world != args.nproc_per_node:
+        raise UsageError(
+            f"--validate trains on this machine: --world-size must equal --nproc-per-node ({args.nproc_per_node})",
+            field="--world-size",
+        )
+    if plan.world > 2:
+        raise UsageError("--validate runs one or two ranks", field="--nproc-per-node")
+    if (plan.tp, plan.pp, plan.cp, plan.ep) != (1, 1, 1, 1):
+        raise UsageError("--validate runs data parallelism only (tp = pp = cp = ep = 1)", field="--tp")
+    n = sum(p.numel for p in parameter_shapes(cfg))
+    limit = MAX_PARAMS["cuda" if device == "cuda" else "cpu"]
+    if n > limit:
+        raise UsageError(
+            f"{cfg.name} has {n / 1e9:.2f} B parameters; --validate trains models up to {limit / 1e9:g} B here "
+            "(pass --num-layers-like smaller configs, or project without --validate)",
+            field="--validate",
+        )
+
+
+def comparison(projection: Projection, measured: Measured, on_gpu: bool) -> list[tuple[str, float, float]]:
+    """(quantity, projected, measured) for every figure both sides have."""
+    p = projection
+    rows = [("step_time_s", p.step_s, measured.median_s)]
+    m = p.memory
+    if on_gpu and measured.peak is not None:
+        rows.append(("peak_memory_bytes", m.total, measured.peak))
+    rows += [
+        ("params_bytes", m.params, measured.params),
+        ("grads_bytes", m.grads, measured.grads),
+        ("optimizer_bytes", m.optimizer, measured.optimizer),
+    ]
+    if measured.activations:
+        rows.append(("activation_bytes", m.activations, measured.activations))
+    return rows
+
+
+LABELS = {
+    "step_time_s": "step time (s)",
+    "peak_memory_bytes": "peak memory (GiB)",
+    "params_bytes": "parameters (GiB)",
+    "grads_bytes": "gradients (GiB)",
+    "optimizer_bytes": "optimizer state (GiB)",
+    "activation_bytes": "activations, one micro-batch (GiB)",
+}
+
+
+def report(rows: list[tuple[str, float, float]], measured: Measured) -> str:
+    rows = [(LABELS[k], a / (1 if k.endswith("_s") else GIB), b / (1 if k.endswith("_s") else GIB)) for k, a, b in rows]
+    width = max(len(r[0]) for r in rows)
+    lines = [f"{'':<{width}}  {'projected':>12}  {'measured':>12}  {'ratio':>7}"]
+    for name, proj, meas in rows:
+        ratio = f"{proj / meas:7.3f}" if meas else "      -"
+        lines.append(f"{name:<{width}}  {proj:12.5g}  {meas:12.5g}  {ratio}")
+    spread = f"{min(measured.step_s):.4g}–{max(measured.step_s):.4g} s over {len(measured.step_s)} steps"
+    lines.append(f"(measured step time: median of {spread})")
+    return "\n".join(lines)
+
+
+def validate(cfg: ModelConfig, plan: Plan, args: argparse.Namespace) -> int:
+    import torch
+
+    from .__main__ import assumptions, breakdown
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and plan.dtype != "fp32":
+        print(f"note: --validate on a CPU trains in fp32 ({plan.dtype} is emulated there)", file=sys.stderr)
+        plan = replace(plan, dtype="fp32")
+    check_plan(cfg, plan, args, device)
+    folder = Path(args.report_dir_path or tempfile.mkdtemp(prefix="opbench-validate-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    measure_rates(cfg, plan, args, folder, device)
+    print(f"measured this machine's rates for {cfg.name} into {folder} ({time.perf_counter() - t0:.0f} s)")
+    stated = assumptions(args)
+    if device == "cpu":  # gloo's collectives run on the same cores as the compute: nothing hides behind it
+        stated = replace(stated, dp_overlap=False, cp_overlap=False)
+    rates = Rates([folder], None, plan.dtype, stated, plan.gpus_per_node)
+    projector = Projector(cfg, rates, profile="eager")
+    projection = projector.project(plan)
+    print(breakdown(cfg, projection, rates.device, None))
+    t0 = time.perf_counter()
+    if plan.world > 1:
+        measured = train_distributed(cfg, plan, args.steps, device)
+    else:
+        measured = train(cfg, plan, args.steps, device)
+    print(f"\ntrained {cfg.name} here: {args.steps} timed steps ({time.perf_counter() - t0:.0f} s)")
+    rows = comparison(projection, measured, device == "cuda")
+    print(report(rows, measured))
+    meta = environment(None, {"model_config": cfg.to_dict(), "plan": plan.__dict__, "steps": measured.step_s})
+    with CsvReport(folder / "project_validate.csv", VALIDATE_SCHEMA, meta) as out:
+        for key, projected, got in rows:
+            out.append(
+                {
+                    "model": cfg.name,
+                    "layout": plan.label(),
+                    "world_size": plan.world,
+                    "quantity": key,
+                    "projected": projected,
+                    "measured": got,
+                    "ratio": projected / got if got else None,
+                }
+            )
+    print(f"wrote {folder / 'project_validate.csv'}")
+    return 0

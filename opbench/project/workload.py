@@ -1,0 +1,199 @@
+"""The work of one decoder layer for one micro-batch on one rank, and of the model's first and last pieces
+(embedding; final norm, lm_head and loss), as timed items: GEMMs (from the architecture's description, as
+``opbench gemm`` rows), attention operators (as ``opbench attention`` rows), memory-bound operators (bytes moved)
+and collectives (nccl-tests sizes), each with what part of it overlaps with compute (docs/project.md, "A step").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from opbench.attention.shapes import AttentionShape, operator_shape
+from opbench.core.dtypes import element_size
+from opbench.gemm.shapes import LinearLayer, layer_gemms, lm_head_gemm, pass_shape
+from opbench.models import ModelConfig
+from opbench.models.layout import ATTENTION_KINDS, LINEAR, Layer
+
+from .plan import Plan
+from .rates import Rates, Timed
+
+# Item categories, the columns of the breakdown
+GEMM, ATTENTION, MEMORY = "gemm", "attention", "memory"
+TP_COMM, EP_COMM, CP_COMM = "tp_comm", "ep_comm", "cp_comm"
+COMPUTE_KINDS = (GEMM, ATTENTION, MEMORY)
+assert LINEAR in ATTENTION_KINDS
+
+
+@dataclass(frozen=True)
+class Item:
+    category: str
+    name: str
+    timed: Timed
+    exposed: float  # seconds it adds to the stage's time (compute: all of it; comm: what is not overlapped)
+
+
+@dataclass(frozen=True)
+class Work:
+    """One micro-batch of one piece of the model: forward and backward items (backward includes recomputation)."""
+
+    fwd: tuple[Item, ...]
+    bwd: tuple[Item, ...]
+
+    @property
+    def fwd_s(self) -> float:
+        return sum(i.exposed for i in self.fwd)
+
+    @property
+    def bwd_s(self) -> float:
+        return sum(i.exposed for i in self.bwd)
+
+    def __add__(self, other: Work) -> Work:
+        return Work(self.fwd + other.fwd, self.bwd + other.bwd)
+
+
+def _compute(category: str, name: str, timed: Timed) -> Item:
+    return Item(category, name, timed, timed.seconds)
+
+
+def _gemm_items(rates: Rates, g: LinearLayer) -> tuple[list[Item], list[Item]]:
+    fwd: list[Item] = []
+    bwd: list[Item] = []
+    for p in ("fwd", "dgrad", "wgrad"):
+        m, n, k, _, _ = pass_shape(p, g.tokens, g.n, g.k)
+        item = _compute(GEMM, f"{g.name} {p}", rates.gemm_time(m, n, k, g.groups))
+        (fwd if p == "fwd" else bwd).append(item)
+    return fwd, bwd
+
+
+def _attention_items(rates: Rates, shape: AttentionShape, plan: Plan) -> tuple[Item, Item]:
+    """One rank's attention for a micro-batch. With context parallelism the rank computes its seqlen/cp queries
+    against the whole sequence in cp ring steps, load-balanced: 1/cp of the full causal work, timed at the rate
+    the one-step shape achieves."""
+    fwd = rates.attention_time(shape, plan.mbs, "fwd")
+    bwd = rates.attention_time(shape, plan.mbs, "bwd")
+    if plan.cp > 1 and shape.attn_kind != LINEAR:
+        from opbench.attention.flops import attention_flops
+
+        whole = replace(shape, seqlen_q=shape.seqlen_q * plan.cp, seqlen_kv=shape.seqlen_kv * plan.cp)
+        scale = attention_flops(whole, plan.mbs) / plan.cp / attention_flops(shape, plan.mbs)
+        fwd, bwd = (Timed(t.seconds * scale, t.source, t.note) for t in (fwd, bwd))
+    name = f"{shape.attn_kind} attention"
+    return _compute(ATTENTION, name + " fwd", fwd), _compute(ATTENTION, name + " bwd", bwd)
+
+
+def memory_bytes(cfg: ModelConfig, lay: Layer, plan: Plan) -> float:
+    """Bytes the memory-bound operators of one layer's forward move (docs/project.md, "Memory-bound operators"):
+    two norms and two residual adds on the rank's activations (T/tp of them with sequence parallelism), rotary
+    embedding on q and k, the MLP's activation function, and for MoE the router's softmax/top-k and the token
+    permutation there and back. Backward moves twice as much."""
+    e = element_size(plan.dtype)
+    t, h, tp = plan.tokens, cfg.hidden_size, plan.tp
+    t_seq = t // tp if plan.sp else t
+    total = (2 + 2 + 3 + 3) * t_seq * h * e  # norms read+write, residual adds read 2 write 1
+    for op in lay.attention:
+        if op.kind not in (LINEAR, "indexer"):
+            total += 2 * t * (op.heads_q + op.heads_kv) // tp * op.head_dim_qk * e  # rotary on q and k
+    for g in lay.gemms:
+        if g.layer in ("mlp_gate_up", "shared_gate_up"):
+            total += 3 * t * g.n // 2 // tp * e  # SwiGLU: read gate and up, write the product
+        elif g.layer == "mlp_up":
+            total += 2 * t * g.n // tp * e  # GELU: read, write
+        elif g.layer == "expert_gate_up":
+            local = t // tp
+            rows = local * g.top_k * plan.expert_tp  # tokens a rank's experts see (etp·ep·local·k/E·E/ep)
+            total += 3 * rows * g.n // 2 // plan.expert_tp * e  # expert SwiGLU
+            total += 2 * local * g.experts * 4  # router softmax and top-k over fp32 logits
+            total += 4 * local * g.top_k * h * e  # permute and unpermute: read + write each
+    return total
+
+
+def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates) -> Work:
+    """Forward and backward of decoder layer ``lay`` for one micro-batch on one rank, recomputation included."""
+    par = plan.model_parallel()
+    t, e, h = plan.tokens, element_size(plan.dtype), cfg.hidden_size
+    local = t // plan.tp if cfg.is_moe else t
+    fwd: list[Item] = []
+    bwd: list[Item] = []
+    for g in layer_gemms(lay, t, local, par):
+        f, b = _gemm_items(rates, g)
+        fwd += f
+        bwd += b
+    attn_fwd: list[Item] = []
+    for op in lay.attention:
+        shape = operator_shape(cfg, op, plan.seqlen, plan.tp, plan.cp)
+        af, ab = _attention_items(rates, shape, plan)
+        attn_fwd.append(af)
+        fwd.append(af)
+        bwd.append(ab)
+    mem = memory_bytes(cfg, lay, plan)
+    fwd.append(_compute(MEMORY, "norms, residuals, rotary, activations", rates.memory_time(mem)))
+    bwd.append(_compute(MEMORY, "norms, residuals, rotary, activations", rates.memory_time(2 * mem)))
+
+    # Tensor parallelism: with sequence parallelism each of the two blocks all-gathers its input and
+    # reduce-scatters its output; backward reduce-scatters the input gradient, all-gathers the output gradient and
+    # all-gathers the input again for the weight gradient. Without it: one all-reduce per block each way.
+    tp_inter = plan.spans_nodes(plan.tp, 1)
+    act = t * h * e
+    keep = 1 - rates.a.tp_overlap
+    if plan.tp > 1:
+        blocks = 2
+        if plan.sp:
+            ag = rates.collective_time("all_gather", act, plan.tp, tp_inter)
+            rs = rates.collective_time("reduce_scatter", act, plan.tp, tp_inter)
+            fwd += [Item(TP_COMM, "TP all-gather", ag, ag.seconds * keep)] * blocks
+            fwd += [Item(TP_COMM, "TP reduce-scatter", rs, rs.seconds * keep)] * blocks
+            bwd += [Item(TP_COMM, "TP all-gather", ag, ag.seconds * keep)] * (2 * blocks)
+            bwd += [Item(TP_COMM, "TP reduce-scatter", rs, rs.seconds * keep)] * blocks
+        else:
+            ar = rates.collective_time("all_reduce", act, plan.tp, tp_inter)
+            fwd += [Item(TP_COMM, "TP all-reduce", ar, ar.seconds * keep)] * blocks
+            bwd += [Item(TP_COMM, "TP all-reduce", ar, ar.seconds * keep)] * blocks
+
+    # Expert parallelism: the all-to-all dispatcher sends a rank's T/tp tokens, top_k copies each, out and back.
+    if lay.moe and plan.ep > 1:
+        top_k = next((g.top_k for g in lay.gemms if g.top_k), cfg.num_experts_per_tok)
+        a2a = rates.collective_time("all_to_all", local * top_k * h * e, plan.ep, plan.spans_nodes(plan.ep, plan.tp))
+        keep_ep = 1 - rates.a.ep_overlap
+        fwd += [Item(EP_COMM, "EP all-to-all", a2a, a2a.seconds * keep_ep)] * 2
+        bwd += [Item(EP_COMM, "EP all-to-all", a2a, a2a.seconds * keep_ep)] * 2
+
+    # Context parallelism: the ring passes K and V (and in backward their gradients too) cp − 1 times.
+    if plan.cp > 1:
+        for op, f_item in zip(lay.attention, attn_fwd):
+            if op.kind == LINEAR:
+                continue
+            kv = 2 * t * max(1, op.heads_kv // plan.tp) * op.head_dim_qk * e
+            step = rates.collective_time("send_recv", kv, 2, plan.spans_nodes(plan.cp, plan.tp))
+            for where, mult, compute in ((fwd, 1, f_item.timed.seconds), (bwd, 2, 2.5 * f_item.timed.seconds)):
+                comm = step.seconds * mult * (plan.cp - 1)
+                exposed = max(0.0, comm - compute) if rates.a.cp_overlap else comm
+                where.append(Item(CP_COMM, "CP ring exchange", Timed(comm, step.source, step.note), exposed))
+
+    if plan.recompute == "full":  # the layer's forward runs again in backward, from its saved input
+        bwd = [replace(i, name=f"recompute {i.name}") for i in fwd] + bwd
+    elif plan.recompute == "selective":  # Megatron's default selective set: core attention
+        bwd = [replace(i, name=f"recompute {i.name}") for i in attn_fwd] + bwd
+    return Work(tuple(fwd), tuple(bwd))
+
+
+def head_work(cfg: ModelConfig, plan: Plan, rates: Rates) -> Work:
+    """The last piece's extra: lm_head GEMMs and the cross-entropy over fp32 logits (read bf16 logits, write fp32
+    probabilities; backward reads them and writes the gradient), vocabulary split over TP."""
+    g = lm_head_gemm(cfg, plan.tokens, plan.tp)
+    fwd, bwd = _gemm_items(rates, g)
+    e = element_size(plan.dtype)
+    logits = plan.tokens * g.n
+    fwd.append(_compute(MEMORY, "cross-entropy", rates.memory_time(logits * (e + 4))))
+    bwd.append(_compute(MEMORY, "cross-entropy", rates.memory_time(logits * (4 + e))))
+    return Work(tuple(fwd), tuple(bwd))
+
+
+def embedding_work(cfg: ModelConfig, plan: Plan, rates: Rates) -> Work:
+    """The first piece's extra: the embedding gather (read and write T·h) and, in backward, its scatter-add into
+    an fp32 gradient."""
+    e = element_size(plan.dtype)
+    act = plan.tokens * cfg.hidden_size
+    return Work(
+        (_compute(MEMORY, "embedding", rates.memory_time(2 * act * e)),),
+        (_compute(MEMORY, "embedding", rates.memory_time(act * (e + 8))),),
+    )
