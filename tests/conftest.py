@@ -21,3 +21,20 @@ def run_module(
 @pytest.fixture
 def run():
     return run_module
+
+
+# Figures a test measured that a reader of the CI log should see even when it passes (the projection's
+# projected/measured ratios): tests append lines, the terminal summary prints them.
+RECORDED: list[str] = []
+
+
+@pytest.fixture
+def record():
+    return RECORDED.append
+
+
+def pytest_terminal_summary(terminalreporter):
+    if RECORDED:
+        terminalreporter.section("recorded figures")
+        for line in RECORDED:
+            terminalreporter.write_line(line)

@@ -1,0 +1,213 @@
+"""opbench project: the pipeline schedules against their closed forms, layout rules and the search, state bytes
+per rank against the real tensors of every sharding mode, activations against what a real step saves, and the
+whole projection against real training steps on this machine (rates measured here by opbench's own tools).
+
+The validation runs use one thread per rank on both sides (rates and training), as timing comparisons on this
+shared 2-core machine must; their projected/measured ratios are printed in the "recorded figures" section."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from opbench.models import load_model_configs, select_models
+from opbench.project.pipeline import StageTimes, estimate, simulate
+from opbench.project.plan import Plan, problems
+from opbench.project.rates import Assumptions, Rates
+from opbench.project.step import Projector
+
+
+@pytest.mark.parametrize("p,m", [(2, 1), (4, 8), (4, 3), (8, 16), (1, 5)])
+def test_1f1b_bubble_is_p_minus_1_over_m_plus_p_minus_1(p, m):
+    r = simulate([[StageTimes(1.0, 2.0)] for _ in range(p)], m)
+    assert r.bubble_fraction == pytest.approx((p - 1) / (m + p - 1), abs=1e-12)
+    assert r.total_s == pytest.approx((m + p - 1) * 3.0)
+    assert r.in_flight == tuple(min(p - s, m) for s in range(p))
+    assert estimate([[StageTimes(1.0, 2.0)] for _ in range(p)], m).total_s == pytest.approx(r.total_s)
+
+
+@pytest.mark.parametrize("p,m,v", [(4, 8, 2), (2, 4, 3), (4, 4, 4), (8, 16, 2)])
+def test_interleaved_bubble_is_p_minus_1_over_vm_plus_p_minus_1(p, m, v):
+    r = simulate([[StageTimes(1.0 / v, 2.0 / v)] * v for _ in range(p)], m, schedule="interleaved")
+    assert r.bubble_fraction == pytest.approx((p - 1) / (v * m + p - 1), abs=1e-12)
+    assert r.in_flight[0] == min(2 * (p - 1) + (v - 1) * p + 1, m * v)  # Megatron's warm-up depth, first stage
+
+
+def test_unequal_stages_go_at_the_slowest_stage_pace():
+    stages = [[StageTimes(1.0, 2.0)], [StageTimes(2.0, 4.0)], [StageTimes(1.0, 2.0)]]
+    a, b = simulate(stages, 12), simulate(stages, 24)
+    assert b.total_s - a.total_s == pytest.approx(12 * 6.0)  # 12 more micro-batches, 6 s each on stage 1
+    assert a.busy_s == (36.0, 72.0, 36.0)
+
+
+def test_sends_between_stages_lengthen_the_pipeline():
+    stages = [[StageTimes(1.0, 2.0)] for _ in range(4)]
+    free, costly = simulate(stages, 8), simulate(stages, 8, p2p_s=0.25)
+    # at least filling and draining cross the 3 links each way; the steady state waits on sends too
+    assert costly.total_s >= free.total_s + 2 * 3 * 0.25 and costly.busy_s == free.busy_s
+
+
+@pytest.fixture(scope="module")
+def llama70b():
+    (cfg,) = select_models(load_model_configs(), "Llama3.1_70B")
+    return cfg
+
+
+def test_search_70b_on_64_h100s_ranks_only_fitting_layouts(llama70b):
+    from opbench.project.__main__ import search
+
+    rates = Rates([], "H100", "bf16", Assumptions(), 8)
+    projector = Projector(llama70b, rates, memory_gib=80)
+    base = Plan(world=64, seqlen=8192, global_batch=256)
+    pure_dp = projector.project(base)  # tp = pp = 1, dp = 64, optimizer not sharded
+    assert not pure_dp.fits and pure_dp.memory.total > 1000 * 2**30  # 70 B × 18 bytes of state
+    best, rejected, seen = search(llama70b, base, projector, 5, True)
+    assert len(best) == 5 and seen > 1000
+    assert all(r.fits and r.memory.total <= 80 * 2**30 for r in best)
+    assert all(r.plan.label() != base.label() for r in best)
+    assert rejected["does not fit in 80 GiB"] > 0 and rejected["layers do not split over pp·vpp"] > 0
+    speeds = [r.tokens_per_s for r in best]
+    assert speeds == sorted(speeds, reverse=True)
+    assert all(r.estimated_share == 1.0 for r in best)  # no --results: every rate from the peak table
+
+
+def test_layout_rules(llama70b):
+    def why(**kw):
+        return [w for _, w in problems(llama70b, Plan(**{"world": 64, "seqlen": 8192, "global_batch": 256, **kw}))]
+
+    assert why(tp=8, pp=2) == []
+    assert any("not divisible by --tp 3" in w for w in why(tp=3, pp=1, world=48))
+    assert why(pp=3, world=48) == ["80 layers do not split into pp·vpp = 3 equal chunks"]
+    assert why(ep=2) == ["Llama3.1_70B has no experts"]
+    assert why(cp=3, world=48) == ["seqlen 8192 is not a multiple of 2·cp (load-balanced causal context parallel)"]
+    assert why(pp=2, vpp=2, schedule="1f1b") == ["model chunks per stage need --schedule interleaved"]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--tp", "3", "--world-size", "48"], "not divisible by --tp 3"),
+        (["--pp", "3", "--world-size", "48"], "field '--pp': 80 layers do not split into pp·vpp = 3"),
+        (["--tp", "8", "--world-size", "12"], "field '--world-size': 12 GPUs do not split into tp·pp·cp = 8"),
+        (["--fsdp", "--zero", "1"], "field '--zero': give --fsdp or --zero 1, not both"),
+        (["--global-batch", "100", "--tp", "8"], "field '--global-batch': 100 sequences do not split into mbs·dp"),
+        (["--gemm-efficiency", "1.5"], "must be between 0 and 1"),
+        (["--device", "a-gpu-nobody-knows"], "no peak for 'a-gpu-nobody-knows'"),
+    ],
+)
+def test_bad_input_is_one_line(run, args, message):
+    base = {"--world-size": "64"}
+    argv = ["opbench", "project", "--model", "Llama3.1_70B", "--device", "H100"]
+    argv += [x for k, v in base.items() if k not in args for x in (k, v)] + args
+    r = run(*argv)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_rates_from_results_are_looked_up_interpolated_and_named(tmp_path, run):
+    """A GEMM row measured for the exact shape is used as it is; a shape between measured ones is scaled from
+    the row nearest in FLOPs, which the rate's note names; collectives interpolate busbw over log size."""
+    gemm = tmp_path / "benchmark_gemm_x.csv"
+    header = "model,layer,pass,mbs,m,n,k,groups,dtype,backend,time_s,tflops,pct_of_peak,status\n"
+    rows = ["x,qkv,fwd,1,1024,1024,1024,1,bf16,torch,0.001,,,ok", "x,qkv,fwd,1,4096,4096,4096,1,bf16,torch,0.05,,,ok"]
+    gemm.write_text(header + "\n".join(rows) + "\n")
+    comm = tmp_path / "all_gather_benchmark.csv"
+    comm.write_text(
+        "collective,backend,world_size,nnodes,nranks,dtype,size_bytes,count,inplace,time_us,algbw_gbs,busbw_gbs,status\n"
+        "all_gather,nccl,8,1,8,bf16,1048576,32768,False,20,52.4,45.9,ok\n"
+        "all_gather,nccl,8,1,8,bf16,268435456,8388608,False,1000,268.4,234.9,ok\n"
+    )
+    rates = Rates([tmp_path], "H100", "bf16", Assumptions(), 8)
+    exact = rates.gemm_time(1024, 1024, 1024)
+    assert exact.seconds == 0.001 and exact.source == "measured"
+    near = rates.gemm_time(2048, 2048, 1024)  # 8.6 GFLOP: nearer 2.1 GFLOP (log) than 137 GFLOP
+    assert near.source == "interpolated" and near.seconds == pytest.approx(0.001 * 4) and "1024x1024x1024" in near.note
+    mid = rates.collective_time("all_gather", 16777216, 8, inter=False)  # halfway in log size
+    busbw = (45.9 + 234.9) / 2
+    assert mid.source == "interpolated" and mid.seconds == pytest.approx(16777216 * 7 / 8 / (busbw * 1e9))
+    assert rates.collective_time("all_gather", 16777216, 8, inter=True).source == "estimated"  # no rows across nodes
+
+
+# --- against real training steps on this machine ----------------------------------------------------------------
+
+DENSE = dict(
+    hidden_size=384,
+    num_hidden_layers=2,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    head_dim=64,
+    intermediate_size=1024,
+    vocab_size=4096,
+)
+MOE = dict(DENSE, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256)
+
+
+def _config(tmp_path, name: str, model_type: str, kwargs: dict) -> str:
+    transformers = pytest.importorskip("transformers")
+    folder = tmp_path / name
+    folder.mkdir()
+    transformers.AutoConfig.for_model(model_type, **kwargs).to_json_file(str(folder / "config.json"))
+    return str(folder)
+
+
+def _validate(run, tmp_path, config: str, *extra: str) -> dict[str, dict]:
+    out = tmp_path / "validate"
+    r = run(
+        "opbench",
+        "project",
+        "--model-config-path",
+        config,
+        "--seqlen",
+        "512",
+        "--mbs",
+        "2",
+        "--microbatches",
+        "2",
+        "--validate",
+        "--steps",
+        "3",
+        "--report-dir-path",
+        str(out),
+        *extra,
+        env={"OMP_NUM_THREADS": "1"},  # one thread per rank on both sides: a fair comparison on a shared CPU
+        timeout=900,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    with open(out / "project_validate.csv", newline="") as fh:
+        rows = {row["quantity"]: row for row in csv.DictReader(fh)}
+    meta = json.loads((out / "project_validate.meta.json").read_text())
+    assert meta["benchmark"] == "project_validate"
+    return rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_projection_matches_a_real_single_process_step(run, tmp_path, record, kind):
+    config = _config(
+        tmp_path, f"tiny-{kind}", "llama" if kind == "dense" else "qwen3_moe", DENSE if kind == "dense" else MOE
+    )
+    rows = _validate(run, tmp_path, config, "--world-size", "1")
+    ratio = {k: float(v["ratio"]) for k, v in rows.items()}
+    record(
+        f"project --validate, {kind}, 1 rank: step time projected/measured {ratio['step_time_s']:.3f}, "
+        f"activations {ratio['activation_bytes']:.3f}"
+    )
+    assert 0.75 <= ratio["step_time_s"] <= 1.25
+    assert 0.85 <= ratio["activation_bytes"] <= 1.15
+    for exact in ("params_bytes", "grads_bytes", "optimizer_bytes"):
+        assert rows[exact]["projected"] == rows[exact]["measured"], exact
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sharding", ["--fsdp", "--zero"])
+def test_projection_matches_a_real_two_rank_step(run, tmp_path, record, sharding):
+    config = _config(tmp_path, "tiny-dense", "llama", DENSE)
+    extra = [sharding] + (["1"] if sharding == "--zero" else [])
+    rows = _validate(run, tmp_path, config, "--world-size", "2", "--nproc-per-node", "2", *extra)
+    ratio = float(rows["step_time_s"]["ratio"])
+    record(f"project --validate, 2 ranks {sharding.strip('-')}: step time projected/measured {ratio:.3f}")
+    assert 0.65 <= ratio <= 1.35
+    for exact in ("params_bytes", "grads_bytes", "optimizer_bytes"):  # rank 0's real tensors, padding included
+        assert rows[exact]["projected"] == rows[exact]["measured"], exact
