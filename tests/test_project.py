@@ -11,6 +11,7 @@ import csv
 import json
 
 import pytest
+from conftest import ROOT
 
 from opbench.models import load_model_configs, select_models
 from opbench.project.pipeline import StageTimes, estimate, simulate
@@ -132,24 +133,7 @@ def test_rates_from_results_are_looked_up_interpolated_and_named(tmp_path, run):
 
 # --- against real training steps on this machine ----------------------------------------------------------------
 
-DENSE = dict(
-    hidden_size=384,
-    num_hidden_layers=2,
-    num_attention_heads=6,
-    num_key_value_heads=2,
-    head_dim=64,
-    intermediate_size=1024,
-    vocab_size=4096,
-)
-MOE = dict(DENSE, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256)
-
-
-def _config(tmp_path, name: str, model_type: str, kwargs: dict) -> str:
-    transformers = pytest.importorskip("transformers")
-    folder = tmp_path / name
-    folder.mkdir()
-    transformers.AutoConfig.for_model(model_type, **kwargs).to_json_file(str(folder / "config.json"))
-    return str(folder)
+EXAMPLES = ROOT / "examples" / "configs"  # the README's small models: a Llama-style one and a Qwen3-MoE one
 
 
 def _validate(run, tmp_path, config: str, *extra: str) -> dict[str, dict]:
@@ -185,9 +169,7 @@ def _validate(run, tmp_path, config: str, *extra: str) -> dict[str, dict]:
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["dense", "moe"])
 def test_projection_matches_a_real_single_process_step(run, tmp_path, record, kind):
-    config = _config(
-        tmp_path, f"tiny-{kind}", "llama" if kind == "dense" else "qwen3_moe", DENSE if kind == "dense" else MOE
-    )
+    config = str(EXAMPLES / ("tiny-llama" if kind == "dense" else "tiny-qwen3-moe"))
     rows = _validate(run, tmp_path, config, "--world-size", "1")
     ratio = {k: float(v["ratio"]) for k, v in rows.items()}
     record(
@@ -203,7 +185,7 @@ def test_projection_matches_a_real_single_process_step(run, tmp_path, record, ki
 @pytest.mark.slow
 @pytest.mark.parametrize("sharding", ["--fsdp", "--zero"])
 def test_projection_matches_a_real_two_rank_step(run, tmp_path, record, sharding):
-    config = _config(tmp_path, "tiny-dense", "llama", DENSE)
+    config = str(EXAMPLES / "tiny-llama")
     extra = [sharding] + (["1"] if sharding == "--zero" else [])
     rows = _validate(run, tmp_path, config, "--world-size", "2", "--nproc-per-node", "2", *extra)
     ratio = float(rows["step_time_s"]["ratio"])

@@ -31,6 +31,7 @@ from .step import Projection, Projector
 
 CSV_NAME = "project.csv"
 DEFAULT_GLOBAL_BATCH_TOKENS = 4 << 20  # 4 Mi tokens per step when neither --global-batch nor --microbatches
+DEFAULT_RESERVE_GIB = 4.0
 
 
 def fraction(text: str) -> float:
@@ -84,6 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-sequence-parallel", action="store_true", help="TP without sequence parallelism (all-reduces)"
     )
     lay.add_argument("--memory-gib", type=positive_float, default=None, help="memory per GPU (default: the device's)")
+    lay.add_argument(
+        "--memory-reserve-gib",
+        type=finite_float,
+        default=DEFAULT_RESERVE_GIB,
+        help="memory a step cannot use: the CUDA/HIP context, NCCL/RCCL buffers and allocator fragmentation, none "
+        f"of which max_memory_allocated counts (default: {DEFAULT_RESERVE_GIB:g})",
+    )
     r = p.add_argument_group("rates (docs/project.md, 'Rates'; every assumption below is one of them)")
     r.add_argument("--results", nargs="+", default=[], metavar="DIR", help="folders of opbench CSVs from the target")
     r.add_argument(
@@ -240,7 +248,9 @@ def row(
     return out
 
 
-def breakdown(cfg: ModelConfig, r: Projection, device: str | None, memory_gib: float | None) -> str:
+def breakdown(
+    cfg: ModelConfig, r: Projection, device: str | None, memory_gib: float | None, reserve_gib: float = 0.0
+) -> str:
     """The console view of one projection: where a step's time goes and what a GPU holds."""
     p, m = r.plan, r.memory
     lines = [
@@ -257,7 +267,7 @@ def breakdown(cfg: ModelConfig, r: Projection, device: str | None, memory_gib: f
     width = max(len(n) for n, _ in parts)
     for name, seconds in parts:
         lines.append(f"  {name:<{width}}  {seconds:10.4g} s  {100 * seconds / r.step_s:5.1f} %")
-    limit = f" of {memory_gib:g} GiB" if memory_gib else ""
+    limit = f" (+{reserve_gib:g} GiB reserved) of {memory_gib:g} GiB" if memory_gib else ""
     verdict = ("fits" if r.fits else "DOES NOT FIT") if memory_gib else "no limit given"
     stage = f"stage {r.memory_stage} of {p.pp}, the fullest" if p.pp > 1 else "per GPU"
     lines += [
@@ -288,7 +298,7 @@ def search(
         from .pipeline import in_flight
 
         memory, _ = projector.memory(plan, in_flight(plan.pp, plan.microbatches, plan.vpp))
-        if projector.memory_gib is not None and memory.total > projector.memory_gib * GIB:
+        if not projector.fits(memory.total):
             rejected[f"does not fit in {projector.memory_gib:g} GiB"] += 1
             continue
         fitting.append(projector.project(plan, exact=False))
@@ -342,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return validate(cfg, plan, args)
     rates = Rates(args.results, args.device, args.dtype, assumptions(args), args.gpus_per_node)
     memory_gib: float | None = args.memory_gib or _device_memory_gib(rates.device)
-    projector = Projector(cfg, rates, args.activation_profile, memory_gib)
+    projector = Projector(cfg, rates, args.activation_profile, memory_gib, args.memory_reserve_gib)
     csv_path = cli.output_csv(args, CSV_NAME)
     meta = environment(
         None,
@@ -359,11 +369,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if rejected:
             print("rejected: " + "; ".join(f"{n} × {why}" for why, n in rejected.most_common()))
         if best:
-            print("\nbest:\n" + breakdown(cfg, best[0], rates.device, memory_gib))
+            print("\nbest:\n" + breakdown(cfg, best[0], rates.device, memory_gib, args.memory_reserve_gib))
     else:
         result = projector.project(plan)
         rows = [row(cfg, result, None, rates.device, memory_gib)]
-        print(breakdown(cfg, result, rates.device, memory_gib))
+        print(breakdown(cfg, result, rates.device, memory_gib, args.memory_reserve_gib))
     if csv_path:
         with CsvReport(csv_path, SCHEMA, meta) as report:
             for r in rows:

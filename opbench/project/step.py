@@ -56,12 +56,25 @@ class Projector:
     """Projects layouts of one model on one set of rates; caches per-layer work across layouts (the search asks
     for thousands of layouts that share their layers' work)."""
 
-    def __init__(self, cfg: ModelConfig, rates: Rates, profile: str = "fused", memory_gib: float | None = None):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        rates: Rates,
+        profile: str = "fused",
+        memory_gib: float | None = None,
+        reserve_gib: float = 0.0,
+    ):
+        """``memory_gib``: what a GPU has; ``reserve_gib``: what the step cannot use of it (context, collective
+        buffers, fragmentation), so a layout fits when its peak plus the reserve is at most ``memory_gib``."""
         self.cfg, self.rates, self.profile, self.memory_gib = cfg, rates, profile, memory_gib
+        self.reserve_gib = reserve_gib
         self.layers = decoder_layers(cfg)
         self._work: dict[tuple, Work] = {}
         self._params: dict[tuple, mem.StageParams] = {}
         self._flops: dict[int, float] = {}
+
+    def fits(self, total_bytes: int) -> bool:
+        return self.memory_gib is None or total_bytes + self.reserve_gib * mem.GIB <= self.memory_gib * mem.GIB
 
     def stage_params(self, plan: Plan, stage: int) -> mem.StageParams:
         key = (plan.tp, plan.pp, plan.vpp, plan.ep, plan.expert_tp, plan.dp * plan.cp, stage)
@@ -185,7 +198,7 @@ class Projector:
         tokens = plan.global_batch * plan.seqlen
         peak = rates.peak.tflops(plan.dtype) if rates.peak else None
         mfu = self.model_flops(plan) / (step * plan.world * peak * 1e12) if peak else None
-        fits = self.memory_gib is None or memory.total <= self.memory_gib * mem.GIB
+        fits = self.fits(memory.total)
         return Projection(
             plan,
             step,

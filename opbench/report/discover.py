@@ -30,6 +30,8 @@ from opbench.core.results import sidecar_path
 from opbench.core.schema import Schema
 from opbench.fsdp_model.schema import SCHEMA as FSDP
 from opbench.gemm.schema import SCHEMA as GEMM
+from opbench.project.schema import SCHEMA as PROJECT
+from opbench.project.schema import VALIDATE_SCHEMA as PROJECT_VALIDATE
 from opbench.selftest.schema import SCHEMA as SELFTEST
 from opbench.trace.schema import NCCL_TESTS, TRACE, TRACE_FSDP, TRACE_PER_COMM, TRACE_PER_RANK
 
@@ -53,6 +55,8 @@ SCHEMAS: dict[str, Schema] = {
         CLUSTER_TELEMETRY,
         CLUSTER_COMM,
         CLUSTER_PAIRS,
+        PROJECT,
+        PROJECT_VALIDATE,
     )
 }
 

@@ -215,6 +215,41 @@ def _draw_ckpt_phases(frame: pd.DataFrame) -> Callable[[Any], None]:
     return draw
 
 
+PROJECT_PARTS = (
+    ("compute_s", "compute"),
+    ("tp_comm_s", "TP comm"),
+    ("ep_comm_s", "EP comm"),
+    ("cp_comm_s", "CP comm"),
+    ("pp_comm_s", "PP sends"),
+    ("dp_comm_s", "DP / FSDP comm"),
+    ("bubble_s", "pipeline bubble"),
+    ("optimizer_s", "optimizer"),
+)
+
+
+def _draw_project(frame: pd.DataFrame) -> Callable[[Any], None]:
+    """One stacked bar per projected layout: where its step's time goes."""
+    frame = frame.sort_values("rank") if "rank" in frame and frame["rank"].notna().any() else frame
+
+    def draw(fig: Any) -> None:
+        ax = fig.add_subplot()
+        y = list(range(len(frame)))
+        left = pd.Series(0.0, index=frame.index)
+        for col, label in PROJECT_PARTS:
+            values = pd.to_numeric(frame.get(col), errors="coerce").fillna(0.0).clip(lower=0.0)
+            if values.any():
+                ax.barh(y, values, left=left, label=label)
+                left = left + values
+        ax.set_yticks(y, [str(v) for v in frame["layout"]], fontsize="small")
+        ax.invert_yaxis()
+        ax.set_xlabel("seconds per step")
+        ax.set_title("Projected step time by layout")
+        ax.grid(True, axis="x", alpha=0.3)
+        fig.legend(loc="outside lower center", ncols=4, fontsize="small")
+
+    return draw
+
+
 # ---- cluster: heatmaps of GPUs and of pairs ----------------------------------------------------------------
 
 HEATMAP_ANNOTATE_MAX = 400  # cells; above this the numbers would not fit and only the colours remain
@@ -394,6 +429,18 @@ def plan_plots(sections: Sequence[Section]) -> list[Plot]:
         )
         if phased is not None and not phased.empty:
             plots.append(Plot("ckpt", "ckpt_phases.png", "Checkpoint save time by phase", _draw_ckpt_phases(phased)))
+    project = by_kind.get("project", pd.DataFrame())
+    for model, part in project.groupby("model", sort=True) if not project.empty else []:
+        height = max(3.0, 0.4 * len(part) + 1.5)
+        plots.append(
+            Plot(
+                "project",
+                f"project_{_safe(model)}.png",
+                f"Projected step by layout: {model}",
+                _draw_project(part),
+                figsize=(9.0, height),
+            )
+        )
     for section in sections:
         if section.ok.empty:
             continue

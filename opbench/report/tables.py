@@ -396,6 +396,37 @@ SPECS: dict[str, TableSpec] = {
         "sending to its peer on dst at once) and GPU to GPU inside a node (gpu, with --gpu-pairs). The heatmaps "
         "put src in rows and dst in columns; a pair not measured is a blank cell.",
     ),
+    "project": TableSpec(
+        columns=(
+            "model",
+            "rank",
+            "layout",
+            "world_size",
+            "global_batch",
+            "seqlen",
+            "step_time_s",
+            "tokens_per_s",
+            "mfu",
+            "compute_s",
+            "exposed_comm_s",
+            "bubble_s",
+            "optimizer_s",
+            "mem_total_gib",
+            "fits",
+            "estimated_share",
+        ),
+        order=_by("model", "rank"),
+        optional=("model", "rank", "world_size", "global_batch", "seqlen"),
+        sparse=("rank", "mfu"),
+        about="Projected steps (opbench project), best first in a search; estimated_share is the part of the step "
+        "timed from the peak table rather than from measured rows. The bars split each step by where it goes.",
+    ),
+    "project_validate": TableSpec(
+        columns=("model", "layout", "world_size", "quantity", "projected", "measured", "ratio"),
+        order=_by("model", "world_size"),
+        optional=("model",),
+        about="The projection against real training steps on the machine that ran opbench project --validate.",
+    ),
 }
 assert set(SPECS) == set(SCHEMAS)
 ALWAYS_DERIVED = ("file",)  # Discovery.frame adds the file each row came from
