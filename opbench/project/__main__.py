@@ -263,13 +263,14 @@ def breakdown(
     ]
     parts = [("compute (GEMM, attention, memory-bound)", r.compute_s)]
     parts += [(f"exposed {k.replace('_', ' ')}", v) for k, v in r.exposed_comm_s.items() if v > 0]
-    parts += [("pipeline bubble", r.bubble_s), ("optimizer", r.optimizer_s)]
+    parts += [("pipeline bubble", r.bubble_s)] if p.pp > 1 else []
+    parts += [("optimizer", r.optimizer_s)]
     width = max(len(n) for n, _ in parts)
     for name, seconds in parts:
         lines.append(f"  {name:<{width}}  {seconds:10.4g} s  {100 * seconds / r.step_s:5.1f} %")
     limit = f" (+{reserve_gib:g} GiB reserved) of {memory_gib:g} GiB" if memory_gib else ""
     verdict = ("fits" if r.fits else "DOES NOT FIT") if memory_gib else "no limit given"
-    stage = f"stage {r.memory_stage} of {p.pp}, the fullest" if p.pp > 1 else "per GPU"
+    stage = f"stage {r.memory_stage} of {p.pp}, the fullest" if p.pp > 1 else "per rank"
     lines += [
         "",
         f"memory ({stage}): {m.total / GIB:.2f} GiB{limit}: {verdict}",

@@ -181,6 +181,7 @@ class Projector:
             comm["pp_comm"] = pp_exposed
         comm["dp_comm"] = dp_exposed[crit]
         bubble = step - compute - sum(comm.values()) - opt_time[crit]
+        bubble = 0.0 if abs(bubble) < 1e-9 * step else bubble  # floating-point dust when nothing waits
 
         all_items = [i for chunks in work for w in chunks for i in (*w.fwd, *w.bwd)] + dp_items
         spent = sum(i.timed.seconds for i in all_items) or 1.0
