@@ -416,3 +416,16 @@ def test_huge_config_field_is_refused(tmp_path):
     path.write_text(json.dumps({**UNKNOWN, "model_type": "gpt2", "hidden_size": 10**30}))
     with pytest.raises(UsageError, match="field 'hidden_size': 1e\\+30 is out of range"):
         load_model_configs(path)
+
+
+def test_builtin_and_model_folders_are_one_spelling_in_comm(run, tmp_path):
+    """--model-config-path takes 'builtin', a file or a model folder in every tool, comm and cluster included."""
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    write_config(folder / "config.json", transformers.AutoConfig.for_model("gpt_oss", num_hidden_layers=2))
+    for path in ("builtin", str(folder)):
+        model = ["--model", "Llama3.1_8B"] if path == "builtin" else ["--seqlen", "1024"]
+        r = run("opbench", "comm", "--dry-run", "--nproc-per-node", "8", "--tp", "8", "--model-config-path", path,
+                *model)  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        assert "all_reduce_perf" in r.stdout  # the TP all-reduce of the model's activations is planned
