@@ -24,6 +24,7 @@ from opbench.core.results import CsvReport, environment, summary_table
 from opbench.models import ModelConfig, load_model_configs, select_models
 
 from .memory import GIB
+from .pipeline import in_flight
 from .plan import RECOMPUTE, SCHEDULES, Plan, layouts, problems
 from .rates import Assumptions, Rates
 from .schema import COMM_KINDS, SCHEMA
@@ -296,8 +297,6 @@ def search(
         if found:
             rejected[_reason_class(found[0])] += 1
             continue
-        from .pipeline import in_flight
-
         memory, _ = projector.memory(plan, in_flight(plan.pp, plan.microbatches, plan.vpp))
         if not projector.fits(memory.total):
             rejected[f"does not fit in {projector.memory_gib:g} GiB"] += 1

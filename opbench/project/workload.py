@@ -12,7 +12,7 @@ from opbench.attention.shapes import AttentionShape, operator_shape
 from opbench.core.dtypes import element_size
 from opbench.gemm.shapes import LinearLayer, layer_gemms, lm_head_gemm, pass_shape
 from opbench.models import ModelConfig
-from opbench.models.layout import ATTENTION_KINDS, LINEAR, Layer
+from opbench.models.layout import LINEAR, Layer
 
 from .plan import Plan
 from .rates import Rates, Timed
@@ -21,7 +21,6 @@ from .rates import Rates, Timed
 GEMM, ATTENTION, MEMORY = "gemm", "attention", "memory"
 TP_COMM, EP_COMM, CP_COMM = "tp_comm", "ep_comm", "cp_comm"
 COMPUTE_KINDS = (GEMM, ATTENTION, MEMORY)
-assert LINEAR in ATTENTION_KINDS
 
 
 @dataclass(frozen=True)
