@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from opbench.attention.flops import attention_flops
 from opbench.attention.shapes import AttentionShape, operator_shape
 from opbench.core.dtypes import element_size
 from opbench.gemm.shapes import LinearLayer, layer_gemms, lm_head_gemm, pass_shape
@@ -71,8 +72,6 @@ def _attention_items(rates: Rates, shape: AttentionShape, plan: Plan) -> tuple[I
     fwd = rates.attention_time(shape, plan.mbs, "fwd")
     bwd = rates.attention_time(shape, plan.mbs, "bwd")
     if plan.cp > 1 and shape.attn_kind != LINEAR:
-        from opbench.attention.flops import attention_flops
-
         whole = replace(shape, seqlen_q=shape.seqlen_q * plan.cp, seqlen_kv=shape.seqlen_kv * plan.cp)
         scale = attention_flops(whole, plan.mbs) / plan.cp / attention_flops(shape, plan.mbs)
         fwd, bwd = (Timed(t.seconds * scale, t.source, t.note) for t in (fwd, bwd))
