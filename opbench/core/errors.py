@@ -67,7 +67,9 @@ def run_cli(
     try:
         return int(main(argv) or 0)
     except UsageError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        from .redact import redact_text
+
+        print(f"{prog}: error: {redact_text(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except Terminated:
         print(f"{prog}: terminated (SIGTERM); rows finished so far are in the report", file=sys.stderr)

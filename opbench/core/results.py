@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import opbench
 
 from .errors import UsageError, describe_os_error
+from .redact import redact, redact_text
 from .schema import Schema
 
 if TYPE_CHECKING:
@@ -88,9 +89,12 @@ def environment(device: torch.device | None = None, extra: Mapping[str, Any] | N
 
 
 def format_value(value: Any) -> Any:
-    """Floats to 6 significant digits, None to an empty cell (never a fake zero), bools as True/False."""
+    """Floats to 6 significant digits, None to an empty cell (never a fake zero), bools as True/False, strings with
+    credentials masked (core.redact)."""
     if value is None:
         return ""
+    if isinstance(value, str):
+        return redact_text(value)  # commands, options and errors in cells never carry a credential
     if isinstance(value, float):
         if math.isnan(value):
             return ""
@@ -164,7 +168,7 @@ class CsvReport:
         path = sidecar_path(self.path)
         try:
             with open(path, "w", encoding="utf-8") as fh:
-                json.dump({**meta, **self.schema.sidecar()}, fh, indent=2, default=str)
+                json.dump(redact({**meta, **self.schema.sidecar()}), fh, indent=2, default=str)
                 fh.write("\n")
         except OSError as exc:
             raise UsageError(f"cannot write the sidecar: {describe_os_error(exc)}", source=str(path)) from None
