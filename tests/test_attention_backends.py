@@ -322,3 +322,34 @@ def test_fwdbwd_faster_than_bwd_is_marked_noisy():
     assert inconsistent_passes({"fwd_time": 0.1}) is None
     rows = [{"note": "v zero-padded 96->128; noisy bwd: IQR 30% of the median"}, {"note": None}, {"note": "x"}]
     assert noisy_advice(rows).startswith("1 of 3 rows are noisy") and noisy_advice(rows[1:]) is None
+
+
+def test_kernel_without_gqa_gets_expanded_kv_outside_the_timed_region(monkeypatch):
+    """sdpa_efficient has no GQA (CUDA only, so not runnable here): the same path is taken by SDPA's math kernel
+    with native GQA switched off. Without the expansion SDPA refuses 4 query heads on 2 K/V heads; with it the row
+    is checked against the GQA reference (gradients reach the original 2 K/V heads) and timed on 4-head K/V."""
+    monkeypatch.setattr(B, "KV_EXPANDED_KERNELS", {"MATH"})
+    shape = mk(24, 24, 4, 2, 16, 16)
+    seen: list[tuple[int, ...]] = []
+    plain = B.BACKENDS["sdpa_math"]
+
+    def build(s, device, dtype):
+        prepared = plain.build(s, device, dtype)
+
+        def fn(q, k, v):
+            seen.append(tuple(k.shape))
+            return prepared.fn(q, k, v)
+
+        return replace(prepared, fn=fn)
+
+    monkeypatch.setitem(B.BACKENDS, "sdpa_math", replace(plain, build=build))
+    row = run_case(
+        AttentionCase(shape, 2, "sdpa_math", "fp32"), torch.device("cpu"), ["fwd", "bwd"], FAST, ProblemCache()
+    )
+    assert row["status"] == "ok", row
+    assert row["grad_max_rel_err"] < 1e-3 and row["fwd_time"] > 0 and row["bwd_time"] > 0
+    assert "K/V heads expanded 2->4 before timing" in row["note"]
+    assert set(seen) == {(2, 4, 24, 16)}  # every call, checked and timed, saw the expanded heads
+    monkeypatch.setattr(B, "KV_EXPANDED_KERNELS", set())  # native GQA again: no note, K/V handed as they are
+    row = run_case(AttentionCase(shape, 2, "sdpa_math", "fp32"), torch.device("cpu"), ["fwd"], FAST, ProblemCache())
+    assert row["status"] == "ok" and "expanded" not in (row["note"] or "") and (2, 2, 24, 16) in seen

@@ -39,6 +39,22 @@ class Prepared:
     fn: AttnFn
     note: str = ""  # what the row should say about how it ran (padding, TF32, …)
     untimed_reason: str | None = None  # set when results can be checked but timing would be meaningless
+    # Applied to the inputs (in the backend's layout) before the timed region: a kernel without GQA gets K and V
+    # with every query head's copy, as the models that call it build them. None: inputs as they are.
+    adapt_inputs: Callable[[tuple[torch.Tensor, ...]], tuple[torch.Tensor, ...]] | None = None
+
+
+def expand_kv_heads(layout: str, groups: int) -> Callable[[tuple[torch.Tensor, ...]], tuple[torch.Tensor, ...]]:
+    """(q, k, v) -> (q, k', v') with each K/V head repeated ``groups`` times next to itself (query head h reads
+    K/V head h // groups, the GQA convention of every model opbench knows); differentiable, so gradients checked
+    against the reference still reach the original K/V heads."""
+    head_dim = 2 if layout == BSHD else 1
+
+    def adapt(inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        q, k, v, *rest = inputs
+        return (q, k.repeat_interleave(groups, dim=head_dim), v.repeat_interleave(groups, dim=head_dim), *rest)
+
+    return adapt
 
 
 @dataclass(frozen=True)
@@ -73,6 +89,13 @@ SDPA_KERNELS = {
     "sdpa_math": "MATH",
 }
 CPU_SDPA_KERNELS = ("FLASH_ATTENTION", "MATH")  # the only SDPA kernels torch implements for CPU tensors
+# SDPA kernels that refuse K/V with fewer heads than Q ("both fused kernels require query, key and value to have
+# the same num_heads"): opbench expands K/V first, outside the timed region (docs/attention.md "GQA").
+KV_EXPANDED_KERNELS = {"EFFICIENT_ATTENTION"}
+KV_EXPANDED_NOTE = (
+    "K/V heads expanded {kv}->{q} before timing (this kernel has no GQA; models repeat K/V for it); "
+    "the expansion's time and memory are not in the row"
+)
 
 
 def sdpa_mask_kwargs(shape: AttentionShape, device: torch.device | None = None) -> dict[str, Any]:
@@ -113,7 +136,12 @@ def _build_sdpa(kernel: str | None, shape: AttentionShape, device: torch.device,
     if kernel == "CUDNN_ATTENTION" and getattr(torch.version, "hip", None):
         raise Unsupported("cuDNN attention does not exist on ROCm")
     kwargs = sdpa_mask_kwargs(shape, device)
-    if shape.num_head_kv != shape.num_head_q:
+    notes = [MASKED_NOTE.format(kind=shape.attn_kind)] if shape.attn_kind != FULL else []
+    adapt = None
+    if shape.num_head_kv != shape.num_head_q and kernel in KV_EXPANDED_KERNELS:
+        adapt = expand_kv_heads(BHSD, shape.num_head_q // shape.num_head_kv)
+        notes.append(KV_EXPANDED_NOTE.format(kv=shape.num_head_kv, q=shape.num_head_q))
+    elif shape.num_head_kv != shape.num_head_q:
         kwargs["enable_gqa"] = True  # native GQA (torch ≥ 2.5): KV heads are not repeated in memory
     kwargs["scale"] = _scale(shape)
     chosen = getattr(SDPBackend, kernel) if kernel else None
@@ -137,7 +165,7 @@ def _build_sdpa(kernel: str | None, shape: AttentionShape, device: torch.device,
                 raise Unsupported("this torch's SDPA has no enable_gqa (needs torch ≥ 2.5)") from None
             raise
 
-    return Prepared(fn, MASKED_NOTE.format(kind=shape.attn_kind) if shape.attn_kind != FULL else "")
+    return Prepared(fn, "; ".join(notes), adapt_inputs=adapt)
 
 
 # --- flash-attn (FlashAttention-2, or FlashAttention-3's interface when installed) ------------------------

@@ -20,7 +20,7 @@ import torch
 
 from opbench.core.device import torch_dtype
 from opbench.core.sweep import STATUS_ERROR, STATUS_OK, STATUS_UNSUPPORTED, Unsupported
-from opbench.core.timing import Stats, TimingConfig, measure, noisy_note
+from opbench.core.timing import Stats, TimingConfig, measure, timing_note
 from opbench.models.layout import CHUNKED, FULL, INDEXER, LINEAR
 
 from .backends import BACKENDS, from_layout, to_layout
@@ -156,10 +156,11 @@ def _stats_columns(pass_: str, stats: Stats, flops: float) -> dict[str, Any]:
     return row
 
 
-def check(fn, layout: str, problem: Problem) -> dict[str, Any]:
-    """Run the backend once on the problem; errors of the output (and of every input's gradient) against the oracle."""
+def check(fn, layout: str, problem: Problem, adapt: Callable[..., tuple[torch.Tensor, ...]] | None = None) -> dict:
+    """Run the backend once on the problem; errors of the output (and of every input's gradient) against the oracle.
+    ``adapt`` (Prepared.adapt_inputs) runs inside the graph here, so gradients reach the problem's own inputs."""
     xs = tuple(to_layout(t, layout).detach().requires_grad_(problem.grad_out is not None) for t in problem.inputs)
-    out = fn(*xs)
+    out = fn(*(adapt(xs) if adapt else xs))
     row: dict[str, Any] = {}
     row["max_abs_err"], row["max_rel_err"] = max_errors(from_layout(out, layout), problem.ref[0])
     if problem.grad_out is not None:
@@ -231,7 +232,7 @@ def run_case(
         except Unsupported as exc:  # known before any allocation: the row needs no cleanup
             return {**case.as_row(), "status": STATUS_UNSUPPORTED, "error": str(exc)}
         problem = cache.get(kernel, batch, case.dtype, device, with_grads)
-        errors = check(prepared.fn, backend.layout, problem)
+        errors = check(prepared.fn, backend.layout, problem, prepared.adapt_inputs)
     notes = [prepared.note, kernel_note, SINKS_NOTE if case.shape.sinks else ""]
     row = {**case.as_row(), "note": "; ".join(n for n in notes if n) or None, **errors}
     tol = TOLERANCE.get(case.dtype, 5e-3)
@@ -244,12 +245,16 @@ def run_case(
         return {**row, "status": STATUS_ERROR, "error": "wrong result vs the reference: " + "; ".join(wrong)}
     if prepared.untimed_reason:
         return {**row, "status": STATUS_UNSUPPORTED, "error": prepared.untimed_reason}
-    inputs = tuple(to_layout(t, backend.layout).detach().requires_grad_() for t in problem.inputs)
+    inputs = tuple(to_layout(t, backend.layout) for t in problem.inputs)
+    with torch.no_grad():  # untimed: what the kernel is handed (K/V expanded for kernels without GQA)
+        inputs = prepared.adapt_inputs(inputs) if prepared.adapt_inputs else inputs
+    inputs = tuple(t.detach().requires_grad_() for t in inputs)
     noisy = []
     for pass_, stats in time_passes(prepared.fn, inputs, passes, device, config).items():
         row.update(_stats_columns(pass_, stats, attention_flops(case.shape, case.batch_size, pass_)))
-        if stats.noisy:
-            noisy.append(noisy_note(stats, pass_))
+        note = timing_note(stats, pass_)
+        if note:
+            noisy.append(note)
     noisy += filter(None, [inconsistent_passes(row)])
     if noisy:
         row["note"] = "; ".join(filter(None, [row.get("note"), *noisy]))
