@@ -11,7 +11,7 @@ import torch
 from opbench.core.device import DeviceInfo, torch_dtype
 from opbench.core.dtypes import element_size
 from opbench.core.sweep import STATUS_OK, Unsupported
-from opbench.core.timing import TimingConfig, measure, noisy_note, rotation_count
+from opbench.core.timing import TimingConfig, measure, rotation_count, timing_note
 
 from .backends import BACKENDS
 from .shapes import GemmShape
@@ -138,5 +138,5 @@ def run_case(case: GemmCase, info: DeviceInfo, timing: TimingConfig, cold: bool 
         "max_rel_err": err,
         "status": STATUS_OK,
         "error": None,
-        "note": noisy_note(stats) if stats.noisy else None,
+        "note": timing_note(stats),
     }
