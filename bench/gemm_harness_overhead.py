@@ -14,6 +14,7 @@ Target: harness GFLOPS within 3 % of the reference (graph on GPU, bare on CPU). 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
@@ -68,13 +69,15 @@ def graph_loop(a: torch.Tensor, b: torch.Tensor, device: torch.device, seconds: 
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", type=int, nargs="+", default=[2048])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seconds", type=float, default=2.0, help="per measurement")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default=None)
+    p.add_argument("--json", help="write each size's median seconds per GEMM by method here (gpu_acceptance.py)")
     args = p.parse_args()
+    medians: dict[int, dict[str, float]] = {}
     device = resolve_device(args.device)
     info = device_info(device)
     dtype = args.dtype or default_dtype_name(device)
@@ -100,6 +103,7 @@ def main() -> None:
                 "torch.mm(a, b)", globals={"torch": torch, "a": a, "b": b}, num_threads=torch.get_num_threads()
             )  # Timer defaults to 1 thread
             res["tub"].append(t.adaptive_autorange(min_run_time=args.seconds).median)
+        medians[n] = {k: statistics.median(v) for k, v in res.items()}
         gf = {k: flops / statistics.median(v) / 1e9 for k, v in res.items()}
         print(f"\nGEMM {n}x{n}x{n}: median over {args.rounds} interleaved rounds")
         for k in res:
@@ -107,6 +111,9 @@ def main() -> None:
                 f"  {k:<9} {statistics.median(res[k]) * 1e3:9.3f} ms  {gf[k]:9.1f} GFLOPS  "
                 f"{100 * gf[k] / gf[ref]:6.1f} % of {ref}"
             )
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"device": info.name, "dtype": dtype, "sizes": medians}, fh, indent=2)
 
 
 if __name__ == "__main__":
