@@ -13,6 +13,9 @@
 #   REPORT_DIR [out/run_<UTC time>]   MODEL [Llama3.1_8B]   MODEL_CONFIG_PATH [built-in configs]
 #   STAGES ["gemm attention comm cluster fsdp ckpt report"]   PYTHON [python]
 #   QUICK [1 on CPU, 0 on GPU]: short timing budgets and small sizes
+#   FSDP_WORLD [NNODES x NPROC_PER_NODE, or 8 when that is 1]: the world the fsdp stage models (the job you plan,
+#     not the processes this script starts: one rank has no FSDP collectives); FSDP_NNODES [NNODES, or 1 when
+#     FSDP_WORLD took the default of 8]: the nodes that world spans
 #   GEMM_ARGS / ATTN_ARGS / COMM_ARGS / CLUSTER_ARGS / FSDP_ARGS / CKPT_ARGS: replace a stage's default size/timing flags
 #   With NNODES>1 the ckpt stage needs storage every node sees: CKPT_ARGS="--storage /shared/fs/path" (or s3://…);
 #   the default REPORT_DIR/ckpt/ckpt_data is usually node-local, and DCP's loads would fail on the other nodes.
@@ -65,6 +68,18 @@ else
     QUICK=${QUICK:-1}
 fi
 [[ $NPROC_PER_NODE =~ ^[0-9]+$ ]] && [ "$NPROC_PER_NODE" -ge 1 ] || fail "NPROC_PER_NODE must be at least 1, got '$NPROC_PER_NODE'"
+WORLD=$((NNODES * NPROC_PER_NODE))
+# The fsdp stage models a training job's world: this job's when it has 2 or more ranks, else one 8-GPU node.
+if [ "$WORLD" -ge 2 ]; then
+    FSDP_WORLD=${FSDP_WORLD:-$WORLD}
+    FSDP_NNODES=${FSDP_NNODES:-$NNODES}
+else
+    FSDP_WORLD=${FSDP_WORLD:-8}
+    FSDP_NNODES=${FSDP_NNODES:-1}
+fi
+for var in FSDP_WORLD FSDP_NNODES; do
+    [[ ${!var} =~ ^[0-9]+$ ]] && [ "${!var}" -ge 1 ] || fail "$var must be a positive integer, got '${!var}'"
+done
 
 model_flags=(--model "$MODEL")
 [ -n "$MODEL_CONFIG_PATH" ] && model_flags+=(--model-config-path "$MODEL_CONFIG_PATH")
@@ -112,7 +127,8 @@ stage() {   # stage NAME COMMAND…: run, log to REPORT_DIR/NAME.log as well as 
 }
 wanted() { [[ " $STAGES " == *" $1 "* ]]; }
 
-echo "opbench suite: $NNODES node(s) x $NPROC_PER_NODE ranks, node $NODE_RANK, model $MODEL, results in $REPORT_DIR"
+echo "opbench suite: $NNODES node(s) x $NPROC_PER_NODE ranks, node $NODE_RANK, model $MODEL, results in $REPORT_DIR" \
+    "(fsdp models $FSDP_WORLD ranks on $FSDP_NNODES node(s))"
 
 if [ "$NODE_RANK" = 0 ] && wanted gemm; then
     # shellcheck disable=SC2086
@@ -123,7 +139,9 @@ if [ "$NODE_RANK" = 0 ] && wanted attention; then
     stage attention "$PYTHON" -m opbench.attention --model-config-path "${MODEL_CONFIG_PATH:-builtin}" \
         --model "$MODEL" --report-csv-path "$REPORT_DIR/attention/attention_benchmark.csv" $ATTN_ARGS
 fi
-if wanted comm; then
+if wanted comm && [ "$WORLD" = 1 ]; then
+    echo "=== comm: skipped: a job of 1 rank has no link to measure (NPROC_PER_NODE=$NPROC_PER_NODE, NNODES=$NNODES)"
+elif wanted comm; then
     # nccl-tests style sweep plus the model's TP/SP/EP/PP activation sizes, across every rank of the job
     # shellcheck disable=SC2086
     stage comm "${torchrun_cmd[@]}" -m opbench.comm "${model_flags[@]}" --report-dir-path "$REPORT_DIR/comm" $COMM_ARGS
@@ -134,10 +152,10 @@ fi
 if [ "$NODE_RANK" = 0 ] && wanted fsdp; then
     if has_module opbench.fsdp_model.__main__; then
         # shellcheck disable=SC2086
-        # exact FSDP2 sizes for this job's world size, with the nccl-tests/rccl-tests lines that replay them
+        # exact FSDP2 sizes for the modelled world (FSDP_WORLD), with the nccl-tests/rccl-tests lines that replay them
         mkdir -p "$REPORT_DIR/fsdp"
-        stage fsdp "$PYTHON" -m opbench.fsdp_model "${model_flags[@]}" --world-size $((NNODES * NPROC_PER_NODE)) \
-            --nnodes "$NNODES" --csv "$REPORT_DIR/fsdp/fsdp_model.csv" --commands $FSDP_ARGS
+        stage fsdp "$PYTHON" -m opbench.fsdp_model "${model_flags[@]}" --world-size "$FSDP_WORLD" \
+            --nnodes "$FSDP_NNODES" --csv "$REPORT_DIR/fsdp/fsdp_model.csv" --commands $FSDP_ARGS
     else
         echo "=== fsdp: opbench.fsdp_model has no command line in this install; skipped"
     fi

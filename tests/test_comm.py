@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import csv
-import sys
-import types
+import time
 
 import pytest
 import torch
 
 from opbench.comm.__main__ import main
+from opbench.comm.flags import REFUSED
 from opbench.comm.ops import OPS, Buffers, Ctx, count_wrong, fill_for_check
 from opbench.comm.sizes import (
     CommCase,
@@ -168,143 +167,147 @@ def test_check_values_are_exact_and_catch_one_bad_element(name, dtype):
         assert count_wrong(op, ctxs[1], bufs[1]) == 1
 
 
-# -- the CLI in this process (a one-rank world) ----------------------------------------------------------------
-def _rows(path):
-    with open(path, newline="") as fh:
-        return list(csv.DictReader(fh))
+# -- the CLI in this process: one rank is refused; plans (--dry-run) need no ranks -------------------------------
+def test_a_world_of_one_rank_is_refused_in_one_line(tmp_path, capsys):
+    """A real one-rank gloo world (this process): nothing crosses a link, so nothing is timed or written — one line,
+    exit 2 (NCCL on one GPU printed an in-place all_reduce at 0.06 µs, 17 million GB/s). The plan says the same."""
+    out = tmp_path / "r"
+    assert run_cli(main, ["-b", "1K", "-n", "2", "-w", "0", "--report-dir-path", str(out)], prog="opbench comm") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "a world of 1 rank has no link to measure" in err[0] and "--nproc-per-node 2" in err[0]
+    assert not out.exists()
+    assert run_cli(main, ["--dry-run", "-b", "1K"], prog="opbench comm") == 2
+    assert "a world of 1 rank has no link to measure" in capsys.readouterr().err
 
 
-def test_one_rank_run_writes_contract_columns(tmp_path, capsys):
-    rc = main(
-        [
-            "-b",
-            "1K",
-            "-e",
-            "4K",
-            "-f",
-            "4",
-            "--collectives",
-            "all_reduce,all_gather,send_recv",
-            "-n",
-            "2",
-            "-w",
-            "1",
-            "--trials",
-            "2",
-            "--check",
-            "--report-dir-path",
-            str(tmp_path),
-        ]
-    )
-    assert rc == 0
-    rows = _rows(tmp_path / "all_gather_benchmark.csv")
-    contract = [
-        "collective",
-        "backend",
-        "world_size",
-        "nnodes",
-        "dtype",
-        "size_bytes",
-        "count",
-        "inplace",
-        "time_us",
-        "time_us_max",
-        "algbw_gbs",
-        "busbw_gbs",
-        "wrong",
-        "source",
-    ]
-    assert all(c in rows[0] for c in contract)
-    assert [(r["size_bytes"], r["count"], r["inplace"]) for r in rows] == [
-        ("1024", "256", "False"),
-        ("1024", "256", "True"),
-        ("4096", "1024", "False"),
-        ("4096", "1024", "True"),
-    ]
-    assert all(
-        r["backend"] == "gloo"
-        and r["world_size"] == "1"
-        and r["dtype"] == "fp32"
-        and r["wrong"] == "0"
-        and float(r["time_us"]) > 0
-        and r["status"] == "ok"
-        for r in rows
-    )
-    assert (tmp_path / "all_gather_benchmark.meta.json").exists()
-    # one rank cannot send to itself over gloo: a row that says so, not a silent zero
-    sr = _rows(tmp_path / "send_recv_benchmark.csv")
-    assert {r["status"] for r in sr} == {"unsupported"} and all(r["time_us"] == "" for r in sr)
-    out = capsys.readouterr().out
-    assert "# Avg bus bandwidth" in out and "#wrong" in out
+def _plan(capsys, *argv):
+    assert run_cli(main, ["--dry-run", "--nproc-per-node", "2", *argv], prog="opbench comm") == 0
+    return capsys.readouterr().out
 
 
-def test_sizes_from_trace_uses_trace_sizes_interface(tmp_path, monkeypatch):
-    """--sizes-from-trace against the trace_sizes(paths) -> [TraceSize] interface, with a fake parser module."""
-    log = tmp_path / "nccl.log"
-    log.write_text("not parsed by the fake\n")
-    seen = {}
-
-    def trace_sizes(paths):
-        seen["paths"] = paths
-        return [TraceSize("all_reduce", 300, 7, 1, "sum", 12), TraceSize("broadcast", 64, 9, 1, None, 2)]
-
-    monkeypatch.setitem(sys.modules, "opbench.trace.analyze", types.SimpleNamespace(trace_sizes=trace_sizes))
-    rc = main(
-        [
-            "--sizes-from-trace",
-            str(log),
-            "-n",
-            "2",
-            "-w",
-            "0",
-            "--trials",
-            "1",
-            "--check",
-            "--report-dir-path",
-            str(tmp_path),
-        ]
-    )
-    assert rc == 0 and seen["paths"] == [str(log)]
-    (ar,) = _rows(tmp_path / "all_reduce_benchmark.csv")
-    assert (ar["count"], ar["size_bytes"], ar["dtype"], ar["wrong"]) == ("300", "1200", "fp32", "0")
-    assert ar["source"] == "trace:nccl.log nranks=1 calls=12"
-    (bc,) = _rows(tmp_path / "broadcast_benchmark.csv")
-    assert (bc["count"], bc["dtype"]) == ("64", "bf16")
+@pytest.mark.parametrize(
+    "name, ours, tests_name",
+    [("float", "fp32", "float"), ("half", "fp16", "half"), ("bfloat16", "bf16", "bfloat16"), ("double", "fp64", "double"),
+     ("f8e4m3", "fp8", "f8e4m3"), ("int8", "int8", "int8"), ("fp16", "fp16", "half")],
+)  # fmt: skip
+def test_dtype_takes_nccl_tests_type_names(capsys, name, ours, tests_name):
+    """-d takes nccl-tests' type names beside opbench's: the plan runs that type and the line prints it back."""
+    out = _plan(capsys, "-d", name, "-b", "1K", "--collectives", "all_gather")
+    assert out.splitlines()[2].split()[:4] == ["all_gather", "1024", str(1024 // 2 // ELT[ours]), ours]
+    assert f"./build/all_gather_perf -b 1024 -e 1024 -d {tests_name} -n 20 -w 5 -g 2" in out
 
 
-def test_sizes_from_a_real_nccl_log(tmp_path):
-    """The real parser end to end: two AllGather lines (two ranks of one call) and a bf16 AllReduce."""
-    log = tmp_path / "rank0.log"
-    log.write_text(
-        "gpu1:77:88 [0] NCCL INFO AllGather: opCount 3 sendbuff 0x1 recvbuff 0x2 count 96 datatype 7 op 0 root 0 "
-        "comm 0xa [nranks=1] stream 0xb\n"
-        "[0] gpu1:77:88 [0] NCCL INFO AllGather: opCount 4 sendbuff 0x1 recvbuff 0x2 count 96 datatype 7 op 0 "
-        "root 0 comm 0xa [nranks=1] stream 0xb\n"
-        "gpu1:77:88 [0] NCCL INFO AllReduce: opCount 5 sendbuff 0x1 recvbuff 0x2 count 500 datatype 9 op 0 root 0 "
-        "comm 0xa [nranks=1] stream 0xb\n"
+ELT = {"fp32": 4, "fp16": 2, "bf16": 2, "fp64": 8, "fp8": 1, "int8": 1}
+
+
+def test_nccl_tests_flags_stay_in_the_generated_lines(capsys):
+    """-z, -a, -m, -N, -c, -r and -T keep nccl-tests' spelling in the lines opbench prints, so the reference tool runs
+    what opbench runs; nccl-tests' defaults are left out."""
+    out = _plan(capsys, "-b", "1K", "--collectives", "all_reduce,broadcast", "-z", "3", "-a", "0", "-m", "4", "-N", "2",
+                "-c", "2", "-r", "1", "-T", "60")  # fmt: skip
+    assert (
+        "./build/all_reduce_perf -b 1024 -e 1024 -d bfloat16 -o sum -n 20 -w 5 -g 2 -z 3 -a 0 -m 4 -N 2 -c 2 -T 60"
+        in out
     )
     assert (
-        main(
-            [
-                "--sizes-from-trace",
-                str(log),
-                "-n",
-                "2",
-                "-w",
-                "0",
-                "--trials",
-                "1",
-                "--check",
-                "--report-dir-path",
-                str(tmp_path),
-            ]
-        )
-        == 0
+        "./build/broadcast_perf -b 1024 -e 1024 -d bfloat16 -n 20 -w 5 -g 2 -r 1 -z 3 -a 0 -m 4 -N 2 -c 2 -T 60" in out
     )
-    (ag,) = _rows(tmp_path / "all_gather_benchmark.csv")[:1]
-    assert (ag["count"], ag["size_bytes"], ag["source"]) == ("96", "384", "trace:rank0.log nranks=1 calls=2")
-    (ar,) = _rows(tmp_path / "all_reduce_benchmark.csv")
-    assert (ar["count"], ar["dtype"], ar["size_bytes"], ar["wrong"]) == ("500", "bf16", "1000", "0")
+    plain = _plan(capsys, "-b", "1K", "--collectives", "all_reduce", "-z", "0", "-a", "1", "-m", "1", "-N", "1")
+    assert plain.rstrip().endswith("./build/all_reduce_perf -b 1024 -e 1024 -d bfloat16 -o sum -n 20 -w 5 -g 2")
+
+
+@pytest.mark.parametrize("short, long", list(REFUSED))
+def test_nccl_tests_flags_not_offered_are_refused_by_name(capsys, short, long):
+    for argv in ([short, "1"], [long, "1"], [short]):
+        assert run_cli(main, [*argv, "--dry-run", "--nproc-per-node", "2"], prog="opbench comm") == 2
+        (err,) = capsys.readouterr().err.strip().splitlines()
+        assert f"nccl-tests' {short} ({long}) is not offered: {REFUSED[(short, long)]}" in err
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [(["-d", "all"], "'all' (nccl-tests: every type in turn) is not offered"), (["-d", "uint64"], "is not a type"),
+     (["-o", "mulsum"], "not a torch.distributed ReduceOp"), (["-o", "all"], "every reduction in turn"),
+     (["-z", "4"], "blocking modes are 0, 1, 2 and 3"), (["-a", "5"], "0 = rank 0, 1 = average"),
+     (["-N", "0"], "run until killed"), (["-m", "0"], "calls aggregated per iteration"), (["-T", "0"], "no timeout")],
+)  # fmt: skip
+def test_nccl_tests_values_opbench_cannot_honour(capsys, argv, needle):
+    assert run_cli(main, [*argv, "--dry-run", "--nproc-per-node", "2"], prog="opbench comm") == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert needle in err
+
+
+def _nccl_log(path, nranks, *counts):
+    path.write_text(
+        "".join(
+            f"gpu1:77:88 [0] NCCL INFO AllReduce: opCount {i} sendbuff 0x1 recvbuff 0x2 count {n} datatype 9 op 0 "
+            f"root 0 comm 0xa [nranks={nranks}] stream 0xb\n"
+            for i, n in enumerate(counts)
+        )
+    )
+    return path
+
+
+def test_sizes_from_trace_repeated_keeps_a_comma_in_a_file_name(tmp_path, capsys):
+    """A log named a,b.log survives (an existing file is one log), the flag may be repeated, comma lists still work;
+    a call logged on one rank is left out with a note (nothing crosses a link)."""
+    comma = _nccl_log(tmp_path / "a,b.log", 2, 300)
+    other = _nccl_log(tmp_path / "other.log", 2, 500)
+    alone = _nccl_log(tmp_path / "alone.log", 1, 700)
+    out = _plan(capsys, "--sizes-from-trace", str(comma), "--sizes-from-trace", f"{other},{alone}")
+    planned = [line.split() for line in out.splitlines() if line.startswith("all_reduce ")]
+    assert [p[2] for p in planned] == ["300", "500"] and all(p[3] == "bf16" for p in planned)
+    assert "trace:a,b.log,other.log,alone.log nranks=2 calls=1" in out
+    assert "# note: 1 case(s) on groups of 1 rank left out: one rank has no link to measure" in out
+
+
+def test_printed_names_cannot_start_a_line(tmp_path, capsys):
+    """A model name with a newline (from --model-name or a config) is printed with the newline made visible."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text(
+        '{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, '
+        '"num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 100}'
+    )
+    named = ["--model-config-path", str(cfg), "--model-name", "m\ntouch /tmp/x", "--tp", "2"]
+    out = _plan(capsys, *named, "--seqlen", "8")
+    assert not [line for line in out.splitlines() if line.startswith("touch")]
+    assert "m?touch /tmp/x: TP all-reduce" in out
+    assert run_cli(main, ["--dry-run", "--nproc-per-node", "2", *named], prog="opbench comm") == 2  # no seqlen
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert "model m?touch /tmp/x has no seqlen" in err
+
+
+def test_timed_loop_follows_nccl_tests_blocking_and_aggregation():
+    """-m N calls per iteration, time per call; -z 1 waits and barriers after every call (timed), -z 3 once per
+    iteration with the barrier outside the timing, -z 0 never."""
+    from opbench.comm.bench import timed_loop
+
+    calls, barriers = [], []
+    cpu = torch.device("cpu")
+
+    def barrier():
+        barriers.append(1)
+        time.sleep(0.02)
+
+    for blocking, per_call_barrier in ((0, 0), (1, 1), (2, 0)):
+        calls.clear(), barriers.clear()
+        t, _ = timed_loop(lambda: calls.append(1), 3, cpu, blocking, None, 0.0, 2, barrier)
+        assert len(calls) == 6 and len(barriers) == 6 * per_call_barrier
+        assert (t >= 0.02) == bool(per_call_barrier)  # the barrier is inside the timing for -z 1
+    calls.clear(), barriers.clear()
+    per_call: list[float] = []
+    t, _ = timed_loop(lambda: calls.append(1), 3, cpu, 3, per_call, 0.0, 2, barrier)
+    assert len(calls) == 6 and len(barriers) == 3 and len(per_call) == 3 and t < 0.01
+
+
+def test_average_picks_the_ranks_time_as_nccl_tests_a():
+    from opbench.comm.bench import combine_ranks
+
+    per_trial = torch.tensor([[3.0, 1.0], [1.0, 5.0], [2.0, 3.0]])  # 3 ranks x 2 trials
+    assert combine_ranks(per_trial, 0) == [3.0, 1.0]
+    assert combine_ranks(per_trial, 1) == [2.0, 3.0]
+    assert combine_ranks(per_trial, 2) == [1.0, 1.0]
+    assert combine_ranks(per_trial, 3) == [3.0, 5.0]
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ written out here by hand (not through conventions), so a wrong formula there fai
 from __future__ import annotations
 
 import csv
+import json
 import os
 import signal
 import socket
@@ -154,6 +155,50 @@ def test_three_ranks_check_catches_a_corrupted_buffer(tmp_path):
             assert float(r["slowest_p95_us"]) >= float(r["slowest_p50_us"]) > 0 and float(r["rank_spread_us"]) >= 0
     # 1000 B is not a multiple of 3 ranks x 4 B: nccl-tests rounds the count down and prints the real size
     assert rows(out, "all_gather")[0]["size_bytes"] == "996" and rows(out, "all_reduce")[0]["size_bytes"] == "1000"
+
+
+def test_nccl_tests_flags_on_two_ranks_with_logged_sizes(tmp_path):
+    """nccl-tests' flags in a real 2-rank job: -d bfloat16 runs bf16, -N 2 writes and prints every case twice
+    (column cycle), -a 3 reports the slowest rank (time_us = time_us_max), -z 3 and -m 2 are stated in the header,
+    -c 2 checks twice. --sizes-from-trace, repeated, replays a log named 'a,b.log' and another at their logged
+    count and datatype."""
+    logs = []
+    for name, lines in (("a,b.log", [("AllGather", 96, 7)]), ("other.log", [("AllReduce", 500, 9)] * 2)):
+        logs.append(tmp_path / name)
+        logs[-1].write_text(
+            "".join(
+                f"gpu1:77:88 [0] NCCL INFO {op}: opCount {i} sendbuff 0x1 recvbuff 0x2 count {count} datatype {dt} "
+                f"op 0 root 0 comm 0xa [nranks=2] stream 0xb\n"
+                for i, (op, count, dt) in enumerate(lines)
+            )
+        )
+    out = tmp_path / "r"
+    proc = torchrun(
+        2, "-b", "1K", "--collectives", "all_reduce,all_gather", "-d", "bfloat16", "-N", "2", "-a", "3", "-z", "3",
+        "-m", "2", "-c", "2", "--sizes-from-trace", str(logs[0]), "--sizes-from-trace", str(logs[1]),
+        "--report-dir-path", str(out), *QUICK,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    header = (
+        "iters 2, trials 2, -m 2 calls per iteration, -z 3 (wait and barrier after each iteration, barrier not timed)"
+    )
+    assert proc.stdout.count(header) == 4  # two collectives, two cycles
+    assert "cycle 2 of 2; time = median over trials of the slowest rank" in proc.stdout
+    ar, ag = rows(out, "all_reduce"), rows(out, "all_gather")
+    for got in (ar, ag):
+        assert [r["cycle"] for r in got] == ["1"] * (len(got) // 2) + ["2"] * (len(got) // 2)
+        for r in got:
+            assert r["wrong"] == "0" and float(r["time_us"]) == float(r["time_us_max"])  # -a 3: the slowest rank
+            assert_nccl_tests_numbers(r, 2)
+    assert {(r["dtype"], r["count"], r["source"]) for r in ar} == {
+        ("bf16", "512", "sweep"),  # 1 KiB of bf16 on each rank
+        ("bf16", "500", "trace:a,b.log,other.log nranks=2 calls=2"),
+    }
+    assert {(r["dtype"], r["count"], r["source"]) for r in ag if r["source"] != "sweep"} == {
+        ("fp32", "96", "trace:a,b.log,other.log nranks=2 calls=1")  # the logged datatype (7), not -d
+    }
+    meta = json.loads((out / "all_reduce_benchmark.meta.json").read_text())
+    assert (meta["blocking"], meta["average"], meta["agg_iters"], meta["run_cycles"], meta["check"]) == (3, 3, 2, 2, 2)
 
 
 @pytest.mark.parametrize("kind", ["exit", "hang"])

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +25,9 @@ from opbench.fsdp_model.model import (
     unit_range,
 )
 from opbench.models import load_model_configs, select_models
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = str(ROOT / "examples" / "configs" / "tiny-llama")
 
 
 def builtin(name):
@@ -155,12 +160,50 @@ def test_cli_approx_reports_difference(capsys):
         (["--world-size", "8", "--nnodes", "3", "--model", "Llama3.1_8B"], "field '--nnodes'"),
         (["--world-size", "8", "--model-config-path", "missing.json"], "missing.json: file not found"),
         (["--world-size", "8", "--model", "NoSuchModel"], "unknown model 'NoSuchModel'"),
+        (["--world-size", "1", "--model", "Llama3.1_8B"], "a world of 1 rank shards nothing"),
     ],
 )
 def test_cli_usage_errors(capsys, args, message):
     assert run_cli(main, args, prog="opbench fsdp") == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_printed_names_and_paths_cannot_start_a_line(tmp_path, capsys):
+    """A model name or folder holding a newline: the '== name' header shows it as '?', and the printed opbench comm
+    line quotes it on one line (bash's $'…') so that pasting it gives back the very same arguments."""
+    folder = str(tmp_path / "d\nrm -rf 'x\\")
+    argv = ["--model-name", "m\ntouch /tmp/x", "--model-config-path", TINY, "--world-size", "2", "--commands"]
+    assert run_cli(main, [*argv, "--report-dir-path", folder], prog="opbench fsdp") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert not [ln for ln in lines if ln.startswith(("touch", "rm"))], lines
+    assert lines[0].startswith("== m?touch /tmp/x: FSDP2 exact, world size 2")
+    (comm,) = [ln for ln in lines if ln.startswith("opbench comm ")]
+    words = subprocess.run(
+        ["bash", "-c", "printf '%s\\0' " + comm.removeprefix("opbench comm ")], capture_output=True, text=True
+    ).stdout.split("\0")
+    assert words[words.index("--report-dir-path") + 1] == folder
+
+
+def test_run_script_fsdp_stage_models_the_target_world_from_one_process(tmp_path):
+    """run_script.sh on one process (one GPU): the fsdp stage models FSDP_WORLD, 8 by default, and writes rows;
+    the comm stage says in one line that one rank has no link to measure."""
+    report = tmp_path / "run"
+    env = {**os.environ, "NPROC_PER_NODE": "1", "STAGES": "comm fsdp", "REPORT_DIR": str(report), "MODEL": "Qwen3_0.6B"}
+    res = subprocess.run(["bash", "run_script.sh"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "=== comm: skipped: a job of 1 rank has no link to measure" in res.stdout
+    assert "(fsdp models 8 ranks on 1 node(s))" in res.stdout
+    rows = list(csv.DictReader((report / "fsdp" / "fsdp_model.csv").open()))
+    assert rows and {r["world_size"] for r in rows} == {"8"} and {r["model"] for r in rows} == {"Qwen3_0.6B"}
+    assert {r["collective"] for r in rows} == {"all_gather", "reduce_scatter"}
+    res = subprocess.run(
+        ["bash", "run_script.sh"], capture_output=True, text=True, cwd=ROOT, timeout=300,
+        env={**env, "STAGES": "fsdp", "FSDP_WORLD": "16", "FSDP_NNODES": "2", "REPORT_DIR": str(tmp_path / "b")},
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-3000:]
+    rows = list(csv.DictReader((tmp_path / "b" / "fsdp" / "fsdp_model.csv").open()))
+    assert {r["world_size"] for r in rows} == {"16"} and "mpirun -np 16 -H node0:8,node1:8" in res.stdout
 
 
 def test_cli_missing_layer_count(run, tmp_path):

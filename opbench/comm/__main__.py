@@ -12,11 +12,14 @@ import sys
 from collections.abc import Sequence
 
 from opbench.core import cli, dist
-from opbench.core.cli import add_device_args, csv_list, parse_bytes, positive_int
-from opbench.core.dtypes import COMM_DTYPES
+from opbench.core.cli import csv_list, parse_bytes, positive_int
 from opbench.core.errors import UsageError, run_cli
 from opbench.core.faults import Faults
+from opbench.core.redact import redact_text
+from opbench.core.units import one_line
 
+from . import flags
+from .flags import add_refused
 from .sizes import RUNNABLE, CommCase, CommGroups, cases_for_sizes, model_cases, sweep_bytes, trace_cases
 
 EXAMPLES = """\
@@ -27,7 +30,15 @@ examples:
       --nproc-per-node 8 -m opbench.comm --model Llama3.1_70B --tp 8 --pp 2
   srun --ntasks-per-node 8 python -m opbench.comm ...   # needs MASTER_ADDR exported by the job script
   opbench comm --nproc-per-node 8 --sizes-from-trace nccl.log   # replay the sizes an NCCL_DEBUG log saw
+  opbench comm --nproc-per-node 8 -b 8 -e 1G -f 2 -d bfloat16 -z 1 -a 3   # nccl-tests' flags, their meanings
+
+A world of one rank has no link to measure: opbench comm refuses it (start 2 or more ranks).
 """
+
+ONE_RANK = (
+    "a world of 1 rank has no link to measure (a collective on one rank copies locally or does nothing); "
+    "start 2 or more ranks: --nproc-per-node 2, or torchrun/srun with several GPUs or nodes"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,8 +51,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("launch (ignored when already under torchrun/srun)")
     cli.add_launch_args(g)
-    cli.add_timeout_arg(g, 300.0)
-    add_device_args(p, COMM_DTYPES)
+    cli.add_timeout_arg(g, flags.DEFAULT_TIMEOUT_S)
+    g.add_argument(
+        "-T", dest="timeout", type=flags.timeout_seconds, default=argparse.SUPPRESS, help="nccl-tests' --timeout"
+    )
+    p.add_argument(
+        "--device", type=cli.device_spec, default="auto", help="auto (GPU if present, else CPU), cpu, cuda, cuda:N"
+    )
+    p.add_argument(
+        "-d",
+        "--dtype",
+        "--datatype",
+        type=flags.comm_dtype,
+        default=None,
+        metavar="TYPE",
+        help="element type: opbench's name or nccl-tests' (bf16|bfloat16, fp16|half, fp32|float, fp64|double, "
+        "fp8|f8e4m3, fp8_e5m2|f8e5m2, int8, uint8, int32, int64; default: bf16 on GPU, fp32 on CPU)",
+    )
 
     g = p.add_argument_group("what to run")
     g.add_argument(
@@ -54,8 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
         "-o",
         "--op",
         default="sum",
-        choices=["sum", "prod", "max", "min", "avg"],
-        help="reduction of all_reduce / reduce_scatter",
+        type=flags.redop,
+        help=f"reduction of all_reduce / reduce_scatter: {', '.join(flags.REDOPS)}",
     )
     g.add_argument("-r", "--root", type=int, default=0, help="broadcast root, a rank within the group")
     g.add_argument(
@@ -91,14 +117,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seqlen", type=positive_int, default=None, help="sequence length (default: the model's)")
     g.add_argument(
         "--sizes-from-trace",
-        type=csv_list(str),
+        type=flags.trace_paths,
+        action="extend",
         default=None,
         metavar="LOG[,LOG]",
-        help="replay the (collective, count, dtype, nranks) an NCCL_DEBUG=INFO log recorded",
+        help="replay the (collective, count, dtype, nranks) an NCCL_DEBUG=INFO log recorded; repeat the flag for "
+        "several logs (an existing file is one log even with a comma in its name)",
     )
 
     g = p.add_argument_group("measurement")
-    g.add_argument("-w", "--warmup-iters", type=int, default=5, help="warm-up calls per size")
+    g.add_argument("-w", "--warmup-iters", "--warmup_iters", type=int, default=5, help="warm-up calls per size")
     g.add_argument("-n", "--iters", type=positive_int, default=20, help="timed back-to-back calls per trial")
     g.add_argument(
         "--trials",
@@ -107,22 +135,52 @@ def build_parser() -> argparse.ArgumentParser:
         help="timed loops per size; the CSV has the median and the min/max over trials",
     )
     g.add_argument(
+        "-m",
+        "--agg-iters",
+        "--agg_iters",
+        type=flags.agg_iters,
+        default=1,
+        metavar="N",
+        help="calls per timed iteration; the time is per call (nccl-tests -m; here issued back to back, not fused "
+        "in one NCCL group)",
+    )
+    g.add_argument(
         "-z",
         "--blocking",
-        type=int,
+        type=flags.blocking,
         nargs="?",
         const=1,
         default=0,
-        help="synchronise after every call (nccl-tests -z 1)",
+        metavar="0-3",
+        help="nccl-tests' -z: 1 wait and barrier after each call (-z alone), 2 wait after each call, 3 wait and "
+        "barrier after each iteration of -m calls with the barrier not timed",
+    )
+    g.add_argument(
+        "-a",
+        "--average",
+        type=flags.average,
+        default=1,
+        metavar="0-3",
+        help="time reported per trial: 0 rank 0's, 1 the rank average, 2 the fastest rank, 3 the slowest",
+    )
+    g.add_argument(
+        "-N",
+        "--run-cycles",
+        "--run_cycles",
+        type=flags.run_cycles,
+        default=1,
+        metavar="N",
+        help="run the whole plan N times, each cycle printed and written (CSV column 'cycle')",
     )
     g.add_argument(
         "-c",
         "--check",
-        type=int,
+        type=flags.check_count,
         nargs="?",
         const=1,
         default=0,
-        help="fill rank-dependent values and count wrong elements after a checked call (-c 1)",
+        metavar="N",
+        help="fill rank-dependent values and count wrong elements over N checked calls (-c alone: 1)",
     )
     g.add_argument(
         "--per-rank",
@@ -130,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep every call's time on every rank: the CSV adds the slowest rank's p50/p95 per call, the rank "
         "slowest most often, and the spread between ranks (docs/cluster.md, per-rank statistics)",
     )
+    add_refused(p.add_argument_group("nccl-tests flags not offered (each stops the run with its reason; docs/comm.md)"))
     g = p.add_argument_group("output")
     cli.add_output_args(g, dir_default="out", dir_help="where <collective>_benchmark.csv go")
     g.add_argument("--append", action="store_true", help="append to existing CSVs instead of replacing them")
@@ -203,8 +262,12 @@ def build_cases(args: argparse.Namespace, world_size: int, dtype: str) -> tuple[
         found, skipped = trace_cases(trace_sizes(list(args.sizes_from_trace)), args.collectives, world_size, label)
         cases += found
         notes += skipped
+    alone = [c for c in cases if c.group_size == 1]
+    if alone and world_size > 1:  # a call logged on one rank: nothing crosses a link
+        cases = [c for c in cases if c.group_size != 1]
+        notes.append(f"{len(alone)} case(s) on groups of 1 rank left out: one rank has no link to measure")
     cases.sort(key=lambda c: RUNNABLE.index(c.collective))  # stable: one table (and CSV run) per collective
-    return cases, notes
+    return cases, [one_line(n) for n in notes]  # notes name models and log files: printed, never a new line
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -247,6 +310,8 @@ def dry_run(args: argparse.Namespace, dist_env: dist.DistEnv | None) -> int:
     dtype = args.dtype or "bf16"
     cases, notes = build_cases(args, world, dtype)
     check_plan(args, cases, world)
+    if world == 1:
+        raise UsageError(ONE_RANK, field="--nproc-per-node")
     print(
         f"# plan: world size {world} ({world // per_node} node(s) × {per_node}), dtype {dtype}"
         + ("" if args.dtype else " (the GPU default; CPU runs use fp32)")
@@ -262,27 +327,26 @@ def dry_run(args: argparse.Namespace, dist_env: dist.DistEnv | None) -> int:
         nranks = case.group_size or world
         coll = COLLECTIVES[case.collective]
         size, count = actual_size(case, nranks), count_for(case, nranks)
-        rows.append(f"{case.collective:<15} {size:>12} {count:>12} {dtype:>6} {nranks:>6}  {case.source}")
+        rows.append(f"{case.collective:<15} {size:>12} {count:>12} {dtype:>6} {nranks:>6}  {one_line(case.source)}")
         if count == 0:
             continue
         redop = TESTS_REDOP[case.redop] if coll.has_redop else None
         nodes = -(-nranks // per_node)
+        extra = flags.tests_flags(args, coll.has_root)
         for flavour, lines in commands.items():
-            lines.append(
-                nccl_tests_command(
-                    case.collective,
-                    size,
-                    nranks,
-                    dtype,
-                    flavour=flavour,
-                    launcher="single" if nodes == 1 else "mpi",
-                    nnodes=nodes,
-                    redop=redop,
-                    iters=args.iters,
-                    warmup=args.warmup_iters,
-                    check=bool(args.check),
-                )
+            line = nccl_tests_command(
+                case.collective,
+                size,
+                nranks,
+                dtype,
+                flavour=flavour,
+                launcher="single" if nodes == 1 else "mpi",
+                nnodes=nodes,
+                redop=redop,
+                iters=args.iters,
+                warmup=args.warmup_iters,
             )
+            lines.append(flags.with_flags(line, extra))
     print(f"# {'collective':<13} {'size (B)':>12} {'count':>12} {'dtype':>6} {'nranks':>6}  source")
     print("\n".join(rows))
     same = commands["nccl"] == commands["rccl"]
@@ -292,7 +356,7 @@ def dry_run(args: argparse.Namespace, dist_env: dist.DistEnv | None) -> int:
         print(
             f"\n# {'nccl-tests and rccl-tests (same flags)' if same else flavour + '-tests'}, from the build directory:"
         )
-        print("\n".join(dict.fromkeys(lines)))
+        print(redact_text("\n".join(dict.fromkeys(lines))))
     return 0
 
 
@@ -308,6 +372,8 @@ def run(args: argparse.Namespace, dist_env: dist.DistEnv) -> int:
         ranks.same_arguments(args)
         cases, notes = build_cases(args, ranks.world_size, dtype)
         check_plan(args, cases, ranks.world_size)
+        if ranks.world_size == 1:
+            raise UsageError(ONE_RANK, field="--nproc-per-node")
         if ranks.is_main:
             for note in notes:
                 print(f"# note: {note}", file=sys.stderr)
@@ -317,8 +383,11 @@ def run(args: argparse.Namespace, dist_env: dist.DistEnv) -> int:
             iters=args.iters,
             warmup=args.warmup_iters,
             trials=args.trials,
-            blocking=bool(args.blocking),
-            check=bool(args.check),
+            blocking=args.blocking,
+            check=args.check,
+            average=args.average,
+            agg=args.agg_iters,
+            cycles=args.run_cycles,
             root=args.root,
             p2p_mode=args.p2p_mode,
             timeout_s=args.timeout,
@@ -337,6 +406,9 @@ def run(args: argparse.Namespace, dist_env: dist.DistEnv) -> int:
                 "warmup_iters": cfg.warmup,
                 "trials": cfg.trials,
                 "blocking": cfg.blocking,
+                "average": cfg.average,
+                "agg_iters": cfg.agg,
+                "run_cycles": cfg.cycles,
                 "check": cfg.check,
                 "per_rank": cfg.per_rank,
                 "timeout_s": cfg.timeout_s,

@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -43,7 +44,9 @@ from opbench.core.sweep import (
     release_memory,
 )
 from opbench.core.timing import hold_stream
+from opbench.core.units import one_line
 
+from .flags import AVERAGE, BLOCKING
 from .ops import OPS, Buffers, CommOp, Ctx, all_gather_fn, corrupt, count_wrong, fill_for_check
 from .schema import SCHEMA
 from .sizes import CommCase, count_for, group_layout
@@ -57,11 +60,16 @@ class CommFailure(Exception):
 
 @dataclass(frozen=True)
 class RunConfig:
+    """One run's measurement settings; the nccl-tests flags keep nccl-tests' meanings (docs/comm.md, "Flags")."""
+
     iters: int = 20
     warmup: int = 5
     trials: int = 3
-    blocking: bool = False
-    check: bool = False
+    blocking: int = 0  # -z: 0 none, 1 wait + barrier per call, 2 wait per call, 3 wait + untimed barrier per iteration
+    check: int = 0  # -c: checked calls per size
+    average: int = 1  # -a: 0 rank 0's time, 1 the rank average, 2 the fastest rank, 3 the slowest
+    agg: int = 1  # -m: calls per timed iteration
+    cycles: int = 1  # -N: times the whole plan runs
     root: int = 0
     p2p_mode: str = "ring"
     timeout_s: float = 300.0
@@ -73,15 +81,31 @@ def timed_loop(
     call,
     iters: int,
     device: torch.device,
-    blocking: bool,
+    blocking: int = 0,
     per_call: list[float] | None = None,
     hold_s: float = 0.0,
+    agg: int = 1,
+    barrier=None,
 ) -> tuple[float, float]:
-    """(seconds per iteration of ``iters`` back-to-back calls measured on the device stream, the host's seconds
-    per call spent issuing them). With ``per_call``, each call's own time is appended to it too (an event, or a
-    clock reading, between calls: the loop stays back to back). On a GPU ``hold_s`` keeps the stream busy while
-    the host queues the calls, so a small message is timed at NCCL's pace, not at the rate Python issues calls
-    (nccl-tests issues from C); -z (``blocking``) waits for each call instead."""
+    """(seconds per call over ``iters`` iterations of ``agg`` back-to-back calls, measured on the device stream; the
+    host's seconds per call spent issuing them). With ``per_call``, each iteration's time per call is appended to it
+    too (an event, or a clock reading, between iterations: the loop stays back to back). On a GPU ``hold_s`` keeps
+    the stream busy while the host queues the calls, so a small message is timed at NCCL's pace, not at the rate
+    Python issues calls (nccl-tests issues from C). ``blocking`` is nccl-tests' -z: 1 waits for each call and then
+    ``barrier()`` (timed), 2 only waits, 3 waits once per iteration and calls ``barrier()`` outside the timing."""
+    sync = partial(synchronize, device)
+    if blocking == 3:
+        return _timed_iterations(call, iters, agg, sync, barrier, per_call), 0.0
+
+    def iteration() -> None:
+        for _ in range(agg):
+            call()
+            if blocking:
+                sync()
+                if blocking == 1 and barrier is not None:
+                    barrier()
+
+    calls = iters * agg
     if device.type == "cuda":
         marks = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1 if per_call is not None else 2)]
         if not blocking:
@@ -89,29 +113,45 @@ def timed_loop(
         issued = time.perf_counter()
         marks[0].record()
         for i in range(iters):
-            call()
-            if blocking:
-                torch.cuda.current_stream().synchronize()
+            iteration()
             if per_call is not None:
                 marks[i + 1].record()
         marks[-1].record()
-        host_s = (time.perf_counter() - issued) / iters
+        host_s = (time.perf_counter() - issued) / calls
         marks[-1].synchronize()
         if per_call is not None:
-            per_call += [a.elapsed_time(b) / 1e3 for a, b in zip(marks, marks[1:])]
-        return marks[0].elapsed_time(marks[-1]) / 1e3 / iters, host_s
+            per_call += [a.elapsed_time(b) / 1e3 / agg for a, b in zip(marks, marks[1:])]
+        return marks[0].elapsed_time(marks[-1]) / 1e3 / calls, host_s
     clock = time.perf_counter_ns
     t0 = clock()
     if per_call is None:
         for _ in range(iters):
-            call()  # gloo calls return when the data has arrived
-        return (clock() - t0) / 1e9 / iters, 0.0
+            iteration()  # gloo calls return when the data has arrived
+        return (clock() - t0) / 1e9 / calls, 0.0
     stamps = [t0]
     for _ in range(iters):
-        call()
+        iteration()
         stamps.append(clock())
-    per_call += [(b - a) / 1e9 for a, b in zip(stamps, stamps[1:])]
-    return (stamps[-1] - t0) / 1e9 / iters, 0.0
+    per_call += [(b - a) / 1e9 / agg for a, b in zip(stamps, stamps[1:])]
+    return (stamps[-1] - t0) / 1e9 / calls, 0.0
+
+
+def _timed_iterations(call, iters: int, agg: int, sync, barrier, per_call: list[float] | None) -> float:
+    """nccl-tests' -z 3: each iteration's calls, then a wait, timed on the host clock; then a barrier, not timed."""
+    clock = time.perf_counter_ns
+    total = 0
+    for _ in range(iters):
+        t0 = clock()
+        for _ in range(agg):
+            call()
+        sync()
+        took = clock() - t0
+        total += took
+        if per_call is not None:
+            per_call.append(took / 1e9 / agg)
+        if barrier is not None:
+            barrier()
+    return total / 1e9 / (iters * agg)
 
 
 class Bench:
@@ -170,8 +210,10 @@ class Bench:
         for _ in range(cfg.trials):
             # hold only for the host's lag behind the GPU, as the timing harness does (core.timing.measure)
             lag = host_s - device_s
-            hold_s = self._barrier_agreeing_on(1.25 * lag * cfg.iters + 2e-4 if lag > 0 else 0.0)
-            device_s, host_s = timed_loop(call, cfg.iters, self.device, cfg.blocking, self._per_call, hold_s)
+            hold_s = self._barrier_agreeing_on(1.25 * lag * cfg.iters * cfg.agg + 2e-4 if lag > 0 else 0.0)
+            device_s, host_s = timed_loop(
+                call, cfg.iters, self.device, cfg.blocking, self._per_call, hold_s, cfg.agg, dist.barrier
+            )
             times.append(device_s)
         return times
 
@@ -246,8 +288,8 @@ class Bench:
                 times = [t / 2 for t in times]
                 if self._per_call is not None:  # --per-rank columns in the same one-way unit as time_us
                     self._per_call = [t / 2 for t in self._per_call]
-            if cfg.check:
-                wrong = self._check(op, ctx, bufs)
+            for _ in range(cfg.check):  # nccl-tests' -c N: N checked calls, their wrong elements summed
+                wrong += self._check(op, ctx, bufs)
         except Exception as exc:
             raise_if_terminated()
             if job_broken(exc):
@@ -297,13 +339,13 @@ class Bench:
         per_trial = table[:, 2 : 2 + self.cfg.trials]
         if self.cfg.per_rank:
             row.update(rank_stats(table[:, 2 + self.cfg.trials :].numpy()).as_row())
-        avg, slowest = per_trial.mean(dim=0).tolist(), per_trial.max(dim=0).values.tolist()
-        t = statistics.median(avg)
+        reported, slowest = combine_ranks(per_trial, self.cfg.average), per_trial.max(dim=0).values.tolist()
+        t = statistics.median(reported)
         row.update(
             time_us=t * 1e6,
             time_us_max=statistics.median(slowest) * 1e6,
-            time_us_trial_min=min(avg) * 1e6,
-            time_us_trial_max=max(avg) * 1e6,
+            time_us_trial_min=min(reported) * 1e6,
+            time_us_trial_max=max(reported) * 1e6,
             algbw_gbs=coll.algbw_gbs(size, t),
             busbw_gbs=coll.busbw_gbs(size, t, nranks),
             wrong=int(table[:, 1].sum()) if self.cfg.check else None,
@@ -313,18 +355,32 @@ class Bench:
         return row
 
     def run(self, cases: Sequence[CommCase], out: Output) -> list[dict[str, Any]]:
+        """Every case, ``cycles`` times over (nccl-tests' -N); each row says its cycle."""
         rows = []
-        for case in progress(cases, total=len(cases), desc="comm", enabled=self.ranks.is_main):
+        plan = [(cycle, case) for cycle in range(1, self.cfg.cycles + 1) for case in cases]
+        for cycle, case in progress(plan, total=len(plan), desc="comm", enabled=self.ranks.is_main):
             op = OPS[case.collective]
             done = []
             for inplace in op.variants:
-                row = self.run_variant(case, op, inplace)
+                row = {**self.run_variant(case, op, inplace), "cycle": cycle}
                 out.add(row)
                 done.append(row)
             out.case_done(done)
             rows += done
         out.finish()
         return rows
+
+
+def combine_ranks(per_trial: torch.Tensor, average: int) -> list[float]:
+    """Each trial's time from the ranks' times (a ranks × trials table), as nccl-tests' -a: 0 rank 0's, 1 the
+    mean, 2 the fastest rank, 3 the slowest."""
+    if average == 0:
+        return per_trial[0].tolist()
+    if average == 2:
+        return per_trial.min(dim=0).values.tolist()
+    if average == 3:
+        return per_trial.max(dim=0).values.tolist()
+    return per_trial.mean(dim=0).tolist()
 
 
 def dtype_of(name: str) -> torch.dtype:
@@ -343,7 +399,7 @@ class Output:
         self.ranks, self.report_dir, self.meta, self.append = ranks, report_dir, meta, append
         self.stream = stream or sys.stdout
         self.reports: dict[str, Any] = {}
-        self.current: str | None = None
+        self.current: tuple[str, int] | None = None  # (collective, cycle) of the table being printed
         self._busbw: list[float] = []
 
     def path(self, collective: str) -> str:
@@ -359,11 +415,24 @@ class Output:
         if self.ranks.is_main:
             print(text, file=self.stream, flush=True)
 
+    def settings(self) -> str:
+        """The nccl-tests flags in force, as the header states them (nothing when they are nccl-tests' defaults)."""
+        meta = self.meta
+        parts = []
+        if meta.get("agg_iters", 1) != 1:
+            parts.append(f", -m {meta['agg_iters']} calls per iteration")
+        if meta.get("blocking"):
+            parts.append(f", -z {meta['blocking']} ({BLOCKING[meta['blocking']]})")
+        return "".join(parts)
+
     def _header(self, row: dict[str, Any]) -> None:
+        cycles = self.meta.get("run_cycles", 1)
         self._print(
             f"#\n# {row['collective']}: backend {row['backend']}, world {row['world_size']} "
             f"({row['nnodes']} node{'s' if row['nnodes'] != 1 else ''}), iters {row['iters']}, "
-            f"trials {row['trials']}; time = median over trials of the rank average"
+            f"trials {row['trials']}{self.settings()}"
+            + (f", cycle {row['cycle']} of {cycles}" if cycles != 1 else "")
+            + f"; time = median over trials of {AVERAGE[self.meta.get('average', 1)]}"
         )
         self._print("#" + " " * 58 + "out-of-place" + " " * 23 + "in-place")
         self._print(
@@ -402,9 +471,9 @@ class Output:
 
     def case_done(self, rows: list[dict[str, Any]]) -> None:
         first = rows[0]
-        if first["collective"] != self.current:
+        if (first["collective"], first["cycle"]) != self.current:
             self.finish()
-            self.current = first["collective"]
+            self.current = (first["collective"], first["cycle"])
             self._header(first)
         by_variant = {r["inplace"]: r for r in rows}
         type_name = dtype_info(first["dtype"]).nccl_tests
@@ -412,7 +481,7 @@ class Output:
             f" {first['size_bytes']:>11}  {first['count']:>12}  {type_name:>8}  {first['redop']:>6}  "
             f"{first['root']:>6}" + self._half(by_variant.get(False)) + self._half(by_variant.get(True))
         )
-        extra = [first["source"]] if first["source"] != "sweep" else []
+        extra = [one_line(first["source"])] if first["source"] != "sweep" else []  # names from configs and logs
         if first["nranks"] != first["world_size"]:
             extra.insert(0, f"nranks {first['nranks']}")
         if first["pattern"]:
@@ -429,7 +498,7 @@ class Output:
     def finish(self) -> None:
         if self.current is not None:
             avg = f"{sum(self._busbw) / len(self._busbw):.6g}" if self._busbw else "N/A"
-            self._print(f"# Avg bus bandwidth    : {avg}   ({self.path(self.current)})")
+            self._print(f"# Avg bus bandwidth    : {avg}   ({one_line(self.path(self.current[0]))})")
         self.current, self._busbw = None, []
 
 

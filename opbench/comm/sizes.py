@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from opbench.core.collectives import COLLECTIVES
 from opbench.core.dtypes import BY_ENUM, element_size
 from opbench.core.errors import UsageError
+from opbench.core.units import one_line
 
 if TYPE_CHECKING:
     from opbench.models import ModelConfig
@@ -143,7 +144,7 @@ def model_cases(
     """
     seq = seqlen or model.seqlen
     if not seq:
-        raise UsageError(f"model {model.name} has no seqlen; pass --seqlen", field="--seqlen")
+        raise UsageError(f"model {one_line(model.name)} has no seqlen; pass --seqlen", field="--seqlen")
     if mbs < 1:
         raise UsageError(f"must be positive, got {mbs}", field="--mbs")
     tokens, hidden = mbs * seq, model.hidden_size

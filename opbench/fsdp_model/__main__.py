@@ -17,7 +17,7 @@ from opbench.core import cli
 from opbench.core.cli import positive_int, world_size
 from opbench.core.dtypes import FLOAT_DTYPES
 from opbench.core.errors import UsageError, run_cli
-from opbench.core.units import human_bytes
+from opbench.core.units import human_bytes, one_line
 from opbench.models import ModelConfig, load_model_configs, select_models
 
 from .approx import approx_collectives, compare, compare_totals
@@ -39,6 +39,10 @@ TABLE = [
 ]
 
 CSV_NAME = "fsdp_collectives.csv"
+ONE_RANK = (
+    "a world of 1 rank shards nothing and has no FSDP collectives; give the world size of the job to model "
+    "(e.g. 8 for one 8-GPU node)"
+)
 EXAMPLES = """\
 examples:
   opbench fsdp --model Llama3.1_70B --world-size 8 --commands
@@ -53,7 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("model")
     cli.add_model_args(g, model_help="model name(s) from the configs, comma-separated, or 'all' (default: all)")
     g = p.add_argument_group("FSDP")
-    g.add_argument("--world-size", type=world_size, required=True, help="ranks in the data-parallel job")
+    g.add_argument(
+        "--world-size",
+        type=world_size,
+        required=True,
+        help="ranks of the job to model (2 or more: one rank has no FSDP collectives), not the ranks this runs on",
+    )
     g.add_argument("--nnodes", type=positive_int, default=1, help="nodes the ranks are spread over")
     g.add_argument(
         "--replicate",
@@ -161,7 +170,7 @@ def header(cfg: ModelConfig, args: argparse.Namespace) -> str:
     v1 = f", use_orig_params={args.use_orig_params}" if args.fsdp_version == 1 else ""
     mode = "approx (Primus: layer weights / n, no root)" if args.mode == "approx" else "exact"
     return (
-        f"== {cfg.name}: FSDP{args.fsdp_version} {mode}, world size {args.world_size} on {args.nnodes} "
+        f"== {one_line(cfg.name)}: FSDP{args.fsdp_version} {mode}, world size {args.world_size} on {args.nnodes} "
         f"node(s){hsdp}; all_gather {args.param_dtype}, reduce_scatter {args.reduce_dtype or args.param_dtype}, "
         f"reshard_after_forward={args.reshard_after_forward}{v1}"
     )
@@ -169,6 +178,8 @@ def header(cfg: ModelConfig, args: argparse.Namespace) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.world_size == 1:
+        raise UsageError(ONE_RANK, field="--world-size")
     configs = select_models(load_model_configs(args.model_config_path, args.model_name), args.model)
     results = [(cfg, *model_rows(cfg, args)) for cfg in configs]  # all errors surface before any output
     from opbench.core.results import CsvReport, environment, summary_table  # imports torch: after validation
@@ -219,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print()
     if report:
         report.close()
-        print(f"wrote {csv_path}")
+        print(f"wrote {one_line(csv_path)}")
     return worst
 
 

@@ -7,17 +7,41 @@ shard that Primus' generator passed, which moved 1/n of the data.
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from opbench.core.collectives import nccl_tests_command
+from opbench.core.redact import redact_text
 from opbench.core.units import one_line
 
 from .model import FsdpCollective, unique_sizes
 
 FLAVOURS = {"rccl": "rccl-tests (ROCm)", "nccl": "nccl-tests (CUDA)"}
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def shell_word(arg: str) -> str:
+    """``arg`` quoted for bash on one line: shlex's quoting, or ANSI-C ``$'…'`` with escapes when it holds control
+    characters (a newline in a path would otherwise start a printed line of its own, inside shlex's quotes)."""
+    if not _CONTROL.search(arg):
+        return shlex.quote(arg)
+    return "$'" + "".join(_ansi_c(c) for c in arg) + "'"
+
+
+def _ansi_c(c: str) -> str:
+    if c in "\\'":
+        return "\\" + c
+    if not _CONTROL.match(c):
+        return c
+    return f"\\x{ord(c):02x}" if ord(c) < 0x80 else f"\\u{ord(c):04x}"
+
+
+def shell_line(argv: Sequence[str]) -> str:
+    """A printed command: every word quoted on one line, credentials masked (core.redact)."""
+    return redact_text(" ".join(shell_word(a) for a in argv))
 
 
 def describe(c: FsdpCollective) -> str:
@@ -78,7 +102,7 @@ class CommRun:
         return args
 
     def command(self, report_dir: str) -> str:
-        return shlex.join(["opbench", "comm", *self.argv(report_dir)])  # paste-safe: every argument quoted
+        return shell_line(["opbench", "comm", *self.argv(report_dir)])  # paste-safe, one line: every argument quoted
 
 
 def comm_runs(collectives: Sequence[FsdpCollective]) -> list[CommRun]:
@@ -122,6 +146,6 @@ def run_comm(collectives: Sequence[FsdpCollective], report_dir: str, extra: Sequ
     worst = 0
     for run in comm_runs(collectives):
         argv = [sys.executable, "-m", "opbench.comm", *run.argv(report_dir), *extra]
-        print("+ " + shlex.join(["opbench", "comm", *run.argv(report_dir), *extra]), flush=True)
+        print("+ " + shell_line(["opbench", "comm", *run.argv(report_dir), *extra]), flush=True)
         worst = max(worst, subprocess.run(argv).returncode)
     return worst
