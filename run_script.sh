@@ -111,7 +111,7 @@ torchrun_cmd=("$PYTHON" -m torch.distributed.run --nnodes "$NNODES" --node-rank 
               --nproc-per-node "$NPROC_PER_NODE" "${rdzv[@]}")
 
 mkdir -p "$REPORT_DIR" 2>/dev/null && [ -w "$REPORT_DIR" ] || fail "cannot create or write REPORT_DIR='$REPORT_DIR'"
-declare -A result=() took=()
+declare -A result=() took=() skipped=()
 order=()
 has_module() { "$PYTHON" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$1') is None)" 2>/dev/null; }
 stage() {   # stage NAME COMMAND…: run, log to REPORT_DIR/NAME.log as well as the terminal, remember the status
@@ -141,6 +141,8 @@ if [ "$NODE_RANK" = 0 ] && wanted attention; then
 fi
 if wanted comm && [ "$WORLD" = 1 ]; then
     echo "=== comm: skipped: a job of 1 rank has no link to measure (NPROC_PER_NODE=$NPROC_PER_NODE, NNODES=$NNODES)"
+    skipped[comm]="a job of 1 rank has no link to measure"
+    order+=(comm)
 elif wanted comm; then
     # nccl-tests style sweep plus the model's TP/SP/EP/PP activation sizes, across every rank of the job
     # shellcheck disable=SC2086
@@ -175,6 +177,10 @@ fi
 failed=0
 echo "=== summary ($REPORT_DIR)"
 for name in "${order[@]}"; do
+    if [ -n "${skipped[$name]:-}" ]; then
+        echo "  $name: skipped (${skipped[$name]})"
+        continue
+    fi
     echo "  $name: $([ "${result[$name]}" = 0 ] && echo ok || echo "failed (exit ${result[$name]})") in ${took[$name]} s"
     [ "${result[$name]}" = 0 ] || failed=1
 done

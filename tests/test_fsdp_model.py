@@ -193,6 +193,7 @@ def test_run_script_fsdp_stage_models_the_target_world_from_one_process(tmp_path
     res = subprocess.run(["bash", "run_script.sh"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "=== comm: skipped: a job of 1 rank has no link to measure" in res.stdout
+    assert "  comm: skipped (a job of 1 rank has no link to measure)\n  fsdp: ok in" in res.stdout
     assert "(fsdp models 8 ranks on 1 node(s))" in res.stdout
     rows = list(csv.DictReader((report / "fsdp" / "fsdp_model.csv").open()))
     assert rows and {r["world_size"] for r in rows} == {"8"} and {r["model"] for r in rows} == {"Qwen3_0.6B"}
