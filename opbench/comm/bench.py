@@ -33,6 +33,7 @@ from opbench.core.dtypes import element_size
 from opbench.core.errors import raise_if_terminated
 from opbench.core.faults import Faults
 from opbench.core.rankstats import rank_stats
+from opbench.core.redact import redact_text
 from opbench.core.results import environment, progress
 from opbench.core.sweep import (
     STATUS_ERROR,
@@ -301,7 +302,8 @@ class Bench:
             status, message = (exc.status, str(exc)) if isinstance(exc, RankFailure) else classify_failure(exc)
             if status == STATUS_ERROR and "Float8 dtypes are not" in message:  # torch's NCCL: no fp8 reductions
                 status = STATUS_UNSUPPORTED
-            print(f"[rank {self.rank}] {case.collective} {size} B: {status}: {message}", file=sys.stderr, flush=True)
+            line = f"[rank {self.rank}] {case.collective} {size} B: {status}: {one_line(message)}"
+            print(redact_text(line), file=sys.stderr, flush=True)  # an error may quote a storage URL or a token
         finally:
             del bufs
             if status != STATUS_OK:
