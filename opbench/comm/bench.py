@@ -106,6 +106,9 @@ def timed_loop(
                 if blocking == 1 and barrier is not None:
                     barrier()
 
+    if agg == 1 and not blocking:
+        iteration = call  # the default loop calls straight into torch.distributed, no Python layer between calls
+
     calls = iters * agg
     if device.type == "cuda":
         marks = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1 if per_call is not None else 2)]
