@@ -41,3 +41,16 @@ def test_csv_cells_and_sidecar_are_redacted(tmp_path) -> None:
     assert "K123" not in text and "T9" not in text and "'S3'" not in text
     meta = json.loads(path.with_suffix(".meta.json").read_text())
     assert meta["command"] == f"x --secret-key {MASK}" and meta["storage_options"] == {"token": MASK}
+
+
+def test_a_usage_error_is_one_line_with_credentials_masked(capsys) -> None:
+    from opbench.core.errors import UsageError, run_cli
+
+    def main(argv) -> int:
+        raise UsageError(
+            "cannot reach s3://b with {'secret': 'S3CR'}\ntouch /tmp/x", source="m\nrm -rf /", field="opts"
+        )
+
+    assert run_cli(main, []) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "S3CR" not in err and err.startswith("opbench: error: m?rm -rf /: field 'opts'")

@@ -68,8 +68,10 @@ def run_cli(
         return int(main(argv) or 0)
     except UsageError as exc:
         from .redact import redact_text
+        from .units import one_line
 
-        print(f"{prog}: error: {redact_text(str(exc))}", file=sys.stderr)
+        # One line whatever a name in it holds (a newline from a config or a flag), credentials masked.
+        print(f"{prog}: error: {one_line(redact_text(str(exc)))}", file=sys.stderr)
         return EXIT_USAGE
     except Terminated:
         print(f"{prog}: terminated (SIGTERM); rows finished so far are in the report", file=sys.stderr)
