@@ -407,7 +407,7 @@ def test_without_matplotlib_the_report_names_missing_plots(results, tmp_path, mo
     }
     missing = section(text, "Plots not made")
     for name in built.missing:
-        assert f"- `{name}`" in missing and "pip install 'opbench[plot]'" in missing
+        assert f"- `{name}`" in missing and "pip install 'opbench\\[plot\\]'" in missing  # escaped: inert.text
     assert "![" not in text
     assert md_tables(section(text, "GEMM"))["GEMM"][0].shape[0] == 6  # the tables are still there
 

@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from .build import build_report  # pandas: only once the arguments are known good
+    from .inert import one_line  # names and reasons from the folder: one line each, credentials masked
 
     out = args.out if args.out is not None else f"{args.results_dir.rstrip('/')}/report"
     report = build_report(args.results_dir, out, compare=args.compare, top=args.top, plots=not args.no_plots)
@@ -48,15 +49,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = sum(len(s.ok) for s in report.sections)
     print(f"read {len(found.files)} CSV(s) ({rows} ok rows)" if found else "", end="")
     if found and found.skipped:
-        print(f", skipped {len(found.skipped)}: " + ", ".join(rel for rel, _ in found.skipped), end="")
+        print(f", skipped {len(found.skipped)}: " + ", ".join(one_line(rel) for rel, _ in found.skipped), end="")
     print(f"\nwrote {report.path} with {len(report.plots)} plot(s)")
     for rel, why in found.damaged if found else []:
-        print(f"warning: {rel}: {why}", file=sys.stderr)
+        print(f"warning: {one_line(rel)}: {one_line(why)}", file=sys.stderr)
     for empty in [f.rel for f in found.files if f.frame.empty] if found else []:
-        print(f"warning: {empty}: no rows (a run that stopped before its first row?)", file=sys.stderr)
+        print(f"warning: {one_line(empty)}: no rows (a run that stopped before its first row?)", file=sys.stderr)
     if report.missing:
         print(
-            f"plots not made ({len(report.missing)}): " + "; ".join(f"{k}: {v}" for k, v in report.missing.items()),
+            f"plots not made ({len(report.missing)}): "
+            + "; ".join(f"{k}: {one_line(v)}" for k, v in report.missing.items()),
             file=sys.stderr,
         )
     return 0

@@ -10,6 +10,7 @@ from opbench.core.errors import UsageError, describe_os_error
 from .discover import Discovery, discover, require_results
 from .markdown import report_markdown
 from .plots import Plot, plan_plots, render
+from .regress import Regressions, find_regressions
 from .tables import Section, build_sections
 
 
@@ -20,6 +21,7 @@ class Report:
     plots: list[Plot]  # made
     missing: dict[str, str] = field(default_factory=dict)  # plot file → why not made
     found: Discovery | None = None
+    regressions: Regressions | None = None  # --compare only
 
 
 def build_report(
@@ -38,8 +40,9 @@ def build_report(
     except OSError as exc:
         raise UsageError(f"cannot create output folder: {describe_os_error(exc)}", source=str(out_dir)) from None
     sections = build_sections(found, top=top, other=other)
+    regressions = find_regressions(sections) if other is not None else None
     planned = plan_plots(sections)
     made, missing = render(planned, out) if plots else ([], {p.filename: "--no-plots" for p in planned})
     path = out / "report.md"
-    path.write_text(report_markdown(found, sections, planned, missing, other), encoding="utf-8")
-    return Report(path, sections, made, missing, found)
+    path.write_text(report_markdown(found, sections, planned, missing, other, regressions, top), encoding="utf-8")
+    return Report(path, sections, made, missing, found, regressions)

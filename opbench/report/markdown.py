@@ -1,7 +1,8 @@
 """Assemble report.md: environment, one section per benchmark (tables, plots, rows not measured), skipped files.
 
 Tables are GitHub-flavoured markdown from tabulate; every cell is formatted by ``tables.cell`` so a missing
-value is an empty cell, never a zero.
+value is an empty cell, never a zero. Every value read from a CSV, a sidecar or a file name goes through
+``inert`` (escaped, credentials masked) before it is written; only this module's own words are markup.
 """
 
 from __future__ import annotations
@@ -14,27 +15,24 @@ from tabulate import tabulate
 
 import opbench
 
+from . import inert
 from .discover import Discovery
 from .plots import Plot
+from .regress import Regressions
 from .tables import SPECS, Section, Table, cell
 
 ENV_COLUMNS = ("file", "benchmark", "device", "accelerator stack", "torch", "opbench", "host", "ranks", "utc_time")
 
 
-def _escape(text: str) -> str:
-    """A '|' or a line break inside an error message must not end the table row."""
-    return " ".join(text.split()).replace("|", "\\|") if ("|" in text or "\n" in text) else text
-
-
 def markdown_table(frame: pd.DataFrame) -> str:
     """Numbers right-aligned, text left; cells formatted by ``cell``."""
-    rows = [[_escape(cell(v)) for v in row] for row in frame.itertuples(index=False, name=None)]
+    rows = [[inert.text(cell(v)) for v in row] for row in frame.itertuples(index=False, name=None)]
     align = [
         "right" if pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c]) else "left"
         for c in frame.columns
     ]
     return tabulate(
-        rows, headers=[str(c) for c in frame.columns], tablefmt="github", disable_numparse=True, colalign=align
+        rows, headers=[inert.text(c) for c in frame.columns], tablefmt="github", disable_numparse=True, colalign=align
     )
 
 
@@ -70,15 +68,39 @@ def environment_md(found: Discovery, heading: str) -> list[str]:
     out = [f"## {heading}", "", markdown_table(environment_frame(found).fillna("")), ""]
     commands = [(f.rel, f.meta["command"]) for f in found.files if f.meta.get("command")]
     no_meta = [f.rel for f in found.files if not f.meta]
-    if commands:
-        out += ["Commands:", ""] + [f"- `{rel}`: `{cmd}`" for rel, cmd in commands] + [""]
+    if commands:  # one fenced block, each command under a comment naming its CSV; fence longer than any inside
+        lines = [line for rel, cmd in commands for line in (f"# {rel}", str(cmd))]
+        out += ["Commands:", "", *inert.code_block(lines, "sh"), ""]
     if no_meta:
-        out += ["No sidecar (`<stem>.meta.json`) for: " + ", ".join(f"`{r}`" for r in no_meta), ""]
+        out += ["No sidecar (the CSV's `.meta.json`) for: " + ", ".join(inert.code(r) for r in no_meta), ""]
     return out
 
 
+def regressions_md(found: Regressions, top: int | None = 40) -> list[str]:
+    """The --compare summary that opens the report: which timings got slower beyond both runs' spread."""
+    out = ["## Regressions: slower beyond their spread", ""]
+    if not found.kinds:
+        return out + [
+            "No timings with a spread in both runs to compare (GEMM, attention and collectives have one).",
+            "",
+        ]
+    out += [
+        f"Compared {found.compared} timing(s) found in both runs ({', '.join(found.kinds)}): "
+        f"{len(found.slower)} slower beyond their spread, {found.faster} faster beyond it, {found.within} within it"
+        + (f"; {found.unjudged} without a recorded spread in one run, not judged" if found.unjudged else "")
+        + ". A timing is slower beyond its spread when this run's fast end (p10, or the fastest trial) is slower "
+        "than the other run's slow end (p90, or the slowest trial): the bands do not overlap. slower_x is this "
+        "run's median / the other's.",
+        "",
+    ]
+    if found.slower.empty:
+        return out + ["No regressions.", ""]
+    shown = found.slower.head(top) if top else found.slower
+    return out + table_md(Table(None, shown, len(found.slower) - len(shown)))
+
+
 def table_md(table: Table, level: str = "###") -> list[str]:
-    out = [f"{level} {table.title}", ""] if table.title else []
+    out = [f"{level} {inert.text(table.title)}", ""] if table.title else []
     out += [markdown_table(table.frame), ""]
     if table.hidden:
         out += [f"… {table.hidden} more row(s) in the CSV (raise `--top` to show them).", ""]
@@ -101,14 +123,15 @@ def failed_md(section: Section) -> list[str]:
 def plot_md(plot: Plot, missing: dict[str, str]) -> list[str]:
     """An embedded image, or a line naming the plot and why it is not there."""
     if plot.filename in missing:
-        return [f"Plot not made: `{plot.filename}` ({plot.title}): {missing[plot.filename]}", ""]
-    return [f"![{plot.title}]({plot.filename})", ""]
+        why = inert.text(missing[plot.filename])
+        return [f"Plot not made: {inert.code(plot.filename)} ({inert.text(plot.title)}): {why}", ""]
+    return [f"![{inert.text(plot.title)}]({plot.filename})", ""]  # filename: plots._safe, [A-Za-z0-9._-] only
 
 
 def section_md(section: Section, planned: Sequence[Plot], missing: dict[str, str], about: str) -> list[str]:
     """Title, files, what the order means, notes, each table with its plot, other plots, rows not measured."""
-    out = [f"## {section.kind.title}", "", "Files: " + ", ".join(f"`{r}`" for r in section.files), ""]
-    out += [line for text in (about, *section.notes) if text for line in (text, "")]
+    out = [f"## {section.kind.title}", "", "Files: " + ", ".join(inert.code(r) for r in section.files), ""]
+    out += [line for text in (about, *section.notes) if text for line in (inert.text(text), "")]
     mine = [p for p in planned if p.kind == section.kind.benchmark]
     for table in section.tables:
         out += table_md(table)
@@ -129,20 +152,25 @@ def report_markdown(
     planned: Sequence[Plot],
     missing: dict[str, str],
     other: Discovery | None = None,
+    regressions: Regressions | None = None,
+    top: int | None = 40,
 ) -> str:
     out = [
         "# opbench report",
         "",
-        f"Results: `{found.root}` ({len(found.files)} CSV file(s)); written by opbench {opbench.__version__}.",
+        f"Results: {inert.code(found.root)} ({len(found.files)} CSV file(s)); written by opbench "
+        f"{opbench.__version__}.",
         "",
     ]
     if other is not None:
         out += [
-            f"Compared with: `{other.root}` ({len(other.files)} CSV file(s)). Ratio columns are "
+            f"Compared with: {inert.code(other.root)} ({len(other.files)} CSV file(s)). Ratio columns are "
             "this run / the other run, matched on each table's identifying columns; `_other` columns are "
             "the other run's values.",
             "",
         ]
+    if regressions is not None:
+        out += regressions_md(regressions, top)
     out += environment_md(found, "Environment")
     if other is not None:
         out += environment_md(other, "Environment of the compared run")
@@ -151,9 +179,11 @@ def report_markdown(
     if missing:
         out += ["## Plots not made", ""]
         titles = {p.filename: p.title for p in planned}
-        out += [f"- `{name}` ({titles.get(name, '')}): {why}" for name, why in missing.items()] + [""]
-    if found.damaged:
-        out += ["## Rows left out", ""] + [f"- `{rel}`: {why}" for rel, why in found.damaged] + [""]
-    if found.skipped:
-        out += ["## Skipped files", ""] + [f"- `{rel}`: {why}" for rel, why in found.skipped] + [""]
+        out += [
+            f"- {inert.code(name)} ({inert.text(titles.get(name, ''))}): {inert.text(why)}"
+            for name, why in missing.items()
+        ] + [""]
+    for heading, listed in (("Rows left out", found.damaged), ("Skipped files", found.skipped)):
+        if listed:
+            out += [f"## {heading}", ""] + [f"- {inert.code(rel)}: {inert.text(why)}" for rel, why in listed] + [""]
     return "\n".join(out).rstrip() + "\n"

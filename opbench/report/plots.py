@@ -11,6 +11,7 @@ import math
 import re
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +59,21 @@ def _size_axis(ax: Any) -> None:
 # ---- collectives: busbw vs size ----------------------------------------------------------------------------
 
 
-def _busbw_lines(comm: pd.DataFrame, tests: pd.DataFrame) -> list[tuple[str, pd.Series, pd.Series, str]]:
-    """(label, x, y, linestyle) per opbench variant and per nccl-tests block."""
-    lines = []
+Band = tuple[pd.Series, pd.Series] | None  # low and high ends of a line's spread, None when not recorded
+BusbwLine = tuple[str, pd.Series, pd.Series, str, Band]
+
+
+def _trial_band(part: pd.DataFrame) -> Band:
+    """busbw at the slowest and the fastest trial's time (same bytes over each); None when the CSV has no trials."""
+    if not {"time_us", "time_us_trial_min", "time_us_trial_max"} <= set(part) or part["time_us_trial_max"].isna().all():
+        return None
+    scale = part["busbw_gbs"] * part["time_us"]
+    return scale / part["time_us_trial_max"], scale / part["time_us_trial_min"]
+
+
+def _busbw_lines(comm: pd.DataFrame, tests: pd.DataFrame) -> list[BusbwLine]:
+    """(label, x, y, linestyle, band) per opbench variant and per nccl-tests block (which has no band)."""
+    lines: list[BusbwLine] = []
     group_cols = [c for c in ("backend", "world_size", "nnodes", "dtype", "source", "inplace") if c in comm]
     shown = [c for c in _varying(comm, group_cols) if c != "inplace"]
     for _, part in comm.groupby(group_cols, sort=True, dropna=False) if not comm.empty else []:
@@ -68,7 +81,7 @@ def _busbw_lines(comm: pd.DataFrame, tests: pd.DataFrame) -> list[tuple[str, pd.
         variant = "in-place" if bool(row["inplace"]) else "out-of-place"
         name = " ".join(["opbench", str(row["backend"]), *[str(row[c]) for c in shown if c != "backend"], variant])
         part = part.sort_values("size_bytes")
-        lines.append((name, part["size_bytes"], part["busbw_gbs"], "-"))
+        lines.append((name, part["size_bytes"], part["busbw_gbs"], "-", _trial_band(part)))
     if not tests.empty:
         t_cols = _varying(tests, ("type", "nranks", "redop"))
         for _, part in tests.groupby(t_cols, sort=True, dropna=False) if t_cols else [((), tests)]:
@@ -78,86 +91,339 @@ def _busbw_lines(comm: pd.DataFrame, tests: pd.DataFrame) -> list[tuple[str, pd.
                 y = part[f"{block}_busbw_gbs"]
                 if y.notna().any():
                     lines.append(
-                        (" ".join(p for p in ("nccl/rccl-tests", extra, variant) if p), part["size_bytes"], y, "--")
+                        (
+                            " ".join(p for p in ("nccl/rccl-tests", extra, variant) if p),
+                            part["size_bytes"],
+                            y,
+                            "--",
+                            None,
+                        )
                     )
     return lines
 
 
-def _draw_busbw(collective: str, comm: pd.DataFrame, tests: pd.DataFrame) -> Callable[[Any], None]:
+def _draw_busbw(
+    collective: str, comm: pd.DataFrame, tests: pd.DataFrame, other: pd.DataFrame | None = None
+) -> Callable[[Any], None]:
+    """busbw vs size per variant, the fastest-to-slowest-trial band shaded; with --compare the other run's opbench
+    lines dotted in the same colours, their band as whiskers."""
+
     def draw(fig: Any) -> None:
         ax = fig.add_subplot()
-        for label, x, y, style in _busbw_lines(comm, tests):
-            ax.plot(x, y, style, marker="o", markersize=3, label=label)
+        mine = _busbw_lines(comm, tests)
+        for i, (label, x, y, style, band) in enumerate(mine):
+            ax.plot(x, y, style, marker="o", markersize=3, label=label, color=f"C{i % 10}")
+            if band is not None:
+                ax.fill_between(x, band[0], band[1], color=f"C{i % 10}", alpha=0.15)
+        colors = {line[0]: f"C{i % 10}" for i, line in enumerate(mine)}
+        theirs = _busbw_lines(other, pd.DataFrame()) if other is not None and not other.empty else []
+        for label, x, y, _, band in theirs:
+            spread = None if band is None else [(y - band[0]).clip(lower=0), (band[1] - y).clip(lower=0)]
+            ax.errorbar(x, y, yerr=spread, fmt=":s", markersize=3, alpha=0.8, capsize=3, color=colors.get(label),
+                        label=f"{label} (other run)")  # fmt: skip
         _size_axis(ax)
         ax.set_xlabel("message size (nccl-tests -b, bytes per rank)")
         ax.set_ylabel("busbw (GB/s)")
-        ax.set_title(f"{collective}: bus bandwidth vs message size")
+        shaded = "; shaded: fastest to slowest trial" if any(line[4] is not None for line in mine) else ""
+        ax.set_title(f"{collective}: bus bandwidth vs message size{shaded}")
         ax.legend(fontsize="small")
 
     return draw
 
 
+# ---- bars and lines with their spread ----------------------------------------------------------------------
+
+BAND_NOTE = "whiskers: p10–p90 of the timed calls; hatched: noisy (spread above --max-spread)"
+OTHER_ALPHA = 0.45  # --compare: the other run's bars and lines, in the same colour but faded
+
+
+@dataclass(frozen=True)
+class Timed:
+    """Where a TFLOPS figure and its time band live in a row, and how a row says it was noisy."""
+
+    tflops: str
+    time: str
+    p10: str
+    p90: str
+    noisy: str  # regex on the row's note
+
+
+GEMM_TIMED = Timed("tflops", "time_s", "time_p10_s", "time_p90_s", r"noisy")
+
+
+def attention_timed(pass_: str) -> Timed:
+    """A pass' columns; its note says ``noisy <pass>: …`` (or names the pass in a consistency note)."""
+    return Timed(
+        f"{pass_}_tflops", f"{pass_}_time", f"{pass_}_time_p10", f"{pass_}_time_p90", rf"noisy[^;]*\b{pass_}\b"
+    )
+
+
+def with_band(frame: pd.DataFrame, t: Timed) -> pd.DataFrame:
+    """``_v`` (TFLOPS at the median time), ``_lo``/``_hi`` (TFLOPS at the p90/p10 time: the same FLOPs over the
+    slow and the fast end of the timed calls) and ``_noisy`` per row; a band not recorded is NaN."""
+
+    def col(name: str) -> pd.Series:
+        return pd.to_numeric(frame[name], errors="coerce") if name in frame else pd.Series(math.nan, index=frame.index)
+
+    value, time = col(t.tflops), col(t.time)
+    note = frame["note"].astype(str) if "note" in frame else pd.Series("", index=frame.index)
+    return frame.assign(
+        _v=value,
+        _lo=value * time / col(t.p90),
+        _hi=value * time / col(t.p10),
+        _noisy=note.str.contains(t.noisy, regex=True, na=False),
+    )
+
+
+@dataclass
+class Bars:
+    """One bar per category (NaN: none there) with its band and noisy flag: one legend entry."""
+
+    label: str
+    values: list[float]
+    low: list[float]
+    high: list[float]
+    noisy: list[bool]
+    color: str
+    faded: bool = False
+
+
+def bars_of(banded: pd.DataFrame, cats: Sequence[str], label: str, color: str, faded: bool = False) -> Bars:
+    """Per category the median of the rows there (a folder may hold repeats) and whether any of them was noisy."""
+    per = banded.groupby("_x")[["_v", "_lo", "_hi"]].median() if not banded.empty else pd.DataFrame()
+    noisy = banded.groupby("_x")["_noisy"].any() if not banded.empty else pd.Series(dtype=bool)
+
+    def pick(column: str) -> list[float]:
+        return [float(per.at[c, column]) if c in per.index else math.nan for c in cats]
+
+    flags = [bool(noisy.get(c, False)) for c in cats]
+    return Bars(label, pick("_v"), pick("_lo"), pick("_hi"), flags, color, faded)
+
+
+def draw_bars(ax: Any, cats: Sequence[str], sets: Sequence[Bars], horizontal: bool = False) -> None:
+    """Grouped bars, one group per category, whiskers from each bar's band, noisy bars hatched."""
+    width = 0.8 / max(1, len(sets))
+    for i, b in enumerate(sets):
+        offset = (i - (len(sets) - 1) / 2) * width * (-1 if horizontal else 1)  # first set on top when horizontal
+        where = [j + offset for j in range(len(cats))]
+        low = [max(0.0, v - lo) if math.isfinite(v - lo) else 0.0 for v, lo in zip(b.values, b.low)]
+        high = [max(0.0, hi - v) if math.isfinite(hi - v) else 0.0 for v, hi in zip(b.values, b.high)]
+        style = {"color": b.color, "alpha": OTHER_ALPHA if b.faded else 1.0, "edgecolor": "black", "linewidth": 0.4}
+        err = {"ecolor": "black", "capsize": 2, "error_kw": {"linewidth": 0.8}}
+        made = (ax.barh(where, b.values, width, xerr=[low, high], label=b.label, **style, **err) if horizontal
+                else ax.bar(where, b.values, width, yerr=[low, high], label=b.label, **style, **err))  # fmt: skip
+        for patch, noisy in zip(made.patches, b.noisy):
+            if noisy:
+                patch.set_hatch("///")
+    axis = ax.yaxis if horizontal else ax.xaxis
+    axis.set_ticks(range(len(cats)), list(cats), fontsize="small")
+    if not horizontal and len(cats) > 6:
+        ax.tick_params(axis="x", labelrotation=30)
+        for tick in ax.get_xticklabels():
+            tick.set_ha("right")
+    if horizontal:
+        ax.invert_yaxis()
+    ax.grid(True, axis="x" if horizontal else "y", alpha=0.3)
+
+
+def legend_with_noisy(where: Any, sets: Sequence[Bars], **kwargs: Any) -> None:
+    """On an axes or a figure: one plain swatch per bar set (a hatched first bar must not make its entry look
+    noisy), plus one hatched entry when any bar is noisy."""
+    from matplotlib.patches import Patch
+
+    handles = [
+        Patch(facecolor=b.color, alpha=OTHER_ALPHA if b.faded else 1.0, edgecolor="black", label=b.label) for b in sets
+    ]
+    if any(n for b in sets for n in b.noisy):
+        handles.append(Patch(facecolor="white", edgecolor="black", hatch="///", label="noisy"))
+    where.legend(handles=handles, fontsize="small", **kwargs)
+
+
+def _named(name: str, value: Any) -> str:
+    return f"{name} {value}"
+
+
+def _categories(
+    frames: Sequence[pd.DataFrame], first: str, extra: Sequence[str], named: bool = False
+) -> list[pd.DataFrame]:
+    """Each frame with ``_x``: the category label (first column, then the varying extras, each after its short
+    name when ``named``), the same for every run."""
+    fmt: dict[str, Callable[[Any], str]] | None = (
+        {c: partial(_named, SHORT.get(c, c)) for c in extra} if named else None
+    )
+    return [
+        f.assign(_x=f[first].map(str) + (f.apply(lambda r: "\n" + _label(r, extra, fmt), axis=1) if extra else ""))
+        if not f.empty
+        else f.assign(_x=pd.Series(dtype=object))
+        for f in frames
+    ]
+
+
 # ---- GEMM: TFLOPS per layer and pass -----------------------------------------------------------------------
 
 
-def _draw_gemm(model: str, frame: pd.DataFrame) -> Callable[[Any], None]:
+def _draw_gemm(model: str, frame: pd.DataFrame, other: pd.DataFrame | None = None) -> Callable[[Any], None]:
+    """Bars per layer and pass with p10–p90 whiskers and noisy bars hatched; with --compare, one panel per
+    pass and the other run's bar (faded) beside this run's."""
+
     def draw(fig: Any) -> None:
-        ax = fig.add_subplot()
-        extra = _varying(frame, ("mbs", "backend", "dtype", "tp", "ep", "cp"))
-        cats = frame.assign(
-            _x=frame["layer"].astype(str) + frame.apply(lambda r: ("\n" + _label(r, extra)) if extra else "", axis=1)
-        )
-        xs = list(dict.fromkeys(cats["_x"]))
-        passes = [p for p in PASS_ORDER if p in set(cats["pass"])] + sorted(set(cats["pass"]) - set(PASS_ORDER))
-        width = 0.8 / max(1, len(passes))
-        for i, p in enumerate(passes):
-            vals = cats[cats["pass"] == p].groupby("_x")["tflops"].median()
-            ax.bar(
-                [j + (i - (len(passes) - 1) / 2) * width for j in range(len(xs))],
-                [vals.get(x, float("nan")) for x in xs],
-                width,
-                label=p,
-            )
-        ax.set_xticks(
-            range(len(xs)),
-            xs,
-            rotation=30 if len(xs) > 6 else 0,
-            ha="right" if len(xs) > 6 else "center",
-            fontsize="small",
-        )
-        ax.set_ylabel("TFLOPS")
-        ax.set_title(f"GEMM TFLOPS per layer and pass: {model}")
-        ax.grid(True, axis="y", alpha=0.3)
-        ax.legend(title="pass")
+        runs = [frame] if other is None else [frame, other]
+        extra = _varying(pd.concat(runs), ("mbs", "backend", "dtype", "tp", "ep", "cp"))
+        runs = [with_band(f, GEMM_TIMED) for f in _categories(runs, "layer", extra)]
+        cats = list(dict.fromkeys(x for f in runs for x in f["_x"]))
+        seen = set().union(*(set(f["pass"]) for f in runs))
+        passes = [p for p in PASS_ORDER if p in seen] + sorted(seen - set(PASS_ORDER))
+        colors = {p: f"C{i}" for i, p in enumerate(passes)}
+        if other is None:
+            ax = fig.add_subplot()
+            sets = [bars_of(runs[0][runs[0]["pass"] == p], cats, p, colors[p]) for p in passes]
+            draw_bars(ax, cats, sets)
+            ax.set_ylabel("TFLOPS")
+            legend_with_noisy(ax, sets, title="pass", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+            ax.set_title(f"GEMM TFLOPS per layer and pass: {model}\n{BAND_NOTE}", fontsize="medium")
+            return
+        axes = fig.subplots(len(passes), 1, sharex=True, squeeze=False)[:, 0]
+        for ax, p in zip(axes, passes):
+            sets = [
+                bars_of(run[run["pass"] == p], cats, f"{p} {name}", colors[p], faded=faded)
+                for run, name, faded in ((runs[0], "this run", False), (runs[1], "other run", True))
+            ]
+            draw_bars(ax, cats, sets)
+            ax.set_ylabel("TFLOPS")
+            legend_with_noisy(ax, sets, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        fig.suptitle(f"GEMM TFLOPS per layer and pass: {model}, this run vs the other\n{BAND_NOTE}", fontsize="medium")
 
     return draw
 
 
-# ---- attention: TFLOPS vs sequence length ------------------------------------------------------------------
+# ---- attention: TFLOPS vs sequence length, or per model when one length was run -----------------------------
+
+SHORT = {"seqlen q/kv": "seq", "heads q/kv": "heads", "head_dim qk/v": "dim", "batch_size": "mbs"}
+ATTENTION_EXTRA = ("batch_size", "heads q/kv", "head_dim qk/v", "causal", "dtype", "tp", "cp")
 
 
-def _draw_attention(model: str, frame: pd.DataFrame) -> Callable[[Any], None]:
+def _attention_passes(*frames: pd.DataFrame) -> list[str]:
+    return [p for p in ("fwd", "bwd") if any(f"{p}_tflops" in f and f[f"{p}_tflops"].notna().any() for f in frames)]
+
+
+def _as_tuple(key: Any) -> tuple[Any, ...]:
+    """A groupby key as a tuple (pandas gives a scalar or a 1-tuple for one column, depending on the call)."""
+    return key if isinstance(key, tuple) else (key,)
+
+
+def _draw_attention(model: str, frame: pd.DataFrame, other: pd.DataFrame | None = None) -> Callable[[Any], None]:
+    """TFLOPS vs seqlen_q, one line per backend with its p10–p90 band shaded; with --compare the other run's
+    lines dashed in the same colours, their band as whiskers (two shaded bands on top of each other are mud)."""
+
     def draw(fig: Any) -> None:
+        from matplotlib.lines import Line2D
         from matplotlib.ticker import FuncFormatter
 
-        passes = [p for p in ("fwd", "bwd") if f"{p}_tflops" in frame and frame[f"{p}_tflops"].notna().any()]
-        extra = _varying(frame, ("batch_size", "heads q/kv", "head_dim qk/v", "causal", "dtype", "tp", "cp"))
+        runs = [frame] + ([other] if other is not None and not other.empty else [])
+        passes = _attention_passes(*runs)
+        extra = _varying(pd.concat(runs), ATTENTION_EXTRA)
+        groups = sorted({_as_tuple(k) for f in runs for k, _ in f.groupby(["backend", *extra], sort=True)})
+        colors = {k: f"C{i % 10}" for i, k in enumerate(groups)}
         axes = fig.subplots(1, max(1, len(passes)), sharey=True, squeeze=False)[0]
+        any_noisy = False
         for ax, p in zip(axes, passes):
-            for key, part in frame.groupby(["backend", *extra], sort=True):
-                points = part.groupby("seqlen_q")[f"{p}_tflops"].median()  # repeated shapes: one point
-                label = " ".join(str(k) for k in (key if isinstance(key, tuple) else (key,)))
-                ax.plot(points.index, points.values, marker="o", label=label)
+            for n, run in enumerate(runs):
+                banded = with_band(run, attention_timed(p))
+                for group, part in banded.groupby(["backend", *extra], sort=True):
+                    key = _as_tuple(group)
+                    points = part.groupby("seqlen_q")[["_v", "_lo", "_hi"]].median()  # repeated shapes: one point
+                    x, y, color = points.index, points["_v"], colors[key]
+                    if n == 0:
+                        ax.plot(x, y, "-", marker="o", color=color)
+                        ax.fill_between(x, points["_lo"], points["_hi"], color=color, alpha=0.15)
+                    else:
+                        spread = [(y - points["_lo"]).clip(lower=0), (points["_hi"] - y).clip(lower=0)]
+                        ax.errorbar(x, y, yerr=spread, fmt="--s", color=color, alpha=0.7, capsize=3, markersize=4)
+                    noisy = part[part["_noisy"]]
+                    any_noisy |= not noisy.empty
+                    ax.plot(noisy["seqlen_q"], noisy["_v"], "x", color="black", markersize=8)
             ax.set_xscale("log", base=2)
             ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
             ax.set_xlabel("seqlen_q")
             ax.set_title(p)
             ax.grid(True, alpha=0.3)
         axes[0].set_ylabel("TFLOPS")
-        axes[-1].legend(fontsize="small")
-        fig.suptitle(f"Attention TFLOPS vs sequence length: {model}")
+        handles = [Line2D([], [], color=colors[k], marker="o", label=" ".join(str(v) for v in k)) for k in groups] + (
+            [Line2D([], [], color="gray", linestyle="--", marker="s", label="other run")] if len(runs) > 1 else []
+        )
+        handles += [Line2D([], [], color="black", marker="x", linestyle="", label="noisy")] if any_noisy else []
+        fig.legend(handles=handles, loc="outside lower center", ncols=min(6, len(handles)), fontsize="small")
+        fig.suptitle(
+            f"Attention TFLOPS vs sequence length: {model}\nshaded: p10–p90 of the timed calls"
+            + ("; dashed with whiskers: the other run" if len(runs) > 1 else ""),
+            fontsize="medium",
+        )
 
     return draw
+
+
+def _draw_attention_bars(frame: pd.DataFrame, other: pd.DataFrame | None = None) -> Callable[[Any], None]:
+    """One length per model: horizontal bars per model (and shape) and backend, fwd and bwd side by side."""
+
+    def draw(fig: Any) -> None:
+        runs = [frame] if other is None or other.empty else [frame, other]
+        passes = _attention_passes(*runs)
+        extra = [c for c in _varying(pd.concat(runs), ("seqlen q/kv", *ATTENTION_EXTRA)) if c != "backend"]
+        runs = _categories(runs, "model", extra, named=True)
+        cats = list(dict.fromkeys(x for f in runs for x in f["_x"]))
+        backends = sorted({b for f in runs for b in f["backend"]})
+        axes = fig.subplots(1, max(1, len(passes)), sharey=True, squeeze=False)[0]
+        for ax, p in zip(axes, passes):
+            sets = []
+            for i, backend in enumerate(backends):
+                for j, run in enumerate(runs):
+                    part = with_band(run[run["backend"] == backend], attention_timed(p))
+                    name = backend + ("" if len(runs) == 1 else (" this run", " other run")[j])
+                    sets.append(bars_of(part, cats, name, f"C{i % 10}", faded=j == 1))
+            draw_bars(ax, cats, sets, horizontal=True)
+            ax.set_xlabel("TFLOPS")
+            ax.set_title(p)
+        legend_with_noisy(fig, sets, loc="outside lower center", ncols=min(6, len(sets) + 1))
+        lengths = "/".join(sorted({str(v) for f in runs for v in f.get("seqlen q/kv", [])}))
+        fig.suptitle(
+            f"Attention TFLOPS per model and backend (one sequence length each: {lengths})\n{BAND_NOTE}",
+            fontsize="medium",
+        )
+
+    return draw
+
+
+def _attention_plots(attn: pd.DataFrame, other: pd.DataFrame | None) -> list[Plot]:
+    """A line plot per model run at several lengths; the models run at one length share one bar chart."""
+    plots, single = [], []
+    for model, part in attn.groupby("model", sort=True):
+        theirs = other[other["model"] == model] if other is not None and "model" in other else None
+        if part["seqlen_q"].nunique() > 1:
+            plots.append(
+                Plot(
+                    "attention",
+                    f"attention_tflops_{_safe(model)}.png",
+                    f"Attention TFLOPS vs sequence length: {model}",
+                    _draw_attention(str(model), part, theirs),
+                )
+            )
+        else:
+            single.append(model)
+    if single:
+        mine = attn[attn["model"].isin(single)]
+        theirs = other[other["model"].isin(single)] if other is not None and "model" in other else None
+        cats = mine.groupby(["model", *_varying(mine, ("seqlen q/kv", *ATTENTION_EXTRA))]).ngroups
+        bars = cats * mine["backend"].nunique() * (1 if theirs is None or theirs.empty else 2)
+        plots.append(
+            Plot(
+                "attention",
+                "attention_tflops.png",
+                "Attention TFLOPS per model and backend",
+                _draw_attention_bars(mine, theirs),
+                figsize=(10.0, min(40.0, max(4.0, 0.16 * bars + 2.0))),
+            )
+        )
+    return plots
 
 
 # ---- checkpoint: bandwidth per method ----------------------------------------------------------------------
@@ -384,43 +650,41 @@ def _pair_heatmaps(section: Section) -> list[Plot]:
 def plan_plots(sections: Sequence[Section]) -> list[Plot]:
     """Every plot the sections call for, in section order (no matplotlib needed)."""
     by_kind = {s.kind.benchmark: s.ok for s in sections}
+    others = {s.kind.benchmark: s.other_ok for s in sections if s.other_ok is not None and not s.other_ok.empty}
     tests = by_kind.get("nccl_tests", pd.DataFrame())
     plots: list[Plot] = []
     comm = by_kind.get("comm", pd.DataFrame())
     collectives = sorted(set(comm.get("collective", [])) | set(tests.get("collective", [])))
     home = "comm" if not comm.empty else "nccl_tests"  # without opbench rows the plot goes with nccl-tests
+    other_comm = others.get("comm")
     for coll in collectives:
         c = comm[comm["collective"] == coll] if not comm.empty else comm
         t = tests[tests["collective"] == coll] if not tests.empty else tests
+        o = other_comm[other_comm["collective"] == coll] if other_comm is not None else None
         plots.append(
             Plot(
                 home,
                 f"busbw_{_safe(coll)}.png",
                 f"{coll} busbw vs message size",
-                _draw_busbw(coll, c, t),
+                _draw_busbw(coll, c, t, o),
                 group=str(coll),
             )
         )
-    gemm = by_kind.get("gemm", pd.DataFrame())
+    gemm, other_gemm = by_kind.get("gemm", pd.DataFrame()), others.get("gemm")
     for model, part in gemm.groupby("model", sort=True) if not gemm.empty else []:
+        theirs = other_gemm[other_gemm["model"] == model] if other_gemm is not None else None
+        passes = part["pass"].nunique() if theirs is not None and not theirs.empty else 0
         plots.append(
             Plot(
                 "gemm",
                 f"gemm_tflops_{_safe(model)}.png",
                 f"GEMM TFLOPS per layer and pass: {model}",
-                _draw_gemm(str(model), part),
+                _draw_gemm(str(model), part, theirs if passes else None),
+                figsize=(9.0, 2.4 * passes + 1.2) if passes else (8, 4.5),
             )
         )
     attn = by_kind.get("attention", pd.DataFrame())
-    for model, part in attn.groupby("model", sort=True) if not attn.empty else []:
-        plots.append(
-            Plot(
-                "attention",
-                f"attention_tflops_{_safe(model)}.png",
-                f"Attention TFLOPS vs sequence length: {model}",
-                _draw_attention(str(model), part),
-            )
-        )
+    plots += _attention_plots(attn, others.get("attention")) if not attn.empty else []
     ckpt = by_kind.get("ckpt", pd.DataFrame())
     if not ckpt.empty:
         plots.append(Plot("ckpt", "ckpt_bandwidth.png", "Checkpoint bandwidth per method", _draw_ckpt(ckpt)))

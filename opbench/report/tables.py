@@ -55,6 +55,7 @@ class Section:
     failed: pd.DataFrame  # rows with status != ok: keys + status + error
     ok: pd.DataFrame  # all ok rows with derived columns (plots use these)
     notes: list[str] = field(default_factory=list)
+    other_ok: pd.DataFrame | None = None  # --compare: the other run's ok rows of this kind, prepared alike
 
 
 def _by(*cols: str, ascending: bool = True) -> Order:
@@ -615,19 +616,20 @@ def compare(this: pd.DataFrame, other: pd.DataFrame, kind: str) -> tuple[pd.Data
     metrics = [m for m in metrics_of(kind) if m in this and m in other]
     if this.empty or not metrics:
         return this, 0
-
-    def keyed(frame: pd.DataFrame) -> pd.DataFrame:
-        cols = {f"_k_{k}": (frame[k] if k in frame else pd.Series("", index=frame.index)).map(_key_text) for k in keys}
-        return frame.assign(**cols)
-
     kcols = [f"_k_{k}" for k in keys]
-    right = keyed(other).drop_duplicates(kcols, keep="last")[kcols + metrics]
+    right = keyed(other, keys).drop_duplicates(kcols, keep="last")[kcols + metrics]
     right = right.rename(columns={m: f"{m}_other" for m in metrics})
-    merged = keyed(this).merge(right, on=kcols, how="left")
+    merged = keyed(this, keys).merge(right, on=kcols, how="left")
     for m in metrics:
         merged[f"{m}_ratio"] = merged[m] / merged[f"{m}_other"].where(merged[f"{m}_other"] != 0)
-    unmatched = len(right) - int(right.merge(keyed(this)[kcols].drop_duplicates(), on=kcols).shape[0])
+    unmatched = len(right) - int(right.merge(keyed(this, keys)[kcols].drop_duplicates(), on=kcols).shape[0])
     return merged.drop(columns=kcols), unmatched
+
+
+def keyed(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """The frame with one ``_k_<key>`` column of canonical key text per key, for matching rows across runs."""
+    cols = {f"_k_{k}": (frame[k] if k in frame else pd.Series("", index=frame.index)).map(_key_text) for k in keys}
+    return frame.assign(**cols)
 
 
 def compare_columns(kind: str, frame: pd.DataFrame) -> tuple[str, ...]:
@@ -677,7 +679,8 @@ def build_section(found: Discovery, kind: str, top: int | None, other: Discovery
     columns = spec.columns
     if other is not None and metrics_of(kind):
         if other.of_kind(kind):
-            ok, unmatched = compare(ok, prepared(other, kind), kind)
+            section.other_ok = prepared(other, kind)
+            ok, unmatched = compare(ok, section.other_ok, kind)
             columns = compare_columns(kind, ok)
             if unmatched:
                 section.notes.append(f"{unmatched} row(s) of the other run have no match in this run.")
