@@ -14,7 +14,11 @@ load hits every method alike:
 
 * ``opbench``: ``python -m opbench.trace LOG --csv OUT`` (parse, all-to-all grouping, tables, CSV + sidecar);
 * ``naive``:   ``python -c`` with a text-mode ``for line in file`` loop, one regex ``search`` per line (prefix +
-  body), a dict of the fields per match and a Counter of sizes;
+  body), a dict of the fields per match and a Counter of sizes: the baseline of issue 25 item 4;
+* ``minimal``: the least a loop can do: one ``search`` per line for ``opCount … count … datatype`` (a pattern
+  that starts with a literal, which the regex engine finds with a fast scan), counting matches; it names no
+  host, rank, size or reduction, so it is the floor, not a parser (shown for honesty);
+* ``opbench-j2`` (with --jobs): ``opbench trace --jobs 2``;
 * ``records`` (with --records): ``LogParser.calls`` + Send/Recv grouping, a CallRecord per call (the Python API).
 
 CPU time (user + sys) and peak RSS come from ``os.wait4`` of each child (started from a small spawner process,
@@ -31,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -56,6 +61,18 @@ with open(sys.argv[1], encoding="utf-8", errors="replace") as fh:
             d = dict(zip(KEYS, m.groups()))
             sizes[(d["op"], int(d["count"]), int(d["datatype"]), int(d["redop"]), int(d["nranks"]))] += 1
 print(sum(sizes.values()))
+"""
+
+# The floor: a loop that only finds the call lines (no fields kept, nothing tallied).
+MINIMAL = r"""
+import re, sys
+CALL = re.compile(r"opCount [0-9a-f]+ .*?count \d+ datatype \d+")
+n = 0
+with open(sys.argv[1], encoding="utf-8", errors="replace") as fh:
+    for line in fh:
+        if CALL.search(line):
+            n += 1
+print(n)
 """
 
 RECORDS = r"""
@@ -101,13 +118,15 @@ def commands(log: str, out_csv: str) -> dict[str, list[str]]:
     py = sys.executable
     return {
         "opbench": [py, "-m", "opbench.trace", log, "--csv", out_csv],
+        "opbench-j2": [py, "-m", "opbench.trace", log, "--jobs", "2", "--csv", out_csv],
         "naive": [py, "-c", NAIVE, log],
+        "minimal": [py, "-c", MINIMAL, log],
         "records": [py, "-c", RECORDS, log],
     }
 
 
 def calls_of(method: str, run: dict, out_csv: str) -> int:
-    if method == "opbench":
+    if method.startswith("opbench"):
         with open(os.path.splitext(out_csv)[0] + ".meta.json", encoding="utf-8") as fh:
             return int(json.load(fh)["calls"])
     return int(run["stdout"].strip().splitlines()[-1])
@@ -119,6 +138,7 @@ def main() -> int:
     ap.add_argument("--job", choices=("mixed", "fsdp"), default="mixed", help="what the generated log holds")
     ap.add_argument("--repeats", type=int, default=5, help="interleaved runs per method (default 5)")
     ap.add_argument("--records", action="store_true", help="also time the per-call CallRecord road")
+    ap.add_argument("--jobs", action="store_true", help="also time opbench trace --jobs 2")
     ap.add_argument("--log", help="use this log instead of generating one")
     ap.add_argument("--keep", action="store_true", help="keep the generated log(s)")
     args = ap.parse_args()
@@ -129,7 +149,7 @@ def main() -> int:
     from tabulate import tabulate
 
     tmp = tempfile.mkdtemp(prefix="opbench-trace-bench-")
-    out_csv = os.path.join(tmp, "sizes.csv")
+    out_csv = os.path.join(tmp, "sizes.csv")  # opbench keeps an earlier CSV under earlier/: removed after each run
     logs = [args.log] if args.log else []
     for mb in [] if args.log else args.size_mb:
         path = os.path.join(tmp, f"{args.job}_{mb:g}MB.log")
@@ -137,7 +157,9 @@ def main() -> int:
         write_log(path, int(mb * 1e6), job=args.job)
         print(f"generated {path}: {os.path.getsize(path) / 1e6:.1f} MB in {time.perf_counter() - t0:.1f} s")
         logs.append(path)
-    methods = ["opbench", "naive"] + (["records"] if args.records else [])
+    methods = (
+        ["opbench", "naive", "minimal"] + (["opbench-j2"] if args.jobs else []) + (["records"] if args.records else [])
+    )
 
     rows, verdicts = [], []
     for log in logs:
@@ -152,6 +174,7 @@ def main() -> int:
             for method in methods:
                 run = timed(cmds[method], tmp)
                 calls[method] = calls_of(method, run, out_csv)
+                shutil.rmtree(os.path.join(tmp, "earlier"), ignore_errors=True)
                 runs[method].append(run)
         for method in methods:
             cpu = [r["cpu"] for r in runs[method]]
@@ -168,16 +191,18 @@ def main() -> int:
                     "peak_rss_mib": round(max(r["rss_mib"] for r in runs[method]), 1),
                 }
             )
-        ours, naive = runs["opbench"], runs["naive"]
-        pairs = sorted(n["cpu"] / o["cpu"] for n, o in zip(naive, ours))  # runs next to each other in time
-        best = min(r["cpu"] for r in naive) / min(r["cpu"] for r in ours)
-        wall = statistics.median(r["wall"] for r in naive) / statistics.median(r["wall"] for r in ours)
-        verdicts.append(
-            f"{mb:.1f} MB: opbench is {statistics.median(pairs):.2f}x the naive loop (median of {len(pairs)} "
-            f"back-to-back CPU-time ratios, range {pairs[0]:.2f}-{pairs[-1]:.2f}; fastest runs {best:.2f}x; "
-            f"median wall {wall:.2f}x); calls agree: {calls['opbench'] == calls['naive']} "
-            f"({calls['opbench']} vs {calls['naive']})"
-        )
+        ours = runs["opbench"]
+        for base in ("naive", "minimal"):
+            other = runs[base]
+            pairs = sorted(n["cpu"] / o["cpu"] for n, o in zip(other, ours))  # runs next to each other in time
+            best = min(r["cpu"] for r in other) / min(r["cpu"] for r in ours)
+            wall = statistics.median(r["wall"] for r in other) / statistics.median(r["wall"] for r in ours)
+            verdicts.append(
+                f"{mb:.1f} MB: the {base} loop takes {statistics.median(pairs):.2f}x opbench's CPU time (median of "
+                f"{len(pairs)} back-to-back ratios, range {pairs[0]:.2f}-{pairs[-1]:.2f}; fastest runs {best:.2f}x; "
+                f"median wall {wall:.2f}x); calls agree: {calls['opbench'] == calls[base]} "
+                f"({calls['opbench']} vs {calls[base]})"
+            )
     print(tabulate(rows, headers="keys"))
     print("\n".join(verdicts))
     if not args.keep:
