@@ -196,7 +196,7 @@ def test_dry_run_writes_planned_rows(tmp_path):
         )
         == 0
     )
-    df = pd.read_csv(out)
+    df = pd.read_csv(out.with_suffix(".plan.csv"))  # a dry run's plan has a file of its own
     assert len(df) == 2 * 2 * 2 and set(df.status) == {"planned"}
     mla = df[df.model == "DeepSeek_V2_Lite"].iloc[0]
     assert (mla.seqlen_q, mla.num_head_q, mla.num_head_kv, mla.head_dim_qk, mla.head_dim_v) == (2048, 8, 8, 192, 128)

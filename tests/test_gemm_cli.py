@@ -128,8 +128,9 @@ def test_dry_run_plans_every_row(run, tmp_path):
         str(tmp_path),
     )
     assert r.returncode == 0, r.stderr
-    rows = read(tmp_path / "benchmark_gemm_DeepSeek_V3.csv")
+    rows = read(tmp_path / "benchmark_gemm_DeepSeek_V3.plan.csv")  # a plan has a file of its own
     assert len(rows) == 13 * 3 * 2 and {x["status"] for x in rows} == {"planned"}
+    assert not (tmp_path / "benchmark_gemm_DeepSeek_V3.csv").exists()
     assert all(x["time_s"] == "" for x in rows)
 
 
@@ -221,12 +222,16 @@ def test_ctrl_c_keeps_finished_rows(tmp_path):
     while time.time() < deadline and (not path.exists() or len(read(path)) < 2):
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "interrupted" in err
     rows = read(path)
     assert 2 <= len(rows) < 15
     assert all(r["status"] == "ok" and float(r["time_s"]) > 0 for r in rows)
+    # the finished rows are on the console too, as a table (issue 26 item 1), not only "in the report"
+    finished = out[out.index(f"interrupted after {len(rows)} of ") :]
+    table_rows = [line for line in finished.splitlines() if line.split()[:2] in (["qkv", "fwd"], ["qkv", "dgrad"])]
+    assert len(table_rows) >= 2 and f"they are in {path}" in finished
 
 
 def test_triton_matmul_compiles_for_gpu_targets_and_fp32_stays_fp32():

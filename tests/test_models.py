@@ -307,7 +307,8 @@ def test_primus_deepseek_rows_have_no_dense_mlp_and_say_why(run, tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stderr.count("warning:") == 2 and GUESSED in r.stderr and "first_k_dense_replace" in r.stderr
     layers = {
-        line.split(",")[1] for line in (tmp_path / "benchmark_gemm_Deepseek_V2_Lite.csv").read_text().splitlines()[1:]
+        line.split(",")[1]
+        for line in (tmp_path / "benchmark_gemm_Deepseek_V2_Lite.plan.csv").read_text().splitlines()[1:]
     }
     assert "mlp_gate_up" not in layers and {"expert_gate_up", "shared_gate_up", "mla_kv_down"} <= layers
 

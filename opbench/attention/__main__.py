@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from opbench.core import cli
+from opbench.core import cli, outputs
 from opbench.core.cli import add_device_args, add_timing_args, csv_list, positive_int, timing_config
 from opbench.core.dtypes import FLOAT_DTYPES
 from opbench.core.errors import UsageError, run_cli
+from opbench.core.progress import STATUS, Field, column, figure, time_text
 from opbench.core.results import CsvReport, environment, summary_table
 from opbench.core.sweep import run_sweep
 from opbench.core.timing import TimingConfig, noisy_advice
@@ -47,6 +48,41 @@ SUMMARY = [
     "status",
     "note",
 ]
+
+
+def shape_text(row: Mapping[str, Any]) -> str:
+    """1 x 128/128 x 32/8 x 128: batch, query/key lengths, query/KV heads, head dim (qk, or qk/v when they differ)."""
+    dims = f"{row.get('head_dim_qk')}" + (
+        f"/{row.get('head_dim_v')}" if row.get("head_dim_v") not in (None, row.get("head_dim_qk")) else ""
+    )
+    return (
+        f"{row.get('batch_size')} x {row.get('seqlen_q')}/{row.get('seqlen_kv')} x "
+        f"{row.get('num_head_q')}/{row.get('num_head_kv')} x {dims}"
+    )
+
+
+def pass_fields(pass_: str) -> tuple[Field, Field]:
+    """A pass' time (unit in the cell) and TFLOP/s on a progress line."""
+    return (
+        Field(f"{pass_} time", 9, lambda r: time_text(r.get(f"{pass_}_time"))),
+        Field(f"{pass_} TFLOP/s", 11, lambda r: figure(r.get(f"{pass_}_tflops"))),
+    )
+
+
+def line_fields(passes: Sequence[str]) -> list[Field]:
+    """One line per finished case in a batch log (core.progress): the shape, then the time and TFLOP/s of the
+    forward and backward passes that run (fwdbwd's only when neither does; the CSV and the table have it)."""
+    shown = [p for p in passes if p != "fwdbwd"] or ["fwdbwd"]
+    return [
+        column("model", 14, left=True),
+        Field("b x sq/skv x hq/hkv x d", 26, shape_text, left=True),
+        column("attn_kind", 9, "kind", left=True),
+        column("backend", 14, left=True),
+        *(field for p in shown for field in pass_fields(p)),
+        STATUS,
+    ]
+
+
 PLAN_SUMMARY = [*SHAPE_COLUMNS[:8], "attn_kind", "window", "layer_count", "backend", "fwd_flops", "status"]
 CSV_NAME = "attention_benchmark.csv"
 CPU_MAX_SEQLEN = 128  # CPU attention at 4k-8k tokens takes minutes per case; GPUs run the real lengths
@@ -103,11 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
         dir_help=f"write DIR/{CSV_NAME} (default: out/{CSV_NAME})",
         csv_help="the CSV itself, written row by row (wins over --report-dir-path)",
     )
-    cli.add_dry_run_arg(run, "write the planned rows (status=planned)")
+    cli.add_dry_run_arg(run, "write the planned rows (status=planned) to <csv name>.plan.csv")
     cli.add_top_arg(run, None)
     run.add_argument("--list-backends", action="store_true", help="print the backends and exit")
     add_device_args(p, dtypes=FLOAT_DTYPES)
     add_timing_args(p, f"on CPU, without any of these flags: {CPU_BUDGET_S:g} s of quick timing per pass")
+    cli.add_earlier_args(p)
     return p
 
 
@@ -215,7 +252,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     cache = ProblemCache()
     csv_path = cli.output_csv(args, CSV_NAME) or f"out/{CSV_NAME}"
-    with CsvReport(csv_path, SCHEMA, meta) as report:
+    if args.dry_run:
+        csv_path = str(outputs.plan_path(csv_path))
+    with CsvReport(csv_path, SCHEMA, meta, earlier=cli.earlier_policy(args)) as report:
 
         def failed(case: AttentionCase, status: str, message: str) -> dict[str, Any]:
             return {**case.as_row(), "status": status, "error": message or None, **extra}
@@ -225,18 +264,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             lambda c: {**run_case(c, device, args.passes, timing, cache), **extra},
             failed,
             report,
-            desc="attention",
+            desc=f"attention on {info.name} ({dtype}, passes {','.join(args.passes)})",
             dry_run=args.dry_run,
+            fields=line_fields(args.passes),
+            table=SUMMARY,
         )
     print(f"attention on {info.name} ({dtype}, passes {','.join(args.passes)})")
-    print(summary_table(rows, PLAN_SUMMARY if args.dry_run else SUMMARY, max_rows=args.top))
+    print(summary_table(rows, PLAN_SUMMARY if args.dry_run else SUMMARY, max_rows=args.top, schema=SCHEMA))
     advice = noisy_advice(rows)
     if advice:
         print(advice)
     reasons = unsupported_reasons(rows)
     if reasons:
         print("not run:\n" + "\n".join(reasons))
-    print(f"wrote {csv_path} ({len(rows)} rows)")
+    print(f"wrote {csv_path} ({len(rows)} {'planned ' if args.dry_run else ''}rows)")
     return 0
 
 

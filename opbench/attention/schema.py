@@ -108,5 +108,10 @@ SCHEMA = Schema(
         "status",
     ),
     file_hint=r"attn|attention",
-    units={"fwd_flops": "FLOP", "fwdbwd_tflops": "TFLOP/s", **{c: "s" for c in PASS_COLUMNS if "_time" in c}},
+    # every <pass>_time* column is seconds (the CSV and the console header say so), save the IQR: a fraction
+    units={
+        "fwd_flops": "FLOP",
+        "fwdbwd_tflops": "TFLOP/s",
+        **{c: "s" for c in PASS_COLUMNS if "_time" in c and not c.endswith("_iqr_rel")},
+    },
 )

@@ -368,6 +368,33 @@ def add_dry_run_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup, w
     parser.add_argument("--dry-run", action="store_true", help=f"plan only, time nothing: {what}")
 
 
+EARLIER_HELP = """\
+A CSV already at the output path that holds measured rows is kept: moved with its sidecar to
+earlier/<UTC time>/ beside it (a results folder of its own), and the run says so. A dry run writes
+<name>.plan.csv and never touches a measured CSV. A second run writing the same CSV while another
+does stops at once, naming the other."""
+
+
+def add_earlier_args(parser: argparse.ArgumentParser) -> None:
+    """--overwrite / --append: what a run does with an earlier CSV at its output path (core.outputs); without
+    either it is kept aside, never lost."""
+    g = parser.add_argument_group("earlier results", EARLIER_HELP)
+    both = g.add_mutually_exclusive_group()
+    both.add_argument("--overwrite", action="store_true", help="replace an earlier CSV instead of keeping it")
+    both.add_argument("--append", action="store_true", help="add rows to an earlier CSV (same columns)")
+
+
+def earlier_policy(args: argparse.Namespace) -> str:
+    """core.outputs' policy from --overwrite / --append (keep when neither, or the tool has no such flags)."""
+    from .outputs import APPEND, KEEP, OVERWRITE
+
+    if getattr(args, "append", False):
+        return APPEND
+    if getattr(args, "overwrite", False):
+        return OVERWRITE
+    return KEEP
+
+
 def add_launch_args(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, nnodes_help: str = "nodes in the job"
 ) -> None:

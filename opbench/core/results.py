@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import opbench
 
+from . import outputs
 from .errors import UsageError, describe_os_error
 from .redact import redact, redact_text
 from .schema import Schema
@@ -102,25 +103,56 @@ def format_value(value: Any) -> Any:
     return value
 
 
-def sidecar_path(csv_path: Path) -> Path:
-    return csv_path.with_suffix(".meta.json")
+sidecar_path = outputs.sidecar_of  # <stem>.meta.json beside the CSV
 
 
 class CsvReport:
-    """Append-only CSV whose header is a benchmark's schema; keys outside it are an error (catches typos)."""
+    """Append-only CSV whose header is a benchmark's schema; keys outside it are an error (catches typos).
+
+    Opening one follows the rule of ``core.outputs``: this process holds the CSV's writer lock until ``close``
+    (another run writing it stops at once, named), and an earlier CSV with measured rows is moved aside to
+    ``earlier/<time>/`` (``earlier="keep"``, the default), replaced (``"overwrite"``) or added to
+    (``"append"``; ``append=True`` says the same)."""
 
     def __init__(
-        self, path: str | os.PathLike, schema: Schema, meta: Mapping[str, Any] | None = None, append: bool = False
+        self,
+        path: str | os.PathLike,
+        schema: Schema,
+        meta: Mapping[str, Any] | None = None,
+        append: bool = False,
+        *,
+        earlier: str | None = None,
     ):
         self.path = Path(path)
         self.schema = schema
         self.columns = list(schema.columns)
+        self.moved_to: Path | None = None  # where the earlier CSV at this path went, if it was moved aside
+        policy = earlier or (outputs.APPEND if append else outputs.KEEP)
+        regular = not self.path.exists() or self.path.is_file()  # /dev/stdout, a pipe: no lock, nothing kept
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fresh = not (append and self.path.exists() and self.path.stat().st_size > 0)
-            self._fh = open(self.path, "w" if fresh else "a", newline="", encoding="utf-8")
         except OSError as exc:
             raise UsageError(f"cannot write report: {describe_os_error(exc)}", source=str(path)) from None
+        self._locked = regular
+        if regular:
+            outputs.hold(self.path)
+        try:
+            fresh, self.moved_to = outputs.prepare(self.path, policy) if regular else (True, None)
+            if not fresh:
+                self._check_header()
+            self._fh = open(self.path, "w" if fresh else "a", newline="", encoding="utf-8")
+        except OSError as exc:
+            self._unlock()
+            raise UsageError(f"cannot write report: {describe_os_error(exc)}", source=str(path)) from None
+        except BaseException:
+            self._unlock()
+            raise
+        if self.moved_to is not None:
+            print(
+                f"note: the earlier {self.path.name} is kept as {self.moved_to} "
+                "(--overwrite replaces earlier results, --append adds to them)",
+                file=sys.stderr,
+            )
         self._writer = csv.DictWriter(self._fh, fieldnames=self.columns, extrasaction="raise")
         self._good = 0  # file offset after the last complete row: a failed write is cut back to it
         if fresh:
@@ -129,6 +161,22 @@ class CsvReport:
             self._good = self._fh.seek(0, os.SEEK_END)
         self.rows: list[dict[str, Any]] = []
         self.write_meta(meta or {})
+
+    def _check_header(self) -> None:
+        """--append adds rows under the header that is there: it must be this schema's, or rows would land under
+        other columns."""
+        header = outputs.header_of(self.path)
+        if header != self.columns:
+            raise UsageError(
+                f"--append: the CSV there has other columns ({self.schema.benchmark} schema v{self.schema.version} "
+                "writes different ones; an older opbench or another tool?); give --overwrite or another folder",
+                source=str(self.path),
+            )
+
+    def _unlock(self) -> None:
+        if self._locked:
+            self._locked = False
+            outputs.release(self.path)
 
     def _guarded(self, write: Any, *args: Any) -> None:
         """Write, flush and fsync one row; on any OS error (disk full, /dev/full, a vanished mount) cut the file
@@ -160,6 +208,7 @@ class CsvReport:
             self._fh.close()  # the descriptor is gone: the buffered remainder cannot reach the file
         except (OSError, ValueError):
             pass
+        self._unlock()
 
     def write_meta(self, meta: Mapping[str, Any]) -> None:
         """(Re)write the sidecar; ``benchmark`` and ``schema_version`` always come from the schema."""
@@ -185,11 +234,14 @@ class CsvReport:
             self.append(row)
 
     def close(self) -> None:
-        if not self._fh.closed:
-            try:
-                self._fh.close()
-            except OSError as exc:
-                raise UsageError(f"cannot write report: {describe_os_error(exc)}", source=str(self.path)) from None
+        try:
+            if not self._fh.closed:
+                try:
+                    self._fh.close()
+                except OSError as exc:
+                    raise UsageError(f"cannot write report: {describe_os_error(exc)}", source=str(self.path)) from None
+        finally:
+            self._unlock()
 
     def __enter__(self) -> CsvReport:
         return self
@@ -224,22 +276,41 @@ class NullReport:
 
 
 def summary_table(
-    rows: Sequence[Mapping[str, Any]], columns: Sequence[str], floatfmt: str = ".4g", max_rows: int | None = None
+    rows: Sequence[Mapping[str, Any]],
+    columns: Sequence[str],
+    floatfmt: str = ".4g",
+    max_rows: int | None = None,
+    schema: Schema | None = None,
 ) -> str:
-    """Console table (tabulate); empty cells stay empty."""
+    """Console table (tabulate); empty cells stay empty. With the benchmark's schema, each header carries its
+    column's unit as the schema states it (``fwd_time [s]``), so the console reads as the CSV does."""
     from tabulate import tabulate
 
     shown = rows if max_rows is None else rows[:max_rows]
     body = [[("" if r.get(c) is None else r.get(c)) for c in columns] for r in shown]
-    text = tabulate(body, headers=list(columns), floatfmt=floatfmt, disable_numparse=False)
+    headers = [header_with_unit(c, schema) for c in columns] if schema is not None else list(columns)
+    text = tabulate(body, headers=headers, floatfmt=floatfmt, disable_numparse=False)
     if max_rows is not None and len(rows) > max_rows:
         text += f"\n… {len(rows) - max_rows} more rows in the CSV"
     return text
 
 
+def header_with_unit(column: str, schema: Schema) -> str:
+    """``name [unit]`` for a column with a unit, the name alone where it already ends in it (``time_s``)."""
+    unit = schema.unit(column)
+    tokens = {unit.lower().replace("/", ""), unit.lower().replace("/", "_per_")}  # gbs, mib_per_s
+    if not unit or any(column == t or column.endswith("_" + t) for t in tokens):
+        return column
+    return f"{column} [{unit}]"
+
+
 def progress(iterable: Iterable[Any], total: int | None = None, desc: str = "", enabled: bool = True):
-    """tqdm on stderr; off when stderr is not a terminal unless OPBENCH_PROGRESS=1."""
+    """tqdm on stderr where ``core.progress`` would show a bar (a terminal, or OPBENCH_PROGRESS=bar). A loop that
+    has rows to show should use ``core.progress.RowProgress`` instead: it also prints one line per row in a
+    batch log."""
     from tqdm import tqdm
 
-    show = enabled and (sys.stderr.isatty() or os.environ.get("OPBENCH_PROGRESS") == "1")
+    from .progress import BAR, progress_mode
+
+    show = progress_mode(enabled) == BAR
     return tqdm(iterable, total=total, desc=desc, disable=not show, leave=False, dynamic_ncols=True)

@@ -10,7 +10,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from .errors import describe_os_error, raise_if_terminated
-from .results import CsvReport, progress
+from .progress import Field, RowProgress
+from .results import CsvReport, summary_table
 
 T = TypeVar("T")
 
@@ -67,9 +68,13 @@ def run_sweep(
     desc: str = "",
     total: int | None = None,
     dry_run: bool = False,
+    fields: Sequence[Field] = (),
+    table: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
-    """Measure each item and append its row; returns the rows in order. KeyboardInterrupt propagates after
-    every finished row is on disk. ``dry_run`` writes every item as a ``planned`` row and measures nothing."""
+    """Measure each item and append its row; returns the rows in order. Progress shows as ``core.progress``
+    says (a bar on a terminal, else one line of ``fields`` per finished row). On Ctrl-C or SIGTERM the rows
+    finished so far are printed (``table`` columns) and the interrupt propagates, every finished row on disk.
+    ``dry_run`` writes every item as a ``planned`` row and measures nothing."""
     rows: list[dict[str, Any]] = []
     if dry_run:
         rows = [dict(failed_row(item, STATUS_PLANNED, "")) for item in items]
@@ -77,17 +82,45 @@ def run_sweep(
         return rows
     if total is None and hasattr(items, "__len__"):
         total = len(items)  # type: ignore[arg-type]
-    for item in progress(items, total=total, desc=desc):
+    with RowProgress(total, desc, fields) as shown:
         try:
-            row = dict(measure_one(item))
+            for item in items:
+                row = _measured_row(item, measure_one, failed_row)
+                report.append(row)
+                rows.append(row)
+                shown.done(row)
         except KeyboardInterrupt:
+            print_finished(rows, table, report, total)
             raise
-        except Exception as exc:  # noqa: BLE001 - every failure becomes a row, the sweep goes on
-            raise_if_terminated()
-            status, message = classify_failure(exc)
-            row = dict(failed_row(item, status, message))
-            if status != STATUS_UNSUPPORTED:  # gc takes ~0.4 s; only a real failure may have left memory behind
-                release_memory()
-        report.append(row)
-        rows.append(row)
     return rows
+
+
+def _measured_row(
+    item: T, measure_one: Callable[[T], Mapping[str, Any]], failed_row: Callable[[T, str, str], Mapping[str, Any]]
+) -> dict[str, Any]:
+    try:
+        return dict(measure_one(item))
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a row, the sweep goes on
+        raise_if_terminated()
+        status, message = classify_failure(exc)
+        if status != STATUS_UNSUPPORTED:  # gc takes ~0.4 s; only a real failure may have left memory behind
+            release_memory()
+        return dict(failed_row(item, status, message))
+
+
+def print_finished(
+    rows: Sequence[Mapping[str, Any]], columns: Sequence[str], report: CsvReport, total: int | None
+) -> None:
+    """What an interrupted sweep had finished, on stdout: the rows as a table, and where the CSV is."""
+    of = f" of {total}" if total is not None else ""
+    lines = [f"\ninterrupted after {len(rows)}{of} rows"]
+    if rows and columns:
+        lines += ["rows finished:", summary_table(rows, columns, schema=getattr(report, "schema", None))]
+    if getattr(report, "path", None):
+        lines.append(f"they are in {report.path}")
+    try:
+        print("\n".join(lines), flush=True)
+    except (OSError, ValueError):
+        pass

@@ -1,21 +1,31 @@
 """``python -m opbench.gemm`` / ``opbench gemm``: time the GEMMs of a model's training step.
 
-Help and usage errors must come back in well under a second, so torch (the device layer, the backends, the
-runner) is imported only once the arguments and shapes are known to be good."""
+Without --model (and without --model-config-path or --mnk) it is a quick look, not the whole catalogue:
+Qwen3_0.6B's GEMMs, at seqlen 128 on a CPU (about half a minute) and at the model's own 4096 on a GPU; the
+console says so. --model NAME[,NAME…] or --model all times others (all 15 built-in models at full length is
+hours on a CPU).
+
+On a terminal a bar shows progress; in a batch log or a pipe each GEMM prints one line as it finishes.
+"""
+
+# Help and usage errors must come back in well under a second, so torch (the device layer, the backends, the
+# runner) is imported only once the arguments and shapes are known to be good.
 
 from __future__ import annotations
 
 import argparse
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from opbench.core import cli
+from opbench.core import cli, outputs
 from opbench.core.cli import add_device_args, add_timing_args, csv_list, positive_int, timing_config
 from opbench.core.dtypes import GEMM_DTYPES
 from opbench.core.errors import UsageError, run_cli
+from opbench.core.progress import STATUS, Field, column, figure, percent, time_text
 from opbench.core.results import CsvReport, environment, summary_table
 from opbench.core.sweep import run_sweep
 from opbench.core.timing import noisy_advice
@@ -25,6 +35,9 @@ from .schema import BACKEND_NAMES, SCHEMA
 from .shapes import ALL_LAYERS, LAYOUTS, PASSES, RAW, GemmShape, ModelParallel, gemm_shapes, parse_mnk, raw_shapes
 
 if TYPE_CHECKING:
+    from opbench.core.device import DeviceInfo
+    from opbench.core.timing import TimingConfig
+
     from .runner import GemmCase
 
 SUMMARY = [
@@ -44,11 +57,35 @@ SUMMARY = [
     "status",
     "note",
 ]
+# One line per finished GEMM in a batch log (core.progress): what it was, and how fast.
+LINE_FIELDS = [
+    column("layer", 12, left=True),
+    column("pass", 5, left=True),
+    Field("m x n x k", 22, lambda r: "x".join(str(r.get(c)) for c in ("m", "n", "k")) + groups_text(r), left=True),
+    column("backend", 13, left=True),
+    Field("time", 9, lambda r: time_text(r.get("time_s"))),
+    Field("TFLOP/s", 8, lambda r: figure(r.get("tflops"))),
+    Field("IQR", 4, lambda r: percent(r.get("time_iqr_rel"))),
+    STATUS,
+]
+# A bare `opbench gemm`: one small model, short on a CPU (module docstring).
+QUICK_MODEL = "Qwen3_0.6B"
+QUICK_CPU_SEQLEN = 128
+
+
+def groups_text(row: Mapping[str, Any]) -> str:
+    groups = row.get("groups")
+    return f" ({groups} groups)" if groups not in (None, "", 1, "1") else ""
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = cli.parser("opbench gemm", __doc__)
-    cli.add_model_args(p, model_help="model name(s) from the configs, comma-separated, or 'all' (default: all)")
+    cli.add_model_args(
+        p,
+        model_help="model name(s) from the configs, comma-separated, or 'all' (default: all the models of "
+        f"--model-config-path; with no config either, a quick look: {QUICK_MODEL} at seqlen {QUICK_CPU_SEQLEN} on a "
+        "CPU, at its own on a GPU)",
+    )
     cli.add_output_args(p, dir_default="out", dir_help="where benchmark_gemm_<model>.csv files go")
     p.add_argument("--seqlen", type=positive_int, default=None, help="sequence length (default: the model's)")
     cli.add_mbs_arg(p)
@@ -89,10 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="NT",
         help="A and B stored as-is (N) or transposed (T); NT is a linear layer's forward",
     )
-    cli.add_dry_run_arg(p, "write the planned rows (status=planned)")
+    cli.add_dry_run_arg(p, "write the planned rows (status=planned) to benchmark_gemm_<model>.plan.csv")
     cli.add_top_arg(p, None)
     add_device_args(p, dtypes=GEMM_DTYPES)
     add_timing_args(p)
+    cli.add_earlier_args(p)
     return p
 
 
@@ -121,6 +159,27 @@ def expand_cases(shapes: Sequence[GemmShape], backends: Sequence[str], dtype: st
     return cases
 
 
+Plan = tuple[str, dict[str, Any], "int | None", list[GemmShape]]  # model, its config, seqlen, its GEMMs
+
+
+def derive_plans(args: argparse.Namespace, par: ModelParallel, seqlen: int | None) -> list[Plan]:
+    """Each model's (or the raw shapes') GEMMs; every input error surfaces here."""
+    if args.mnk:
+        if args.model or args.model_config_path:
+            raise UsageError("raw shapes take no model: leave out --model / --model-config-path", field="--mnk")
+        return [(RAW, {"mnk": args.mnk, "layout": args.layout}, None, raw_shapes(args.mnk, args.layout))]
+    configs = select_models(load_model_configs(args.model_config_path, args.model_name), args.model)
+    return [
+        (
+            cfg.name,
+            cfg.to_dict(),
+            seqlen or cfg.seqlen,
+            gemm_shapes(cfg, args.mbs, seqlen, par, args.layers, args.passes),
+        )
+        for cfg in configs
+    ]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     unknown = [b for b in args.backends if b != "auto" and b not in BACKEND_NAMES]
@@ -135,38 +194,57 @@ def main(argv: Sequence[str] | None = None) -> int:
     if bad_passes:
         raise UsageError(f"unknown pass(es) {bad_passes}; choose from {','.join(PASSES)}", field="--passes")
     par = ModelParallel(tp=args.tp, ep=args.ep, cp=args.cp, etp=args.etp)
-    # Derive every model's shapes first: bad input fails before anything is timed or written.
-    plans: list[tuple[str, dict[str, Any], int | None, list[GemmShape]]]
-    if args.mnk:
-        if args.model or args.model_config_path:
-            raise UsageError("raw shapes take no model: leave out --model / --model-config-path", field="--mnk")
-        plans = [(RAW, {"mnk": args.mnk, "layout": args.layout}, None, raw_shapes(args.mnk, args.layout))]
-    else:
-        configs = select_models(load_model_configs(args.model_config_path, args.model_name), args.model)
-        plans = [
-            (
-                cfg.name,
-                cfg.to_dict(),
-                args.seqlen or cfg.seqlen,
-                gemm_shapes(cfg, args.mbs, args.seqlen, par, args.layers, args.passes),
-            )
-            for cfg in configs
-        ]
+    quick = not (args.mnk or args.model or args.model_config_path)
+    if quick:
+        args.model = QUICK_MODEL
+    # Derive every model's shapes first: bad input fails before torch is loaded or anything is written.
+    plans = derive_plans(args, par, args.seqlen or (QUICK_CPU_SEQLEN if quick else None))
 
     from opbench.core.device import default_dtype_name, device_info, use_device
 
-    from .runner import run_case
-
     device = use_device(args.device)
+    if quick:
+        if device.type != "cpu" and not args.seqlen:
+            plans = derive_plans(args, par, None)  # a GPU takes the model's own length in seconds
+        names = ", ".join(c.name for c in load_model_configs(None, None))
+        print(
+            f"note: no --model: a quick look at {QUICK_MODEL} at seqlen {plans[0][2]}"
+            f"{' (CPU)' if device.type == 'cpu' else ''}; --model NAME[,NAME…] or all for others: {names}",
+            file=sys.stderr,
+        )
+
     info = device_info(device)
-    dtype = args.dtype or default_dtype_name(device)
-    timing = timing_config(args)
-    for name, model_config, seqlen, shapes in plans:
-        cases = expand_cases(shapes, args.backends, dtype)
+    gemm_run = GemmRun(args, par, info, args.dtype or default_dtype_name(device), timing_config(args))
+    paths = [report_path(args.report_dir_path, name) for name, *_ in plans]
+    if args.dry_run:
+        paths = [outputs.plan_path(path) for path in paths]
+    with outputs.claimed(*paths):  # a second run into these files stops now, not when it reaches one
+        for plan, path in zip(plans, paths, strict=True):
+            gemm_run.sweep(plan, path)
+    return 0
+
+
+@dataclass(frozen=True)
+class GemmRun:
+    """What every model's sweep of one invocation shares."""
+
+    args: argparse.Namespace
+    par: ModelParallel
+    info: DeviceInfo
+    dtype: str
+    timing: TimingConfig
+
+    def sweep(self, plan: Plan, path: Path) -> None:
+        """One model's sweep into its CSV, then its console summary."""
+        from .runner import run_case
+
+        args, par, info, timing = self.args, self.par, self.info, self.timing
+        name, model_config, seqlen, shapes = plan
+        cases = expand_cases(shapes, args.backends, self.dtype)
         extra_cols: dict[str, Any] = {"seqlen": seqlen, "tp": par.tp, "ep": par.ep, "cp": par.cp}
         extra_cols.update(etp=par.expert_tp, device=info.name)
         meta = environment(
-            device,
+            info.device,
             {
                 "model": name,
                 "model_config": model_config,
@@ -175,8 +253,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "cache": args.cache,
             },
         )
-        path = report_path(args.report_dir_path, name)
-        with CsvReport(path, SCHEMA, meta) as report:
+        where = f"layout {args.layout}" if name == RAW else f"tp={par.tp} ep={par.ep} cp={par.cp}, seqlen={seqlen}"
+        title = f"{name} on {info.name} ({self.dtype}, {where})"
+        with CsvReport(path, SCHEMA, meta, earlier=cli.earlier_policy(args)) as report:
 
             def failed(case: GemmCase, status: str, message: str) -> dict[str, Any]:
                 return {
@@ -193,17 +272,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 lambda c: {**run_case(c, info, timing, cold=args.cache == "cold"), **extra_cols},
                 failed,
                 report,
-                desc=f"gemm {name}",
+                desc=f"gemm {title}",
                 dry_run=args.dry_run,
+                fields=LINE_FIELDS,
+                table=SUMMARY,
             )
-        where = f"layout {args.layout}" if name == RAW else f"tp={par.tp} ep={par.ep} cp={par.cp}, seqlen={seqlen}"
-        print(f"\n{name} on {info.name} ({dtype}, {where})")
-        print(summary_table(rows, SUMMARY, max_rows=args.top))
+        print(f"\n{title}")
+        print(summary_table(rows, SUMMARY, max_rows=args.top, schema=SCHEMA))
         advice = noisy_advice(rows)
         if advice:
             print(advice)
-        print(f"wrote {path} ({len(rows)} rows)")
-    return 0
+        print(f"wrote {path} ({len(rows)} {'planned ' if args.dry_run else ''}rows)")
 
 
 if __name__ == "__main__":

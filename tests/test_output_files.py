@@ -1,0 +1,154 @@
+"""No measured row is lost unless the user asks (issue 26 item 2, issue 25 item 8): a rerun keeps the earlier CSV,
+a dry run writes a plan of its own, --overwrite / --append do what they say, and two runs writing one CSV at once
+never lose each other's rows (the second stops at once, naming the first). Real processes, real files."""
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT
+
+from opbench.core import outputs
+from opbench.core.errors import UsageError
+from opbench.core.results import CsvReport
+from opbench.gemm.schema import SCHEMA as GEMM
+
+TINY = ["--mnk", "32x32x32,48x48x48", "--quick"]
+
+
+def rows_of(path):
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_rerun_keeps_the_earlier_csv_and_a_dry_run_never_touches_it(run, tmp_path):
+    first = run("opbench.gemm", *TINY, "--report-dir-path", str(tmp_path))
+    assert first.returncode == 0, first.stderr
+    measured = tmp_path / "benchmark_gemm_raw.csv"
+    before = measured.read_bytes()
+    assert len(rows_of(measured)) == 2
+
+    plan = run("opbench.gemm", *TINY, "--dry-run", "--report-dir-path", str(tmp_path))
+    assert plan.returncode == 0, plan.stderr
+    assert measured.read_bytes() == before  # the measured rows are where they were
+    planned = rows_of(tmp_path / "benchmark_gemm_raw.plan.csv")
+    assert [r["status"] for r in planned] == ["planned", "planned"]
+    assert "benchmark_gemm_raw.plan.csv (2 planned rows)" in plan.stdout
+
+    again = run("opbench.gemm", *TINY, "--report-dir-path", str(tmp_path))
+    assert again.returncode == 0, again.stderr
+    (kept,) = (tmp_path / "earlier").glob("*/benchmark_gemm_raw.csv")
+    assert kept.read_bytes() == before and (kept.parent / "benchmark_gemm_raw.meta.json").is_file()
+    assert f"the earlier benchmark_gemm_raw.csv is kept as {kept}" in again.stderr
+    assert len(rows_of(measured)) == 2 and measured.read_bytes() != before
+
+
+def test_overwrite_replaces_append_adds_and_both_at_once_is_refused(run, tmp_path):
+    assert run("opbench.gemm", *TINY, "--report-dir-path", str(tmp_path)).returncode == 0
+    measured = tmp_path / "benchmark_gemm_raw.csv"
+    r = run("opbench.gemm", *TINY, "--append", "--report-dir-path", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert len(rows_of(measured)) == 4 and not (tmp_path / "earlier").exists()
+    r = run("opbench.gemm", *TINY, "--overwrite", "--report-dir-path", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert len(rows_of(measured)) == 2 and not (tmp_path / "earlier").exists()
+    r = run("opbench.gemm", *TINY, "--overwrite", "--append", "--report-dir-path", str(tmp_path))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not allowed with argument --overwrite" in r.stderr
+
+
+def test_append_refuses_a_csv_with_other_columns(tmp_path):
+    path = tmp_path / "benchmark_gemm_raw.csv"
+    path.write_text("model,layer,time\nx,qkv,1.0\n")
+    with pytest.raises(UsageError, match="--append: the CSV there has other columns"):
+        CsvReport(path, GEMM, append=True)
+    assert path.read_text() == "model,layer,time\nx,qkv,1.0\n"
+    assert not outputs.lock_path(path).exists()  # a refused open leaves no lock behind
+
+
+def test_a_plan_only_csv_is_replaced_without_keeping_it(tmp_path):
+    path = tmp_path / "benchmark_gemm_x.csv"  # written by an opbench before plans had their own file
+    with CsvReport(path, GEMM) as report:
+        report.append({"model": "x", "status": "planned"})
+    outputs._WRITTEN.discard(outputs._key(path))  # as a new run would see it
+    with CsvReport(path, GEMM) as report:
+        report.append({"model": "x", "status": "ok"})
+    assert report.moved_to is None and not (tmp_path / "earlier").exists()
+    assert [r["status"] for r in rows_of(path)] == ["ok"]
+    assert outputs.plan_path(path).name == "benchmark_gemm_x.plan.csv"
+    assert outputs.kept_aside("earlier/20261124T000000Z/benchmark_gemm_x.csv").startswith("an earlier run")
+    assert outputs.kept_aside("benchmark_gemm_x.plan.csv").startswith("a dry run")
+    assert outputs.kept_aside("gemm/benchmark_gemm_x.csv") is None
+
+
+HOLDER = """
+import sys, time
+from opbench.core.results import CsvReport
+from opbench.gemm.schema import SCHEMA
+with CsvReport(sys.argv[1], SCHEMA) as report:
+    report.append({"model": "first", "status": "ok"})
+    print("holding", flush=True)
+    time.sleep(120)
+"""
+
+
+SHAPES = ["16x16x16", "24x24x24", "40x40x40", "48x48x48", "56x56x56", "72x72x72"]
+
+
+def test_a_second_run_into_the_same_csv_stops_at_once_naming_the_first(run, tmp_path):
+    """Two real gemm runs into one folder: the second fails at once with one line naming the first (pid, host,
+    command with its secret masked); the first's rows are all there."""
+    folder = tmp_path / "run_password=hunter22"  # a credential-like path: masked wherever a command is printed
+    csv_path = folder / "benchmark_gemm_raw.csv"
+    first = subprocess.Popen(
+        [sys.executable, "-m", "opbench.gemm", "--mnk", ",".join(SHAPES), "--rel-tol", "0", "--max-spread", "0"]
+        + ["--max-iters", "100000000", "--budget", "2", "--report-dir-path", str(folder)],  # 2 s a shape
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (csv_path.exists() and rows_of(csv_path)):
+            time.sleep(0.1)
+        t0 = time.monotonic()
+        second = run("opbench.gemm", "--mnk", "64x64x64", "--quick", "--report-dir-path", str(folder))
+        took = time.monotonic() - t0
+        assert first.poll() is None, "the first run ended before the second started: nothing was tested"
+    finally:
+        first.send_signal(signal.SIGINT)
+        out, err = first.communicate(timeout=120)
+    assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
+    assert "another opbench run is writing this file" in second.stderr
+    assert f"pid {first.pid} on " in second.stderr and "opbench.gemm --mnk 16x16x16,24x24x24" in second.stderr
+    assert "hunter22" not in second.stderr and "wrote" not in second.stdout
+    assert took < 30  # at once: torch's import, not the first run's seconds per shape
+    assert first.returncode == 130, err
+    assert not (folder / "benchmark_gemm_raw.csv.lock").exists()  # the first run took its lock file away
+    rows = rows_of(csv_path)
+    assert rows and {f"{r['m']}x{r['n']}x{r['k']}" for r in rows} <= set(SHAPES)  # none of the second's
+    assert not (folder / "earlier").exists()
+
+
+def test_a_killed_writer_leaves_no_lock_that_holds(tmp_path):
+    """SIGKILL leaves the lock file behind, but the kernel dropped the lock: the next writer goes on."""
+    path = tmp_path / "out.csv"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(path)], cwd=ROOT, stdout=subprocess.PIPE, text=True, env=os.environ
+    )
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        with pytest.raises(UsageError, match=f"another opbench run is writing this file \\(pid {holder.pid} on "):
+            CsvReport(path, GEMM)
+    finally:
+        holder.kill()
+        holder.wait(timeout=60)
+    assert outputs.lock_path(path).exists()
+    with CsvReport(path, GEMM, append=True) as report:
+        report.append({"model": "second", "status": "ok"})
+    assert [r["model"] for r in rows_of(path)] == ["first", "second"]
+    assert not outputs.lock_path(path).exists()
