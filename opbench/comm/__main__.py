@@ -307,6 +307,7 @@ def dry_run(args: argparse.Namespace, dist_env: dist.DistEnv | None) -> int:
     world = dist_env.world_size if dist_env else per_node * args.nnodes
     if dist_env:
         per_node = max(1, world // dist_env.nnodes)
+    Faults.validate(world)  # as a real run would: a fault for a rank this world lacks is refused here too
     dtype = args.dtype or "bf16"
     cases, notes = build_cases(args, world, dtype)
     check_plan(args, cases, world)

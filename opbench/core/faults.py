@@ -6,8 +6,8 @@ the user's own tooling around it — catches a bad rank. One environment variabl
 ==============  ==============================================================================================
 ``exit:R``      rank R exits (code 0, as a node that vanished) just before its first timed step
 ``hang:R``      rank R stops just before its first timed step (sleeps far past any timeout)
-``slow:R:F``    every timed call on rank R takes about F times as long (the call, then a sleep of F−1 times its
-                duration; on a GPU the slowed rank synchronises after each call so the sleep follows the work)
+``slow:R:F``    every timed call on rank R takes about F times as long (the call, then F−1 times its duration
+                more: on a GPU a sleep after synchronising, so the sleep follows the work; on a CPU a busy wait)
 ``corrupt:R``   rank R damages its data: comm adds 1 to its first send element before a checked call; ckpt
                 flips a byte of what rank R saved before it is loaded
 ``oom:R``       rank R fails to allocate its first case, as an out-of-memory error
@@ -23,12 +23,14 @@ and ``send_delay``); the only fault code in a measurement is the pairs exchange 
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .cli import MAX_WORLD
 from .errors import UsageError
 
 ENV_VAR = "OPBENCH_FAULTS"
@@ -40,13 +42,35 @@ _SYNTAX = (
 )
 
 
+_ASCII_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|\.[0-9]+(?:[eE][-+]?[0-9]+)?", re.ASCII)
+
+
+def _shown(item: str) -> str:
+    """The item as the error line shows it: a non-ASCII or control character escaped (``'exit:\\u0661'``), so a
+    line is one line and a look-alike digit is visible as what it is."""
+    return item if item.isascii() and item.isprintable() else ascii(item)[1:-1]
+
+
+def _rank(item: str, text: str) -> int:
+    """RANK: ASCII digits only (Python's int() also takes Arabic-Indic and other Unicode digits) and below the
+    command line's bound on a world (core.cli.MAX_WORLD), so a typo is refused in every mode, --dry-run included."""
+    if not (text.isascii() and text.isdigit()):
+        raise UsageError(f"'{_shown(item)}': RANK must be ASCII digits 0-9; {_SYNTAX}", field=ENV_VAR)
+    if len(text) > len(str(MAX_WORLD)) or int(text) >= MAX_WORLD:
+        raise UsageError(
+            f"'{_shown(item)}': rank {text[:12]}{'…' if len(text) > 12 else ''} is beyond any job (at most "
+            f"{MAX_WORLD:,} ranks, as --nproc-per-node × --nnodes)",
+            field=ENV_VAR,
+        )
+    return int(text)
+
+
 def _number(item: str, text: str, name: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise UsageError(f"'{item}': {name} must be a number", field=ENV_VAR) from None
+    if not _ASCII_NUMBER.fullmatch(text):  # float() would take Unicode digits, "inf", "1_0" and spaces
+        raise UsageError(f"'{_shown(item)}': {name} must be a finite number in ASCII digits", field=ENV_VAR)
+    value = float(text)
     if value != value or value in (float("inf"), float("-inf")):
-        raise UsageError(f"'{item}': {name} must be a finite number", field=ENV_VAR)
+        raise UsageError(f"'{_shown(item)}': {name} must be a finite number", field=ENV_VAR)
     return value
 
 
@@ -77,18 +101,19 @@ class Faults:
                 continue
             parts = item.split(":")
             kind = parts[0]
-            if kind not in KINDS or len(parts) != (3 if kind in _WITH_VALUE else 2) or not parts[1].isdigit():
-                raise UsageError(f"'{item}': {_SYNTAX}", field=ENV_VAR)
+            if kind not in KINDS or len(parts) != (3 if kind in _WITH_VALUE else 2):
+                raise UsageError(f"'{_shown(item)}': {_SYNTAX}", field=ENV_VAR)
+            rank = _rank(item, parts[1])
             factor, seconds = 1.0, 0.0
             if kind == "slow":
                 factor = _number(item, parts[2], "FACTOR")
                 if not factor >= 1:
-                    raise UsageError(f"'{item}': FACTOR must be at least 1", field=ENV_VAR)
+                    raise UsageError(f"'{_shown(item)}': FACTOR must be at least 1", field=ENV_VAR)
             if kind == "late_send":
                 seconds = _number(item, parts[2], "SECONDS")
                 if not 0 < seconds <= 60:
-                    raise UsageError(f"'{item}': SECONDS must be above 0 and at most 60", field=ENV_VAR)
-            found.append(Fault(kind, int(parts[1]), factor, seconds))
+                    raise UsageError(f"'{_shown(item)}': SECONDS must be above 0 and at most 60", field=ENV_VAR)
+            found.append(Fault(kind, rank, factor, seconds))
         if sum(f.kind == "late_send" for f in found) > 1:
             # two late ranks in one shift cycle would each queue a receive before their send on NCCL's stream
             raise UsageError("late_send names one rank at most", field=ENV_VAR)
@@ -97,6 +122,14 @@ class Faults:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Faults:
         return cls.parse((os.environ if env is None else env).get(ENV_VAR, ""))
+
+    @classmethod
+    def validate(cls, world_size: int | None = None, env: Mapping[str, str] | None = None) -> Faults:
+        """The one check of OPBENCH_FAULTS every mode runs, ``--dry-run`` and ``--plan`` included: the syntax, ASCII
+        rank numbers within the command line's bound and, where the world is known before any rank starts, ranks
+        that exist in it. A real run checks the world again once the ranks have joined (``for_world``)."""
+        faults = cls.from_env(env)
+        return faults if world_size is None else faults.for_world(world_size)
 
     def __bool__(self) -> bool:
         return bool(self.faults)
@@ -149,18 +182,27 @@ class Faults:
         fault = self._mine("slow", rank)
         if fault is None or fault.factor == 1:
             return fn
-        sync: Callable[[], None] = lambda: None  # noqa: E731
+        extra = fault.factor - 1
         if getattr(device, "type", "cpu") == "cuda":
             import torch
 
-            sync = lambda: torch.cuda.synchronize(device)  # noqa: E731
-        extra = fault.factor - 1
+            def slowed_gpu() -> Any:
+                start = time.perf_counter()
+                out = fn()
+                torch.cuda.synchronize(device)  # the sleep follows the work, not the launch
+                time.sleep(extra * (time.perf_counter() - start))
+                return out
 
-        def slowed() -> Any:
+            return slowed_gpu
+
+        def slowed_cpu() -> Any:
+            # Busy, not asleep: a process that sleeps is given the CPU first when it wakes, so on a loaded machine
+            # its next call ran faster than its peers' and a 4× slow rank measured 1.9–3.6× (docs/faults.md).
             start = time.perf_counter()
             out = fn()
-            sync()
-            time.sleep(extra * (time.perf_counter() - start))
+            until = time.perf_counter() + extra * (time.perf_counter() - start)
+            while time.perf_counter() < until:
+                pass
             return out
 
-        return slowed
+        return slowed_cpu
