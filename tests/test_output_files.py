@@ -152,3 +152,17 @@ def test_a_killed_writer_leaves_no_lock_that_holds(tmp_path):
         report.append({"model": "second", "status": "ok"})
     assert [r["model"] for r in rows_of(path)] == ["first", "second"]
     assert not outputs.lock_path(path).exists()
+
+
+def test_project_takes_the_same_flags(run, tmp_path):
+    """The rule is CsvReport's, the flags core.cli's: a tool wired to them (here `opbench project`, no torch) keeps,
+    replaces or refuses as gemm does."""
+    path = tmp_path / "p.csv"
+    args = ["opbench", "project", "--model", "Qwen3_0.6B", "--world-size", "8", "--device", "H100"]
+    assert run(*args, "--report-csv-path", str(path)).returncode == 0
+    assert run(*args, "--report-csv-path", str(path)).returncode == 0
+    assert len(list((tmp_path / "earlier").glob("*/p.csv"))) == 1
+    assert run(*args, "--report-csv-path", str(path), "--overwrite").returncode == 0
+    assert len(list((tmp_path / "earlier").glob("*/p.csv"))) == 1
+    r = run(*args, "--report-csv-path", str(path), "--append")
+    assert r.returncode == 0 and len(rows_of(path)) == 2

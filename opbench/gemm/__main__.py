@@ -199,7 +199,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.model = QUICK_MODEL
     # Derive every model's shapes first: bad input fails before torch is loaded or anything is written.
     plans = derive_plans(args, par, args.seqlen or (QUICK_CPU_SEQLEN if quick else None))
+    paths = [report_path(args.report_dir_path, name) for name, *_ in plans]
+    if args.dry_run:
+        paths = [outputs.plan_path(path) for path in paths]
+    with outputs.claimed(*paths):  # a second run into these files stops now, before torch loads, not at one
+        return run_plans(args, par, plans, paths, quick)
 
+
+def run_plans(args: argparse.Namespace, par: ModelParallel, plans: list[Plan], paths: list[Path], quick: bool) -> int:
+    """Time each model's GEMMs into its CSV (the CSVs' writer locks are held)."""
     from opbench.core.device import default_dtype_name, device_info, use_device
 
     device = use_device(args.device)
@@ -212,15 +220,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{' (CPU)' if device.type == 'cpu' else ''}; --model NAME[,NAME…] or all for others: {names}",
             file=sys.stderr,
         )
-
     info = device_info(device)
     gemm_run = GemmRun(args, par, info, args.dtype or default_dtype_name(device), timing_config(args))
-    paths = [report_path(args.report_dir_path, name) for name, *_ in plans]
-    if args.dry_run:
-        paths = [outputs.plan_path(path) for path in paths]
-    with outputs.claimed(*paths):  # a second run into these files stops now, not when it reaches one
-        for plan, path in zip(plans, paths, strict=True):
-            gemm_run.sweep(plan, path)
+    for plan, path in zip(plans, paths, strict=True):
+        gemm_run.sweep(plan, path)
     return 0
 
 

@@ -146,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
         dir_help=f"write DIR/{CSV_NAME}",
         csv_help="the CSV itself (wins over --report-dir-path)",
     )
+    cli.add_earlier_args(p)
     return p
 
 
@@ -375,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = [row(cfg, result, None, rates.device, memory_gib)]
         print(breakdown(cfg, result, rates.device, memory_gib, args.memory_reserve_gib))
     if csv_path:
-        with CsvReport(csv_path, SCHEMA, meta) as report:
+        with CsvReport(csv_path, SCHEMA, meta, earlier=cli.earlier_policy(args)) as report:
             for r in rows:
                 report.append(r)
         print(f"wrote {csv_path} ({len(rows)} rows)")

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from opbench.core.cli import earlier_policy
 from opbench.core.errors import UsageError
 from opbench.core.results import CsvReport, environment
 from opbench.models import ModelConfig
@@ -367,7 +368,7 @@ def validate(cfg: ModelConfig, plan: Plan, args: argparse.Namespace) -> int:
     rows = comparison(projection, measured, device == "cuda")
     print(report(rows, measured))
     meta = environment(None, {"model_config": cfg.to_dict(), "plan": plan.__dict__, "steps": measured.step_s})
-    with CsvReport(folder / "project_validate.csv", VALIDATE_SCHEMA, meta) as out:
+    with CsvReport(folder / "project_validate.csv", VALIDATE_SCHEMA, meta, earlier=earlier_policy(args)) as out:
         for key, projected, got in rows:
             out.append(
                 {

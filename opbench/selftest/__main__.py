@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"what to check, a subset of {','.join(AREAS)} (default: all)",
     )
     cli.add_output_args(p, dir_help=f"write DIR/{CSV_NAME}", csv_help="write the table here (default: no CSV)")
+    cli.add_earlier_args(p)
     return p
 
 
@@ -60,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     dtype = args.dtype or default_dtype_name(device)
     timing = TimingConfig.quick()
     path = cli.output_csv(args, CSV_NAME)
-    report = CsvReport(path, SCHEMA, meta=environment(device)) if path else None
+    report = CsvReport(path, SCHEMA, meta=environment(device), earlier=cli.earlier_policy(args)) if path else None
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="opbench-selftest-") as tmp:
         work = Path(tmp)
