@@ -16,14 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from opbench.core import cli
-from opbench.core.cli import positive_int, world_size
+from opbench.core.cli import MAX_WORLD, positive_int, world_size
 from opbench.core.collectives import COLLECTIVES, nccl_tests_command
 from opbench.core.errors import UsageError
+from opbench.core.redact import redact_text
 from opbench.core.results import CsvReport, environment, summary_table
 from opbench.core.schema import Schema
 from opbench.core.units import human_bytes, one_line
 
-from .parse import LogParser
+from .parse import _FULL, MAX_COUNT, MAX_ENUM, MAX_RANKS, LineStats, LogParser, bounded, bounded_lines, open_log
 from .schema import TRACE, TRACE_FSDP, TRACE_PER_COMM, TRACE_PER_RANK
 from .summary import TraceSummary
 
@@ -56,7 +57,8 @@ def add_action_args(p: argparse.ArgumentParser) -> None:
         "--nproc-per-node",
         type=world_size,
         default=None,
-        help="ranks for --replay (default: the largest nranks in the log)",
+        help="ranks for --replay on this node (default: the log's largest nranks, at most --gpus-per-node; "
+        "a log's nranks never launches more)",
     )
     r.add_argument(
         "--replay-arg",
@@ -78,6 +80,12 @@ def add_action_args(p: argparse.ArgumentParser) -> None:
     f.add_argument("--reduce-dtype", default=None, help="reduce-scatter dtype (default: the log's ReduceScatter dtype)")
 
 
+def printable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows for the console: texts read from a log (hosts, comm handles) with control characters replaced, so a
+    log cannot move the cursor or start a new line on the user's terminal."""
+    return [{k: one_line(v) if isinstance(v, str) else v for k, v in r.items()} for r in rows]
+
+
 def side_csv(csv_path: str | None, suffix: str) -> str | None:
     """'sizes.csv' + '_per_rank' → 'sizes_per_rank.csv' (breakdowns live beside the summary)."""
     if not csv_path:
@@ -91,7 +99,7 @@ def write_csv(path: str | None, schema: Schema, rows: list[dict[str, Any]], meta
         return
     with CsvReport(path, schema, meta=meta) as report:
         report.extend(rows)
-    print(f"wrote {path} ({len(rows)} rows)")
+    print(f"wrote {one_line(path)} ({len(rows)} rows)")
 
 
 def run(args: argparse.Namespace, summary: TraceSummary, parser: LogParser) -> int:
@@ -115,9 +123,21 @@ def run(args: argparse.Namespace, summary: TraceSummary, parser: LogParser) -> i
             file=sys.stderr,
         )
     rows = summary.summary_rows()
+    if not rows and summary.out_of_range:
+        where, name = first_out_of_range(args.logs)
+        raise UsageError(
+            "out of range (every call in the log has a number beyond the bounds)", source=where, field=name
+        )
+    if summary.out_of_range:
+        fields = ", ".join(f"{name} ({n:,})" for name, n in summary.out_of_range.most_common())
+        print(
+            f"warning: {sum(summary.out_of_range.values()):,} call(s) skipped: a number beyond the command line's "
+            f"bounds (count <= 2**50, nranks <= {MAX_WORLD:,}): {fields}",
+            file=sys.stderr,
+        )
     if not rows:
         print(
-            f"opbench trace: {', '.join(args.logs)}: no NCCL calls found (was the job run with NCCL_DEBUG=INFO "
+            f"opbench trace: {one_line(', '.join(args.logs))}: no NCCL calls found (was the job run with NCCL_DEBUG=INFO "
             "NCCL_DEBUG_SUBSYS=COLL?)",
             file=sys.stderr,
         )
@@ -129,6 +149,7 @@ def run(args: argparse.Namespace, summary: TraceSummary, parser: LogParser) -> i
             **st.as_dict(),
             "read_errors": st.read_errors,
             "unknown_ops": dict(summary.unknown_ops),
+            "out_of_range": dict(summary.out_of_range),
         },
     )
     print_top(rows, args.top)
@@ -138,30 +159,47 @@ def run(args: argparse.Namespace, summary: TraceSummary, parser: LogParser) -> i
         print("\nper rank:")
         print(
             summary_table(
-                rank_rows,
+                printable(rank_rows),
                 [c for c in TRACE_PER_RANK.columns if c != "globalrank" or summary.rccl_fields],
                 max_rows=_at_least(args.top, 64),
             )
         )
         for note in summary.rank_mismatch():
-            print(f"warning: ranks disagree: {note}")
+            print(f"warning: ranks disagree: {one_line(note)}")
         write_csv(side_csv(args.csv, "per_rank"), TRACE_PER_RANK, rank_rows, meta)
     if args.per_comm:
         comm_rows = summary.per_comm_rows(parser.inits)
         print("\nper communicator:")
-        shown = [{**r, "bytes": human_bytes(r["bytes"])} for r in comm_rows]
+        shown = printable([{**r, "bytes": human_bytes(r["bytes"])} for r in comm_rows])
         print(
             summary_table(shown, [c for c in TRACE_PER_COMM.columns if c != "commid"], max_rows=_at_least(args.top, 32))
         )
         write_csv(side_csv(args.csv, "per_comm"), TRACE_PER_COMM, comm_rows, meta)
     if args.commands:
         print()
-        print("\n".join(benchmark_commands(rows, flavour(args.flavour, summary), args.launcher, args.gpus_per_node)))
+        commands = benchmark_commands(rows, flavour(args.flavour, summary), args.launcher, args.gpus_per_node)
+        print(redact_text("\n".join(commands)))
     if args.compare_fsdp:
         compare_fsdp(args, rows, meta)
     if args.replay:
-        return replay(args.logs, rows, args.nproc_per_node, args.replay_arg, args.dry_run)
+        return replay(args.logs, rows, args.nproc_per_node, args.gpus_per_node, args.replay_arg, args.dry_run)
     return 1 if st.read_errors else 0  # what was read is written, but the log was not read to its end
+
+
+def first_out_of_range(paths: Sequence[str]) -> tuple[str, str]:
+    """("file:line", field) of the first call line whose count, nranks, datatype or op is beyond the bounds
+    (only run when every call was: the error names one place to look)."""
+    limits = {"count": (0, MAX_COUNT), "nranks": (1, MAX_RANKS), "datatype": (0, MAX_ENUM), "redop": (0, MAX_ENUM)}
+    for path in paths:
+        if path == "-":
+            continue
+        with open_log(path) as fh:
+            for number, line in enumerate(bounded_lines(fh, LineStats()), 1):
+                for m in _FULL.finditer(line):
+                    for name, (low, high) in limits.items():
+                        if bounded(m.group(name), low, high) < low:
+                            return f"{one_line(path)}:{number}", name
+    return one_line(", ".join(paths)), "count"
 
 
 def _at_least(top: int | None, rows: int) -> int | None:
@@ -242,29 +280,38 @@ def benchmark_commands(rows: list[dict[str, Any]], flav: str, launcher: str, gpu
 
 # -- replay -------------------------------------------------------------------------------------------------
 def replay_command(logs: Sequence[str], nproc: int, extra: Sequence[str]) -> list[str]:
-    """torchrun line that times the log's sizes with the comm benchmark (opbench.comm --sizes-from-trace)."""
-    return [
-        "torchrun",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "-m",
-        "opbench.comm",
-        "--sizes-from-trace",
-        ",".join(logs),
-        *extra,
-    ]
+    """torchrun line that times the log's sizes with the comm benchmark (opbench.comm --sizes-from-trace), the
+    flag once per log: a file name may hold a comma, which a comma-separated list would split."""
+    flags = [arg for log in logs for arg in ("--sizes-from-trace", log)]
+    return ["torchrun", "--standalone", f"--nproc-per-node={nproc}", "-m", "opbench.comm", *flags, *extra]
+
+
+def replay_ranks(rows: list[dict[str, Any]], nproc: int | None, gpus_per_node: int) -> tuple[int, str | None]:
+    """Ranks to launch: the user's --nproc-per-node, else the log's largest nranks capped at --gpus-per-node
+    (both flags are bounded by the command line); the log's nranks only informs, so a log claiming 99999999
+    ranks never launches them. Returns (ranks, a note to print when the log says otherwise)."""
+    logged = max((r["nranks"] for r in rows if r["collective"] in COLLECTIVES), default=0)
+    n = nproc or max(1, min(logged, gpus_per_node))
+    if logged and logged != n:
+        return n, f"note: the log's largest communicator has {logged:,} ranks; replaying with {n} on this node"
+    return n, None
 
 
 def replay(
-    logs: Sequence[str], rows: list[dict[str, Any]], nproc: int | None, extra: Sequence[str], dry_run: bool
+    logs: Sequence[str],
+    rows: list[dict[str, Any]],
+    nproc: int | None,
+    gpus_per_node: int,
+    extra: Sequence[str],
+    dry_run: bool,
 ) -> int:
     if "-" in logs:
         raise UsageError("cannot replay a log read from stdin; pass the file path", field="--replay")
-    n = nproc or max(r["nranks"] for r in rows if r["collective"] in COLLECTIVES)
-    if n <= 0:
-        raise UsageError(f"must be positive, got {n}", field="--nproc-per-node")
+    n, note = replay_ranks(rows, nproc, gpus_per_node)
+    if note:
+        print("\n" + note + " (set --nproc-per-node)")
     cmd = replay_command([os.path.abspath(p) for p in logs], n, extra)
-    print("\nreplay: " + shlex.join(cmd))
+    print("\nreplay: " + redact_text(shlex.join(cmd)))
     if dry_run:
         return 0
     try:
@@ -369,7 +416,7 @@ def compare_fsdp(args: argparse.Namespace, rows: list[dict[str, Any]], meta: dic
     n_hit = sum(bool(r["matched"]) for r in out)
     n_found = sum(bool(r["log_calls"]) for r in out)
     print(
-        f"\nFSDP2 model ({cfg.name}, world {world}, param {param}, reduce {reduce}): the log covers "
+        f"\nFSDP2 model ({one_line(cfg.name)}, world {world}, param {param}, reduce {reduce}): the log covers "
         f"{f'{steps} step(s)' if seen >= 0.5 else f'{seen:.2g} of a step'}; "
         f"{n_hit} of {n_units} predicted AllGather/ReduceScatter units matched (calls per step × steps × ranks, "
         f"dtype and reduction), {n_found - n_hit} logged but not matching, {n_units - n_found} not in the log"
