@@ -177,7 +177,7 @@ def collective_from_binary(binary: str) -> str:
 @dataclass
 class _Pending:
     row: dict[str, Any]
-    values: list[str]
+    values: list[float | None]  # parsed once: a float, or None for N/A
 
 
 def finite_value(row: dict[str, Any], column: str, value: Any, notes: list[str]) -> None:
@@ -342,14 +342,16 @@ class OutputParser:
         for j, tok in enumerate(tokens):
             if need <= 0:
                 break
-            if _is_num(tok):
-                pend.values.append(tok)
-                need -= 1
-            elif j == len(tokens) - 1 and _num(tok, allow_tail=True) is not None:
-                pend.values.append(_NUM_HEAD.match(tok).group(0))  # type: ignore[union-attr]
-                need -= 1
-            else:
-                break
+            try:
+                pend.values.append(float(tok))
+            except ValueError:
+                if tok.upper() == "N/A":
+                    pend.values.append(None)
+                elif j == len(tokens) - 1 and _num(tok, allow_tail=True) is not None:
+                    pend.values.append(_num(tok, allow_tail=True))
+                else:
+                    break
+            need -= 1
         if need <= 0:
             self._finish_row(self.layout.blocks)
         elif not interrupted:
@@ -368,9 +370,9 @@ class OutputParser:
         per = len(lay.block_fields)
         for b, label in enumerate(blocks):
             vals = dict(zip(lay.block_fields, pend.values[b * per : (b + 1) * per]))
-            t = _num(vals.get("time", "N/A"))
+            t = vals.get("time")
             block = {
-                "time": t * lay.time_scale if t is not None else vals.get("time"),
+                "time": t * lay.time_scale if t is not None else None,
                 "alg_bw": vals.get("algbw"),
                 "bus_bw": vals.get("busbw"),
                 "nwrong": vals.get("wrong"),
