@@ -4,16 +4,21 @@
 from __future__ import annotations
 
 import contextlib
+import gzip
 import os
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import filterfalse
+from operator import itemgetter
 
 from opbench.core.errors import UsageError
 
 from .p2p import GROUPED_NOTE, Group, P2pGrouper, group_p2p, merged_record
-from .parse import P2P_OPS, CallRecord, LineKey, LogParser, record_from_line
+from .parse import P2P_OPS, CallRecord, InitRecord, LineKey, LogParser, ParseStats, open_log, record_from_line
 from .summary import TraceSummary
+
+_P2P = itemgetter(1)
 
 
 @dataclass(frozen=True)
@@ -135,16 +140,167 @@ def _without_opcount(key: LineKey) -> LineKey:
     return (key[0], b"", b"", key[1], key[4], key[5], key[6], b"") if key[2] else key
 
 
-def analyze(paths: Sequence[str], raw_p2p: bool = False) -> tuple[TraceSummary, LogParser]:
+def analyze(paths: Sequence[str], raw_p2p: bool = False, jobs: int = 1) -> tuple[TraceSummary, LogParser]:
     """Parse logs into a TraceSummary at regex speed (LogParser.tally); Send/Recv lines are grouped into
-    all-to-alls (p2p) in log order unless ``raw_p2p``."""
+    all-to-alls (p2p) in log order unless ``raw_p2p``. ``jobs`` > 1 reads the logs in that many processes
+    (``analyze_parallel``); the result is the same."""
+    paths = check_paths(paths)
+    if jobs > 1 and "-" not in paths:
+        return analyze_parallel(paths, raw_p2p, jobs)
     parser, summary = LogParser(), TraceSummary()
     tally = _Tally(summary, raw_p2p)
-    for path in check_paths(paths):
+    for path in paths:
         with _reading(path):
             parser.tally(path, tally)
     tally.finish()
     summary.rccl_fields |= parser.stats.rccl_fields
+    summary.repair_hosts()
+    return summary, parser
+
+
+# -- --jobs N ---------------------------------------------------------------------------------------------------
+SPLIT_MIN = 16 << 20  # a plain log at least this big is cut into byte ranges (a .gz cannot be: one piece)
+PIECE = 8 << 20  # bytes per piece: small results, so the parent holds only the pieces in flight
+
+
+@dataclass
+class Piece:
+    """A byte range of one log, starting and ending at a line boundary (end None: to the end of the file)."""
+
+    path: str
+    start: int = 0
+    end: int | None = None
+
+
+@dataclass
+class PieceResult:
+    """What a worker read in a Piece: everything order-free already tallied (``summary``, ``raw``: calls other
+    than Send/Recv), and the Send/Recv in log order (``p2p``: blocks of LineKeys, or one CallRecord) for the
+    parent's one P2pGrouper, so all-to-alls cut by a piece boundary group exactly as in one process."""
+
+    stats: ParseStats
+    inits: list[InitRecord]
+    summary: TraceSummary
+    raw: Counter[LineKey] = field(default_factory=Counter)
+    p2p: list[list[LineKey] | CallRecord] = field(default_factory=list)
+
+
+class _RangeReader:
+    """``read`` of the bytes [start, end) of a file (LogParser._blocks_from reads through it)."""
+
+    def __init__(self, fh: object, left: int | None) -> None:
+        self.fh, self.left = fh, left
+
+    def read(self, n: int) -> bytes:
+        if self.left is not None:
+            n = min(n, self.left)
+            if n <= 0:
+                return b""
+        data = self.fh.read(n)  # type: ignore[attr-defined]
+        if self.left is not None:
+            self.left -= len(data)
+        return data
+
+
+class _PieceSink:
+    """The LineSink of a worker: counts what does not depend on order, keeps Send/Recv in order (their
+    repeated spans shared, so the pickled result stays small)."""
+
+    def __init__(self, result: PieceResult, raw_p2p: bool) -> None:
+        self.result, self.raw_p2p = result, raw_p2p
+        self._spans: dict[bytes, bytes] = {}
+
+    def lines(self, found: list[LineKey]) -> None:
+        res = self.result
+        if self.raw_p2p:
+            res.raw.update(map(_without_opcount, found))
+            return
+        p2p = list(filter(_P2P, found))
+        if len(p2p) < len(found):
+            res.raw.update(filterfalse(_P2P, found))
+        if p2p:
+            share = self._spans.setdefault
+            if len(self._spans) > 1 << 16:
+                self._spans.clear()
+            res.p2p.append([(share(k[0], k[0]), k[1], k[2], k[3], k[4], share(k[5], k[5]), k[6], k[7]) for k in p2p])
+
+    def record(self, rec: CallRecord) -> None:
+        if self.raw_p2p or rec.op not in P2P_OPS:
+            self.result.summary.add(rec)
+        else:
+            self.result.p2p.append(rec)
+
+
+def read_piece(piece: Piece, raw_p2p: bool) -> PieceResult:
+    """Worker: tally one Piece (LogParser.tally's road, on a byte range)."""
+    parser = LogParser()
+    result = PieceResult(parser.stats, parser.inits, TraceSummary())
+    sink = _PieceSink(result, raw_p2p)
+    with open_log(piece.path) as fh:
+        if piece.start:
+            fh.seek(piece.start)
+        left = None if piece.end is None else piece.end - piece.start
+        parser.tally_stream(_RangeReader(fh, left), sink)  # type: ignore[arg-type]
+    return result
+
+
+def split_pieces(paths: Sequence[str], jobs: int) -> Iterator[Piece]:
+    """Pieces in log order: each plain log of at least SPLIT_MIN bytes cut into ranges of about PIECE bytes at
+    line starts, every other log (a .gz, a small file) whole."""
+    for path in paths:
+        size = os.path.getsize(path)
+        with open_log(path) as fh:
+            if isinstance(fh, gzip.GzipFile) or size < SPLIT_MIN or jobs < 2:
+                yield Piece(path)
+                continue
+            start = 0
+            while start < size:
+                fh.seek(start + PIECE)
+                while True:  # to the next line start, read 1 MiB at a time (a garbage line may be long)
+                    part = fh.readline(1 << 20)
+                    if not part or part.endswith(b"\n"):
+                        break
+                end = fh.tell()
+                yield Piece(path, start, end if end < size else None)
+                start = end
+
+
+def analyze_parallel(paths: Sequence[str], raw_p2p: bool, jobs: int) -> tuple[TraceSummary, LogParser]:
+    """``analyze`` across ``jobs`` processes: the workers read pieces (split_pieces) with the regex, the parent
+    merges their counts and feeds their Send/Recv, in log order, to one P2pGrouper (docs/trace.md, "--jobs")."""
+    from concurrent.futures import Future, ProcessPoolExecutor
+
+    parser, summary = LogParser(), TraceSummary()
+    tally = _Tally(summary, raw_p2p)
+    stats = parser.stats
+    stats.files.extend(paths)
+    with ProcessPoolExecutor(max_workers=jobs) as pool, _reading(", ".join(paths)):
+        in_flight: deque[Future[PieceResult]] = deque()
+        pieces = split_pieces(paths, jobs)
+        while True:
+            while len(in_flight) < 2 * jobs:  # a window: memory holds at most 2·jobs pieces' results
+                piece = next(pieces, None)
+                if piece is None:
+                    break
+                in_flight.append(pool.submit(read_piece, piece, raw_p2p))
+            if not in_flight:
+                break
+            res = in_flight.popleft().result()
+            part = res.stats
+            for name in ("bytes", "lines", "call_lines", "calls", "fragments", "init_lines", "cut_lines"):
+                setattr(stats, name, getattr(stats, name) + getattr(part, name))
+            stats.rccl_fields |= part.rccl_fields
+            stats.read_errors += part.read_errors
+            parser.inits += res.inits
+            summary.merge(res.summary)
+            tally.raw.update(res.raw)
+            for item in res.p2p:
+                if isinstance(item, CallRecord):
+                    tally.record(item)
+                else:
+                    tally.lines(item)
+    tally.finish()
+    summary.rccl_fields |= stats.rccl_fields
     summary.repair_hosts()
     return summary, parser
 
