@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import csv
 import gzip
+import importlib.util
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,6 +19,7 @@ from opbench.trace import nccl_tests
 from opbench.trace.nccl_tests import parse_lines
 from opbench.trace.schema import NCCL_TESTS
 
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 CONTRACT = [
     "size_bytes",
     "count",
@@ -38,13 +42,16 @@ def time_str(us: float) -> str:
     return "%7.0f" % us if us >= 10000 else ("%7.1f" % us if us >= 100 else "%7.2f" % us)
 
 
-def float_str(value: float, width: int) -> str:
-    """2025+ getFloatStr: widest of %.2f/%.1f/%.0f that fits, else exponent."""
-    for fmt in ("%*.2f", "%*.1f", "%*.0f"):
-        s = fmt % (width, value)
-        if len(s) <= width:
-            return s
-    return ("%*.1e" if width >= 7 else "%*.0e") % (width, value)
+def _samples_module():
+    """examples/make_nccl_tests_samples.py, which writes nccl-tests' 2025+ formats (getFloatStr among them)."""
+    spec = importlib.util.spec_from_file_location("make_nccl_tests_samples", EXAMPLES / "make_nccl_tests_samples.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+float_str = _samples_module()._float  # 2025+ getFloatStr: widest of %.2f/%.1f/%.0f that fits, else exponent
 
 
 # -- table builders, one per era ------------------------------------------------------------------------------
@@ -427,8 +434,6 @@ def test_parser_never_raises(lines):
 
 
 def test_stdin(tmp_path):
-    import sys
-
     text = (
         "\n".join(
             v213_header() + [v213_preamble(8, 2, "float", "sum", -1) + v213_body(5, 0, 0, 0) + v213_body(5, 0, 0, 0)]
@@ -477,3 +482,121 @@ def test_over_long_lines_are_skipped_and_a_damaged_gz_keeps_the_rows_before_it(t
     assert 1000 < len(kept) < 3000 and all(r["oop_busbw_gbs"] == "45.9" for r in kept)
     err = capsys.readouterr().err
     assert "stopped reading after" in err and "the rows before the damage are kept" in err and "Traceback" not in err
+
+
+# -- issue 25 (streaming, bounds, inf) and issue 26 (-J JSON, -I per-iteration) ---------------------------------
+ROW = v213_preamble(1 << 20, 1 << 18, "float", "sum", -1) + v213_body(20, 52.4, 45.9, 0) + v213_body(19, 55.2, 48.3, 0)
+
+
+def test_json_and_per_iteration_samples_are_current_and_read_to_the_same_rows(tmp_path):
+    """examples/all_reduce_perf.json (-J) and all_reduce_perf_iter.out (-I 1), written in nccl-tests' formats by
+    examples/make_nccl_tests_samples.py, give the same rows: sizes, times, bandwidths, the -I summary, nranks
+    (2 processes × 4 GPUs in the JSON's config), the Avg bus bandwidth."""
+    gen = subprocess.run(
+        [sys.executable, str(EXAMPLES / "make_nccl_tests_samples.py"), str(tmp_path)], capture_output=True, text=True
+    )
+    assert gen.returncode == 0, gen.stderr
+    for name in ("all_reduce_perf.json", "all_reduce_perf_iter.out"):
+        assert (tmp_path / name).read_bytes() == (EXAMPLES / name).read_bytes(), f"{name}: rerun the generator"
+    from_json = list(nccl_tests.iter_file_rows(str(EXAMPLES / "all_reduce_perf.json")))
+    from_text = list(nccl_tests.iter_file_rows(str(EXAMPLES / "all_reduce_perf_iter.out")))
+    assert len(from_json) == len(from_text) == 6
+    for j, t in zip(from_json, from_text):
+        assert (j["collective"], j["size_bytes"], j["count"], j["type"], j["redop"], j["root"], j["nranks"]) == (
+            t["collective"],
+            t["size_bytes"],
+            t["count"],
+            t["type"],
+            t["redop"],
+            t["root"],
+            t["nranks"],
+        ) and j["nranks"] == 8
+        for col in ("oop_time_us", "ip_busbw_gbs", "oop_iter_min_us", "ip_iter_p99_us", "oop_iter_cv_pct", "avg_busbw"):
+            assert t[col] is not None and j[col] == pytest.approx(t[col], rel=0.01, abs=0.01), col
+        assert j["oop_wrong"] == t["oop_wrong"] == 0 and j["note"] is None
+    assert from_json[-1]["oop_iter_max_us"] > from_json[-1]["oop_iter_min_us"]
+
+
+def test_json_is_read_in_bounded_pieces_whatever_the_chunk_boundaries(monkeypatch):
+    """The same rows when the JSON arrives 7 bytes at a time (strings, keys and colons cut by chunk ends)."""
+    whole = list(nccl_tests.iter_file_rows(str(EXAMPLES / "all_reduce_perf.json")))
+    monkeypatch.setattr(nccl_tests, "JSON_CHUNK", 7)
+    assert list(nccl_tests.iter_file_rows(str(EXAMPLES / "all_reduce_perf.json"))) == whole
+
+
+def test_inf_overflow_and_out_of_range_numbers(tmp_path, capsys):
+    """Text and JSON: inf, 1e999 and nan become empty cells named in ``note``; a row with a 400-digit count (or a
+    size beyond 1 PiB, an Arabic-Indic digit) is skipped and counted; a file with only such rows is one line
+    naming file:line and field, exit 2."""
+    head = ["# Collective test starting: all_reduce_perf", *v213_header()]
+    inf_row = v213_preamble(8, 2, "float", "sum", -1) + "      inf    1e999  nan      0" + v213_body(5, 0.1, 0.2, 0)
+    huge = v213_preamble(8, 2, "float", "sum", -1).replace("           2", "9" * 400) + v213_body(5, 0, 0, 0) * 2
+    text = tmp_path / "t.out"
+    text.write_text(
+        "\n".join([*head, ROW, inf_row, huge, ROW.replace("1048576", "١٠٢٤"), "# Avg bus bandwidth : inf"]) + "\n"
+    )
+    out = tmp_path / "t.csv"
+    assert run_cli(nccl_tests.main, [str(text), "--csv", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 2 and rows[0]["avg_busbw"] == "" and "avg_busbw=inf" in rows[0]["note"]
+    r = rows[1]
+    assert (r["oop_time_us"], r["oop_algbw_gbs"], r["oop_busbw_gbs"], r["ip_time_us"]) == ("", "", "", "5")
+    assert "oop_time_us=inf" in r["note"] and "oop_algbw_gbs=inf" in r["note"] and "nan" in r["note"]
+    err = capsys.readouterr().err
+    assert f"skipped 1 row(s) with numbers out of range (first: {text}:8: count " in err and "Traceback" not in err
+
+    js = tmp_path / "r.json"
+    js.write_text(
+        '{"version":3,"args":["./build/all_gather_perf"],"config":{"nthreads":1,"ngpus":2,"devices":[{},{}]},'
+        '"results":[{"size":1024,"count":128,"type":"float","redop":"none","root":"    -1",'
+        '"out_of_place":{"time":inf,"alg_bw":1e999,"bus_bw":"nan","nwrong":0.000000},"in_place":null},'
+        '{"size":1' + "0" * 30 + ',"count":1,"type":"float","redop":"none","root":"-1"}],'
+        '"average_bus_bandwidth":{"bandwidth":-inf,"okay":"unchecked"}}'
+    )
+    assert run_cli(nccl_tests.main, [str(js), "--csv", str(out)]) == 0
+    [row] = list(csv.DictReader(out.open()))
+    assert (row["collective"], row["nranks"], row["size_bytes"], row["redop"]) == ("all_gather", "4", "1024", "")
+    assert row["oop_time_us"] == row["oop_algbw_gbs"] == row["oop_busbw_gbs"] == row["ip_time_us"] == ""
+    assert "oop_time_us=inf" in row["note"] and "avg_busbw=-inf" in row["note"] and row["oop_wrong"] == "0"
+    assert "result 2: size 1000000000000000000000000000000 is out of range" in capsys.readouterr().err
+
+    bad = tmp_path / "bad.out"
+    bad.write_text("\n".join([*head, huge]) + "\n")
+    res = subprocess.run(
+        [sys.executable, "-m", "opbench.trace.nccl_tests", str(bad)], capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and f"{bad}:" in res.stderr and "count" in res.stderr
+
+
+def test_rows_reach_the_csv_while_the_input_is_still_open(tmp_path):
+    """Streaming: 5000 rows of one table with no end line go in on a pipe that stays open; the CSV holds rows
+    before the input ends (the old parser held a table's rows until its end, and kept every row in memory)."""
+    import time
+
+    out = tmp_path / "live.csv"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "opbench.trace.nccl_tests", "-", "--csv", str(out)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(
+            "\n".join(["# Collective test starting: all_reduce_perf", *v213_header(), *[ROW] * 5000]) + "\n"
+        )
+        proc.stdin.flush()
+        seen = 0
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and seen < 2000:
+            time.sleep(0.2)
+            seen = len(out.read_text().splitlines()) - 1 if out.exists() else 0
+        assert seen >= 2000, f"{seen} rows in the CSV before the input ended"
+        assert proc.poll() is None  # still reading: the input is open
+    finally:
+        proc.stdin.close()
+    err = proc.stderr.read() if proc.stderr else ""
+    proc.wait(timeout=60)
+    assert proc.returncode == 0, err
+    assert len(out.read_text().splitlines()) == 5001

@@ -539,3 +539,97 @@ def test_only_known_op_names_count_and_a_damaged_gzip_exits_1(tmp_path, cli):
     res = cli(str(gz), "--csv", str(out))
     assert res.returncode == 1 and "stopped reading early" in res.stderr and "Traceback" not in res.stderr
     assert out.exists() and sum(int(r["calls"]) for r in csv.DictReader(out.open())) < 4000
+
+
+# -- issue 25: bounded numbers, replay ranks, names in printed output, --jobs ------------------------------------
+def test_out_of_range_numbers_are_skipped_and_counted_or_exit_2_when_every_call_is(cli, tmp_path):
+    """A 400-digit count (an OverflowError in the byte formatter before) and a 5000-digit one (int() refuses it)
+    are skipped calls counted in the summary; a log with nothing but such calls is one line naming file:line
+    and field, exit 2."""
+    good = call_line("AllReduce", 1, 1024, 7)
+    bad = [
+        call_line("AllReduce", 2, int("9" * 400), 7),
+        call_line("AllGather", 3, 8, 7).replace("8 datatype", "9" * 5000 + " datatype"),
+    ]
+    huge_ranks = call_line("AllReduce", 4, 8, 7, nranks=99999999)
+    log = tmp_path / "mixed.log"
+    log.write_text("\n".join([good, *bad, huge_ranks, good]) + "\n")
+    res = cli(str(log), "--csv", str(tmp_path / "s.csv"))
+    assert res.returncode == 0, res.stderr
+    assert "3 call(s) skipped" in res.stderr and "count (2)" in res.stderr and "nranks (1)" in res.stderr
+    assert "Traceback" not in res.stderr
+    [row] = list(csv.DictReader((tmp_path / "s.csv").open()))
+    assert (row["op"], row["count"], row["calls"]) == ("AllReduce", "1024", "2")
+
+    only_bad = tmp_path / "bad.log"
+    only_bad.write_text("some output\n" + bad[0] + "\n")
+    res = cli(str(only_bad))
+    assert res.returncode == 2 and res.stderr.count("\n") == 1
+    assert f"{only_bad}:2: field 'count'" in res.stderr and "out of range" in res.stderr
+
+
+def test_replay_never_launches_more_ranks_than_asked(cli, tmp_path):
+    """A log claiming 99999999 ranks (within the bounds: 4 Mi is the most) or 3 Mi: the replay uses
+    --nproc-per-node, else the log's nranks capped at --gpus-per-node, and says so."""
+    log = tmp_path / "big.log"
+    log.write_text("\n".join(call_line("AllReduce", i, 1024, 7, nranks=3_000_000) for i in range(3)) + "\n")
+    res = cli(str(log), "--replay", "--dry-run")
+    assert res.returncode == 0, res.stderr
+    assert "--nproc-per-node=8 " in res.stdout and "3,000,000 ranks; replaying with 8" in res.stdout
+    res = cli(str(log), "--replay", "--dry-run", "--nproc-per-node", "2", "--gpus-per-node", "4")
+    assert "--nproc-per-node=2 " in res.stdout and "3000000" not in res.stdout.split("replay: ")[1]
+
+
+def test_replay_of_a_log_with_a_comma_in_its_name_prints_a_command_that_works(cli, tmp_path):
+    """The printed command gives --sizes-from-trace once per log; opbench comm's own parser reads it back to the
+    very files, and the credentials in --replay-arg are masked."""
+    import shlex
+
+    from opbench.comm.__main__ import build_parser as comm_parser
+
+    one = tmp_path / "a,b.log"
+    two = tmp_path / "c d.log"
+    for log in (one, two):
+        log.write_text("\n".join(call_line("AllReduce", i, 1024, 7, nranks=2) for i in range(2)) + "\n")
+    res = cli(str(one), str(two), "--replay", "--dry-run", "--replay-arg=--token=hunter2")
+    assert res.returncode == 0, res.stderr
+    line = next(ln for ln in res.stdout.splitlines() if ln.startswith("replay: "))
+    assert "hunter2" not in line
+    argv = shlex.split(line.removeprefix("replay: "))
+    assert argv[:5] == ["torchrun", "--standalone", "--nproc-per-node=2", "-m", "opbench.comm"]
+    comm_args, _ = comm_parser().parse_known_args(argv[5:])
+    assert comm_args.sizes_from_trace == [str(one), str(two)]
+    assert [s.count for s in trace_sizes(comm_args.sizes_from_trace)] == [1024]
+
+
+def test_names_from_a_log_reach_the_console_without_control_characters(cli, tmp_path):
+    log = tmp_path / "esc.log"
+    lines = [call_line("AllReduce", i, 1024, 7, host="evil\x1bhost", comm="0x1\x1b]0;x\x07") for i in range(2)]
+    log.write_text("\n".join(lines) + "\n")
+    res = cli(str(log), "--per-rank", "--per-comm")
+    assert res.returncode == 0, res.stderr
+    assert "evil?host" in res.stdout and "\x1b" not in res.stdout and "\x07" not in res.stdout
+
+
+def test_jobs_2_gives_what_jobs_1_gives(cli, tmp_path, monkeypatch):
+    """A mixed job log (all-to-alls as grouped Send/Recv, torn lines, four formats) cut into 64 KiB pieces read
+    by 2 processes: every table is the same as one process's; and the CLI's CSVs for two logs are identical."""
+    from synth_trace import write_log
+
+    log = tmp_path / "mixed.log"
+    write_log(str(log), 3_000_000, job="mixed")
+    monkeypatch.setattr(trace, "SPLIT_MIN", 0)
+    monkeypatch.setattr(trace, "PIECE", 64 << 10)
+    assert len(list(trace.split_pieces([str(log)], 2))) > 40
+    one, p1 = trace.analyze([str(log)])
+    two, p2 = trace.analyze([str(log)], jobs=2)
+    assert two.summary_rows() == one.summary_rows()
+    assert two.per_rank_rows(p2.inits) == one.per_rank_rows(p1.inits)
+    assert two.per_comm_rows(p2.inits) == one.per_comm_rows(p1.inits)
+    assert p2.stats.as_dict() == p1.stats.as_dict() and p1.stats.calls > 10_000
+    assert any(r["note"] for r in one.summary_rows())  # all-to-alls were grouped across piece boundaries
+
+    small = _job_log(tmp_path)
+    for jobs in ("1", "2"):
+        assert cli(str(log), str(small), "--jobs", jobs, "--csv", str(tmp_path / f"j{jobs}.csv")).returncode == 0
+    assert (tmp_path / "j1.csv").read_text() == (tmp_path / "j2.csv").read_text()

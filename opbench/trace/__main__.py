@@ -45,8 +45,26 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="keep Send/Recv lines as logged instead of merging grouped ones into AlltoAll",
     )
+    p.add_argument(
+        "--jobs",
+        type=jobs_count,
+        default=1,
+        metavar="N",
+        help="read the logs in N processes (a plain log of 16 MB or more is cut into N byte ranges at line "
+        "starts); the output is the same as with 1",
+    )
     add_action_args(p)
     return p
+
+
+MAX_JOBS = 256
+
+
+def jobs_count(text: str) -> int:
+    value = cli.positive_int(text)
+    if value > MAX_JOBS:
+        raise argparse.ArgumentTypeError(f"{value} processes is more than {MAX_JOBS}; is that a typo?")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -55,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     args.csv = cli.output_csv(args, CSV_NAME)
-    summary, parser = analyze(args.logs, raw_p2p=args.raw_p2p)
+    summary, parser = analyze(args.logs, raw_p2p=args.raw_p2p, jobs=args.jobs)
     return actions.run(args, summary, parser)
 
 

@@ -49,7 +49,7 @@ from itertools import accumulate, compress, filterfalse, repeat
 from operator import itemgetter
 from typing import Any
 
-from .parse import P2P_OPS, CallRecord, LineKey, ProcFields, rest_fields, who_fields
+from .parse import MAX_COUNT, OUT_OF_RANGE, P2P_OPS, CallRecord, LineKey, ProcFields, bounded, rest_fields, who_fields
 
 GROUPED_NOTE = "grouped Send/Recv"
 CACHE_LIMIT = 1 << 16  # parsed who/rest spans kept (a log with per-line junk in them stays bounded)
@@ -64,6 +64,8 @@ _PEER0 = 1 << 30  # peers are stored shifted by this in line codes (root may be 
 def alltoall_count(counts: list[bytes], sends: Iterable[bool], n: int) -> tuple[str, int]:
     """(op, count) of an all-to-all group from its lines' counts as logged: ``AlltoAll`` with the per-peer count
     when all are equal, else ``AlltoAllv`` with ceil(elements sent / n) (the module docstring's rule)."""
+    if max(map(len, counts)) > 17:  # beyond parse.MAX_COUNT whatever it says: the summary skips and counts it
+        return ("AlltoAll", OUT_OF_RANGE)
     if counts.count(counts[0]) == len(counts) or (
         min(counts)[:1] == b"0" and len(set(map(int, counts))) == 1  # "08" is 8
     ):
@@ -108,13 +110,15 @@ class Group:
             if isinstance(item, CallRecord):
                 is_send, count, dt = item.op == "Send", item.count, item.datatype
             else:
-                is_send, count, dt = item[1] == _SEND, int(item[4]), rest_fields(item[5])[0]
+                is_send, count, dt = item[1] == _SEND, bounded(item[4], 0, MAX_COUNT), rest_fields(item[5])[0]
             num.add(count)
             dts.add(dt)
             if is_send:
                 sends.append(count)
         if len(dts) != 1:
             return None
+        if OUT_OF_RANGE in num:
+            return ("AlltoAll", OUT_OF_RANGE)
         if len(num) == 1:
             return ("AlltoAll", num.pop())
         return ("AlltoAllv", -(-sum(sends) // n))

@@ -47,6 +47,25 @@ from opbench.core.dtypes import BY_ENUM
 BLOCK = 128 << 10  # bytes read per step: a block's matches stay in the CPU caches (measured 5-20 % faster than 1 MiB)
 MAX_LINE = 1 << 20  # a "line" longer than this without a newline is cut (garbage)
 
+# Numbers read from a log go through the command line's bounds (opbench.core.cli): a value outside them becomes
+# OUT_OF_RANGE, and TraceSummary skips the call and counts it (ParseStats / the "parsed" line). A digit run
+# longer than MAX_DIGITS is out of range unread (int() of 5000 digits raises; of 400, it makes byte counts no
+# formatter can print).
+MAX_DIGITS = 20
+MAX_COUNT = 1 << 50  # elements: 1 PiB of bytes, as cli.MAX_MIB
+MAX_RANKS = 1 << 22  # cli.MAX_WORLD
+MAX_ENUM = 1 << 16  # datatype and reduction-op enums
+OUT_OF_RANGE = -(1 << 62)
+
+
+def bounded(text: bytes | None, low: int, high: int) -> int:
+    """``int(text)`` when it has at most MAX_DIGITS digits and lies in [low, high]; else OUT_OF_RANGE."""
+    if text is None or len(text) > MAX_DIGITS + 1:
+        return OUT_OF_RANGE
+    value = int(text)
+    return value if low <= value <= high else OUT_OF_RANGE
+
+
 # "host:pid:tid [dev]"; the host may be glued to a launcher tag ('[1,0]<stdout>:host'), hence the excluded
 # characters. At most 255 characters (a DNS name is at most 253), which keeps every search linear in the line.
 _HOST = rb"[^\s:\[\]<>()]{1,255}+"
@@ -277,7 +296,9 @@ def _s(b: bytes | None) -> str | None:
 
 
 def _i(b: bytes | None) -> int | None:
-    return None if b is None else int(b)
+    """pid, tid, device, task, globalrank: None when absent or beyond any real value."""
+    value = bounded(b, -(1 << 62) + 1, 1 << 62)
+    return None if value == OUT_OF_RANGE else value
 
 
 def record_from_match(m: re.Match[bytes], torn: bool = False) -> CallRecord:
@@ -285,13 +306,13 @@ def record_from_match(m: re.Match[bytes], torn: bool = False) -> CallRecord:
     g = m.group
     return CallRecord(
         g("op").decode("ascii"),
-        int(g("opcount"), 16),
-        int(g("count")),
-        int(g("datatype")),
-        int(g("redop")),
-        int(g("root")),
+        int(g("opcount")[-16:], 16),
+        bounded(g("count"), 0, MAX_COUNT),
+        bounded(g("datatype"), 0, MAX_ENUM),
+        bounded(g("redop"), 0, MAX_ENUM),
+        bounded(g("root"), -MAX_RANKS, MAX_RANKS),
         _s(g("comm")) or "",
-        int(g("nranks")),
+        bounded(g("nranks"), 1, MAX_RANKS),
         _s(g("stream")) or "",
         _s(g("sendbuff")) or "",
         _s(g("recvbuff")) or "",
@@ -315,7 +336,7 @@ def who_fields(who: bytes) -> ProcFields:
     m = WHO_TOKEN.search(who) if who else None
     if m is None:
         return (None, None, None)
-    return (m.group("host").decode("utf-8", "replace"), int(m.group("pid")), int(m.group("dev")))
+    return (m.group("host").decode("utf-8", "replace"), _i(m.group("pid")), _i(m.group("dev")))
 
 
 def rest_fields(rest: bytes) -> RestFields:
@@ -323,7 +344,13 @@ def rest_fields(rest: bytes) -> RestFields:
     m = REST.match(rest)
     assert m is not None, rest  # LINE only captures spans of this form
     dt, op, root, comm, nranks = m.groups()
-    return (int(dt), int(op), int(root), comm.decode("utf-8", "replace"), int(nranks))
+    return (
+        bounded(dt, 0, MAX_ENUM),
+        bounded(op, 0, MAX_ENUM),
+        bounded(root, -MAX_RANKS, MAX_RANKS),
+        comm.decode("utf-8", "replace"),
+        bounded(nranks, 1, MAX_RANKS),
+    )
 
 
 def record_from_line(key: LineKey) -> CallRecord:
@@ -333,15 +360,15 @@ def record_from_line(key: LineKey) -> CallRecord:
     dt, op_enum, root, comm, nranks = rest_fields(rest)
     return CallRecord(
         (p2p or op).decode("ascii"),
-        int(opcount, 16) if opcount else -1,
-        int(count),
+        int(opcount[-16:], 16) if opcount else -1,
+        bounded(count, 0, MAX_COUNT),
         dt,
         op_enum,
         root,
         comm,
         nranks,
         "",
-        globalrank=int(grank) if grank else None,
+        globalrank=_i(grank) if grank else None,
         host=host,
         pid=pid,
         device=dev,
@@ -425,8 +452,14 @@ class LogParser:
 
     def tally(self, path: str, sink: LineSink) -> None:
         """Feed every call of ``path`` to ``sink``, in log order."""
+        self.stats.files.append(path)
+        with open_log(path) as fh:
+            self.tally_stream(fh, sink)
+
+    def tally_stream(self, fh: BinaryIO, sink: LineSink) -> None:
+        """``tally`` of an open stream (a worker of ``--jobs`` reads a byte range of a log through it)."""
         stats = self.stats
-        for block in self._blocks(path):
+        for block in self._blocks_from(fh):
             found = LINE.findall(block)
             expected = block.count(b"opCount ")
             if len(found) == expected:  # the common case: one call on every line that has an 'opCount '
@@ -560,6 +593,14 @@ class LogParser:
                 "host", "pid", "dev", "comm", "rank", "nranks", "commid"
             )
             self.inits.append(
-                InitRecord(_s(host), _i(pid), _i(dev), _s(comm) or "", int(rank), int(nranks), _s(commid))
+                InitRecord(
+                    _s(host),
+                    _i(pid),
+                    _i(dev),
+                    _s(comm) or "",
+                    bounded(rank, 0, MAX_RANKS),
+                    bounded(nranks, 1, MAX_RANKS),
+                    _s(commid),
+                )
             )
             self.stats.init_lines += 1

@@ -83,7 +83,7 @@ TRACE_FSDP = Schema(
 NCCL_TESTS = Schema(
     benchmark="nccl_tests",
     title="nccl-tests / rccl-tests",
-    version=1,
+    version=2,  # 2: -I per-iteration summary (*_iter_*) and note (values left empty because not finite)
     columns=(
         "collective",
         "size_bytes",
@@ -103,6 +103,15 @@ NCCL_TESTS = Schema(
         "nranks",
         "wrong_kind",
         "source",
+        "oop_iter_min_us",
+        "oop_iter_max_us",
+        "oop_iter_p99_us",
+        "oop_iter_cv_pct",
+        "ip_iter_min_us",
+        "ip_iter_max_us",
+        "ip_iter_p99_us",
+        "ip_iter_cv_pct",
+        "note",
     ),
     keys=("collective", "size_bytes", "type", "redop", "nranks"),
     metrics={"oop_busbw_gbs": "GB/s", "ip_busbw_gbs": "GB/s"},
@@ -115,5 +124,13 @@ NCCL_TESTS = Schema(
         "oop_algbw_gbs": "GB/s",
         "ip_algbw_gbs": "GB/s",
         "avg_busbw": "GB/s",
+        "oop_iter_min_us": "µs",
+        "oop_iter_max_us": "µs",
+        "oop_iter_p99_us": "µs",
+        "oop_iter_cv_pct": "%",
+        "ip_iter_min_us": "µs",
+        "ip_iter_max_us": "µs",
+        "ip_iter_p99_us": "µs",
+        "ip_iter_cv_pct": "%",
     },
 )

@@ -18,11 +18,14 @@ from opbench.core.dtypes import BY_ENUM
 
 from .parse import (
     INFERRED_OPS,
+    MAX_COUNT,
+    OUT_OF_RANGE,
     TORN_MARK,
     CallRecord,
     HostFixer,
     InitRecord,
     LineKey,
+    bounded,
     redop_for,
     rest_fields,
     who_fields,
@@ -82,10 +85,21 @@ class TraceSummary:
         # Calls whose op name is no NCCL/RCCL op (torn lines cut inside the name: 'duceScatter'; damaged bytes:
         # 'ReduceSc7tter'): counted here, never tallied as calls.
         self.unknown_ops: Counter[str] = Counter()
+        # Calls with a number outside the command line's bounds (parse.bounded), by field: skipped, counted.
+        self.out_of_range: Counter[str] = Counter()
+
+    def _out_of_range(self, n: int, count: int, nranks: int, datatype: int, op_enum: int) -> bool:
+        for name, value in (("count", count), ("nranks", nranks), ("datatype", datatype), ("op", op_enum)):
+            if value == OUT_OF_RANGE:
+                self.out_of_range[name] += n
+                return True
+        return False
 
     def add(self, rec: CallRecord, n: int = 1) -> None:
         if rec.op not in KNOWN_OPS:
             self.unknown_ops[rec.op] += n
+            return
+        if self._out_of_range(n, rec.count, rec.nranks, rec.datatype, rec.op_enum):
             return
         note = rec.inferred.split(" (")[0] if rec.inferred else None
         self.counts[
@@ -107,6 +121,13 @@ class TraceSummary:
         if rec.task is not None or rec.acc is not None:
             self.rccl_fields = True
 
+    def merge(self, other: TraceSummary) -> None:
+        """Add another summary's tallies (a ``--jobs`` worker's)."""
+        self.counts.update(other.counts)
+        self.unknown_ops.update(other.unknown_ops)
+        self.out_of_range.update(other.out_of_range)
+        self.rccl_fields |= other.rccl_fields
+
     def extend(self, records: Iterable[CallRecord]) -> TraceSummary:
         for rec in records:
             self.add(rec)
@@ -122,9 +143,13 @@ class TraceSummary:
                 continue
             host, pid, dev = who_fields(who)
             dt, op_enum, _, comm, nranks = rest_fields(rest)
+            number = bounded(count, 0, MAX_COUNT)
+            if self._out_of_range(n, number, nranks, dt, op_enum):
+                continue
+            grank_value = bounded(grank, -(1 << 62) + 1, 1 << 62) if grank else None
             key = Key(
                 name,
-                int(count),
+                number,
                 dt,
                 op_enum,
                 nranks,
@@ -132,7 +157,7 @@ class TraceSummary:
                 pid,
                 dev,
                 comm,
-                int(grank) if grank else None,
+                None if grank_value == OUT_OF_RANGE else grank_value,
                 note,
                 who.startswith(TORN_MARK),
             )
