@@ -145,13 +145,17 @@ def test_every_method_on_local_disk_and_s3_with_two_ranks(tmp_path, s3_env):
             assert r.save_overlap_time >= 0
     for _, r in rows[rows["method"] != "raw"].iterrows():
         ref = raw.loc[r.storage]
-        assert r.pct_of_raw_save == pytest.approx(100 * r.save_bandwidth_in_mbps / ref.save_bandwidth_in_mbps, rel=1e-4)
-        assert r.pct_of_raw_load == pytest.approx(100 * r.load_bandwidth_in_mbps / ref.load_bandwidth_in_mbps, rel=1e-4)
+        assert r.pct_of_raw_save == pytest.approx(
+            100 * r.save_bandwidth_mib_per_s / ref.save_bandwidth_mib_per_s, rel=1e-4
+        )
+        assert r.pct_of_raw_load == pytest.approx(
+            100 * r.load_bandwidth_mib_per_s / ref.load_bandwidth_mib_per_s, rel=1e-4
+        )
     assert (rows["state_bytes"] == spec.total_bytes).all() and (rows["iter_folder_size"] >= spec.total_bytes).all()
     for _, r in rows.iterrows():
         # bandwidth = iter_folder_size / 2^20 / median time (CSV keeps 6 significant digits)
-        assert r.save_bandwidth_in_mbps == pytest.approx(r.iter_folder_size / 2**20 / r.save_total_time, rel=2e-5)
-        assert r.load_bandwidth_in_mbps == pytest.approx(r.iter_folder_size / 2**20 / r.load_time, rel=2e-5)
+        assert r.save_bandwidth_mib_per_s == pytest.approx(r.iter_folder_size / 2**20 / r.save_total_time, rel=2e-5)
+        assert r.load_bandwidth_mib_per_s == pytest.approx(r.iter_folder_size / 2**20 / r.load_time, rel=2e-5)
         assert 0 < r.save_block_time <= r.save_total_time
         if not r.async_save:
             assert r.save_block_time == r.save_total_time and pd.isna(r.async_staging)

@@ -160,36 +160,79 @@ def test_phases_partition_the_save():
     assert save_phases(10.0, None, 11.0) is None and save_phases(10.0, SaveMarks(), 11.0) is None
 
 
-def test_a_reused_async_stager_is_kept_per_state_staged_before_timing_and_unwrapped(tmp_path):
-    """dcp_async's pinned path (GPU only) reuses one DCP DefaultStager per state and case. Here the same code runs
-    with a real DefaultStager that does not pin (the CPU has no pinned memory), over two cases on one state:
-    prepare() stages the real state after the warm-up and before timing (else the first timed save pins the
-    whole state), the case's saves reuse that stager, each save gives it its own stage back (else the timing
-    wrappers nest, one more per save), and the case's end frees it."""
-    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+def _counting_stager(made: list, events: list | None = None):
+    """opbench's ReusableStager, counting its stagings and recording open/close."""
+    from opbench.ckpt.methods import ReusableStager
 
+    class CountingStager(ReusableStager):
+        def __init__(self, device, pin_memory):
+            super().__init__(device, pin_memory)
+            self.staged, self.n = 0, len(made)
+            made.append(self)
+            if events is not None:
+                events.append(f"open {self.n}")
+
+        def stage(self, state_dict):
+            self.staged += 1
+            return super().stage(state_dict)
+
+        def close(self):
+            if events is not None:
+                events.append(f"close {self.n}")
+            super().close()
+
+    return CountingStager
+
+
+def test_one_stager_stages_the_same_dtensor_state_again_and_again_into_the_same_buffers():
+    """Issue 23: on a GPU, dcp_async failed with ``KeyError: <class 'type'>`` because torch 2.11's DefaultStager
+    empties its deep-copy table after each staging, so a reused stager cannot stage twice. This is the GPU's code
+    path with pinning off: the real state dict (DTensors over a gloo mesh), staged three times by one stager,
+    each copy equal to the state at that moment and in the buffers of the first staging (allocated once)."""
+    from opbench.ckpt.methods import DcpAsync, ReusableStager
+    from opbench.core import dist
+
+    ranks = dist.Ranks.join(dist.single(), "cpu", 60)
+    method = DcpAsync()
+    try:
+        state = ShardedState.build(
+            StateSpec("s", (TensorSpec("a", (8, 4), "fp32"), TensorSpec("b", (6,), "bf16"))), 0, 1, CPU
+        )
+        stager = method._stager_for_state(state)
+        assert isinstance(stager, ReusableStager) and not stager.pinned
+        assert method.staging(CPU) == "host memory (pageable)"
+        pointers = None
+        for round_ in range(3):
+            state.tensors["a"].fill_(round_)
+            staged = stager.stage(state.dcp_state_dict())
+            assert set(staged) == {"a", "b"}
+            local = {k: v.to_local() for k, v in staged.items()}
+            assert torch.equal(local["a"], torch.full((8, 4), float(round_))) and torch.equal(
+                local["b"], state.tensors["b"]
+            )
+            assert all(local[k].data_ptr() != state.tensors[k].data_ptr() for k in local)  # a copy, not a view
+            ptrs = {k: v.data_ptr() for k, v in local.items()}
+            assert pointers is None or ptrs == pointers
+            pointers = ptrs
+    finally:
+        method.close_stager()
+        ranks.stop()
+
+
+def test_a_reused_async_stager_is_kept_per_state_staged_before_timing_and_unwrapped(tmp_path, monkeypatch):
+    """dcp_async stages through one ReusableStager per state and case, on a CPU as on a GPU (pinned there), over
+    two cases on one state: prepare() stages the real state after the warm-up and before timing (else the first
+    timed save allocates and pins the whole state), the case's saves reuse that stager, each save gives it its own
+    stage back (else the timing wrappers nest, one more per save), and the case's end frees it."""
+    from opbench.ckpt import methods
     from opbench.ckpt.methods import DcpAsync
     from opbench.ckpt.runner import Case, RunOptions, run_case, warm_up_state
     from opbench.ckpt.storage import Storage
     from opbench.core import dist
 
-    made: list[DefaultStager] = []
-
-    class CountingStager(DefaultStager):
-        def __init__(self) -> None:
-            super().__init__(StagingOptions(False, False, False, False))
-            self.staged = 0
-            made.append(self)
-
-        def stage(self, state_dict, **kwargs):
-            self.staged += 1
-            return super().stage(state_dict, **kwargs)
-
-    class CpuStagedAsync(DcpAsync):
-        def _pinned_stager_class(self, device):
-            return CountingStager
-
-    method = CpuStagedAsync()
+    made: list = []
+    monkeypatch.setattr(methods, "ReusableStager", _counting_stager(made))
+    method = DcpAsync()
     ranks = dist.Ranks.join(dist.single(), "cpu", 60)
     try:
         tiny = warm_up_state(ranks)
@@ -203,7 +246,7 @@ def test_a_reused_async_stager_is_kept_per_state_staged_before_timing_and_unwrap
         # per case: the warm-up's stager (its one save), then the state's, staged by prepare and each of 3 saves
         assert [s.staged for s in made] == [1, 1 + 3, 1, 1 + 3]
         assert all("stage" not in vars(s) for s in made)
-        assert method._stager is None  # freed when each case ended: the pinned copy does not outlive its case
+        assert method._stager is None  # freed when each case ended: the staged copy does not outlive its case
     finally:
         method.close_stager()
         ranks.stop()
@@ -212,25 +255,11 @@ def test_a_reused_async_stager_is_kept_per_state_staged_before_timing_and_unwrap
 def test_a_state_s_pinned_stager_is_closed_before_the_next_state_is_built(tmp_path, monkeypatch):
     """With two states (--size-mb 1,2) a stager holds its state — on a GPU its tensors and a pinned host copy —
     until closed; it must be closed when its case ends, not kept while later cases or the next state run."""
-    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
+    from opbench.ckpt import methods
     from opbench.ckpt.__main__ import main
-    from opbench.ckpt.methods import DcpAsync
 
     events: list[str] = []
-    opened = iter(range(100))
-
-    class RecordingStager(DefaultStager):
-        def __init__(self) -> None:
-            super().__init__(StagingOptions(False, False, False, False))
-            self.n = next(opened)
-            events.append(f"open {self.n}")
-
-        def close(self) -> None:
-            events.append(f"close {self.n}")
-            super().close()
-
-    monkeypatch.setattr(DcpAsync, "_pinned_stager_class", lambda self, device: RecordingStager)
+    monkeypatch.setattr(methods, "ReusableStager", _counting_stager([], events))
     args = ["--size-mb", "1,2", "--methods", "dcp_async", "--no-raw", "--iterations", "1", "--device", "cpu"]
     args += ["--storage", str(tmp_path / "data"), "--report-dir-path", str(tmp_path / "out")]
     assert main(args) == 0

@@ -324,11 +324,11 @@ def test_trace_summary_most_bytes_first(results, report):
 
 def test_checkpoint_slowest_save_first(results, report):
     table, ok = shown_and_csv(report[1], "Checkpoint", results / "ckpt" / "ckpt_benchmark.csv", 3)  # raw too
-    shown = [float(v) for v in table["save_bandwidth_in_mbps"]]
-    assert shown == pytest.approx(sorted(ok["save_bandwidth_in_mbps"]), rel=1e-3)  # table shows 4 digits
+    shown = [float(v) for v in table["save_bandwidth_mib_per_s"]]
+    assert shown == pytest.approx(sorted(ok["save_bandwidth_mib_per_s"]), rel=1e-3)  # table shows 4 digits
     for _, row in table.iterrows():
         src = one(ok, method=row["method"])
-        for col in ("save_total_time", "load_time", "save_bandwidth_in_mbps", "load_bandwidth_in_mbps"):
+        for col in ("save_total_time", "load_time", "save_bandwidth_mib_per_s", "load_bandwidth_mib_per_s"):
             assert close(row[col], src[col])
         assert row["verified"] == "True"
         assert close(row["pct_of_raw_save"], src["pct_of_raw_save"])

@@ -25,6 +25,7 @@ from opbench.core.cli import csv_list, positive_int, size_mib
 from opbench.core.dtypes import FLOAT_DTYPES
 from opbench.core.errors import UsageError, run_cli
 from opbench.core.faults import Faults
+from opbench.core.redact import redact_text
 
 from .schema import METHOD_NAMES, SCHEMA
 from .spec import OPTIMIZERS, StateSpec, model_state_spec, synthetic_state_spec, with_num_layers
@@ -44,8 +45,8 @@ SUMMARY = [
     "save_total_time",
     "load_time",
     "iter_folder_size",
-    "save_bandwidth_in_mbps",
-    "load_bandwidth_in_mbps",
+    "save_bandwidth_mib_per_s",
+    "load_bandwidth_mib_per_s",
     "pct_of_raw_save",
     "pct_of_raw_load",
     "accurate",
@@ -278,6 +279,7 @@ def parse(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[StateSpe
 def dry_run(args, specs: list[StateSpec], storages: list[Storage], world: int) -> int:
     from opbench.core.results import summary_table
 
+    Faults.validate(world)  # as a real run would: a fault for a rank this world lacks is refused here too
     rows = [
         dict(
             state=s.label,
@@ -374,12 +376,15 @@ def _benchmark(args, specs: list[StateSpec], storages: list[Storage], run: RunOp
     report = ranks.open_report(os.path.join(args.report_dir_path, CSV_NAME), SCHEMA, meta)
     rows: list[dict[str, Any]] = []
     tiny = warm_up_state(ranks)
+    failures = FailureLog(os.path.join(args.report_dir_path, ERRORS_LOG_NAME), ranks)
     try:
         for index, spec in enumerate(specs):
-            rows += _sweep_state(args, index, spec, storages, run_dirs, run, ranks, tiny, report, meta)
+            rows += _sweep_state(args, index, spec, storages, run_dirs, run, ranks, tiny, report, meta, failures)
     finally:
         if ranks.is_main and not run.keep:
             for storage, run_dir in zip(storages, run_dirs):
+                if storage.spec in failures.down:
+                    continue  # nothing there can be reached; every attempt would wait out the retries
                 try:
                     remove_tree(storage, run_dir)
                 except Exception:  # noqa: BLE001 - leftovers are harmless, the report is what matters
@@ -387,19 +392,62 @@ def _benchmark(args, specs: list[StateSpec], storages: list[Storage], run: RunOp
         report.close()
     if not ranks.is_main:
         return 0 if all(r.get("status") == "ok" for r in rows) else 1
-    print(summary_table(rows, SUMMARY))
+    print(summary_table(rows, SUMMARY, schema=SCHEMA))
     staging = sorted({r["async_staging"] for r in rows if r.get("async_staging") and r.get("status") == "ok"})
     if staging:
         print(async_note(staging, ranks.device.type))
     print(f"\nwrote {report.path}")
     bad = [r for r in rows if r.get("status") != "ok" or r.get("verified") is False]
-    if bad:
+    for where, reason in failures.down.items():
         print(
-            f"opbench ckpt: {len(bad)} of {len(rows)} cases failed or did not verify (see status/error)",
+            f"opbench ckpt: {redact_text(where)}: {redact_text(reason)}; its remaining cases were not run",
+            file=sys.stderr,
+        )
+    if bad:
+        where = f"; tracebacks in {failures.path}" if failures.written else ""
+        print(
+            f"opbench ckpt: {len(bad)} of {len(rows)} cases failed or did not verify (see status/error{where})",
             file=sys.stderr,
         )
         return 1
     return 0
+
+
+ERRORS_LOG_NAME = "ckpt_benchmark.errors.log"
+
+
+class FailureLog:
+    """The failed cases' full tracebacks (every rank's, gathered to rank 0) in a log beside the CSV, so the CSV's
+    error cell stays one line; and the storages found down, whose remaining cases are not run. Every rank keeps
+    the same ``down``: it comes from the failure every rank was told (core.dist.Ranks.agree)."""
+
+    def __init__(self, path: str, ranks: dist.Ranks):
+        self.path, self.ranks = path, ranks
+        self.down: dict[str, str] = {}  # storage spec -> the one-line reason
+        self.written = False
+
+    def record(self, case: Case, exc: BaseException, tracebacks: list[str]) -> None:
+        """After a case failed on every rank: remember a storage that is down, log the tracebacks (rank 0)."""
+        from opbench.core.results import launch_command
+
+        from .failures import STORAGE_DOWN
+
+        if getattr(exc, "status", None) == STORAGE_DOWN:
+            self.down.setdefault(case.storage.spec, str(exc))
+        everyone = self.ranks.gather("".join(tracebacks))
+        if not self.ranks.is_main:
+            return
+        text = "".join(
+            f"--- {case.tag} on {case.storage.spec}, rank {rank}\n{tb}" for rank, tb in enumerate(everyone) if tb
+        )
+        if not self.written:  # appended: an earlier run's tracebacks stay, each run under its own heading
+            text = f"=== opbench ckpt, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}: {launch_command()}\n{text}"
+        try:
+            with open(self.path, "a", encoding="utf-8") as fh:
+                fh.write(redact_text(text))
+            self.written = True
+        except OSError as e:  # the CSV row still says what failed
+            print(f"opbench ckpt: warning: cannot write {self.path}: {e}", file=sys.stderr)
 
 
 def _sweep_state(
@@ -413,10 +461,13 @@ def _sweep_state(
     tiny: Any,
     report: Any,
     meta: dict[str, Any],
+    failures: FailureLog,
 ) -> list[dict[str, Any]]:
     """Every case of one state; the state is built here and freed when this returns."""
+    from opbench.core.dist import RankFailure
     from opbench.core.sweep import run_sweep
 
+    from .failures import STORAGE_DOWN
     from .runner import base_row, case_row, run_case, sidecar_entry
     from .state import ShardedState
 
@@ -439,10 +490,14 @@ def _sweep_state(
 
     def measure(case: Case) -> dict[str, Any]:
         case_dir = f"{run_dirs[storages.index(case.storage)]}/{case.tag}"
+        if case.storage.spec in failures.down:
+            raise StorageDown(failures.down[case.storage.spec])  # a row at once, with the first case's reason
+        tracebacks: list[str] = []
         try:
-            result = run_case(ranks, state, case, case_dir, run, tiny)
+            result = run_case(ranks, state, case, case_dir, run, tiny, tracebacks)
         except Exception as exc:
-            if not dist.job_broken(exc):
+            if getattr(exc, "status", None) == STORAGE_DOWN or not dist.job_broken(exc):
+                failures.record(case, exc, tracebacks)
                 raise  # the case's own failure: a row, and the sweep goes on
             # A peer exited or hung: every later case would wait out --timeout too. Leave now, with one line.
             if ranks.is_main and not run.keep:
@@ -454,7 +509,7 @@ def _sweep_state(
             dist.fail_job(
                 "opbench ckpt",
                 f"rank {ranks.rank}/{ranks.world_size}: {case.tag} failed (--timeout {args.timeout:g} s): "
-                f"{' '.join(str(exc).split())[:300]} (a peer rank probably exited or hung)",
+                f"{redact_text(' '.join(str(exc).split()))[:300]} (a peer rank probably exited or hung)",
             )
             raise
         if ranks.is_main:
@@ -466,6 +521,7 @@ def _sweep_state(
         return with_raw_ratios(row, raw_rows.get(case.storage.spec))
 
     def failed(case: Case, status: str, message: str) -> dict[str, Any]:
+        message = failures.down.get(case.storage.spec) or message.removeprefix(f"{RankFailure.__name__}: ")
         return {**base_row(case, state, ranks, run), "status": status, "error": message}
 
     return run_sweep(cases, measure, failed, report, desc=spec.label)
@@ -475,7 +531,10 @@ def with_raw_ratios(row: dict[str, Any], raw: dict[str, Any] | None) -> dict[str
     """pct_of_raw_save / pct_of_raw_load: the row's bandwidth as a percentage of the raw row's on the same storage
     and state (100 × bandwidth / raw bandwidth); empty when there is no raw row or either side is missing."""
     usable = raw is not None and raw.get("status") == "ok" and row.get("status") == "ok"
-    for col, metric in (("pct_of_raw_save", "save_bandwidth_in_mbps"), ("pct_of_raw_load", "load_bandwidth_in_mbps")):
+    for col, metric in (
+        ("pct_of_raw_save", "save_bandwidth_mib_per_s"),
+        ("pct_of_raw_load", "load_bandwidth_mib_per_s"),
+    ):
         mine, ref = row.get(metric), (raw or {}).get(metric)
         row[col] = 100.0 * mine / ref if usable and mine and ref else None
     return row
@@ -534,6 +593,10 @@ def _preflight_all(ranks: dist.Ranks, storages: list[Storage], specs: list[State
             field="--storage",
         )
     return outcome
+
+
+class StorageDown(Exception):
+    """A case not run because an earlier case found its storage unusable (FailureLog.down)."""
 
 
 SHARED_MARKER = ".opbench_rank0"  # written by rank 0 into each run directory, looked for by every rank

@@ -221,6 +221,54 @@ def _read_into(fh: Any, view: memoryview) -> int:
     return got
 
 
+def _pins(device: torch.device) -> bool:
+    """Whether staging can use pinned host memory for this device (it needs CUDA/ROCm)."""
+    return device.type == "cuda" and torch.cuda.is_available()
+
+
+class ReusableStager:
+    """An ``async_stager`` for dcp.async_save that copies the state into host buffers allocated on its first
+    staging and reused by every later one (DCP's StateDictStager, pinned on GPUs, the copy non-blocking then
+    synchronized), until ``close``.
+
+    Why not DCP's DefaultStager: in torch 2.11 its ``stage`` closes its StateDictStager after every staging,
+    which frees the cached buffers and empties the stager's deep-copy table, so the second ``stage`` of the
+    same stager fails with ``KeyError: <class 'type'>`` (docs/ckpt.md, "Methods"). Reusing one stager is what
+    a trainer does; this class does it on every torch that has StateDictStager."""
+
+    # async_save calls the deprecated synchronize_staging when this is true; stage() below is synchronous
+    _synchronize_after_execute = False
+    should_synchronize_after_execute = False
+
+    def __init__(self, device: torch.device, pin_memory: bool) -> None:
+        from torch.distributed.checkpoint._state_dict_stager import StateDictStager
+
+        self.device, self.pinned = device, pin_memory
+        self._stager: Any = StateDictStager(pin_memory=pin_memory)
+
+    @staticmethod
+    def available() -> bool:
+        try:
+            from torch.distributed.checkpoint._state_dict_stager import StateDictStager  # noqa: F401
+        except ImportError:
+            return False
+        return True
+
+    def stage(self, state_dict: Any) -> Any:
+        """A host copy of ``state_dict`` (DTensors stay DTensors) in this stager's buffers."""
+        staged = self._stager.stage(state_dict, non_blocking=self.pinned)
+        if self.pinned:
+            torch.cuda.synchronize(self.device)  # the non-blocking device-to-host copies are done
+        return staged
+
+    def synchronize_staging(self) -> None:
+        """Nothing to wait for: ``stage`` returns when the copy is done."""
+
+    def close(self) -> None:
+        """Free the host buffers (unpinned by the stager's finalizers)."""
+        self._stager.close()
+
+
 class Dcp(Method):
     """torch.distributed.checkpoint.save/load of DTensor shards (FSDP2's layout); FileSystemWriter for paths,
     FsspecWriter for URLs."""
@@ -239,7 +287,7 @@ class Dcp(Method):
                 single_file_per_rank=opts.single_file_per_rank,
                 sync_files=opts.sync_files,
                 thread_count=opts.thread_count,
-                **dict(storage.options),
+                **storage.fs_options,
             )
         from torch.distributed.checkpoint import FileSystemWriter
 
@@ -255,7 +303,7 @@ class Dcp(Method):
         if storage.is_url:
             from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
-            return FsspecReader(path, **dict(storage.options))
+            return FsspecReader(path, **storage.fs_options)
         from torch.distributed.checkpoint import FileSystemReader
 
         return FileSystemReader(path)
@@ -285,44 +333,37 @@ class DcpAsync(Dcp):
     _stager_state: ShardedState | None = None  # the state the stager's pinned buffers were made for
 
     def staging(self, device: torch.device) -> str | None:
-        return "pinned host memory" if self._pinned_stager_class(device) else "host memory (pageable)"
+        if self.async_type == "thread" and _pins(device) and ReusableStager.available():
+            return "pinned host memory"
+        return "host memory (pageable)"
 
-    def _pinned_stager_class(self, device: torch.device) -> Any:
-        """DCP's DefaultStager (torch >= 2.9) where pinned memory exists (CUDA/ROCm) in thread mode: the
-        device-to-host copy then runs at DMA speed, as trainers that checkpoint asynchronously configure it.
-        None elsewhere: DCP's default stages into pageable host memory (on a CPU device, a plain copy)."""
-        if device.type != "cuda" or self.async_type != "thread" or not torch.cuda.is_available():
+    def _make_stager(self, device: torch.device) -> Any:
+        """Thread mode stages through opbench's ReusableStager on every device, pinned where pinned memory exists
+        (CUDA/ROCm: the device-to-host copy then runs at DMA speed, as trainers that checkpoint asynchronously
+        configure it), pageable elsewhere, so a CPU run goes through the very code a GPU run does. None (DCP's own
+        staging) in process mode or where torch has no StateDictStager."""
+        if self.async_type != "thread" or not ReusableStager.available():
             return None
-        try:
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-        except ImportError:
-            return None
-        return lambda: DefaultStager(
-            StagingOptions(
-                use_pinned_memory=True, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=True
-            )
-        )
+        return ReusableStager(device, pin_memory=_pins(device))
 
     def _stager_for_state(self, state: ShardedState) -> Any:
-        """One stager per state, so its pinned buffers are allocated once (by ``prepare``, untimed) and reused by
-        the case's saves, as a trainer's would be; a new state (the warm-up's tiny one included) gets a new one."""
-        make = self._pinned_stager_class(state.device)
-        if make is None:
-            return None
+        """One stager per state, so its host buffers are allocated (and pinned) once, by ``prepare``, untimed, and
+        reused by the case's saves, as a trainer's would be; a new state (the warm-up's tiny one included) gets a
+        new one."""
         if self._stager_state is not state:
             self.close_stager()
-            self._stager, self._stager_state = make(), state
+            self._stager, self._stager_state = self._make_stager(state.device), state
         return self._stager
 
     def prepare(self, state: ShardedState) -> None:
-        """Stage the state once into its pinned buffers: allocating and registering pinned memory for the
-        whole state takes far longer than the copy, and a trainer pays it on its first checkpoint only."""
+        """Stage the state once into its host buffers: allocating (and on a GPU pinning) memory for the whole
+        state takes far longer than the copy, and a trainer pays it on its first checkpoint only."""
         stager = self._stager_for_state(state)
         if stager is not None:
             stager.stage(state.dcp_state_dict())
 
     def finish_case(self) -> None:
-        """The pinned copy lives only while this method's case runs: later cases (raw, torch_save loads, process
+        """The staged copy lives only while this method's case runs: later cases (raw, torch_save loads, process
         mode's staging) make host copies of their own, and the memory check counts one at a time."""
         self.close_stager()
 

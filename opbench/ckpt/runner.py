@@ -18,15 +18,17 @@ from opbench.core.device import synchronize
 from opbench.core.dist import Ranks
 from opbench.core.faults import Faults
 from opbench.core.rankstats import rank_stats
+from opbench.core.redact import redact_text
 from opbench.core.timing import Stats
 
+from .failures import STORAGE_DOWN, describer
 from .methods import Method, SaveMarks, SaveOptions
 from .state import ShardedState, StateSpec, TensorSpec
 from .storage import Storage, corrupt_rank_files, drop_page_cache, folder_size, remove_tree
 
 
 def bandwidth_mibps(size_bytes: float | None, seconds: float | None) -> float | None:
-    """Primus' *_bandwidth_in_mbps: bytes / 2**20 / seconds (MiB/s despite the name)."""
+    """*_bandwidth_mib_per_s (Primus' *_bandwidth_in_mbps): bytes / 2**20 / seconds."""
     if not size_bytes or not seconds:
         return None
     return size_bytes / 2**20 / seconds
@@ -154,24 +156,37 @@ def _warm_up(ranks: Ranks, tiny: ShardedState, case: Case, path: str, opts: Save
 
 
 def run_case(
-    ranks: Ranks, state: ShardedState, case: Case, case_dir: str, run: RunOptions, tiny: ShardedState | None = None
+    ranks: Ranks,
+    state: ShardedState,
+    case: Case,
+    case_dir: str,
+    run: RunOptions,
+    tiny: ShardedState | None = None,
+    errors: list[str] | None = None,
 ) -> CaseResult:
-    """Measure one case on every rank; raises (on every rank) if any rank failed. Leaves ``state`` holding its
-    original contents whatever happens, and removes the case's files unless ``run.keep``."""
+    """Measure one case on every rank; raises (on every rank) if any rank failed: RankFailure with a one-line
+    message, status failures.STORAGE_DOWN when the storage itself cannot be used; this rank's full traceback is
+    appended to ``errors``. Leaves ``state`` holding its original contents whatever happens, and removes the
+    case's files unless ``run.keep`` (or the storage is down: nothing there can be reached)."""
     opts = SaveOptions(case.thread_count or 1, run.single_file_per_rank, run.sync_files)
     result = CaseResult()
     paths = [f"{case_dir}/iter_{i:07d}" for i in range(1, run.iterations + 1)]
     faults, rank = run.faults, ranks.rank
-    interrupted = False
+    interrupted = storage_down = False
+    describe = describer(case.storage, errors if errors is not None else [])
+
+    def agree(fn: Callable[[], Any]) -> Any:
+        return ranks.agree(fn, describe)
+
     try:
-        ranks.agree(lambda: faults.prepare(rank))
+        agree(lambda: faults.prepare(rank))
         if tiny is not None:
-            result.warmup_s = ranks.agree(lambda: _warm_up(ranks, tiny, case, f"{case_dir}/warmup", opts))
-        ranks.agree(lambda: case.method.prepare(state))
+            result.warmup_s = agree(lambda: _warm_up(ranks, tiny, case, f"{case_dir}/warmup", opts))
+        agree(lambda: case.method.prepare(state))
         faults.before_timing(rank, run.timeout_s)
         for path in paths:
             save = faults.timed(partial(case.method.save, state, case.storage, path, opts), rank, state.device)
-            mine = ranks.agree(lambda: _save_once(ranks, state, case, path, opts, run.save_interval, save))
+            mine = agree(lambda: _save_once(ranks, state, case, path, opts, run.save_interval, save))
             everyone = ranks.gather(mine)
             result.per_rank["block"].append([b for b, _, _, _ in everyone])
             result.per_rank["total"].append([t for _, t, _, _ in everyone])
@@ -179,15 +194,15 @@ def run_case(
             result.total.append(max(t for _, t, _, _ in everyone))
             result.overlapped.append(any(o for _, _, o, _ in everyone))
             result.phases.append(max(everyone, key=lambda e: e[1])[3])  # the phases of the rank the job waited for
-            result.sizes.append(ranks.agree(lambda: folder_size(case.storage, path) if ranks.is_main else 0))
+            result.sizes.append(agree(lambda: folder_size(case.storage, path) if ranks.is_main else 0))
         # The corrupt fault damages what this rank saved, after every save and before any load.
-        ranks.agree(lambda: [corrupt_rank_files(case.storage, p, rank) for p in paths if faults.corrupts(rank)])
+        agree(lambda: [corrupt_rank_files(case.storage, p, rank) for p in paths if faults.corrupts(rank)])
         for path in paths:
             if run.drop_cache:
-                dropped = ranks.agree(lambda: drop_page_cache(case.storage, path) if ranks.local_rank == 0 else None)
+                dropped = agree(lambda: drop_page_cache(case.storage, path) if ranks.local_rank == 0 else None)
                 result.cache_dropped.append(all(d for d in ranks.gather(dropped) if d is not None))
             load = faults.timed(partial(case.method.load, state, case.storage, path), rank, state.device)
-            seconds, problems = ranks.agree(lambda: _load_once(ranks, state, case, path, load))
+            seconds, problems = agree(lambda: _load_once(ranks, state, case, path, load))
             everyone = ranks.gather((seconds, problems))
             result.per_rank["load"].append([s for s, _ in everyone])
             result.load.append(max(s for s, _ in everyone))
@@ -196,11 +211,12 @@ def run_case(
                 state.regenerate()
     except BaseException as exc:
         interrupted = isinstance(exc, KeyboardInterrupt)  # Ctrl-C or SIGTERM (core.errors.Terminated)
+        storage_down = getattr(exc, "status", None) == STORAGE_DOWN
         state.regenerate()
         raise
     finally:
         case.method.finish_case()
-        if not run.keep:
+        if not run.keep and not storage_down:
             _cleanup(ranks, case, case_dir, wait_for_peers=not interrupted)
     return result
 
@@ -216,7 +232,7 @@ def _cleanup(ranks: Ranks, case: Case, case_dir: str, wait_for_peers: bool = Tru
             remove_tree(case.storage, case_dir)
     except Exception as exc:  # noqa: BLE001
         if ranks.is_main:
-            print(f"opbench ckpt: warning: could not remove {case_dir}: {exc}")
+            print(f"opbench ckpt: warning: could not remove {redact_text(case_dir)}: {redact_text(str(exc))}")
 
 
 def case_row(case: Case, state: ShardedState, ranks: Ranks, run: RunOptions, result: CaseResult) -> dict[str, Any]:
@@ -236,8 +252,8 @@ def case_row(case: Case, state: ShardedState, ranks: Ranks, run: RunOptions, res
         load_time_min=load.min,
         load_time_max=load.max,
         iter_folder_size=size,
-        save_bandwidth_in_mbps=bandwidth_mibps(size, total.median),
-        load_bandwidth_in_mbps=bandwidth_mibps(size, load.median),
+        save_bandwidth_mib_per_s=bandwidth_mibps(size, total.median),
+        load_bandwidth_mib_per_s=bandwidth_mibps(size, load.median),
         accurate=not any(result.overlapped),
         verified=not result.problems,
         status="ok" if not result.problems else "error",

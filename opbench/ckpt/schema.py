@@ -8,7 +8,9 @@ METHOD_NAMES = ("raw", "torch_save", "dcp", "dcp_async", "dcp_async_process")
 SCHEMA = Schema(
     benchmark="ckpt",
     title="Checkpoint",
-    version=3,  # 2: async_staging (what an async save's block time copies the state into); 3: raw, pct_of_raw_*, per-rank and phase columns
+    # 2: async_staging (what an async save's block time copies the state into); 3: raw, pct_of_raw_*, per-rank and
+    # phase columns; 4: *_bandwidth_in_mbps (Primus' name, MiB/s) renamed *_bandwidth_mib_per_s
+    version=4,
     columns=(
         "model",
         "num_layers",
@@ -45,8 +47,8 @@ SCHEMA = Schema(
         "load_time_rank_median",
         "slowest_load_rank",
         "iter_folder_size",
-        "save_bandwidth_in_mbps",
-        "load_bandwidth_in_mbps",
+        "save_bandwidth_mib_per_s",
+        "load_bandwidth_mib_per_s",
         "pct_of_raw_save",
         "pct_of_raw_load",
         "accurate",
@@ -66,7 +68,11 @@ SCHEMA = Schema(
         "sync_files",
         "drop_cache",
     ),
-    metrics={"save_bandwidth_in_mbps": "MiB/s", "load_bandwidth_in_mbps": "MiB/s"},
+    metrics={"save_bandwidth_mib_per_s": "MiB/s", "load_bandwidth_mib_per_s": "MiB/s"},
+    aliases={
+        "save_bandwidth_in_mbps": "save_bandwidth_mib_per_s",
+        "load_bandwidth_in_mbps": "load_bandwidth_mib_per_s",
+    },
     signature=(
         "method",
         "storage",
@@ -76,8 +82,8 @@ SCHEMA = Schema(
         "save_total_time",
         "load_time",
         "iter_folder_size",
-        "save_bandwidth_in_mbps",
-        "load_bandwidth_in_mbps",
+        "save_bandwidth_mib_per_s",
+        "load_bandwidth_mib_per_s",
     ),
     file_hint="ckpt",
     units={

@@ -17,6 +17,13 @@ from typing import Any
 
 from opbench.core.errors import UsageError, describe_os_error
 
+# Object storage through botocore (s3fs): two attempts per request, "standard" retry mode (backoff on
+# throttling, 5xx and connection errors). botocore's default (legacy mode, 5 attempts) spends seconds per request on
+# an endpoint that is gone, and every call of every case pays it. Throttling (SlowDown) and dropped connections are
+# also retried by s3fs itself (5 tries). --storage-options' own config_kwargs win.
+S3_RETRIES = {"max_attempts": 2, "mode": "standard"}
+S3_PROTOCOLS = ("s3", "s3a")
+
 # Checked before anything is written: room for this many iterations of the checkpoint (they are all kept
 # until the loads are done), times a little slack for metadata.
 FREE_SPACE_SLACK = 1.05
@@ -51,6 +58,21 @@ class Storage:
         local = self.local_root
         return local if local is not None and not self.is_url else self.spec.rstrip("/")
 
+    @property
+    def bucket(self) -> str:
+        """The bucket (first path part) of an object-storage URL; '' for a path."""
+        return self.spec.split("://", 1)[1].split("/", 1)[0] if self.is_url else ""
+
+    @property
+    def fs_options(self) -> dict[str, Any]:
+        """What the fsspec file system is built with: --storage-options, and for S3 a bounded botocore retry
+        policy (S3_RETRIES) unless the options give their own ``config_kwargs.retries``."""
+        options = dict(self.options)
+        config = options.get("config_kwargs")
+        if self.protocol in S3_PROTOCOLS and (config is None or isinstance(config, dict)):
+            options["config_kwargs"] = {"retries": dict(S3_RETRIES), **(config or {})}
+        return options
+
     def join(self, *parts: str) -> str:
         return "/".join([self.root.rstrip("/"), *parts])
 
@@ -59,7 +81,7 @@ class Storage:
         from fsspec.core import url_to_fs
 
         try:
-            return url_to_fs(self.root, **dict(self.options))
+            return url_to_fs(self.root, **self.fs_options)
         except (ImportError, ValueError) as exc:
             raise UsageError(
                 f"no fsspec file system for '{self.protocol}://' ({exc})", source=self.spec, field="--storage"
@@ -115,28 +137,21 @@ def preflight(storage: Storage, world_size: int, needed_bytes: int) -> str:
     fs, _ = storage.filesystem()
     run_dir = storage.join(f"opbench_ckpt_{uuid.uuid4().hex[:12]}")
     probe = run_dir + "/.write_probe"
+    if storage.protocol in S3_PROTOCOLS and not storage.bucket:
+        raise UsageError("an s3:// URL needs a bucket (s3://bucket/prefix)", source=storage.spec, field="--storage")
     try:
-        if storage.protocol == "s3":
-            bucket = storage.root.split("://", 1)[1].split("/", 1)[0]
-            if not bucket:
-                raise UsageError(
-                    "an s3:// URL needs a bucket (s3://bucket/prefix)", source=storage.spec, field="--storage"
-                )
-            if not fs.exists(bucket):
-                raise UsageError(
-                    f"bucket '{bucket}' does not exist or is not visible with these credentials",
-                    source=storage.spec,
-                    field="--storage",
-                )
+        if storage.protocol in S3_PROTOCOLS:
+            # S3's own answer names what is wrong (NoSuchBucket, InvalidAccessKeyId, AccessDenied, no connection);
+            # fs.exists would say False for all of them, and HeadBucket answers a bare 403/404
+            fs.call_s3("list_objects_v2", Bucket=storage.bucket, MaxKeys=1)
         fs.makedirs(run_dir, exist_ok=True)
         fs.pipe_file(probe, b"opbench write probe")
         fs.rm_file(probe)
-    except UsageError:
-        raise
     except Exception as exc:  # noqa: BLE001 - any failure here is the user's storage, reported as one line
-        raise UsageError(
-            f"cannot write there: {describe_os_error(exc)}", source=storage.spec, field="--storage"
-        ) from None
+        from .failures import storage_down_reason
+
+        reason = storage_down_reason(exc, storage) or f"cannot write there: {describe_os_error(exc)}"
+        raise UsageError(reason, source=storage.spec, field="--storage") from None
     if storage.local_root is not None:
         free = shutil.disk_usage(storage.local_path(run_dir) or run_dir).free
         if free < needed_bytes * FREE_SPACE_SLACK:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from .errors import EXIT_TERMINATED, UsageError, raise_if_terminated
+from .redact import redact_text
 
 if TYPE_CHECKING:
     import torch
@@ -340,7 +341,7 @@ def relaunch(cmd: Sequence[str], prog: str = "opbench", verdict_exit: int | None
 
     torchrun gives the other ranks 30 s to stop after one fails, and a stopped or hung rank then keeps the job
     alive; here the job gets ``STOP_GRACE_S`` from the first failure a rank reports, then it is killed."""
-    print("+ " + shlex.join(cmd), file=sys.stderr, flush=True)
+    print("+ " + redact_text(shlex.join(cmd)), file=sys.stderr, flush=True)  # core.redact: no credential printed
     proc = subprocess.Popen(
         list(cmd), stderr=subprocess.PIPE, text=True, errors="replace", env=_launch_env(_nproc_of(cmd))
     )

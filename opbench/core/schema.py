@@ -25,6 +25,8 @@ class Schema:
     signature: tuple[str, ...] = ()  # columns that identify a header-only CSV; default keys + metrics
     file_hint: str = ""  # regex on the file name, breaks ties between header matches
     units: Mapping[str, str] = field(default_factory=dict)  # units of other columns worth stating
+    # old column name -> its current name, so CSVs written before a rename are still read (opbench report)
+    aliases: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         known = set(self.columns)
@@ -33,6 +35,7 @@ class Schema:
             ("metrics", tuple(self.metrics)),
             ("signature", self.signature),
             ("units", tuple(self.units)),
+            ("aliases", tuple(self.aliases.values())),
         ):
             missing = [n for n in names if n not in known]
             if missing:

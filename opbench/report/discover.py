@@ -89,6 +89,10 @@ class Discovery:
         return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
+# Every schema's old column names -> current ones.
+OLD_NAMES = {old: new for kind in SCHEMAS.values() for old, new in kind.aliases.items()}
+
+
 def identify(columns: set[str], filename: str) -> Schema | None:
     """From the header alone: the most specific schema whose identifying columns the header contains; the
     file-name hint breaks ties."""
@@ -164,6 +168,7 @@ def discover(root: str | Path) -> Discovery:
         except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError, OSError, csv.Error) as exc:
             found.skipped.append((rel, f"unreadable CSV ({type(exc).__name__}: {str(exc).splitlines()[0][:80]})"))
             continue
+        frame = frame.rename(columns=OLD_NAMES)  # CSVs written before a column was renamed (Schema.aliases)
         meta = read_meta(path)
         kind = SCHEMAS.get(str(meta.get("benchmark")))
         how = "sidecar"

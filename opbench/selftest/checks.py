@@ -188,7 +188,7 @@ def ckpt_rows(device: torch.device, work: Path) -> Iterator[dict[str, Any]]:
         return
     for r in rows:
         good = r.get("status") == STATUS_OK and r.get("verified") == "True"
-        save, load = _float(r.get("save_bandwidth_in_mbps")), _float(r.get("load_bandwidth_in_mbps"))
+        save, load = _float(r.get("save_bandwidth_mib_per_s")), _float(r.get("load_bandwidth_mib_per_s"))
         yield row(
             "ckpt",
             r.get("method", "?"),
