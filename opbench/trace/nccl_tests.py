@@ -137,9 +137,10 @@ class Layout:
 
 
 def _num(tok: str, allow_tail: bool = False) -> float | None:
-    """A table number; 'N/A' → None. ``allow_tail`` accepts '12.3[1,0]<stdout>:' glued launcher junk."""
+    """A table number; 'N/A' → None. ``allow_tail`` accepts '12.3[1,0]<stdout>:' glued launcher junk. ASCII
+    only: float() would read other scripts' digits ('١٢' as 12)."""
     try:
-        return float(tok)
+        return float(tok) if tok.isascii() else None
     except ValueError:
         pass
     if allow_tail:
@@ -343,6 +344,8 @@ class OutputParser:
             if need <= 0:
                 break
             try:
+                if not tok.isascii():
+                    raise ValueError(tok)  # float() would read other scripts' digits
                 pend.values.append(float(tok))
             except ValueError:
                 if tok.upper() == "N/A":
