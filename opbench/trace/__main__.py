@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=jobs_count,
         default=1,
         metavar="N",
-        help="read the logs in N processes (a plain log of 16 MB or more is cut into N byte ranges at line "
+        help="read the logs in N processes (a plain log of 16 MB or more is cut into 8 MiB pieces at line "
         "starts); the output is the same as with 1",
     )
     add_action_args(p)
