@@ -9,13 +9,23 @@ import os
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import filterfalse
 from operator import itemgetter
 
 from opbench.core.errors import UsageError
 
 from .p2p import GROUPED_NOTE, Group, P2pGrouper, group_p2p, merged_record
-from .parse import P2P_OPS, CallRecord, InitRecord, LineKey, LogParser, ParseStats, open_log, record_from_line
+from .parse import (
+    P2P_OPS,
+    CallRecord,
+    InitRecord,
+    LineKey,
+    LogParser,
+    ParseStats,
+    open_log,
+    record_from_line,
+    rest_fields,
+    who_fields,
+)
 from .summary import TraceSummary
 
 _P2P = itemgetter(1)
@@ -172,17 +182,26 @@ class Piece:
     end: int | None = None
 
 
+StreamKey = tuple["str | None", "int | None", "int | None", str, int]  # (host, pid, device, comm, nranks)
+
+
 @dataclass
 class PieceResult:
-    """What a worker read in a Piece: everything order-free already tallied (``summary``, ``raw``: calls other
-    than Send/Recv), and the Send/Recv in log order (``p2p``: blocks of LineKeys, or one CallRecord) for the
-    parent's one P2pGrouper, so all-to-alls cut by a piece boundary group exactly as in one process."""
+    """What a worker read in a Piece. Its own _Tally grouped the Send/Recv of every stream (process and
+    communicator) from that stream's first opCount change on: from there no group can reach back into the piece
+    before. Before it, a stream's lines may continue a group of the previous piece: they are ``head``, in log
+    order, for the parent's one P2pGrouper; the groups still open at the end are ``tail``. ``settled`` names the
+    streams whose opCount changed in the piece. Everything else is already tallied (``summary``, ``raw``,
+    ``merged``), so a result holds a few groups per stream, not the piece's lines."""
 
     stats: ParseStats
     inits: list[InitRecord]
     summary: TraceSummary
     raw: Counter[LineKey] = field(default_factory=Counter)
-    p2p: list[list[LineKey] | CallRecord] = field(default_factory=list)
+    merged: Counter[LineKey] = field(default_factory=Counter)
+    head: list[list[LineKey] | CallRecord] = field(default_factory=list)
+    tail: list[list[LineKey] | CallRecord] = field(default_factory=list)
+    settled: set[StreamKey] = field(default_factory=set)
 
 
 class _RangeReader:
@@ -202,33 +221,99 @@ class _RangeReader:
         return data
 
 
+def _line_stream(key: LineKey, cache: dict[tuple[bytes, bytes], StreamKey]) -> StreamKey:
+    found = cache.get((key[0], key[5]))
+    if found is None:
+        if len(cache) > 1 << 16:
+            cache.clear()
+        host, pid, dev = who_fields(key[0])
+        _, _, _, comm, nranks = rest_fields(key[5])
+        found = cache[(key[0], key[5])] = (host, pid, dev, comm, nranks)
+    return found
+
+
 class _PieceSink:
-    """The LineSink of a worker: counts what does not depend on order, keeps Send/Recv in order (their
-    repeated spans shared, so the pickled result stays small)."""
+    """The LineSink of a worker: a _Tally for the settled streams, the head (module docstring of PieceResult)
+    kept in log order for the parent."""
 
     def __init__(self, result: PieceResult, raw_p2p: bool) -> None:
-        self.result, self.raw_p2p = result, raw_p2p
-        self._spans: dict[bytes, bytes] = {}
+        self.result = result
+        self.tally = _Tally(result.summary, raw_p2p)
+        self.tally.raw, self.tally.merged = result.raw, result.merged
+        if self.tally.grouper is not None:
+            self.tally.grouper.raw, self.tally.grouper.merged = result.raw, result.merged
+        self._last: dict[StreamKey, bytes] = {}  # opCount of each unsettled stream's last line
+        self._streams: dict[tuple[bytes, bytes], StreamKey] = {}
 
     def lines(self, found: list[LineKey]) -> None:
-        res = self.result
-        if self.raw_p2p:
-            res.raw.update(map(_without_opcount, found))
+        if self.tally.grouper is None:
+            self.tally.lines(found)
             return
-        p2p = list(filter(_P2P, found))
-        if len(p2p) < len(found):
-            res.raw.update(filterfalse(_P2P, found))
-        if p2p:
-            share = self._spans.setdefault
-            if len(self._spans) > 1 << 16:
-                self._spans.clear()
-            res.p2p.append([(share(k[0], k[0]), k[1], k[2], k[3], k[4], share(k[5], k[5]), k[6], k[7]) for k in p2p])
+        streams = [_line_stream(k, self._streams) for k in filter(_P2P, found)]
+        settled = self.result.settled
+        if all(map(settled.__contains__, streams)):  # the usual block: every stream settled already
+            self.tally.lines(found)
+            return
+        keep: list[LineKey] = []
+        head: list[LineKey] = []
+        it = iter(streams)
+        for key in found:
+            if not key[1]:
+                keep.append(key)
+                continue
+            stream = next(it)
+            if stream in settled or self._settles(stream, key[2]):
+                keep.append(key)
+            else:
+                head.append(key)
+        if head:
+            self.result.head.append(head)
+        self.tally.lines(keep)
 
     def record(self, rec: CallRecord) -> None:
-        if self.raw_p2p or rec.op not in P2P_OPS:
-            self.result.summary.add(rec)
+        if self.tally.grouper is None or rec.op not in P2P_OPS:
+            self.tally.record(rec)
+            return
+        stream = (rec.host, rec.pid, rec.device, rec.comm, rec.nranks)
+        if stream in self.result.settled or self._settles(stream, b"%x" % rec.opcount):
+            self.tally.record(rec)
         else:
-            self.result.p2p.append(rec)
+            self.result.head.append(rec)
+
+    def _settles(self, stream: StreamKey, opcount: bytes) -> bool:
+        """True when this line's opCount differs from the stream's line before it (the stream settles here)."""
+        last = self._last.get(stream)
+        if last is not None and last != opcount:
+            self.result.settled.add(stream)
+            del self._last[stream]
+            return True
+        self._last[stream] = opcount
+        return False
+
+    def finish(self) -> None:
+        """Tally what is done; the groups still open become the tail."""
+        tally, grouper = self.tally, self.tally.grouper
+        if grouper is not None:
+            pending, grouper._pending = grouper._pending, []
+            if pending:
+                self.result.tail.append(pending)
+            for group in grouper.open.values():
+                self.result.tail.extend(_as_items(group.items))
+            grouper.open.clear()
+            tally._count_unmerged()
+
+
+def _as_items(items: list[LineKey | CallRecord]) -> list[list[LineKey] | CallRecord]:
+    """Items in order, consecutive LineKeys as one list (one ``lines`` call), CallRecords alone."""
+    out: list[list[LineKey] | CallRecord] = []
+    for item in items:
+        if isinstance(item, CallRecord):
+            out.append(item)
+        elif out and isinstance(out[-1], list):
+            out[-1].append(item)
+        else:
+            out.append([item])
+    return out
 
 
 def read_piece(piece: Piece, raw_p2p: bool) -> PieceResult:
@@ -241,6 +326,7 @@ def read_piece(piece: Piece, raw_p2p: bool) -> PieceResult:
             fh.seek(piece.start)
         left = None if piece.end is None else piece.end - piece.start
         parser.tally_stream(_RangeReader(fh, left), sink)  # type: ignore[arg-type]
+    sink.finish()
     return result
 
 
@@ -263,6 +349,31 @@ def split_pieces(paths: Sequence[str], jobs: int) -> Iterator[Piece]:
                 end = fh.tell()
                 yield Piece(path, start, end if end < size else None)
                 start = end
+
+
+def _feed(tally: _Tally, items: list[list[LineKey] | CallRecord]) -> None:
+    for item in items:
+        if isinstance(item, CallRecord):
+            tally.record(item)
+        else:
+            tally.lines(item)
+
+
+def _close(tally: _Tally, streams: set[StreamKey]) -> None:
+    """End the open groups of the streams a piece settled: one process would have ended them at the line where
+    the opCount changed (the piece's worker grouped from there on)."""
+    grouper = tally.grouper
+    if grouper is None or not streams:
+        return
+    if grouper._pending:
+        grouper._process(grouper._pending)
+        grouper._pending = []
+    for host, pid, dev, comm, nranks in streams:
+        sid = grouper._proc_id((host, pid, dev)) + grouper._comm_id(comm, nranks)
+        group = grouper.open.pop(sid, None)
+        if group is not None:
+            grouper.emit(group)
+    tally._count_unmerged()
 
 
 def analyze_parallel(paths: Sequence[str], raw_p2p: bool, jobs: int) -> tuple[TraceSummary, LogParser]:
@@ -294,11 +405,10 @@ def analyze_parallel(paths: Sequence[str], raw_p2p: bool, jobs: int) -> tuple[Tr
             parser.inits += res.inits
             summary.merge(res.summary)
             tally.raw.update(res.raw)
-            for item in res.p2p:
-                if isinstance(item, CallRecord):
-                    tally.record(item)
-                else:
-                    tally.lines(item)
+            tally.merged.update(res.merged)
+            _feed(tally, res.head)
+            _close(tally, res.settled)
+            _feed(tally, res.tail)
     tally.finish()
     summary.rccl_fields |= stats.rccl_fields
     summary.repair_hosts()
