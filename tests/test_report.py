@@ -605,3 +605,24 @@ def test_a_full_disk_leaves_no_half_row_and_the_report_skips_broken_rows(tmp_pat
     assert "1 row(s) with text where a number" in err
     md = (tmp_path / "report" / "report.md").read_text()
     assert "## Rows left out" in md and f"({good} ok rows)" not in err
+
+
+def test_a_rerun_into_the_folder_reports_its_own_rows_and_lists_the_earlier_run(tmp_path, capsys):
+    """A second run into one folder keeps the first under earlier/<time>/ (core.outputs); a dry run writes a
+    .plan.csv. The report of the folder shows the latest run's rows only and names the others as skipped."""
+    out = tmp_path / "res"
+    run_gemm(out)
+    args = ["--model", "Qwen3_0.6B", "--seqlen", "16", "--layers", "qkv", "--quick", "--device", "cpu"]
+    for extra in ([], ["--dry-run"]):  # a later run, then a dry run (own processes, as a user runs them)
+        subprocess.run(
+            [sys.executable, "-m", "opbench", "gemm", *args, *extra, "--report-dir-path", str(out)],
+            check=True,
+            capture_output=True,
+        )
+    kept = list((out / "earlier").glob("*/benchmark_gemm_Qwen3_0.6B.csv"))
+    assert len(kept) == 1 and (out / "benchmark_gemm_Qwen3_0.6B.plan.csv").exists()
+    assert run_cli(report_main, [str(out), "--out", str(tmp_path / "rep"), "--no-plots"]) == 0
+    text = (tmp_path / "rep" / "report.md").read_text()
+    assert len(md_tables(section(text, "GEMM"))["GEMM"][0]) == len(ok_rows(out / "benchmark_gemm_Qwen3_0.6B.csv"))
+    skipped = section(text, "Skipped files")
+    assert "earlier run" in skipped and "plan" in skipped

@@ -26,6 +26,7 @@ from opbench.cluster.schema import PAIRS as CLUSTER_PAIRS
 from opbench.cluster.schema import TELEMETRY as CLUSTER_TELEMETRY
 from opbench.comm.schema import SCHEMA as COMM
 from opbench.core.errors import UsageError
+from opbench.core.outputs import kept_aside
 from opbench.core.results import sidecar_path
 from opbench.core.schema import Schema
 from opbench.fsdp_model.schema import SCHEMA as FSDP
@@ -152,6 +153,10 @@ def discover(root: str | Path) -> Discovery:
     found = Discovery(base, [], [])
     for path in sorted(base.rglob("*.csv")):
         rel = path.relative_to(base).as_posix()
+        aside = kept_aside(rel)  # an earlier run's CSV under earlier/, a dry run's plan: not this run's rows
+        if aside:
+            found.skipped.append((rel, aside))
+            continue
         try:
             short = malformed_rows(path)
             frame = pd.read_csv(path, skiprows=short or None)

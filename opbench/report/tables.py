@@ -144,6 +144,7 @@ SPECS: dict[str, TableSpec] = {
             "dtype",
             "redop",
             "source",
+            "cycle",
             "size",
             "size_bytes",
             "count",
@@ -157,8 +158,8 @@ SPECS: dict[str, TableSpec] = {
             "busbw_vs_tests",
         ),
         derived=("size", "tests_busbw_gbs", "busbw_vs_tests"),
-        order=_by("backend", "world_size", "nnodes", "dtype", "source", "size_bytes", "inplace"),
-        optional=("nnodes", "redop", "source", "wrong"),
+        order=_by("backend", "world_size", "nnodes", "dtype", "source", "cycle", "size_bytes", "inplace"),
+        optional=("nnodes", "redop", "source", "cycle", "wrong"),
         sparse=("tests_busbw_gbs", "busbw_vs_tests"),
         split="collective",
         about="busbw per message size (nccl-tests semantics); tests_busbw_gbs is nccl-tests / rccl-tests' busbw "
