@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from .errors import describe_os_error, raise_if_terminated
 from .progress import Field, RowProgress
-from .results import CsvReport, summary_table
+from .results import CsvReport, NullReport, summary_table
 
 T = TypeVar("T")
 
@@ -82,7 +82,8 @@ def run_sweep(
         return rows
     if total is None and hasattr(items, "__len__"):
         total = len(items)  # type: ignore[arg-type]
-    with RowProgress(total, desc, fields) as shown:
+    # One rank tells the log: ranks other than 0 write to a NullReport (core.dist.Ranks.open_report).
+    with RowProgress(total, desc, fields, enabled=not isinstance(report, NullReport)) as shown:
         try:
             for item in items:
                 row = _measured_row(item, measure_one, failed_row)
