@@ -204,6 +204,24 @@ def test_dry_run_writes_planned_rows(tmp_path):
     assert df.fwd_time.isna().all()
 
 
+def test_a_cpu_dry_run_plans_the_lengths_a_cpu_run_measures(tmp_path):
+    import pandas as pd
+
+    out = tmp_path / "plan.csv"
+    args = [
+        "--model-config-path",
+        "builtin",
+        "--model",
+        "Qwen3_8B",
+        "--backends",
+        "sdpa",
+        "--report-csv-path",
+        str(out),
+    ]
+    assert main([*args, "--dry-run", "--device", "cpu"]) == 0
+    assert set(pd.read_csv(out.with_suffix(".plan.csv")).seqlen_q) == {128}  # as the run would, not 4096
+
+
 def _user_shapes(tmp_path, seqlen: int):
     """A user's shapes file with one small causal MHA shape of ``seqlen`` tokens."""
     path = tmp_path / "mine.json"

@@ -208,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     dtype = args.dtype or default_dtype_name(device)
     timing = timing_config(args)
     max_seqlen = args.max_seqlen
-    if device.type == "cpu" and not args.dry_run:
+    if device.type == "cpu":  # a dry run plans what the run would measure: the same lengths
         if max_seqlen is None and builtin_shapes(args):
             max_seqlen = CPU_MAX_SEQLEN
             print(
@@ -216,6 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "(--max-seqlen 0 for the real lengths; shapes you give are measured as given)",
                 file=sys.stderr,
             )
+    if device.type == "cpu" and not args.dry_run:
         if not any(getattr(args, f) not in (None, False) for f in TIMING_FLAGS):
             timing = replace(TimingConfig.quick(), budget_s=CPU_BUDGET_S)
             print(
