@@ -10,6 +10,7 @@ any environment variable named ``AWS_*``, ``GOOGLE_*``, ``AZURE_*`` or holding a
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Mapping
@@ -63,6 +64,7 @@ _HEADER = re.compile(
 )
 
 
+@functools.lru_cache(maxsize=4096)  # names repeat (every environment variable, every call): parse each once
 def is_secret_name(name: str) -> bool:
     """Whether an option, mapping key or environment variable with this name holds a credential."""
     if name.upper().startswith(SECRET_ENV_PREFIXES):
@@ -88,6 +90,8 @@ def redact_text(text: str, environ: Mapping[str, str] | None = None) -> str:
     """``text`` with every credential-like value replaced by ``***`` (see the module docstring)."""
     if not text:
         return text
+    if text.isalnum():  # a number, a plain word: nothing to mask unless it is an environment secret itself
+        return MASK if text in _secret_env_values(environ) else text
     out = _QUOTED_PAIR.sub(lambda m: _masked(m, 2, f"{m.group(1)}{m.group(3)}{MASK}{m.group(3)}"), text)
     out = _BARE_JSON_PAIR.sub(lambda m: _masked(m, 2, f"{m.group(1)}{MASK}"), out)
     out = _ASSIGN.sub(lambda m: _masked(m, 2, f"{m.group(1)}{MASK}"), out)
