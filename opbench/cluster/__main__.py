@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--pair-size",
         type=positive_bytes,
         default=None,
-        help="bytes per GPU per direction in the pairs check (default: 256M on GPU, 64M --quick; 16M / 1M on CPU)",
+        help="bytes per GPU per direction in the pairs check (default: 256M on GPU, 64M --quick; 16M on CPU)",
     )
     g.add_argument(
         "-n",
@@ -93,9 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("verdict")
     g.add_argument(
-        "--outlier-fraction", type=cli.finite_float, default=0.10, help="name members this fraction below the median …"
+        "--outlier-fraction",
+        type=cli.finite_float,
+        default=0.10,
+        help="name members this fraction below their peers' median …",
     )
-    g.add_argument("--outlier-mad", type=cli.finite_float, default=3.0, help="… and this many scaled MADs below it")
+    g.add_argument(
+        "--outlier-mad", type=cli.finite_float, default=3.0, help="… and this many scaled MADs of the peers' ratios"
+    )
     g.add_argument(
         "--expect", default=None, metavar="FILE", help="JSON minimums per check and metric (docs/cluster.md)"
     )
@@ -149,7 +154,7 @@ def _validate(args: argparse.Namespace) -> None:
         from .verdict import load_baseline
 
         load_baseline(args.baseline)
-    Faults.from_env()
+    Faults.validate()
 
 
 def sizes_for(args: argparse.Namespace, gpu: bool) -> Sizes:
@@ -178,6 +183,8 @@ def plan(args: argparse.Namespace) -> int:
         from opbench.models import load_model_configs, select_models
 
         select_models(load_model_configs(args.model_config_path, args.model_name), args.model)
+    # a fault for a rank no planned job has is refused here, as a real run would refuse it
+    Faults.validate(max(args.plan or [args.nnodes]) * gpus)
     gemm_count = 1 + (3 if args.model else 0)
     a = Assumptions()
     print(
@@ -217,6 +224,25 @@ _PLAN_COLUMNS = (
 _PLAN_HEADERS = ("compute", "memory", "intra", "inter rails", "world", "pairs", "group setup")
 
 
+CHECK_TITLES = {"compute": "compute", "memory": "memory", "intra": "intra", "inter": "inter", "pairs": "pairs",
+                "gpu_pairs": "GPU pairs"}  # fmt: skip
+
+
+def check_lines(cfg: Any, got: Any) -> list[str]:
+    """One line per check: what it measured, or why it did not run (not asked for, or nothing to measure here)."""
+    lines = []
+    for check, title in CHECK_TITLES.items():
+        if check == "gpu_pairs" and not cfg.gpu_pairs:
+            continue  # not asked for (--gpu-pairs)
+        asked = ("pairs" if check == "gpu_pairs" else check) in cfg.checks
+        if check in got.ran:
+            lines.append(f"{title}: {got.ran[check]}")
+        else:
+            why = got.not_run.get(check) if asked else "not in --checks"
+            lines.append(f"{title}: not run ({why or 'nothing measured'})")
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -251,6 +277,15 @@ def _model_gemms(args: argparse.Namespace) -> list[Any]:
             if len(seen) == 3:
                 break
     return out
+
+
+def _verdict_exit(failed: str | None) -> int:
+    """Exit 1 when the check failed (``failed`` says why), leaving the reason where torchrun reports a failed
+    rank, so a plain torchrun on another node says why its ranks ended with 1; else 0."""
+    if failed is None:
+        return 0
+    dist.record_error(failed)
+    return 1
 
 
 def run(args: argparse.Namespace, dist_env: dist.DistEnv) -> int:
@@ -324,7 +359,7 @@ def run(args: argparse.Namespace, dist_env: dist.DistEnv) -> int:
                 getattr(cluster, check)()
         if not ranks.is_main:
             # every rank ends with the verdict, so torchrun and srun report what rank 0 decided
-            return 0 if ranks.broadcast(None) else 1
+            return _verdict_exit(ranks.broadcast(None))
         got = cluster.got
         if got.pair_rows:  # now with the verdict columns the last round made possible
             reports.pop("pairs").close()
@@ -345,10 +380,12 @@ def run(args: argparse.Namespace, dist_env: dist.DistEnv) -> int:
         passed = not got.findings
         elapsed = time.monotonic() - started
         header = [
-            f"{len(cluster.nodes)} node(s) × {per_node} GPU(s) = {ranks.world_size} ranks; {info.name}; {dtype}; "
+            f"{len(cluster.nodes)} node(s) × {per_node} {'GPU' if gpu else 'rank'}(s) = {ranks.world_size} rank(s); "
+            f"{info.name}; {dtype}; "
             f"backend {ranks.backend}; {'quick' if args.quick else 'default'} sizes; checks took {elapsed:.0f} s after the rendezvous",
-            f"checks: {', '.join(c for c in CHECKS if c in cfg.checks)}" + (" (+ GPU pairs)" if cfg.gpu_pairs else ""),
-            f"outlier rule: more than {100 * cfg.fraction:g} % and {cfg.mad_k:g} scaled MADs below the peers' median",
+            "checks:\n" + "\n".join(f"  - {line}" for line in check_lines(cfg, got)),
+            f"outlier rule: more than {100 * cfg.fraction:g} % and {cfg.mad_k:g} scaled MADs of its peers below the "
+            "median of its peers (the other members of its kind)",
             f"link peaks: {cfg.links.source or 'unknown (pass --link-peak-gbs)'}",
         ]
         if args.expect:
@@ -363,8 +400,14 @@ def run(args: argparse.Namespace, dist_env: dist.DistEnv) -> int:
         if len(got.findings) > 20:
             print(f"  … {len(got.findings) - 20} more in the summary")
         print(f"wrote {summary_path} and cluster_*.csv", flush=True)
-        ranks.broadcast(passed)
-        return 0 if passed else 1
+        failed = None
+        if not passed:
+            first = got.findings[0]
+            failed = (
+                f"opbench cluster: the check failed with {len(got.findings)} finding(s), first {first.kind}: "
+                f"{first.check} {first.case}: {first.member}: {first.detail} (all in {summary_path})"
+            )
+        return _verdict_exit(ranks.broadcast(failed))
     except ClusterFailure as exc:
         dist.fail_job("opbench cluster", str(exc))
         return 1

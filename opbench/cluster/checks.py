@@ -38,7 +38,7 @@ from opbench.gemm.shapes import GemmShape
 from . import telemetry
 from .links import LinkPeaks
 from .plan import COMM_COLLECTIVES, Sizes, link_phase, shift_peers
-from .verdict import Finding, Threshold, check_thresholds, judge
+from .verdict import MIN_PEERS, Finding, Threshold, check_thresholds, judge
 
 CPU_ROUNDS = 3  # interleaved measuring rounds of the CPU ranks (compute, memory)
 
@@ -155,6 +155,10 @@ class Collected:
     pair_rows: list[dict[str, Any]] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # check -> what it measured ("4 GPUs"), or why it measured nothing ("one node"): the summary lists both, so a
+    # PASS never stands for a check that did not run
+    ran: dict[str, str] = field(default_factory=dict)
+    not_run: dict[str, str] = field(default_factory=dict)
 
 
 def _short(exc: BaseException) -> str:
@@ -260,13 +264,19 @@ class Cluster:
         budget = self.cfg.sizes.budget_s / (1 if self.gpu else CPU_ROUNDS)
         return TimingConfig(warmup_iters=2, warmup_s=0.02, min_iters=5, max_iters=500, budget_s=budget)
 
+    def _ran(self, check: str, members: int, unit: str, extra: str = "") -> None:
+        """Record what a check measured; with fewer than MIN_PEERS members its outliers cannot be judged."""
+        what = f"{members} {unit}{'' if members == 1 else 's'}{extra}"
+        self.got.ran[check] = what + ("" if members >= MIN_PEERS else f"; too few to name outliers (needs {MIN_PEERS})")
+
     def _judge_rows(self, check: str, case: str, rows: list[dict[str, Any]], metric: str, labels: list[str]) -> None:
         """Fill vs_median_pct / outlier of one case's rows and record the findings (rank 0)."""
         values = [r.get(metric) if r.get("status") == STATUS_OK else None for r in rows]
         j = judge(values, self.cfg.fraction, self.cfg.mad_k)
         for r, vs, flag in zip(rows, j.vs_median_pct, j.outlier):
             r["vs_median_pct"], r["outlier"] = vs, flag
-        for r, label, flag in zip(rows, labels, j.outlier):
+        peers = sum(v is not None for v in values) - 1
+        for r, label, flag, ref in zip(rows, labels, j.outlier, j.reference):
             if flag:
                 self.got.findings.append(
                     Finding(
@@ -276,8 +286,8 @@ class Cluster:
                         label,
                         metric,
                         r[metric],
-                        j.median,
-                        f"{-r['vs_median_pct']:.1f} % below the median of {sum(v is not None for v in values)} peers",
+                        ref,
+                        f"{-r['vs_median_pct']:.1f} % below the median of its {peers} peers",
                     )
                 )
             if r.get("status") != STATUS_OK:
@@ -406,6 +416,7 @@ class Cluster:
         self._per_rank_check(
             "compute", lambda: [self._gemm(s) for s in self.cfg.gemms], lambda r: f"{r['gemm']} {r['dtype']}", "tflops"
         )
+        self._ran("compute", self.world, "GPU" if self.gpu else "CPU rank")
         self._telemetry("after")
 
     def memory(self) -> None:
@@ -416,6 +427,7 @@ class Cluster:
             lambda r: f"{r['kernel']} {r['size_bytes'] >> 20} MiB",
             "gbs",
         )
+        self._ran("memory", self.world, "GPU" if self.gpu else "CPU rank")
 
     # -- collectives in groups -------------------------------------------------------------------------------------
     def _subgroups(self, groups: list[list[int]]) -> Any:
@@ -513,19 +525,21 @@ class Cluster:
 
     def intra(self) -> None:
         if max(len(g) for g in self.node_ranks) < 2:
-            self.got.notes.append("intra: one GPU per node, nothing to measure inside a node")
+            self.got.not_run["intra"] = "one rank on this node" if len(self.nodes) == 1 else "one rank per node"
             return
         self._comm_scope("intra", self.node_ranks, self.nodes, [1] * len(self.nodes))
+        self._ran("intra", len(self.nodes), "node")
 
     def inter(self) -> None:
         if len(self.nodes) < 2:
-            self.got.notes.append("inter: one node, nothing to measure across nodes")
+            self.got.not_run["inter"] = "one node"
             return
         width = max(len(g) for g in self.node_ranks)
         rails = [[g[p] for g in self.node_ranks if p < len(g)] for p in range(width)]
         rails = [r for r in rails if len(r) >= 2]
         self._comm_scope("inter", rails, [f"rail{p}" for p in range(len(rails))], [len(r) for r in rails])
         self._comm_scope("world", [list(range(self.world))], ["world"], [len(self.nodes)])
+        self._ran("inter", len(rails), "rail", f" across {len(self.nodes)} nodes, then the world of {self.world} ranks")
 
     # -- point to point ------------------------------------------------------------------------------------------
     def _pair_rounds(self, scope: str, rings: list[list[list[int]]], names: list[list[str]]) -> None:
@@ -662,9 +676,11 @@ class Cluster:
 
     def pairs(self) -> None:
         if len(self.nodes) < 2:
-            self.got.notes.append("pairs: one node, no node pairs")
+            self.got.not_run["pairs"] = "one node"
         else:
             self._pair_rounds("inter", [self.node_ranks], [self.nodes])
+            n = len(self.nodes)
+            self._ran("pairs", n * (n - 1), "node pair")
         if self.cfg.gpu_pairs:
             rings = [[[r] for r in g] for g in self.node_ranks if len(g) > 1]
             names = [
@@ -672,3 +688,6 @@ class Cluster:
             ]
             if rings:
                 self._pair_rounds("gpu", rings, names)
+                self._ran("gpu_pairs", sum(len(g) * (len(g) - 1) for g in rings), "GPU pair", " inside the nodes")
+            else:
+                self.got.not_run["gpu_pairs"] = "one rank per node" if len(self.nodes) > 1 else "one rank on this node"

@@ -44,7 +44,9 @@ class Sizes:
                 return cls(4096, 256 << 20, (64 << 20,), 64 << 20, 10, 2, 0.3)
             return cls(8192, 1 << 30, (64 << 20, 1 << 30), 256 << 20, 20, 5, 1.0)
         if quick:
-            return cls(192, 64 << 20, (256 << 10,), 1 << 20, 5, 1, 0.15)
+            # pairs at 16 MiB even so: at 1 MiB an exchange takes well under a scheduler time slice, and on a
+            # loaded machine healthy pairs spread 8x (docs/cluster.md, "Outliers")
+            return cls(192, 64 << 20, (256 << 10,), 16 << 20, 5, 1, 0.15)
         return cls(512, 256 << 20, (1 << 20, 16 << 20), 16 << 20, 10, 2, 0.5)
 
 

@@ -79,7 +79,7 @@ def write_summary(
     lines += [f"- {h}" for h in header]
     reasons = [f"{n} {KIND_TITLES[k]}" for k, n in counts.items() if n]
     lines.append(
-        f"- verdict: {verdict} ({'; '.join(reasons) if reasons else 'every check within its peers and limits'})"
+        f"- verdict: {verdict} ({'; '.join(reasons) if reasons else 'every check that ran is within its peers and limits'})"
     )
     lines.append("")
     head = list(lines)

@@ -1,10 +1,14 @@
 """Pass or fail: the outlier rule, the ``--expect`` thresholds and the ``--baseline`` comparison. No torch.
 
-The outlier rule (docs/cluster.md, "Outliers"): among peers of one kind measured on the same case (GPUs on one
-GEMM, nodes on one collective size, node pairs), a member is named when it is below the median by more than
-``fraction`` of the median AND by more than ``k`` scaled MADs (1.4826 · median absolute deviation, the normal
-distribution's σ for a robust spread). The first condition ignores differences too small to matter, the second
-differences the peers themselves show. Fewer than three peers cannot say which one is slow: no outliers then.
+The outlier rule (docs/cluster.md, "Outliers"): among members of one kind measured on the same case (GPUs on one
+GEMM, nodes on one collective size, node pairs), each member is compared with its peers — the OTHER members, itself
+left out. It is named when it is below the peers' median by more than ``fraction`` of that median AND its ratio to
+that median is beyond ``k`` scaled MADs of the peers' own ratios (the MAD of log values; 1.4826 · median absolute
+deviation is the normal distribution's σ for a robust spread). The first condition ignores differences too small to matter, the second differences the peers themselves
+show. Leaving the member out keeps a slow member from pulling the reference down and widening the spread it is
+judged against; median and MAD keep one noisy peer from doing the same (with every member in, one 4× slow rank and
+one noisy peer among four made the MAD wide enough to hide the slow one). Fewer than three members cannot say
+which one is slow: no outliers then.
 """
 
 from __future__ import annotations
@@ -29,23 +33,40 @@ MAD_SCALE = 1.4826
 
 @dataclass(frozen=True)
 class Judged:
-    median: float | None
-    vs_median_pct: list[float | None]  # (value − median) / median · 100, per member
+    median: float | None  # over every member (the case's headline)
+    reference: list[float | None]  # per member: the median of its peers (the other members)
+    vs_median_pct: list[float | None]  # (value − reference) / reference · 100, per member
     outlier: list[bool]
 
 
+def _median_log_mad(values: Sequence[float]) -> tuple[float, float]:
+    """The median of positive values, and the scaled MAD of their logarithms: the peers' spread as a ratio. On a
+    linear scale three peers spread ±30 % give a 3-MAD band wider than the median itself, and no member could
+    ever be named, however slow."""
+    med = statistics.median(values)
+    log_med = math.log(med)
+    return med, MAD_SCALE * statistics.median(abs(math.log(v) - log_med) for v in values)
+
+
 def judge(values: Sequence[float | None], fraction: float, k: float) -> Judged:
-    """The outlier rule over one case's members; None values (failed members) are neither peers nor outliers."""
-    good = [v for v in values if v is not None and math.isfinite(v)]
+    """The outlier rule over one case's members; None, non-finite or non-positive values (failed members) are
+    neither peers nor outliers."""
+    good = [(i, v) for i, v in enumerate(values) if v is not None and math.isfinite(v) and v > 0]
+    n = len(values)
     if not good:
-        return Judged(None, [None] * len(values), [False] * len(values))
-    med = statistics.median(good)
-    mad = MAD_SCALE * statistics.median(abs(v - med) for v in good)
-    vs = [None if v is None or not med else 100.0 * (v - med) / med for v in values]
-    flags = [
-        len(good) >= MIN_PEERS and v is not None and med - v > fraction * med and med - v > k * mad for v in values
-    ]
-    return Judged(med, vs, flags)
+        return Judged(None, [None] * n, [None] * n, [False] * n)
+    reference: list[float | None] = [None] * n
+    vs: list[float | None] = [None] * n
+    flags = [False] * n
+    for i, v in good:
+        peers = [p for j, p in good if j != i]
+        if not peers:
+            continue
+        ref, log_mad = _median_log_mad(peers)
+        reference[i] = ref
+        vs[i] = 100.0 * (v - ref) / ref
+        flags[i] = len(good) >= MIN_PEERS and ref - v > fraction * ref and math.log(ref / v) > k * log_mad
+    return Judged(statistics.median(v for _, v in good), reference, vs, flags)
 
 
 @dataclass(frozen=True)

@@ -194,6 +194,9 @@ _RDZV_FAILED = re.compile(
 )
 _ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 _ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+# The root cause's own words, from the error file a rank leaves through ``record_error`` (torchrun prints it as
+# "traceback : …"; without a file it prints a pointer to its docs or the signal instead).
+_ROOT_TEXT = re.compile(r"^\s*traceback\s*:\s*(?!To enable traceback|Signal \d)(\S.*)")
 
 
 def _relay_stderr(
@@ -204,8 +207,9 @@ def _relay_stderr(
 ) -> int | None:
     """Copy the job's stderr through, minus torchrun's agent logs and failure traceback; end with one line naming
     the rank that failed first (torchrun's "Root Cause") — unless it ended with ``verdict_exit``, the code a tool
-    returns on purpose (``opbench cluster``: a check failed), or with a usage error, whose ranks have said
-    everything already (an error line several ranks print alike is passed on once).
+    returns on purpose (``opbench cluster``: a check failed; ``fail_job``'s words in the rank's error file tell a
+    broken job from it), or with a usage error, whose ranks have said everything already (an error line several
+    ranks print alike is passed on once). The line quotes the rank's own error where it left one (``record_error``).
 
     Returns 2 when the job ended in a usage error (the ranks' exit code 2, or a rendezvous this node could not
     join), for the launcher to exit with; else None."""
@@ -233,7 +237,7 @@ def _relay_stderr(
             if line.startswith("Root Cause"):
                 in_root = True
             elif in_root:
-                for key, pat in (("rank", _ROOT_RANK), ("exitcode", _ROOT_EXIT)):
+                for key, pat in (("rank", _ROOT_RANK), ("exitcode", _ROOT_EXIT), ("text", _ROOT_TEXT)):
                     m = pat.match(line)
                     if m and key not in root:
                         root[key] = m.group(1)
@@ -268,15 +272,17 @@ def _relay_stderr(
             failing()  # torchrun saw a worker fail: it now waits 30 s on the others, we wait STOP_GRACE_S
         sys.stderr.flush()
     sys.stderr.writelines(held)
-    if summary and verdict_exit is not None and root.get("exitcode") == str(verdict_exit):
+    broke = root.get("text", "").startswith(f"{prog}: error: ")  # fail_job's words: the job broke, no verdict
+    if summary and verdict_exit is not None and root.get("exitcode") == str(verdict_exit) and not broke:
         return None
     if summary and root.get("exitcode") == "2":
         return 2  # a usage error every rank found and said (mismatched arguments, a fault for a missing rank)
     if summary:
         code = root.get("exitcode", "?")
+        own = f": {root['text'].strip()};" if root.get("text") else ";"  # the rank's own error (record_error)
         print(
             f"{prog}: error: rank {root.get('rank', '?')} ended with exit code {code}"
-            f"{' (killed by a signal)' if code.startswith('-') else ''}; torchrun stopped the other ranks "
+            f"{' (killed by a signal)' if code.startswith('-') else ''}{own} torchrun stopped the other ranks "
             "(the ranks' own messages are above)",
             file=sys.stderr,
             flush=True,
@@ -698,9 +704,28 @@ def job_broken(exc: BaseException) -> bool:
     return isinstance(exc, network) or bool(_BROKEN.search(str(exc)))
 
 
+def record_error(line: str) -> None:
+    """Under torchrun, leave this rank's one-line error in the file torchrun reads when a rank fails
+    (TORCHELASTIC_ERROR_FILE, the format of torch's own ``@record``): torchrun's failure summary and opbench's
+    launcher then quote the rank's own words rather than a pointer to torchrun's docs."""
+    import json
+    import time
+
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    stamp = str(int(time.time()))
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            json.dump({"message": {"message": line, "extraInfo": {"py_callstack": line, "timestamp": stamp}}}, fh)
+    except OSError:
+        pass  # the line is on stderr anyway
+
+
 def fail_job(prog: str, message: str) -> None:
     """The group is broken (a peer died or hung past the timeout): one line, exit 1 at once. Tearing the group
     down properly could block on the dead peer."""
     print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    record_error(f"{prog}: error: {message}")
     sys.stdout.flush()
     os._exit(1)
