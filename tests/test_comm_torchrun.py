@@ -459,3 +459,35 @@ def test_ranks_started_with_different_arguments_stop_with_one_line(tmp_path):
         )
         assert len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "r0" / "all_reduce_benchmark.csv").exists()
+
+
+def test_a_second_job_into_the_same_folder_stops_at_once_naming_the_first(tmp_path):
+    """Rank 0 takes every CSV's writer lock before the first call (core.outputs): a second job into the same
+    folder ends in one line naming the first while the first still runs, instead of mixing rows into its CSV."""
+    cmd = [sys.executable, "-m", "opbench", "comm", "--nproc-per-node", "2", "-b", "1K", "--collectives", "all_reduce"]
+    first = subprocess.Popen(
+        [*cmd, "--timeout", "60", "--report-dir-path", str(tmp_path)],
+        env={**ENV, "OPBENCH_FAULTS": "hang:1"},  # holds the folder: rank 1 sleeps before its first timed step
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        lock = tmp_path / "all_reduce_benchmark.csv.lock"
+        deadline = time.monotonic() + 90
+        while not lock.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert lock.exists(), "the first job never took its lock"
+        started = time.monotonic()
+        second = subprocess.run(
+            [*cmd, "--report-dir-path", str(tmp_path)], capture_output=True, text=True, timeout=120, env=ENV, cwd=ROOT
+        )
+        took = time.monotonic() - started
+        assert second.returncode != 0 and first.poll() is None  # the first job is still running
+        errors = [ln for ln in second.stderr.splitlines() if "another opbench run is writing this file" in ln]
+        assert len(errors) == 1 and "(pid " in errors[0], second.stderr
+        assert took < 50, f"took {took:.0f} s: the second job waited instead of stopping at once"
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()

@@ -7,11 +7,12 @@ starts torchrun for this machine, and without them a one-rank world runs in this
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
 
-from opbench.core import cli, dist
+from opbench.core import cli, dist, outputs
 from opbench.core.cli import csv_list, parse_bytes, positive_int
 from opbench.core.errors import UsageError, run_cli
 from opbench.core.faults import Faults
@@ -188,10 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep every call's time on every rank: the CSV adds the slowest rank's p50/p95 per call, the rank "
         "slowest most often, and the spread between ranks (docs/cluster.md, per-rank statistics)",
     )
+    cli.add_earlier_args(p)
     add_refused(p.add_argument_group("nccl-tests flags not offered (each stops the run with its reason; docs/comm.md)"))
     g = p.add_argument_group("output")
     cli.add_output_args(g, dir_default="out", dir_help="where <collective>_benchmark.csv go")
-    g.add_argument("--append", action="store_true", help="append to existing CSVs instead of replacing them")
     cli.add_dry_run_arg(
         g,
         "print every planned case and the matching nccl-tests / rccl-tests command lines "
@@ -415,7 +416,23 @@ def run(args: argparse.Namespace, dist_env: dist.DistEnv) -> int:
                 "timeout_s": cfg.timeout_s,
             },
         )
-        Bench(cfg, ranks).run(cases, Output(ranks, args.report_dir_path, meta, append=args.append))
+        output = Output(ranks, args.report_dir_path, meta, earlier=cli.earlier_policy(args))
+        with contextlib.ExitStack() as claims:
+
+            def claim() -> None:
+                """Rank 0 takes the writer lock of every CSV this job will write before the first call, so a
+                second job into the same folder stops at once (docs/conventions.md "Earlier results")."""
+                if ranks.is_main:
+                    collectives = dict.fromkeys(case.collective for case in cases)
+                    claims.enter_context(outputs.claimed(*(output.path(c) for c in collectives)))
+
+            try:
+                ranks.agree(claim, describe=lambda exc: ("error", str(exc)))
+            except dist.RankFailure as exc:
+                if ranks.is_main:
+                    raise UsageError(str(exc).removeprefix("rank 0: ")) from None
+                return 2  # rank 0 says why
+            Bench(cfg, ranks).run(cases, output)
     except CommFailure as exc:
         dist.fail_job("opbench comm", str(exc))
     finally:

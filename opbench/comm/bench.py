@@ -400,8 +400,8 @@ _HEAD = "#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}
 class Output:
     """Every rank has one; only rank 0's writes files and prints (every rank computes the same rows)."""
 
-    def __init__(self, ranks: Ranks, report_dir: str, meta: dict[str, Any], append: bool = False, stream=None):
-        self.ranks, self.report_dir, self.meta, self.append = ranks, report_dir, meta, append
+    def __init__(self, ranks: Ranks, report_dir: str, meta: dict[str, Any], earlier: str | None = None, stream=None):
+        self.ranks, self.report_dir, self.meta, self.earlier = ranks, report_dir, meta, earlier
         self.stream = stream or sys.stdout
         self.reports: dict[str, Any] = {}
         self.current: tuple[str, int] | None = None  # (collective, cycle) of the table being printed
@@ -413,7 +413,7 @@ class Output:
     def add(self, row: dict[str, Any]) -> None:
         name = row["collective"]
         if name not in self.reports:
-            self.reports[name] = self.ranks.open_report(self.path(name), SCHEMA, self.meta, self.append)
+            self.reports[name] = self.ranks.open_report(self.path(name), SCHEMA, self.meta, earlier=self.earlier)
         self.reports[name].append(row)
 
     def _print(self, text: str) -> None:

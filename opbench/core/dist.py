@@ -545,7 +545,16 @@ def rendezvous_error(exc: BaseException, timeout_s: float) -> str:
 
 
 # Flags that may differ between ranks (set per node, or used by rank 0 alone).
-LAUNCH_ONLY = ("nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "report_dir_path", "append")
+LAUNCH_ONLY = (
+    "nproc_per_node",
+    "nnodes",
+    "node_rank",
+    "master_addr",
+    "master_port",
+    "report_dir_path",
+    "append",
+    "overwrite",
+)
 
 
 class RankFailure(Exception):
@@ -639,11 +648,20 @@ class Ranks:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    def open_report(self, path: str, schema: Any, meta: Mapping[str, Any] | None = None, append: bool = False) -> Any:
-        """The one rank-0 writer: a CsvReport on rank 0, a NullReport (writes nothing) on every other rank."""
+    def open_report(
+        self,
+        path: str,
+        schema: Any,
+        meta: Mapping[str, Any] | None = None,
+        append: bool = False,
+        *,
+        earlier: str | None = None,
+    ) -> Any:
+        """The one rank-0 writer: a CsvReport on rank 0, a NullReport (writes nothing) on every other rank.
+        ``earlier``: what happens to an earlier CSV at the path (core.outputs; default keep it aside)."""
         from .results import CsvReport, NullReport
 
-        return CsvReport(path, schema, meta, append) if self.is_main else NullReport()
+        return CsvReport(path, schema, meta, append, earlier=earlier) if self.is_main else NullReport()
 
     def same_arguments(self, args: Any, ignore: Sequence[str] = ()) -> None:
         """Stop every rank with one line when the ranks were started with different arguments (``--dtype fp32`` on
