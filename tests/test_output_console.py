@@ -31,12 +31,12 @@ def test_a_piped_gemm_prints_each_row_as_it_finishes(tmp_path):
     )
     seen: list[tuple[str, bool]] = []  # (line, was the run still going when it arrived)
     assert proc.stdout is not None
-    for line in proc.stdout:
-        seen.append((line.rstrip("\n"), proc.poll() is None))
-        if line.startswith("  3/3"):
-            break
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
+    for line in proc.stdout:  # every line through one reader: communicate() after a partial read would lose
+        seen.append((line.rstrip("\n"), proc.poll() is None))  # what this file object had buffered already
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0, err
+    out = "\n".join(text for text, _ in seen)
     lines = [text for text, _ in seen]
     assert lines[0].startswith("# gemm raw on ") and "3 rows" in lines[0]
     assert lines[1].split()[:5] == ["#", "row", "elapsed", "layer", "pass"] and "TFLOP/s" in lines[1]
