@@ -120,6 +120,11 @@ def test_every_method_on_local_disk_and_s3_with_two_ranks(tmp_path, s3_env):
     assert "async save_block_time = copying the state into host memory (pageable) (staging); planning" in proc.stdout
 
     rows = pd.read_csv(out / "ckpt_benchmark.csv")
+    # a batch log (stdout is a pipe) has one progress line per case, from rank 0 only, with its method and figures
+    lines = [
+        ln.split() for ln in proc.stdout.splitlines() if ln.lstrip().startswith(tuple(f"{i}/16" for i in range(1, 17)))
+    ]
+    assert [ln[2] for ln in lines] == list(rows["method"]) and all(ln[-1] == "ok" for ln in lines)
     meta = json.loads((out / "ckpt_benchmark.meta.json").read_text())
     spec = model_state_spec(load_model_configs(str(cfg_path))[0], "adam", "bf16")
     assert len(rows) == 16 and set(rows["status"]) == {"ok"} and rows["verified"].all() and rows["accurate"].all()

@@ -25,6 +25,7 @@ from opbench.core.cli import csv_list, positive_int, size_mib
 from opbench.core.dtypes import FLOAT_DTYPES
 from opbench.core.errors import UsageError, run_cli
 from opbench.core.faults import Faults
+from opbench.core.progress import STATUS, Field, column, figure, time_text
 from opbench.core.redact import redact_text
 
 from .schema import METHOD_NAMES, SCHEMA
@@ -52,6 +53,19 @@ SUMMARY = [
     "accurate",
     "verified",
     "status",
+]
+
+
+# One line per finished case in a batch log (core.progress): which method on which storage, and how fast.
+LINE_FIELDS = [
+    column("method", 10, left=True),
+    column("thread_count", 7, title="threads"),
+    Field("save block", 10, lambda r: time_text(r.get("save_block_time"))),
+    Field("save total", 10, lambda r: time_text(r.get("save_total_time"))),
+    Field("load", 9, lambda r: time_text(r.get("load_time"))),
+    Field("save MiB/s", 10, lambda r: figure(r.get("save_bandwidth_mib_per_s"))),
+    Field("load MiB/s", 10, lambda r: figure(r.get("load_bandwidth_mib_per_s"))),
+    STATUS,
 ]
 
 
@@ -524,7 +538,7 @@ def _sweep_state(
         message = failures.down.get(case.storage.spec) or message.removeprefix(f"{RankFailure.__name__}: ")
         return {**base_row(case, state, ranks, run), "status": status, "error": message}
 
-    return run_sweep(cases, measure, failed, report, desc=spec.label)
+    return run_sweep(cases, measure, failed, report, desc=spec.label, fields=LINE_FIELDS)
 
 
 def with_raw_ratios(row: dict[str, Any], raw: dict[str, Any] | None) -> dict[str, Any]:
