@@ -210,3 +210,27 @@ def test_any_value_renders_as_its_characters_and_stays_in_its_cell(value):
     block = md.render("\n".join(inert.code_block([value, "# " + value], "sh"))).strip()
     match = re.fullmatch(r'<pre><code class="language-sh">(.*)</code></pre>', block, re.S)
     assert match and html.unescape(match.group(1)) == f"{inert.one_line(value)}\n# {inert.one_line(value)}\n"
+
+
+def test_a_dollar_in_a_name_draws_as_text_not_math(tmp_path):
+    """matplotlib reads text between two '$' as math: a model named 'a$\\nope{$b' once cost the GEMM plot
+    ('could not draw: ValueError'). The plot is drawn, with the name as written."""
+    res = tmp_path / "res"
+    res.mkdir()
+    with open(res / "benchmark_gemm_m.csv", "w", newline="", encoding="utf-8") as fh:
+        out = csv.writer(fh)
+        out.writerow(GEMM.columns)
+        for layer in ("qkv", "o$\\bad{$"):
+            out.writerow(gemm_row(model="a$\\nope{$b", layer=layer, **{"pass": "fwd"}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "opbench", "report", str(res), "--report-dir-path", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "out" / "report.md").read_text(encoding="utf-8")
+    assert "could not draw" not in text and "Plot not made" not in text
+    (png,) = (tmp_path / "out").glob("*gemm*.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -720,6 +720,7 @@ def render(plots: Sequence[Plot], out_dir: Path) -> tuple[list[Plot], dict[str, 
     if not plots:
         return [], {}
     try:
+        from matplotlib import rc_context
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
@@ -729,8 +730,11 @@ def render(plots: Sequence[Plot], out_dir: Path) -> tuple[list[Plot], dict[str, 
         fig = Figure(figsize=plot.figsize, layout="constrained")
         FigureCanvasAgg(fig)
         try:
-            plot.draw(fig)
-            fig.savefig(out_dir / plot.filename, dpi=100)
+            # Titles, labels and ticks hold names read from CSVs (a model called 'a$b$'): text between two '$'
+            # would be read as math and fail. Every text in these plots is plain (axis formatters are opbench's).
+            with rc_context({"text.parse_math": False}):
+                plot.draw(fig)
+                fig.savefig(out_dir / plot.filename, dpi=100)
         except (ValueError, TypeError, KeyError) as exc:  # odd data must not cost the whole report
             missing[plot.filename] = f"could not draw: {type(exc).__name__}: {exc}"
             continue
