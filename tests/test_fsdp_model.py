@@ -269,3 +269,21 @@ def test_cli_run_times_the_sizes_with_opbench_comm(run, tmp_path):
             assert row["status"] == "ok" and row["source"] == "fsdp" and float(row["time_us"]) > 0
             measured.add((name, int(row["size_bytes"])))
     assert measured == expected
+
+
+def test_run_passes_the_keep_flags_once_and_appends_where_an_earlier_run_wrote(monkeypatch, tmp_path):
+    """fsdp --run launches one comm run per (dtype, group, nodes): the user's --overwrite/--append goes to each,
+    and a run writing a collective CSV that an earlier run (of this model or an earlier one) wrote appends, so one
+    command never sets its own rows aside."""
+    from opbench.fsdp_model.commands import run_comm
+
+    launched = []
+    monkeypatch.setattr(subprocess, "run", lambda argv: launched.append(argv) or subprocess.CompletedProcess(argv, 0))
+    rows = fsdp_collectives(builtin("Qwen3_0.6B"), 8, param_dtype="bf16", reduce_dtype="fp32")
+    runs = comm_runs(rows)
+    assert len(runs) == 2  # bf16 all-gathers, fp32 reduce-scatters
+    written: set[str] = set()
+    assert run_comm(rows, str(tmp_path), earlier=["--overwrite"], written=written) == 0
+    assert run_comm(rows, str(tmp_path), earlier=["--overwrite"], written=written) == 0  # a second model
+    policies = [[a for a in argv if a in ("--overwrite", "--append")] for argv in launched]
+    assert policies == [["--overwrite"], ["--overwrite"], ["--append"], ["--append"]]

@@ -166,3 +166,68 @@ def test_project_takes_the_same_flags(run, tmp_path):
     assert len(list((tmp_path / "earlier").glob("*/p.csv"))) == 1
     r = run(*args, "--report-csv-path", str(path), "--append")
     assert r.returncode == 0 and len(rows_of(path)) == 2
+
+
+TOOLS_WITH_CSV = [
+    "opbench.gemm.__main__",
+    "opbench.attention.__main__",
+    "opbench.comm.__main__",
+    "opbench.selftest.__main__",
+    "opbench.project.__main__",
+    "opbench.trace.__main__",
+    "opbench.trace.nccl_tests",
+    "opbench.fsdp_model.__main__",
+    "opbench.ckpt.__main__",
+    "opbench.cluster.__main__",
+]
+
+
+@pytest.mark.parametrize("module", TOOLS_WITH_CSV)
+def test_every_tool_that_writes_a_csv_takes_the_flags_the_keep_note_names(module):
+    """CsvReport's note ('--overwrite replaces earlier results, --append adds to them') is printed by every tool:
+    each of them takes both flags, and refuses them together."""
+    import importlib
+
+    parser = importlib.import_module(module).build_parser()
+    flags = parser._option_string_actions
+    assert "--overwrite" in flags and "--append" in flags
+    with pytest.raises(UsageError, match="not allowed with argument --overwrite"):
+        parser.parse_known_args(["--overwrite", "--append"])
+
+
+def test_trace_keeps_replaces_or_appends_every_csv_it_writes(run, tmp_path):
+    """trace writes a summary and its breakdowns: a rerun keeps all of them aside together, --overwrite replaces
+    them, --append adds to them."""
+    log = os.path.join(ROOT, "examples", "nccl_fsdp_qwen3_0.6b_4ranks.log.gz")
+    csv_path = tmp_path / "sizes.csv"
+    args = ["opbench.trace", log, "--per-rank", "--csv", str(csv_path)]
+    names = ["sizes.csv", "sizes_per_rank.csv"]
+    first = run(*args)
+    assert first.returncode == 0, first.stderr
+    rows = {n: len(rows_of(tmp_path / n)) for n in names}
+    assert all(rows.values())
+    again = run(*args)
+    assert again.returncode == 0, again.stderr
+    (stamp,) = (tmp_path / "earlier").iterdir()
+    assert sorted(p.name for p in stamp.glob("*.csv")) == sorted(names)
+    assert run(*args, "--overwrite").returncode == 0
+    assert len(list((tmp_path / "earlier").iterdir())) == 1
+    assert run(*args, "--append").returncode == 0
+    assert {n: len(rows_of(tmp_path / n)) for n in names} == {n: 2 * k for n, k in rows.items()}
+
+
+def test_the_errors_log_goes_aside_with_its_csv_and_overwrite_drops_it(tmp_path):
+    """ckpt's tracebacks (<stem>.errors.log) describe the rows of the CSV beside them: kept aside with it, and
+    removed when --overwrite replaces those rows."""
+    path = tmp_path / "ckpt_benchmark.csv"
+    errors = tmp_path / "ckpt_benchmark.errors.log"
+    for policy in (outputs.KEEP, outputs.OVERWRITE):
+        path.write_text("method,status\ndcp,error\n")
+        errors.write_text("=== a run\nTraceback ...\n")
+        outputs._WRITTEN.discard(outputs._key(path))  # as a new run would see it
+        fresh, moved = outputs.prepare(path, policy)
+        assert fresh and not errors.exists()
+        if policy == outputs.KEEP:
+            assert moved is not None and (moved.parent / "ckpt_benchmark.errors.log").read_text().startswith("===")
+        else:
+            assert moved is None

@@ -165,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--device", type=cli.device_spec, default="auto", help="where the state lives: auto (GPU if present), cpu, cuda"
     )
     cli.add_output_args(g, dir_default="out", dir_help=f"where {CSV_NAME} goes")
+    cli.add_earlier_args(p)
     g.add_argument(
         "--nproc-per-node",
         type=positive_int,
@@ -387,7 +388,9 @@ def _benchmark(args, specs: list[StateSpec], storages: list[Storage], run: RunOp
                 cases=[],
             ),
         )
-    report = ranks.open_report(os.path.join(args.report_dir_path, CSV_NAME), SCHEMA, meta)
+    report = ranks.open_report(
+        os.path.join(args.report_dir_path, CSV_NAME), SCHEMA, meta, earlier=cli.earlier_policy(args)
+    )
     rows: list[dict[str, Any]] = []
     tiny = warm_up_state(ranks)
     failures = FailureLog(os.path.join(args.report_dir_path, ERRORS_LOG_NAME), ranks)

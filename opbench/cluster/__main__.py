@@ -118,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("output")
     cli.add_output_args(g, dir_default="out/cluster", dir_help="where cluster_*.csv and cluster_summary.md go")
+    cli.add_earlier_args(p)
     g.add_argument(
         "--plan",
         type=csv_list(positive_int),
@@ -338,7 +339,7 @@ def run(args: argparse.Namespace, dist_env: dist.DistEnv) -> int:
         def out(kind: str) -> Any:
             if kind not in reports:
                 path = os.path.join(args.report_dir_path, file_name(kind))
-                reports[kind] = ranks.open_report(path, SCHEMAS[kind], meta)
+                reports[kind] = ranks.open_report(path, SCHEMAS[kind], meta, earlier=cli.earlier_policy(args))
             return reports[kind]
 
         def say(text: str) -> None:

@@ -2,7 +2,7 @@
 
 The rule (docs/conventions.md, "Earlier results"): no measured row is lost unless the user asks.
 
-* A run whose CSV exists with measured rows moves it (and its ``.meta.json`` sidecar) to
+* A run whose CSV exists with measured rows moves it (and its ``.meta.json`` sidecar and ``.errors.log``) to
   ``<folder>/earlier/<UTC time>/`` first and says so on stderr: that folder is a results folder of its own
   (``opbench report DIR/earlier/<time>``, ``report --compare``). ``--overwrite`` replaces it instead,
   ``--append`` adds rows to it (its header must be this schema's).
@@ -49,6 +49,14 @@ def plan_path(csv_path: str | os.PathLike) -> Path:
 
 def sidecar_of(csv_path: Path) -> Path:
     return csv_path.with_suffix(".meta.json")
+
+
+COMPANION_SUFFIXES = (".meta.json", ".errors.log")  # files of one run beside its CSV: kept aside with it
+
+
+def companions_of(csv_path: Path) -> list[Path]:
+    """The sidecar and the errors log (ckpt's tracebacks) that belong to the CSV at ``csv_path``."""
+    return [csv_path.with_suffix(suffix) for suffix in COMPANION_SUFFIXES]
 
 
 def kept_aside(rel_path: str) -> str | None:
@@ -108,9 +116,9 @@ def keep_earlier(csv_path: Path) -> Path:
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(csv_path, target)
-        side = sidecar_of(csv_path)
-        if side.is_file():
-            os.replace(side, sidecar_of(target))
+        for side, moved in zip(companions_of(csv_path), companions_of(target)):
+            if side.is_file():
+                os.replace(side, moved)
     except OSError as exc:
         raise UsageError(
             f"cannot keep the earlier results aside ({describe_os_error(exc)}); give --overwrite to replace "
@@ -274,6 +282,10 @@ def prepare(csv_path: Path, earlier: str) -> tuple[bool, Path | None]:
         return True, None
     if earlier == APPEND:
         return False, None
+    if earlier == OVERWRITE and not again:
+        stale = csv_path.with_suffix(".errors.log")  # the replaced rows' tracebacks: they would describe nothing
+        if stale.is_file():
+            stale.unlink()
     if earlier == OVERWRITE or again or not holds_measurements(csv_path):
         return True, None
     return True, keep_earlier(csv_path)

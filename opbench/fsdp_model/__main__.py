@@ -121,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--run", action="store_true", help="time the unique sizes with opbench comm (torchrun on this machine)"
     )
+    cli.add_earlier_args(p)
     return p
 
 
@@ -188,8 +189,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     csv_path = cli.output_csv(args, CSV_NAME)
     run_dir = args.report_dir_path or "out/fsdp_comm"
     if csv_path:
-        report = CsvReport(csv_path, SCHEMA, meta=environment(None, extra={k: v for k, v in vars(args).items()}))
+        report = CsvReport(
+            csv_path,
+            SCHEMA,
+            meta=environment(None, extra={k: v for k, v in vars(args).items()}),
+            earlier=cli.earlier_policy(args),
+        )
     worst = 0
+    comm_written: set[str] = set()  # collectives --run has written into run_dir (later runs append to them)
     for cfg, rows, exact in results:
         print(header(cfg, args))
         print(summary_table(grouped(rows), TABLE))
@@ -226,7 +233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "'opbench comm' lines from --commands on every node",
                     field="--run",
                 )
-            worst = max(worst, run_comm(rows, run_dir))
+            policy = ["--overwrite"] if args.overwrite else ["--append"] if args.append else []
+            worst = max(worst, run_comm(rows, run_dir, earlier=policy, written=comm_written))
         print()
     if report:
         report.close()

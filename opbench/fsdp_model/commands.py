@@ -139,13 +139,25 @@ def commands_text(collectives: Sequence[FsdpCollective], report_dir: str = "out/
     return "\n".join(out)
 
 
-def run_comm(collectives: Sequence[FsdpCollective], report_dir: str, extra: Sequence[str] = ()) -> int:
-    """Time the sizes with ``python -m opbench.comm`` (it launches torchrun itself); returns the worst exit code."""
+def run_comm(
+    collectives: Sequence[FsdpCollective],
+    report_dir: str,
+    extra: Sequence[str] = (),
+    earlier: Sequence[str] = (),
+    written: set[str] | None = None,
+) -> int:
+    """Time the sizes with ``python -m opbench.comm`` (it launches torchrun itself); returns the worst exit code.
+    ``earlier`` (--overwrite / --append, or nothing) goes to each run; a run that writes a collective's CSV an
+    earlier run wrote (``written``: the collectives written so far, shared across the models of one command)
+    appends to it instead, so one command's runs never set each other's rows aside."""
     import subprocess
 
     worst = 0
+    written = set() if written is None else written
     for run in comm_runs(collectives):
-        argv = [sys.executable, "-m", "opbench.comm", *run.argv(report_dir), *extra]
-        print("+ " + shell_line(["opbench", "comm", *run.argv(report_dir), *extra]), flush=True)
-        worst = max(worst, subprocess.run(argv).returncode)
+        policy = ["--append"] if written.intersection(run.collectives) else list(earlier)
+        written.update(run.collectives)
+        args = [*run.argv(report_dir), *policy, *extra]
+        print("+ " + shell_line(["opbench", "comm", *args]), flush=True)
+        worst = max(worst, subprocess.run([sys.executable, "-m", "opbench.comm", *args]).returncode)
     return worst

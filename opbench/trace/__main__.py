@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         "starts); the output is the same as with 1",
     )
     add_action_args(p)
+    cli.add_earlier_args(p)
     return p
 
 

@@ -94,10 +94,13 @@ def side_csv(csv_path: str | None, suffix: str) -> str | None:
     return str(p.with_name(f"{p.stem}_{suffix}{p.suffix or '.csv'}"))
 
 
-def write_csv(path: str | None, schema: Schema, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+def write_csv(
+    path: str | None, schema: Schema, rows: list[dict[str, Any]], meta: dict[str, Any], earlier: str | None = None
+) -> None:
+    """Write ``rows``; an earlier CSV at ``path`` is kept aside, replaced or appended to (``earlier``: core.outputs)."""
     if not path:
         return
-    with CsvReport(path, schema, meta=meta) as report:
+    with CsvReport(path, schema, meta=meta, earlier=earlier) as report:
         report.extend(rows)
     print(f"wrote {one_line(path)} ({len(rows)} rows)")
 
@@ -153,7 +156,7 @@ def run(args: argparse.Namespace, summary: TraceSummary, parser: LogParser) -> i
         },
     )
     print_top(rows, args.top)
-    write_csv(args.csv, TRACE, rows, meta)
+    write_csv(args.csv, TRACE, rows, meta, cli.earlier_policy(args))
     if args.per_rank:
         rank_rows = summary.per_rank_rows(parser.inits)
         print("\nper rank:")
@@ -166,7 +169,7 @@ def run(args: argparse.Namespace, summary: TraceSummary, parser: LogParser) -> i
         )
         for note in summary.rank_mismatch():
             print(f"warning: ranks disagree: {one_line(note)}")
-        write_csv(side_csv(args.csv, "per_rank"), TRACE_PER_RANK, rank_rows, meta)
+        write_csv(side_csv(args.csv, "per_rank"), TRACE_PER_RANK, rank_rows, meta, cli.earlier_policy(args))
     if args.per_comm:
         comm_rows = summary.per_comm_rows(parser.inits)
         print("\nper communicator:")
@@ -174,7 +177,7 @@ def run(args: argparse.Namespace, summary: TraceSummary, parser: LogParser) -> i
         print(
             summary_table(shown, [c for c in TRACE_PER_COMM.columns if c != "commid"], max_rows=_at_least(args.top, 32))
         )
-        write_csv(side_csv(args.csv, "per_comm"), TRACE_PER_COMM, comm_rows, meta)
+        write_csv(side_csv(args.csv, "per_comm"), TRACE_PER_COMM, comm_rows, meta, cli.earlier_policy(args))
     if args.commands:
         print()
         commands = benchmark_commands(rows, flavour(args.flavour, summary), args.launcher, args.gpus_per_node)
@@ -464,7 +467,13 @@ def compare_fsdp(args: argparse.Namespace, rows: list[dict[str, Any]], meta: dic
     if extra:
         shown = ", ".join(f"{op} {count} (x{log_by_key[(op, count)]['calls']})" for op, count in extra[:10])
         print(f"log sizes the model does not predict ({len(extra)}): {shown}")
-    write_csv(side_csv(args.csv, "fsdp"), TRACE_FSDP, out, {**meta, "model": cfg.name, "world_size": world})
+    write_csv(
+        side_csv(args.csv, "fsdp"),
+        TRACE_FSDP,
+        out,
+        {**meta, "model": cfg.name, "world_size": world},
+        cli.earlier_policy(args),
+    )
     return out
 
 

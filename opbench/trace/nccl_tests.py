@@ -633,8 +633,8 @@ class BatchedReport(CsvReport):
     BATCH_ROWS = 2000
     BATCH_SECONDS = 1.0
 
-    def __init__(self, path: str, meta: dict[str, Any]) -> None:
-        super().__init__(path, NCCL_TESTS, meta=meta)
+    def __init__(self, path: str, meta: dict[str, Any], earlier: str | None = None) -> None:
+        super().__init__(path, NCCL_TESTS, meta=meta, earlier=earlier)
         self._batch: list[list[Any]] = []
         self._texts: dict[str, Any] = {}
         self._last = time.monotonic()
@@ -681,6 +681,7 @@ def build_parser() -> argparse.ArgumentParser:
         csv_aliases=("--csv",),
     )
     cli.add_top_arg(p, 40, "--max-rows")
+    cli.add_earlier_args(p)
     return p
 
 
@@ -696,7 +697,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.csv = cli.output_csv(args, CSV_NAME)
     paths = check_paths(args.outputs)
     meta = environment(None, {"outputs": paths})
-    report = BatchedReport(args.csv, meta) if args.csv else None
+    report = BatchedReport(args.csv, meta, cli.earlier_policy(args)) if args.csv else None
     keep = MAX_SHOWN if args.top is None else min(args.top, MAX_SHOWN)
     shown: list[dict[str, Any]] = []
     total = 0
