@@ -23,21 +23,26 @@ load hits every method alike:
   counts, one literal-anchored ``findall`` per block and a C-level Counter, keeping no process and grouping no
   Send/Recv: what a fast path of that shape cannot go below, measured rather than guessed;
 * ``opbench-j2`` (with --jobs): ``opbench trace --jobs 2``;
-* ``records`` (with --records): ``LogParser.calls`` + Send/Recv grouping, a CallRecord per call (the Python API).
+* ``records`` (with --records): ``LogParser.calls`` + Send/Recv grouping, a CallRecord per call (the Python API);
+* ``polars``, ``pyarrow`` (with --engines, each where installed): the floor's extraction done by a native regex
+  engine (Rust regex, C++ RE2) on one thread: would another engine meet the target where ``re`` cannot?
 
 CPU time (user + sys) and peak RSS come from ``os.wait4`` of each child (started from a small spawner process,
 so the bench's own memory is not counted). The verdict is the median of the ratios of
 CPU times of each back-to-back pair of runs (naive / opbench: neighbours in time share the machine's load;
 CPU time is the steadier figure on a shared machine), with their range, the ratio of the fastest runs and
-whether both counted the same calls; then opbench / minimal and floor / minimal against the target (<= 0.5).
+whether both counted the same calls; then opbench / minimal and floor / minimal (and the engines') against the
+target (<= 0.5).
 Run it with OMP_NUM_THREADS=1 (one thread on every side):
 
-    python bench/trace_parse_speed.py [--size-mb 150] [--repeats 5] [--job mixed|fsdp] [--records] [--log LOG]
+    python bench/trace_parse_speed.py [--size-mb 150] [--repeats 5] [--job mixed|fsdp] [--records] [--engines]
+                                      [--log LOG]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -103,6 +108,50 @@ with open(sys.argv[1], "rb") as fh:
 print(sum(tally.values()))
 """
 
+# The floors of two native engines a user might reach for, where they are installed (--engines): polars (Rust
+# regex) and pyarrow (C++ RE2) extract the same fields FLOOR's findall does (the op, and count..nranks) from the
+# call lines of 16 MiB blocks, on one thread, and count the distinct tuples; nothing else. They answer "would a
+# native regex engine meet the target where Python's re cannot?" with a measurement.
+POLARS = r"""
+import os, sys
+os.environ["POLARS_MAX_THREADS"] = "1"
+import polars as pl
+CALL = (r"\] (?:[0-9.]+ )?NCCL INFO ([A-Za-z][A-Za-z0-9]*): opCount [0-9a-fA-F]+ sendbuff [^ ]+ recvbuff [^ ]+ "
+        r"(?:acc [^ ]+ )?(count \d+ datatype \d+ op \d+ root -?\d+ comm [^ ]+ \[nranks=\d+\])")
+tally, tail = {}, b""
+with open(sys.argv[1], "rb") as fh:
+    while chunk := fh.read(16 << 20):
+        cut = chunk.rfind(b"\n") + 1
+        block, tail = tail + chunk[:cut], chunk[cut:]
+        lines = pl.Series([block.decode("utf-8", "replace")]).str.split("\n").explode()
+        calls = lines.filter(lines.str.contains("opCount ", literal=True)).str.extract_groups(CALL).struct.unnest()
+        for op, rest, n in calls.drop_nulls().group_by(["1", "2"]).len().iter_rows():
+            tally[(op, rest)] = tally.get((op, rest), 0) + n
+print(sum(tally.values()))
+"""
+
+PYARROW = r"""
+import sys
+import pyarrow as pa, pyarrow.compute as pc
+pa.set_cpu_count(1)
+pa.set_io_thread_count(1)
+CALL = (r"\] (?:[0-9.]+ )?NCCL INFO (?P<op>[A-Za-z][A-Za-z0-9]*): opCount [0-9a-fA-F]+ sendbuff [^ ]+ recvbuff [^ ]+ "
+        r"(?:acc [^ ]+ )?(?P<rest>count \d+ datatype \d+ op \d+ root -?\d+ comm [^ ]+ \[nranks=\d+\])")
+tally, tail = {}, b""
+with open(sys.argv[1], "rb") as fh:
+    while chunk := fh.read(16 << 20):
+        cut = chunk.rfind(b"\n") + 1
+        block, tail = tail + chunk[:cut], chunk[cut:]
+        lines = pc.split_pattern(pa.array([block], pa.binary()), b"\n").flatten()
+        lines = lines.filter(pc.match_substring(lines, b"opCount "))
+        calls = pc.extract_regex(lines.cast(pa.string()), CALL)
+        table = pa.table({"op": calls.field("op"), "rest": calls.field("rest")}).drop_null()
+        for row in table.group_by(["op", "rest"]).aggregate([([], "count_all")]).to_pylist():
+            key = (row["op"], row["rest"])
+            tally[key] = tally.get(key, 0) + row["count_all"]
+print(sum(tally.values()))
+"""
+
 RECORDS = r"""
 import sys
 from opbench.trace.analyze import iter_records
@@ -151,6 +200,8 @@ def commands(log: str, out_csv: str) -> dict[str, list[str]]:
         "minimal": [py, "-c", MINIMAL, log],
         "floor": [py, "-c", FLOOR, log],
         "records": [py, "-c", RECORDS, log],
+        "polars": [py, "-c", POLARS, log],
+        "pyarrow": [py, "-c", PYARROW, log],
     }
 
 
@@ -168,6 +219,11 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5, help="interleaved runs per method (default 5)")
     ap.add_argument("--records", action="store_true", help="also time the per-call CallRecord road")
     ap.add_argument("--jobs", action="store_true", help="also time opbench trace --jobs 2")
+    ap.add_argument(
+        "--engines",
+        action="store_true",
+        help="also time the floors of polars and pyarrow (each where installed): native regex engines on one thread",
+    )
     ap.add_argument("--log", help="use this log instead of generating one")
     ap.add_argument("--keep", action="store_true", help="keep the generated log(s)")
     args = ap.parse_args()
@@ -190,6 +246,7 @@ def main() -> int:
         ["opbench", "naive", "minimal", "floor"]
         + (["opbench-j2"] if args.jobs else [])
         + (["records"] if args.records else [])
+        + [engine for engine in ("polars", "pyarrow") if args.engines and importlib.util.find_spec(engine)]
     )
 
     rows, verdicts = [], []
@@ -235,7 +292,7 @@ def main() -> int:
                 f"({calls['opbench']} vs {calls[base]})"
             )
         # Issue 25 item 4's target, as it is stated: opbench's CPU time at most half the minimal loop's.
-        for method in ("opbench", "floor"):
+        for method in ("opbench", "floor", *(e for e in ("polars", "pyarrow") if e in runs)):
             pairs = sorted(o["cpu"] / m["cpu"] for o, m in zip(runs[method], runs["minimal"]))
             median = statistics.median(pairs)
             verdicts.append(
