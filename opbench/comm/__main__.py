@@ -418,6 +418,7 @@ def run(args: argparse.Namespace, dist_env: dist.DistEnv) -> int:
         )
         output = Output(ranks, args.report_dir_path, meta, earlier=cli.earlier_policy(args))
         with contextlib.ExitStack() as claims:
+            claims.callback(output.close)  # last in, first out: the CSVs close before the claims are given back
 
             def claim() -> None:
                 """Rank 0 takes the writer lock of every CSV this job will write before the first call, so a

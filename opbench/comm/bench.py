@@ -410,6 +410,11 @@ class Output:
     def path(self, collective: str) -> str:
         return os.path.join(self.report_dir, f"{collective}_benchmark.csv")
 
+    def close(self) -> None:
+        """Close every CSV (its rows are on disk already): its writer lock goes, and its lock file with it."""
+        for report in self.reports.values():
+            report.close()
+
     def add(self, row: dict[str, Any]) -> None:
         name = row["collective"]
         if name not in self.reports:

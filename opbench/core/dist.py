@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
-from .errors import EXIT_TERMINATED, UsageError, raise_if_terminated
+from .errors import EXIT_INTERRUPTED, EXIT_TERMINATED, UsageError, raise_if_terminated
 from .redact import redact_text
 
 if TYPE_CHECKING:
@@ -185,6 +185,10 @@ _AGENT_LOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ .*torch/distribu
 _STORE_GONE = re.compile(r"^\[W\d{4} [\d:.]+ (?:\d+ )?TCPStore\.cpp:\d+\] \[c10d\] recv\w* failed")
 # A rank giving up: fail_job's "opbench comm: error: …" or run_cli's "python -m opbench.comm: error: …".
 _RANK_ERROR = re.compile(r"^(?:python -m opbench\.[\w.]+|opbench(?: [\w-]+)?): error: ")
+# A rank saying it stopped on Ctrl-C or SIGTERM (core.errors.run_cli): every rank says it, the user reads it once.
+_RANK_STOPPED = re.compile(
+    r"^(?:python -m opbench\.[\w.]+|opbench(?: [\w-]+)?): (?:interrupted|terminated \(SIGTERM\));"
+)
 _CPP_STACK = ("Exception raised from", "frame #", "<omitting python frames>")
 # The agent's c10d client retrying a rendezvous store it cannot reach (C++ log lines, each with a stack).
 _STORE_RETRY = re.compile(r"^\[[WE]\d{4} [\d:.]+ (?:\d+ )?(?:socket|TCPStore)\.cpp:\d+\] \[c10d\] ")
@@ -262,10 +266,10 @@ def _relay_stderr(
             continue
         if line.startswith("Traceback (most recent call last):"):
             held = [line]
-        elif _RANK_ERROR.match(line) and line in said:
-            continue  # the same usage error from another rank
+        elif (_RANK_ERROR.match(line) or _RANK_STOPPED.match(line)) and line in said:
+            continue  # the same usage error, or the same "interrupted", from another rank
         elif not _AGENT_LOG.match(line):
-            if _RANK_ERROR.match(line):
+            if _RANK_ERROR.match(line) or _RANK_STOPPED.match(line):
                 said.add(line)
             sys.stderr.write(line)
         elif failing is not None and "failed (exitcode:" in line:
@@ -348,18 +352,24 @@ def relaunch(cmd: Sequence[str], prog: str = "opbench", verdict_exit: int | None
     torchrun gives the other ranks 30 s to stop after one fails, and a stopped or hung rank then keeps the job
     alive; here the job gets ``STOP_GRACE_S`` from the first failure a rank reports, then it is killed."""
     print("+ " + redact_text(shlex.join(cmd)), file=sys.stderr, flush=True)  # core.redact: no credential printed
+    # torchrun runs in a process group of its own, so a signal meant for the job (Ctrl-C at the terminal,
+    # `timeout -s INT`, `kill -INT` of this process) reaches it exactly once, from here: it passes SIGINT on to
+    # the ranks, which stop as on Ctrl-C. In our group it got a terminal's Ctrl-C but not a `kill` of this pid.
+    own_group: dict[str, Any] = (
+        {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}  # 3.10: no process_group
+    )
     proc = subprocess.Popen(
-        list(cmd), stderr=subprocess.PIPE, text=True, errors="replace", env=_launch_env(_nproc_of(cmd))
+        list(cmd), stderr=subprocess.PIPE, text=True, errors="replace", env=_launch_env(_nproc_of(cmd)), **own_group
     )
     assert proc.stderr is not None
     timer: threading.Timer | None = None
-    terminated = False
+    terminated = interrupted = False
 
-    def overdue() -> None:
+    def overdue(seconds: float = STOP_GRACE_S, after: str = "a rank failed") -> None:
         if proc.poll() is None:
             print(
-                f"{prog}: error: the job did not stop within {STOP_GRACE_S:g} s after a rank failed (a rank is stopped "
-                "or hung); killed it",
+                f"{prog}: error: the job did not stop within {seconds:g} s after {after} (a rank is stopped or hung); "
+                "killed it",
                 file=sys.stderr,
                 flush=True,
             )
@@ -379,14 +389,32 @@ def relaunch(cmd: Sequence[str], prog: str = "opbench", verdict_exit: int | None
         terminated = True
         proc.send_signal(signal.SIGTERM)
         if timer is None:
-            timer = threading.Timer(3 * STOP_GRACE_S, overdue)
+            timer = threading.Timer(3 * STOP_GRACE_S, overdue, (3 * STOP_GRACE_S, signal.Signals(signum).name))
             timer.daemon = True
             timer.start()
 
+    def pass_on_sigint(signum: int, frame: object) -> None:
+        # Ctrl-C: the ranks stop as they do on their own Ctrl-C (rows kept, data removed) and say so; we keep
+        # relaying them. A second Ctrl-C means now: the job is killed.
+        nonlocal timer, interrupted
+        if interrupted:
+            print(f"{prog}: interrupted again: killing the job", file=sys.stderr, flush=True)
+            _kill_job(proc)
+            return
+        interrupted = True
+        proc.send_signal(signal.SIGINT)
+        if timer is None:
+            timer = threading.Timer(3 * STOP_GRACE_S, overdue, (3 * STOP_GRACE_S, "Ctrl-C"))
+            timer.daemon = True
+            timer.start()
+
+    handlers = {signal.SIGTERM: pass_on_sigterm, signal.SIGHUP: pass_on_sigterm, signal.SIGINT: pass_on_sigint}
+    previous: dict[int, Any] = {}
     try:
-        previous = signal.signal(signal.SIGTERM, pass_on_sigterm)
+        for signum, handler in handlers.items():
+            previous[signum] = signal.signal(signum, handler)
     except ValueError:  # not the main thread
-        previous = None
+        pass
     try:
         usage = _relay_stderr(proc.stderr, prog, verdict_exit, failing)
         code = proc.wait()
@@ -394,19 +422,14 @@ def relaunch(cmd: Sequence[str], prog: str = "opbench", verdict_exit: int | None
             return usage  # bad input the ranks (or the rendezvous) reported in one line: exit 2, as a local run
         if terminated:
             return EXIT_TERMINATED  # as if the job had been this process: 143, what a shell reports for SIGTERM
+        if interrupted:
+            return EXIT_INTERRUPTED  # 130, as a local run's Ctrl-C; the ranks have said where their rows are
         return 1 if code < 0 else code  # killed (by us, or torchrun by a signal): a failed job, not a signal number
-    except KeyboardInterrupt:
-        try:
-            return proc.wait(timeout=3 * STOP_GRACE_S)  # torchrun got the same Ctrl-C and stops the ranks itself
-        except (KeyboardInterrupt, subprocess.TimeoutExpired):
-            _kill_job(proc)
-            proc.wait()
-            return 1
     finally:
         if timer is not None:
             timer.cancel()
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for restored, handler in previous.items():
+            signal.signal(restored, handler)
 
 
 def local_gpu_count(device: str | None) -> int:

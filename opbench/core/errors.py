@@ -31,6 +31,7 @@ class Terminated(KeyboardInterrupt):
 
 
 _terminating = False
+_interrupted = False
 
 
 def _terminated(signum: int, frame: object) -> None:
@@ -40,11 +41,22 @@ def _terminated(signum: int, frame: object) -> None:
     raise Terminated()
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    """Ctrl-C, as Python's own handler does it (KeyboardInterrupt where the process is), remembered: library code
+    may catch it (DCP turns it into a CheckpointException, torch.save's writer into a RuntimeError)."""
+    global _interrupted
+    _interrupted = True
+    raise KeyboardInterrupt()
+
+
 def raise_if_terminated() -> None:
-    """Re-raise a SIGTERM that library code swallowed: raised inside a C++ callback (torch.save's writer), the
-    exception comes back as a RuntimeError. Failure handlers call this before turning an error into a row."""
+    """Re-raise a SIGTERM or Ctrl-C that library code swallowed: raised inside a C++ callback (torch.save's
+    writer) or a DCP rank, the exception comes back as a RuntimeError or a CheckpointException. Failure handlers
+    call this before turning an error into a row, so an interrupt is never a failed case."""
     if _terminating:
         raise Terminated()
+    if _interrupted:
+        raise KeyboardInterrupt()
 
 
 class UsageError(Exception):
@@ -62,7 +74,9 @@ def run_cli(
     scancel and time limit, torchrun stopping its workers) is handled as Ctrl-C is: cleanup runs, rows are kept."""
     try:
         signal.signal(signal.SIGTERM, _terminated)
-    except ValueError:  # not the main thread (a test calling main in a worker thread): leave SIGTERM alone
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when the caller ignores Ctrl-C
+            signal.signal(signal.SIGINT, _interrupt)
+    except ValueError:  # not the main thread (a test calling main in a worker thread): leave the signals alone
         pass
     try:
         return int(main(argv) or 0)

@@ -91,7 +91,8 @@ def run_sweep(
                 rows.append(row)
                 shown.done(row)
         except KeyboardInterrupt:
-            print_finished(rows, table, report, total)
+            if not isinstance(report, NullReport):  # rank 0 says it, once (the others' counts may lag behind)
+                print_finished(rows, table, report, total)
             raise
     return rows
 
