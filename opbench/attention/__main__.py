@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     src.add_argument(
         "--max-seqlen",
-        type=int,
+        type=cli.integer,
         default=None,
         help=f"scale seqlen_q and seqlen_kv down together so neither exceeds this; 0 = no cap "
         f"(default: {CPU_MAX_SEQLEN} on CPU, no cap on GPU)",

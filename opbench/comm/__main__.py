@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=flags.redop,
         help=f"reduction of all_reduce / reduce_scatter: {', '.join(flags.REDOPS)}",
     )
-    g.add_argument("-r", "--root", type=int, default=0, help="broadcast root, a rank within the group")
+    g.add_argument("-r", "--root", type=cli.integer, default=0, help="broadcast root, a rank within the group")
     g.add_argument(
         "--p2p-mode",
         choices=["ring", "pingpong"],

@@ -12,6 +12,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
+from opbench.core.cli import integer
 from opbench.core.dtypes import COMM_DTYPES, DTYPES, lookup
 from opbench.core.errors import UsageError
 
@@ -94,10 +95,7 @@ def redop(text: str) -> str:
 
 
 def _int_in(text: str, low: int, high: int | None, what: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
+    value = integer(text)
     if value < low or (high is not None and value > high):
         raise argparse.ArgumentTypeError(f"{what}, got {value}")
     return value

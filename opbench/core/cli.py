@@ -97,9 +97,25 @@ def csv_list(kind: Callable[[str], T] = str) -> Callable[[str], list[T]]:  # typ
     return parse
 
 
+def _plain_number(text: str, what: str) -> str:
+    """The text of a number as people type it: ASCII digits only. int() and float() also take other scripts'
+    digits ('٨', '８') and underscores ('1_6'), which no one means on a command line (docs/conventions.md)."""
+    if not str(text).isascii() or "_" in str(text):
+        raise argparse.ArgumentTypeError(f"'{text}' is not {what} (ASCII digits only)")
+    return str(text)
+
+
+def integer(text: str) -> int:
+    """Any integer, in ASCII digits (``type=int`` takes '٨' and '1_6')."""
+    try:
+        return int(_plain_number(text, "an integer"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
+
+
 def positive_int(text: str) -> int:
     try:
-        value = int(text)
+        value = int(_plain_number(text, "an integer"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
     if value <= 0:
@@ -111,7 +127,7 @@ def finite_float(text: str) -> float:
     """A number that can be compared and slept on: 'nan' would pass every check (nan < 0 is false) and 'inf'
     would wait forever."""
     try:
-        value = float(text)
+        value = float(_plain_number(text, "a number"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
     if not math.isfinite(value):
@@ -121,7 +137,7 @@ def finite_float(text: str) -> float:
 
 def non_negative_int(text: str) -> int:
     try:
-        value = int(text)
+        value = int(_plain_number(text, "an integer"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
     if value < 0:
@@ -135,7 +151,7 @@ MAX_MIB = float(1 << 30)  # 1 PiB: no checkpoint or buffer of one job is larger;
 def _positive_finite(text: str, unit: str) -> float:
     """A positive, finite number of ``unit``; the message names the unit."""
     try:
-        value = float(text)
+        value = float(_plain_number(text, f"a number of {unit}"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"'{text}' is not a number of {unit}") from None
     if not (value > 0 and math.isfinite(value)):
@@ -182,7 +198,7 @@ def positive_seconds(text: str) -> float:
 
 def port_number(text: str) -> int:
     try:
-        value = int(text)
+        value = int(_plain_number(text, "a port number"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"'{text}' is not a port number") from None
     if not 1 <= value <= 65535:
@@ -204,7 +220,7 @@ def backend_name(text: str) -> str:
     return text
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(i?B?)\s*$", re.IGNORECASE | re.ASCII)
 
 
 def parse_bytes(text: str) -> int:
@@ -227,7 +243,7 @@ def positive_bytes(text: str) -> int:
 def device_spec(text: str) -> str:
     """auto, cpu, cuda or cuda:N, checked without torch so dry runs and usage errors stay fast; whether the GPU
     exists is core.device.resolve_device's check, when the tool runs."""
-    if text in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d{1,4}", text):
+    if text in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:[0-9]{1,4}", text):
         return text
     raise argparse.ArgumentTypeError(f"'{text}' is not a device (auto, cpu, cuda or cuda:N)")
 
@@ -249,13 +265,13 @@ def add_timing_args(parser: argparse.ArgumentParser, note: str = "") -> None:
     d, q = TimingConfig(), TimingConfig.quick()
     g = parser.add_argument_group("timing", note or None)
     g.add_argument(
-        "--warmup", type=int, default=None, help=f"minimum warm-up calls per shape (default: {d.warmup_iters})"
+        "--warmup", type=integer, default=None, help=f"minimum warm-up calls per shape (default: {d.warmup_iters})"
     )
     g.add_argument(
-        "--min-iters", type=int, default=None, help=f"minimum timed calls per shape (default: {d.min_iters})"
+        "--min-iters", type=integer, default=None, help=f"minimum timed calls per shape (default: {d.min_iters})"
     )
     g.add_argument(
-        "--max-iters", type=int, default=None, help=f"maximum timed calls per shape (default: {d.max_iters})"
+        "--max-iters", type=integer, default=None, help=f"maximum timed calls per shape (default: {d.max_iters})"
     )
     g.add_argument(
         "--rel-tol",

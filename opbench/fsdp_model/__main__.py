@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--fsdp-version",
-        type=int,
+        type=cli.integer,
         choices=[1, 2],
         default=2,
         help="2: fully_shard, per-parameter padding; 1: FlatParameter padding",

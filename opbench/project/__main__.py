@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--schedule", choices=SCHEDULES, default=None, help="pipeline schedule (default: interleaved when --vpp > 1)"
     )
     lay.add_argument("--fsdp", action="store_true", help="shard parameters, gradients and optimizer (FSDP2/ZeRO-3)")
-    lay.add_argument("--zero", type=int, choices=[0, 1], default=0, help="1: shard the optimizer only (ZeRO-1)")
+    lay.add_argument("--zero", type=cli.integer, choices=[0, 1], default=0, help="1: shard the optimizer only (ZeRO-1)")
     lay.add_argument("--recompute", choices=RECOMPUTE, default="none", help="activation recomputation")
     lay.add_argument(
         "--no-sequence-parallel", action="store_true", help="TP without sequence parallelism (all-reduces)"
