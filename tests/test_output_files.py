@@ -134,6 +134,25 @@ def test_a_second_run_into_the_same_csv_stops_at_once_naming_the_first(run, tmp_
     assert not (folder / "earlier").exists()
 
 
+def test_a_symlink_to_a_csv_being_written_is_that_csv(tmp_path):
+    """The lock is the file's, not the path's: a second writer through a symlink (here with --append, which
+    would have interleaved its rows into the first's) stops at once, naming the first."""
+    path = tmp_path / "d" / "out.csv"
+    link = tmp_path / "link.csv"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(path)], cwd=ROOT, stdout=subprocess.PIPE, text=True, env=os.environ
+    )
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        link.symlink_to(path)
+        with pytest.raises(UsageError, match=f"another opbench run is writing this file \\(pid {holder.pid} on "):
+            CsvReport(link, GEMM, append=True)
+    finally:
+        holder.kill()
+        holder.wait(timeout=60)
+    assert [r["model"] for r in rows_of(path)] == ["first"]
+
+
 def test_a_killed_writer_leaves_no_lock_that_holds(tmp_path):
     """SIGKILL leaves the lock file behind, but the kernel dropped the lock: the next writer goes on."""
     path = tmp_path / "out.csv"

@@ -264,8 +264,8 @@ def _relay_stderr(
                 sys.stderr.writelines(held)
                 held = []
             continue
-        if line.startswith("Traceback (most recent call last):"):
-            held = [line]
+        if line.startswith(("Traceback (most recent call last):", "During handling of the above", "The above exc")):
+            held = [line]  # a traceback, or the chained part of one whose first part was torchrun's
         elif (_RANK_ERROR.match(line) or _RANK_STOPPED.match(line)) and line in said:
             continue  # the same usage error, or the same "interrupted", from another rank
         elif not _AGENT_LOG.match(line):

@@ -147,7 +147,8 @@ _warned_no_lock = False
 
 
 def _key(csv_path: Path) -> Path:
-    return Path(os.path.abspath(csv_path))
+    """The file itself, whatever the path says: a symlink to a CSV another run writes is that CSV (one lock)."""
+    return Path(os.path.realpath(csv_path))
 
 
 def _holder(path: Path) -> str:
