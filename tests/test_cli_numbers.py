@@ -41,3 +41,10 @@ def test_parsers_still_take_what_people_type():
 def test_every_tool_refuses_them_in_one_line_naming_the_flag(module, argv):
     with pytest.raises(UsageError, match=r"field '--?[\w-]+': '.+' is not"):
         importlib.import_module(module).build_parser().parse_args(argv)
+
+
+def test_layer_count_has_the_configs_bound():
+    """--num-layers and a config's num_hidden_layers meet one bound (models.config uses cli.MAX_LAYERS)."""
+    assert cli.layer_count("4096") == 4096
+    with pytest.raises(argparse.ArgumentTypeError, match="4097 layers is more than 4,096"):
+        cli.layer_count("4097")

@@ -204,6 +204,16 @@ def test_single_primus_object(tmp_path):
             "not a multiple of 3 KV heads",
         ),
         (json.dumps([]), "the model list is empty"),
+        (  # an HF config derives head_dim = hidden // heads: 4 // 8 is 0
+            json.dumps({"model_type": "llama", "hidden_size": 4, "num_attention_heads": 8, "num_key_value_heads": 8,
+                        "intermediate_size": 8, "vocab_size": 10, "num_hidden_layers": 2}),  # fmt: skip
+            "field 'head_dim': hidden_size 4 over 8 heads leaves a head_dim of 0",
+        ),
+        (
+            json.dumps({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 8,
+                        "vocab_size": 10, "num_hidden_layers": 1 << 24}),  # fmt: skip
+            "field 'num_hidden_layers': 16777216 layers is more than 4,096",
+        ),
         (json.dumps("x"), "expected a list of models"),
     ],
 )
@@ -213,6 +223,20 @@ def test_bad_configs_name_file_and_field(tmp_path, content, expect):
     with pytest.raises(UsageError) as exc:
         load_model_configs(p)
     assert str(p) in str(exc.value) and expect in str(exc.value)
+
+
+@pytest.mark.parametrize("special", ["/dev/zero", "fifo"])
+def test_a_device_or_a_pipe_is_refused_unread(tmp_path, special):
+    """/dev/zero would fill memory and a FIFO with no writer would wait forever: neither is read."""
+    import os
+
+    path = tmp_path / "config.fifo"
+    if special == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to(special)
+    with pytest.raises(UsageError, match="is not a regular file"):
+        load_model_configs(path)
 
 
 def test_missing_file(tmp_path):

@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_model_args(g, with_name=False)
     g.add_argument(
         "--num-layers",
-        type=positive_int,
+        type=cli.layer_count,
         default=None,
         help="override the model's decoder layer count (to fit a big model on a small machine)",
     )

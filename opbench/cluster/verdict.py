@@ -24,6 +24,7 @@ from typing import Any
 
 from opbench.core.cli import parse_bytes
 from opbench.core.errors import UsageError
+from opbench.core.inputs import read_small_text
 
 from .schema import file_name
 
@@ -107,12 +108,10 @@ class Threshold:
 def load_expect(path: str) -> dict[str, dict[str, list[Threshold]]]:
     """Read a thresholds file: ``{"compute": {"tflops": 600}, "intra": {"busbw_gbs": {"64M": 100, "1G": 300}}}``.
     Every problem is one UsageError naming the file and the field."""
+    text = read_small_text(path, 16 << 20, "a JSON file of thresholds", field="--expect")
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except OSError as exc:
-        raise UsageError(f"cannot read: {exc.strerror}", source=path, field="--expect") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise UsageError(f"not valid JSON ({str(exc)[:120]})", source=path, field="--expect") from None
     if not isinstance(data, dict):
         raise UsageError("must be a JSON object of checks", source=path, field="--expect")

@@ -170,6 +170,17 @@ def size_mib(text: str) -> float:
 MAX_WORLD = 1 << 22  # 4 Mi ranks: far beyond any cluster; a bigger world is a typo (and would take minutes to model)
 
 
+MAX_LAYERS = 1 << 12  # decoder layers: released models have at most ~130; 4096 is a typo (and minutes of tables)
+
+
+def layer_count(text: str) -> int:
+    """A decoder layer count (--num-layers; a config's num_hidden_layers meets the same bound)."""
+    value = positive_int(text)
+    if value > MAX_LAYERS:
+        raise argparse.ArgumentTypeError(f"{value} layers is more than {MAX_LAYERS:,}; is that a typo?")
+    return value
+
+
 def world_size(text: str) -> int:
     value = positive_int(text)
     if value > MAX_WORLD:

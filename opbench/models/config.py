@@ -16,7 +16,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from opbench.core.cli import MAX_LAYERS
 from opbench.core.errors import UsageError
+from opbench.core.inputs import read_small_text
 
 from .architectures import ARCHITECTURES, TEXT_CONFIG_WRAPPERS, unsupported
 
@@ -312,6 +314,17 @@ def parse_model_config(
             )
         else:
             f["head_dim"] = hidden // heads
+    if f["head_dim"] < 1:  # hidden_size // heads with more heads than hidden units
+        raise UsageError(
+            f"hidden_size {hidden} over {heads} heads leaves a head_dim of 0; give head_dim",
+            source=where,
+            field="head_dim",
+        )
+    layers = f["num_hidden_layers"]
+    if layers is not None and layers > MAX_LAYERS:
+        raise UsageError(
+            f"{layers} layers is more than {MAX_LAYERS:,}; is that a typo?", source=where, field="num_hidden_layers"
+        )
     experts, top_k = f["n_routed_experts"], f["num_experts_per_tok"]
     if experts and not top_k:
         raise UsageError("missing for a MoE model", source=where, field="num_experts_per_tok")
@@ -337,16 +350,13 @@ def parse_model_config(
     return ModelConfig(**f, notes=tuple(notes))
 
 
+MAX_CONFIG_BYTES = 64 << 20  # a model config file (Primus' whole model_configs.json is ~100 KiB)
+
+
 def read_json(path: Path) -> Any:
-    """Parse a JSON file; a missing/unreadable/malformed file is a UsageError naming it (and line/column)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UsageError("file not found", source=str(path)) from None
-    except IsADirectoryError:
-        raise UsageError("is a directory, expected a JSON file", source=str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read: {exc}", source=str(path)) from None
+    """Parse a JSON file; a missing/unreadable/malformed file is a UsageError naming it (and line/column). Only a
+    regular file of at most MAX_CONFIG_BYTES is read (core.inputs)."""
+    text = read_small_text(path, MAX_CONFIG_BYTES, "a JSON file")
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
