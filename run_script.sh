@@ -3,7 +3,7 @@
 # results folder per run. Run it on every node of a job with the same MASTER_ADDR/MASTER_PORT and each node's
 # NODE_RANK; single-GPU kernel benchmarks run on node 0 only, collectives and checkpointing on every node.
 #
-#   ./run_script.sh                                       # one machine (CPU: a few minutes, small sizes)
+#   ./run_script.sh                                       # one machine (CPU: 1-2 minutes, small sizes)
 #   NNODES=2 NODE_RANK=0 MASTER_ADDR=node0 ./run_script.sh   # on node0, and NODE_RANK=1 on node1
 #   MODEL=Llama3.1_70B STAGES="comm" ./run_script.sh        # only the collectives, for one model
 #

@@ -633,3 +633,15 @@ def test_jobs_2_gives_what_jobs_1_gives(cli, tmp_path, monkeypatch):
     for jobs in ("1", "2"):
         assert cli(str(log), str(small), "--jobs", jobs, "--csv", str(tmp_path / f"j{jobs}.csv")).returncode == 0
     assert (tmp_path / "j1.csv").read_text() == (tmp_path / "j2.csv").read_text()
+
+
+def test_a_wrong_compare_fsdp_model_is_one_line_before_the_log_is_read(tmp_path, capsys):
+    """--compare-fsdp Foo: the error names the flag the user typed, and comes before any parse or CSV."""
+    log = tmp_path / "big.log"
+    log.write_text("x\n")
+    csv_path = tmp_path / "out" / "sizes.csv"
+    code = run_cli(trace_main, [str(log), "--compare-fsdp", "Foo", "--csv", str(csv_path)], prog="opbench trace")
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "field '--compare-fsdp': neither a file nor a built-in model: unknown model 'Foo'" in err
+    assert not csv_path.parent.exists()

@@ -74,6 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     args.csv = cli.output_csv(args, CSV_NAME)
+    if args.compare_fsdp:
+        args.fsdp_config = actions.fsdp_config(args)  # a wrong model is one line before the log is read
     summary, parser = analyze(args.logs, raw_p2p=args.raw_p2p, jobs=args.jobs)
     return actions.run(args, summary, parser)
 

@@ -334,13 +334,9 @@ def _dominant(rows: list[dict[str, Any]], op: str, key: str) -> Any:
     return max(tally, key=tally.get) if tally else None  # type: ignore[arg-type]
 
 
-def compare_fsdp(args: argparse.Namespace, rows: list[dict[str, Any]], meta: dict[str, Any]) -> list[dict[str, Any]]:
-    """Match the log's AllGather/ReduceScatter against fsdp_collectives() for the same world size: counts, then
-    dtype and reduction. The all-gather dtype is the log's unless --param-dtype says otherwise (it is a choice of
-    the job); the reduce-scatter dtype is FSDP2's default, the param dtype, unless --reduce-dtype says otherwise,
-    so a job that reduces in fp32 (torchtitan) shows up as a dtype mismatch with a hint."""
-    from opbench.core.dtypes import BY_ENUM, FLOAT_DTYPES
-    from opbench.fsdp_model.model import fsdp_collectives
+def fsdp_config(args: argparse.Namespace) -> Any:
+    """The model --compare-fsdp names (a config file, or a built-in model's name); checked before the log is read,
+    so a typo costs no parse and names the flag the user typed."""
     from opbench.models import load_model_configs, select_models
 
     cfg_arg = args.compare_fsdp
@@ -348,10 +344,25 @@ def compare_fsdp(args: argparse.Namespace, rows: list[dict[str, Any]], meta: dic
         configs = load_model_configs(cfg_arg)
         configs = select_models(configs, args.model) if args.model else configs
     else:  # a built-in model name
-        configs = select_models(load_model_configs(), cfg_arg)
+        try:
+            configs = select_models(load_model_configs(), cfg_arg)
+        except UsageError as exc:
+            message = str(exc).split(": ", 1)[-1] if str(exc).startswith("field ") else str(exc)
+            raise UsageError(f"neither a file nor a built-in model: {message}", field="--compare-fsdp") from None
     if len(configs) != 1:
         raise UsageError(f"holds {len(configs)} models; pick one with --model", source=cfg_arg, field="--model")
-    cfg = configs[0]
+    return configs[0]
+
+
+def compare_fsdp(args: argparse.Namespace, rows: list[dict[str, Any]], meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """Match the log's AllGather/ReduceScatter against fsdp_collectives() for the same world size: counts, then
+    dtype and reduction. The all-gather dtype is the log's unless --param-dtype says otherwise (it is a choice of
+    the job); the reduce-scatter dtype is FSDP2's default, the param dtype, unless --reduce-dtype says otherwise,
+    so a job that reduces in fp32 (torchtitan) shows up as a dtype mismatch with a hint."""
+    from opbench.core.dtypes import BY_ENUM, FLOAT_DTYPES
+    from opbench.fsdp_model.model import fsdp_collectives
+
+    cfg = getattr(args, "fsdp_config", None) or fsdp_config(args)
     world = args.world_size or _dominant(rows, "AllGather", "nranks") or _dominant(rows, "ReduceScatter", "nranks")
     if not world:
         raise UsageError("the log has no AllGather/ReduceScatter and --world-size is not set", field="--world-size")
