@@ -261,6 +261,23 @@ def test_sizes_from_trace_repeated_keeps_a_comma_in_a_file_name(tmp_path, capsys
     assert "# note: 1 case(s) on groups of 1 rank left out: one rank has no link to measure" in out
 
 
+def test_a_trace_plan_keeps_each_calls_own_datatype(tmp_path, capsys):
+    """A log with an fp32 and a bf16 AllReduce of count 1024: the plan and its nccl-tests lines say fp32/float for
+    the first (4096 bytes) and bf16/bfloat16 for the second, as the real run times them."""
+    log = tmp_path / "two.log"
+    log.write_text(
+        "".join(
+            f"gpu1:77:88 [0] NCCL INFO AllReduce: opCount {i} sendbuff 0x1 recvbuff 0x2 count 1024 datatype {dt} "
+            f"op 0 root 0 comm 0xa [nranks=2] stream 0xb\n"
+            for i, dt in enumerate((7, 9))  # NCCL's float32, bfloat16
+        )
+    )
+    out = _plan(capsys, "--sizes-from-trace", str(log))
+    planned = sorted(tuple(line.split()[1:4]) for line in out.splitlines() if line.startswith("all_reduce "))
+    assert planned == [("2048", "1024", "bf16"), ("4096", "1024", "fp32")]
+    assert "-b 4096 -e 4096" in out and "-d float" in out and "-b 2048 -e 2048" in out and "-d bfloat16" in out
+
+
 def test_printed_names_cannot_start_a_line(tmp_path, capsys):
     """A model name with a newline (from --model-name or a config) is printed with the newline made visible."""
     cfg = tmp_path / "config.json"

@@ -329,7 +329,10 @@ def dry_run(args: argparse.Namespace, dist_env: dist.DistEnv | None) -> int:
         nranks = case.group_size or world
         coll = COLLECTIVES[case.collective]
         size, count = actual_size(case, nranks), count_for(case, nranks)
-        rows.append(f"{case.collective:<15} {size:>12} {count:>12} {dtype:>6} {nranks:>6}  {one_line(case.source)}")
+        # a case's own dtype: a logged call replays in the datatype it was logged with (--sizes-from-trace)
+        rows.append(
+            f"{case.collective:<15} {size:>12} {count:>12} {case.dtype:>6} {nranks:>6}  {one_line(case.source)}"
+        )
         if count == 0:
             continue
         redop = TESTS_REDOP[case.redop] if coll.has_redop else None
@@ -340,7 +343,7 @@ def dry_run(args: argparse.Namespace, dist_env: dist.DistEnv | None) -> int:
                 case.collective,
                 size,
                 nranks,
-                dtype,
+                case.dtype,
                 flavour=flavour,
                 launcher="single" if nodes == 1 else "mpi",
                 nnodes=nodes,
