@@ -6,6 +6,9 @@ from __future__ import annotations
 import csv
 import gzip
 import importlib.util
+import io
+import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -600,3 +603,204 @@ def test_rows_reach_the_csv_while_the_input_is_still_open(tmp_path):
     proc.wait(timeout=60)
     assert proc.returncode == 0, err
     assert len(out.read_text().splitlines()) == 5001
+
+
+# -- bounds of measured values; rows held for the Avg line on Ctrl-C / SIGTERM ------------------------------------
+def _example_text_lines():
+    return (EXAMPLES / "all_reduce_perf_iter.out").read_text().splitlines()
+
+
+def test_out_of_range_measurements_become_empty_cells_named_in_note_text(tmp_path, capsys):
+    """A negative time, a busbw of -1e30, #wrong -7 or 2.5, a time beyond one day, an algbw beyond 1e6 GB/s, a
+    negative i_min, a cv% of 1e7 and an Avg bus bandwidth of -1e300 become empty cells named in ``note``; the
+    row's other cells are kept and no row is skipped."""
+    lines = _example_text_lines()
+    first = next(k for k, line in enumerate(lines) if line.split()[:1] == ["1024"])
+    lines[first] = lines[first].replace("    25.81    0.04    0.07", "   -25.81    0.04   -1e30", 1)
+    tok = lines[first + 1].split()
+    assert tok[:2] == ["4096", "1024"] and len(tok) == 21
+    tok[8], tok[12], tok[13], tok[14], tok[16], tok[17] = "-7", "1e7", "1e11", "2e6", "2.5", "-1"
+    lines[first + 1] = "  ".join(tok)
+    lines = [line.replace("13.3524", "-1e300") if "Avg bus bandwidth" in line else line for line in lines]
+    src = tmp_path / "neg.out"
+    src.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "neg.csv"
+    assert run_cli(nccl_tests.main, [str(src), "--csv", str(out)]) == 0
+    assert "skipped" not in capsys.readouterr().err
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 6 and all(r["avg_busbw"] == "" and "avg_busbw=-1e+300" in r["note"] for r in rows)
+    a, b = rows[0], rows[1]
+    assert (a["oop_time_us"], a["oop_algbw_gbs"], a["oop_busbw_gbs"], a["ip_time_us"]) == ("", "0.04", "", "25.81")
+    assert "out of range, left empty: oop_time_us=-25.81, oop_busbw_gbs=-1e+30" in a["note"]
+    empty = ("oop_wrong", "oop_iter_cv_pct", "ip_time_us", "ip_algbw_gbs", "ip_wrong", "ip_iter_min_us")
+    assert all(b[c] == "" for c in empty), b
+    assert (b["oop_time_us"], b["oop_iter_p99_us"], b["ip_busbw_gbs"], b["ip_iter_max_us"]) == (
+        "25.82",
+        "26.62",
+        "0.28",
+        "26.62",
+    )
+    for cell in ("oop_wrong=-7", "oop_iter_cv_pct=10000000", "ip_time_us=100000000000", "ip_algbw_gbs=2000000"):
+        assert cell in b["note"], b["note"]
+    assert "ip_wrong=2.5" in b["note"] and "ip_iter_min_us=-1" in b["note"]
+    assert rows[2]["note"] == "out of range, left empty: avg_busbw=-1e+300"
+
+
+def test_bounds_in_every_table_era():
+    """v1 times are bounded in µs after the ms conversion; the v2.0–2.12 ``error`` (a max deviation) must be
+    >= 0 but has no cap; a #wrong count must be whole; the bounds themselves are in range."""
+    [v1] = parse_lines(v1_table([(1024, 256, "float", "sum", [(1e8, 0.02, 0.03, 0.0), (86400e3, 0.02, 0.03, 0.0)])]))
+    assert v1["oop_time_us"] is None and v1["ip_time_us"] == 86400e6 and "oop_time_us=100000000000" in v1["note"]
+    lead = ["size", "count", "type", "redop"]
+    [old] = parse_lines(legacy_table(lead, [((4096, 1024, "float", "sum"), [(5, 0, 0, -1), (5, 0, 0, 1e20)])], 1e6))
+    assert (old["oop_wrong"], old["ip_wrong"], old["avg_busbw"], old["wrong_kind"]) == (None, 1e20, 1e6, "error")
+    assert old["note"] == "out of range, left empty: oop_wrong=-1"
+    [new] = parse_lines(
+        [*v213_header(), v213_preamble(8, 2, "float", "sum", -1) + v213_body(0, 0, 1e6, 0) + v213_body(5, 0, 0, 1)]
+    )
+    assert (new["oop_time_us"], new["oop_busbw_gbs"], new["oop_wrong"], new["ip_wrong"], new["note"]) == (
+        0.0,
+        1e6,
+        0,
+        1,
+        None,
+    )
+    assert isinstance(new["oop_wrong"], int)
+
+
+def test_out_of_range_measurements_become_empty_cells_named_in_note_json(tmp_path, capsys):
+    """The -J JSON form: time -3, bus_bw 1e300, nwrong -7 (and 0.5), a negative p99_us and an average bus
+    bandwidth of -1e300 are empty cells named in ``note``, the rest of the row is kept."""
+    doc = json.loads((EXAMPLES / "all_reduce_perf.json").read_text())
+    doc["results"][0]["out_of_place"].update(time=-3, bus_bw=1e300, nwrong=-7)
+    doc["results"][1]["in_place"]["nwrong"] = 0.5
+    doc["results"][1]["in_place_per_iter"]["p99_us"] = -1.5
+    doc["average_bus_bandwidth"]["bandwidth"] = -1e300
+    src = tmp_path / "neg.json"
+    src.write_text(json.dumps(doc))
+    out = tmp_path / "neg.csv"
+    assert run_cli(nccl_tests.main, [str(src), "--csv", str(out)]) == 0
+    assert "skipped" not in capsys.readouterr().err
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 6 and all(r["avg_busbw"] == "" and "avg_busbw=-1e+300" in r["note"] for r in rows)
+    a, b = rows[0], rows[1]
+    assert a["oop_time_us"] == a["oop_busbw_gbs"] == a["oop_wrong"] == "" and a["oop_algbw_gbs"] == "0.039681"
+    assert "out of range, left empty: oop_time_us=-3, oop_busbw_gbs=1e+300, oop_wrong=-7" in a["note"]
+    assert (a["ip_time_us"], a["ip_wrong"]) == ("25.806", "0")
+    assert b["ip_wrong"] == b["ip_iter_p99_us"] == "" and "ip_wrong=0.5, ip_iter_p99_us=-1.5" in b["note"]
+
+
+class _InterruptedAfter(io.RawIOBase):
+    """A stream that gives ``data``, then Ctrl-C (where a live pipe would block)."""
+
+    def __init__(self, data):
+        self.data = data
+
+    def readable(self):
+        return True
+
+    def readinto(self, buf):
+        if not self.data:
+            raise KeyboardInterrupt
+        n = min(len(buf), len(self.data))
+        buf[:n], self.data = self.data[:n], self.data[n:]
+        return n
+
+
+def test_held_rows_are_handed_over_once():
+    """take_held gives the rows still waiting for their Avg line, once; rows already yielded (an interrupt in
+    the middle of a table's release) are not given twice, and the rest keep the table's average."""
+    lines = _example_text_lines()
+    cut = next(k for k, line in enumerate(lines) if line.split()[:1] == ["65536"])
+    parser = nccl_tests.OutputParser("s.out")
+    with pytest.raises(KeyboardInterrupt):
+        list(parser.rows(_then_interrupt(lines[:cut])))
+    held = parser.take_held()
+    assert [r["size_bytes"] for r in held] == [1024, 4096, 16384] and all(r["avg_busbw"] is None for r in held)
+    assert parser.take_held() == []
+
+    parser = nccl_tests.OutputParser("s.out")
+    rows = parser.rows(lines)
+    first = next(rows)  # the Avg line has been read: the table is being released
+    held = parser.take_held()
+    assert first["size_bytes"] == 1024 and [r["size_bytes"] for r in held] == [4096, 16384, 65536, 262144, 1048576]
+    assert all(r["avg_busbw"] == pytest.approx(13.3524) for r in [first, *held]) and list(rows) == []
+
+    doc = (EXAMPLES / "all_reduce_perf.json").read_bytes()
+    partial = doc[: doc.index(b',"out_of_bounds"')]  # every result, no average_bus_bandwidth yet
+    reader = nccl_tests.JsonResults("r.json")
+    with pytest.raises(KeyboardInterrupt):
+        list(reader.rows(io.BufferedReader(_InterruptedAfter(partial)), nccl_tests.LineStats()))
+    assert [r["size_bytes"] for r in reader.take_held()] == [1024 << (2 * k) for k in range(6)]
+
+
+def _then_interrupt(lines):
+    yield from lines
+    raise KeyboardInterrupt  # Ctrl-C while the next line is awaited
+
+
+def _stream_prefix(kind):
+    """The start of a live output with 3 finished rows and no Avg line yet: 22 lines of the text sample, or the
+    JSON sample cut after its third result (the results list still open)."""
+    if kind == "text":
+        return "".join(line + "\n" for line in _example_text_lines()[:22])
+    doc = (EXAMPLES / "all_reduce_perf.json").read_text()
+    head = doc[: doc.index('"results":[') + len('"results":[')]
+    results = json.loads(doc[len(head) - 1 : doc.index(',"out_of_bounds"')])
+    return head + ",".join(json.dumps(r) for r in results[:3])
+
+
+def _wait_until_blocked_reading(proc, pipe_fd, deadline):
+    """Until the child has drained the pipe and sleeps (blocked on its next read): it has parsed what it got."""
+    import fcntl
+    import struct
+    import termios
+    import time
+
+    stat = Path(f"/proc/{proc.pid}/stat")
+    while time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+        unread = struct.unpack("i", fcntl.ioctl(pipe_fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+        if unread == 0 and (not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "S"):
+            time.sleep(0.3)  # and it still is: not a sleep on the way (a page read, a lock)
+            if stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "S":
+                return
+            if not stat.exists():
+                time.sleep(1.5)
+                return
+    raise AssertionError("the child did not read its input in time")
+
+
+@pytest.mark.parametrize(
+    "kind,sig,code",
+    [("text", signal.SIGINT, 130), ("text", signal.SIGTERM, 143), ("json", signal.SIGINT, 130)],
+)
+def test_ctrl_c_on_a_live_stream_writes_the_rows_held_for_the_avg_line(tmp_path, kind, sig, code):
+    """A live ``nccl-tests … | opbench nccl-tests -``: 3 rows are in, the Avg line is not; Ctrl-C (or SIGTERM)
+    writes those 3 rows (avg_busbw empty) before the process stops, as its message says."""
+    import time
+
+    out = tmp_path / "E" / "a.csv"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "opbench", "nccl-tests", "-", "--csv", str(out)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # pytest's parent may ignore Ctrl-C
+    )
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(_stream_prefix(kind))
+        proc.stdin.flush()
+        _wait_until_blocked_reading(proc, proc.stdin.fileno(), time.monotonic() + 60)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == code and "rows finished so far are in the report" in err, err
+    rows = list(csv.DictReader(out.open()))
+    assert [r["size_bytes"] for r in rows] == ["1024", "4096", "16384"]
+    assert all(r["avg_busbw"] == "" and r["oop_time_us"] and r["nranks"] == "8" for r in rows)

@@ -24,9 +24,11 @@ with long ``-I`` iteration lists stays in bounded memory. ``-I 1`` per-iteration
 
 Streaming and bounds (docs/trace.md, "nccl-tests output"): a table's rows are held only until its ``Avg bus
 bandwidth`` line, and never more than ``MAX_HELD_ROWS`` of them (beyond that they are written without
-``avg_busbw``); the CLI writes rows in batches as they come and keeps only the rows it prints. A size, count
-or root out of the command line's bounds (``opbench.core.cli``) skips its row, counted in the summary;
-``inf``, ``nan`` and overflowed values become empty cells named in ``note``.
+``avg_busbw``); the CLI writes rows in batches as they come and keeps only the rows it prints, and on Ctrl-C or
+SIGTERM writes the rows still held (``take_held``, ``avg_busbw`` empty) before it stops. A size, count or root
+out of the command line's bounds (``opbench.core.cli``) skips its row, counted in the summary; ``inf``, ``nan``
+and overflowed values become empty cells named in ``note``, and so do measurements out of their bounds
+(``MAX_TIME_US``, ``MAX_GBS``, ``MAX_CV_PCT``; a negative one, a ``#wrong`` that is no whole count).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import re
 import sys
 import time
 import zlib
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +64,15 @@ MAX_RANKS = cli.MAX_WORLD
 MAX_DIGITS = 20  # a longer digit run is out of range whatever it says (and int() of 5000 digits would raise)
 MAX_HELD_ROWS = 1024  # rows of one table held for its "Avg bus bandwidth" line; beyond, written without it
 MAX_JSON_RESULT = 64 << 20  # one JSON result object (its -I iteration lists included) larger than this is skipped
+# Bounds of the measured values (a value outside becomes an empty cell named in ``note``, as inf does):
+MAX_TIME_US = 86_400e6  # one day: no collective (or one iteration of it) takes longer; beyond is garbage
+MAX_GBS = 1e6  # GB/s (algbw, busbw, Avg bus bandwidth): no link is faster
+MAX_CV_PCT = 1e6  # the -I cv% of n non-negative times is at most √n × 100 %: 1e6 % would need 10^8 iterations
+TIME_BOUNDS = (0.0, MAX_TIME_US)
+BW_BOUNDS = (0.0, MAX_GBS)
+WRONG_BOUNDS = (0.0, float(MAX_BYTES))  # #wrong counts elements: a whole number within the count's bounds
+ERROR_BOUNDS = (0.0, math.inf)  # v1/v2.0–2.12 "error" is a max |deviation|: any finite value >= 0
+NOT_FINITE, OUT_OF_RANGE = "not finite", "out of range"  # the two kinds of cell a note names
 
 
 # -d names across eras (NCCL 1 names, nccl-tests and rccl-tests fp8 spellings)
@@ -181,17 +193,41 @@ class _Pending:
     values: list[float | None]  # parsed once: a float, or None for N/A
 
 
-def finite_value(row: dict[str, Any], column: str, value: Any, notes: list[str]) -> None:
-    """``row[column] = value`` when it is a finite number (or None); ``inf``, ``nan`` and overflowed values
-    (``1e999``) become an empty cell and a note, never a number a plot would draw."""
+Notes = list[tuple[str, str]]  # (NOT_FINITE or OUT_OF_RANGE, "column=value") for each cell left empty
+
+
+def finite_value(
+    row: dict[str, Any],
+    column: str,
+    value: Any,
+    notes: Notes,
+    bounds: tuple[float, float] = (-math.inf, math.inf),
+    whole: bool = False,
+) -> None:
+    """``row[column] = value`` when it is a finite number within ``bounds`` (and a whole one with ``whole``,
+    stored as an int), or None; ``inf``, ``nan``, overflowed values (``1e999``) and values out of bounds (a
+    negative time, a busbw of 1e30 GB/s) become an empty cell and a note, never a number a plot would draw."""
     if isinstance(value, str):
         raw, value = value, _num(value) if value.upper() != "N/A" else None
         if value is None and raw.upper() != "N/A":
-            notes.append(f"{column}={one_line(raw)[:20]}")
-    if isinstance(value, float) and not math.isfinite(value):
-        notes.append(f"{column}={value}")
-        value = None
+            notes.append((NOT_FINITE, f"{column}={one_line(raw)[:20]}"))
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = float(value) if abs(value) < 1e308 else math.inf
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            notes.append((NOT_FINITE, f"{column}={value}"))
+            value = None
+        elif not bounds[0] <= value <= bounds[1] or (whole and not value.is_integer()):
+            notes.append((OUT_OF_RANGE, f"{column}={_shown(value)}"))
+            value = None
+        elif whole:
+            value = int(value)
     row[column] = value
+
+
+def _shown(value: float) -> str:
+    """A number as a note names it: -7 (not -7.0), -25.81, -1e+30."""
+    return str(int(value)) if value.is_integer() and abs(value) < 1e16 else repr(value)
 
 
 class Skipped:
@@ -223,7 +259,7 @@ class OutputParser:
         self.layout = Layout()
         self.labels: list[str] = []
         self.nranks = 0
-        self.table: list[dict[str, Any]] = []
+        self.table: deque[dict[str, Any]] = deque()  # finished rows held for the Avg line (popped as yielded)
         self.pending: _Pending | None = None
         self.lines = 0
         self.dropped = 0  # rows whose values never completed
@@ -234,9 +270,17 @@ class OutputParser:
             self.lines += 1
             yield from self._line(line.rstrip("\r\n"))
             if len(self.table) >= MAX_HELD_ROWS:  # a table without end (-N 0, a cut log): stream it
-                yield from self.table
-                self.table = []
+                yield from _release(self.table)
         yield from self._end_table(None)
+
+    def take_held(self) -> list[dict[str, Any]]:
+        """The finished rows held for their table's Avg line, handed over once: what the CLI writes when Ctrl-C or
+        SIGTERM stops the input mid-table (``avg_busbw`` empty, unless the Avg line came and the interrupt fell
+        while the table was being handed out). A row whose values are still coming is dropped."""
+        self.pending = None
+        held = list(self.table)
+        self.table.clear()
+        return held
 
     # -- one line -----------------------------------------------------------------------------------
     def _line(self, line: str) -> Iterator[dict[str, Any]]:
@@ -389,21 +433,31 @@ class OutputParser:
         if self.pending is not None:
             self.dropped += 1
             self.pending = None
-        notes: list[str] = []
-        avg: dict[str, Any] = {}
-        finite_value(avg, "avg_busbw", avg_busbw, notes)
-        for row in self.table:
+        yield from _release(self.table, avg_busbw)
+
+
+def _release(table: deque[dict[str, Any]], avg_busbw: Any = None) -> Iterator[dict[str, Any]]:
+    """The held rows of one table with its Avg bus bandwidth (None: without one), each popped as it is yielded:
+    an interrupt between two rows leaves exactly the rows not yet handed out for ``take_held``."""
+    notes: Notes = []
+    avg: dict[str, Any] = {}
+    finite_value(avg, "avg_busbw", avg_busbw, notes, BW_BOUNDS)
+    if avg_busbw is not None:
+        for row in table:  # all before the first yield: a row left held keeps the average
             row["avg_busbw"] = avg["avg_busbw"]
-            if notes:
-                add_notes(row, notes)
-            yield row
-        self.table = []
+            add_notes(row, notes)
+    while table:
+        yield table.popleft()
 
 
-def add_notes(row: dict[str, Any], notes: list[str]) -> None:
-    if notes:
-        text = "not finite, left empty: " + ", ".join(notes)
-        row["note"] = f"{row['note']}; {text}" if row.get("note") else text
+def add_notes(row: dict[str, Any], notes: Notes) -> None:
+    """Append to ``row['note']`` the cells left empty, by kind: ``not finite, left empty: oop_time_us=inf;
+    out of range, left empty: oop_busbw_gbs=-1e+30``."""
+    for kind in (NOT_FINITE, OUT_OF_RANGE):
+        cells = [cell for k, cell in notes if k == kind]
+        if cells:
+            text = f"{kind}, left empty: " + ", ".join(cells)
+            row["note"] = f"{row['note']}; {text}" if row.get("note") else text
 
 
 # One result block (out-of-place or in-place) as nccl-tests' JSON writes it (src/util.cu
@@ -413,18 +467,21 @@ _JSON_ITER = {"min_us": "iter_min_us", "max_us": "iter_max_us", "p99_us": "iter_
 
 def fill_block(row: dict[str, Any], label: str, block: dict[str, Any], whole_wrong: bool) -> None:
     """The ``label`` (oop/ip) columns of ``row`` from one block: time (µs), alg_bw, bus_bw, nwrong and the -I
-    summary (iter_*); values may be numbers, table text or None; non-finite ones become empty cells + a note."""
-    notes: list[str] = []
-    finite_value(row, f"{label}_time_us", block.get("time", block.get("cpu_time")), notes)
-    finite_value(row, f"{label}_algbw_gbs", block.get("alg_bw"), notes)
-    finite_value(row, f"{label}_busbw_gbs", block.get("bus_bw"), notes)
-    finite_value(row, f"{label}_wrong", block.get("nwrong"), notes)
-    wrong = row[f"{label}_wrong"]
-    if whole_wrong and isinstance(wrong, float) and wrong.is_integer() and abs(wrong) <= MAX_BYTES:
-        row[f"{label}_wrong"] = int(wrong)
+    summary (iter_*); values may be numbers, table text or None; non-finite ones and ones out of bounds (times
+    and bandwidths below 0 or beyond MAX_TIME_US / MAX_GBS, a #wrong that is no whole count) become empty cells
+    named in ``note``."""
+    notes: Notes = []
+    finite_value(row, f"{label}_time_us", block.get("time", block.get("cpu_time")), notes, TIME_BOUNDS)
+    finite_value(row, f"{label}_algbw_gbs", block.get("alg_bw"), notes, BW_BOUNDS)
+    finite_value(row, f"{label}_busbw_gbs", block.get("bus_bw"), notes, BW_BOUNDS)
+    if whole_wrong:
+        finite_value(row, f"{label}_wrong", block.get("nwrong"), notes, WRONG_BOUNDS, whole=True)
+    else:
+        finite_value(row, f"{label}_wrong", block.get("nwrong"), notes, ERROR_BOUNDS)
     for suffix in _ITER_COLUMNS.values():
         if suffix in block:
-            finite_value(row, f"{label}_{suffix}", block[suffix], notes)
+            bounds = (0.0, MAX_CV_PCT) if suffix == "iter_cv_pct" else TIME_BOUNDS
+            finite_value(row, f"{label}_{suffix}", block[suffix], notes, bounds)
     add_notes(row, notes)
 
 
@@ -503,7 +560,7 @@ class JsonResults:
         m = _BINARY.search(Path(source).name)
         self.collective: str | None = collective_from_binary(m.group(1)) if m else None
         self.nranks: int | None = None
-        self.table: list[dict[str, Any]] = []
+        self.table: deque[dict[str, Any]] = deque()  # finished rows held for average_bus_bandwidth
         self.skipped = Skipped()
         self.malformed = 0  # values that were no JSON
         self.results = 0
@@ -523,10 +580,16 @@ class JsonResults:
             elif key == b"config" and isinstance(value, dict):
                 self.nranks = self._nranks(value)
             elif key == b"average_bus_bandwidth" and isinstance(value, dict):
-                yield from self._flush(value.get("bandwidth"))
+                yield from _release(self.table, _json_number(value.get("bandwidth")))
             if len(self.table) >= MAX_HELD_ROWS:
-                yield from self._flush(None)
-        yield from self._flush(None)
+                yield from _release(self.table)
+        yield from _release(self.table)
+
+    def take_held(self) -> list[dict[str, Any]]:
+        """As ``OutputParser.take_held``: the rows held for ``average_bus_bandwidth``, handed over once."""
+        held = list(self.table)
+        self.table.clear()
+        return held
 
     @staticmethod
     def _nranks(config: dict[str, Any]) -> int | None:
@@ -571,16 +634,6 @@ class JsonResults:
             fill_block(row, label, {k: _json_number(v) for k, v in block.items()}, True)
         self.table.append(row)
 
-    def _flush(self, avg_busbw: Any) -> Iterator[dict[str, Any]]:
-        notes: list[str] = []
-        avg: dict[str, Any] = {}
-        finite_value(avg, "avg_busbw", _json_number(avg_busbw), notes)
-        for row in self.table:
-            row["avg_busbw"] = avg["avg_busbw"]
-            add_notes(row, notes)
-            yield row
-        self.table = []
-
 
 def _json_number(value: Any) -> Any:
     """A JSON value as fill_block takes it: numbers as floats, "nan"/"inf" text as text, anything else None."""
@@ -605,6 +658,7 @@ class FileResult:
     skipped: Skipped = field(default_factory=Skipped)
     malformed: int = 0
     json: bool = False
+    reader: OutputParser | JsonResults | None = None  # its rows held for an Avg line: take_held() on Ctrl-C
 
 
 def iter_file_rows(path: str, result: FileResult | None = None) -> Iterator[dict[str, Any]]:
@@ -616,12 +670,12 @@ def iter_file_rows(path: str, result: FileResult | None = None) -> Iterator[dict
         if is_json(fh):
             result.json = True
             reader = JsonResults(path)
-            result.skipped = reader.skipped
+            result.skipped, result.reader = reader.skipped, reader
             yield from reader.rows(fh, result.stats)
             result.malformed = reader.malformed
             return
         parser = OutputParser(path)
-        result.skipped = parser.skipped
+        result.skipped, result.reader = parser.skipped, parser
         text = (raw.decode("utf-8", "replace") for raw in bounded_lines(fh, result.stats))
         yield from parser.rows(text)
 
@@ -706,12 +760,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         for path in paths:
             result = FileResult()
             rows_before = total
-            for row in iter_file_rows(path, result):
-                total += 1
-                if len(shown) < keep:
-                    shown.append(row)
-                if report is not None:
-                    report.append(row)
+            try:
+                for row in iter_file_rows(path, result):
+                    total += 1
+                    if len(shown) < keep:
+                        shown.append(row)
+                    if report is not None:
+                        report.append(row)
+            except KeyboardInterrupt:  # Ctrl-C or SIGTERM (core.errors.Terminated) on a live stream
+                if report is not None and result.reader is not None:
+                    for row in result.reader.take_held():  # finished, only waiting for the Avg line
+                        report.append(row)
+                raise
             damaged |= _file_warnings(path, result, total - rows_before)
     finally:
         if report is not None:
