@@ -9,15 +9,38 @@ import re
 
 
 def human_bytes(value: object) -> str:
-    """64 KiB, 1.5 GiB, 28 GiB; empty for a missing value (never a fake zero)."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    """64 KiB, 1.5 GiB, 28 GiB; empty for a missing value (never a fake zero). Whatever a hand-edited CSV holds
+    comes back as short text, never an exception: ``inf``/``-inf`` for an infinite size, the text itself (cut
+    short) for something that is not a number, and 3 significant digits with an exponent for a size beyond PiB
+    (1e300 B is ``8.88e+284 PiB``, not 285 digits)."""
+    if value is None or type(value).__name__ == "NAType":  # pandas.NA, without importing pandas here
         return ""
-    size, units = float(value), ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]  # type: ignore[arg-type]
+    try:
+        size = float(value)  # type: ignore[arg-type]
+    except OverflowError:  # an integer beyond any float (only Python ints are): no digits, which could be thousands
+        return "-1e308+ B" if value < 0 else "1e308+ B"  # type: ignore[operator]
+    except (TypeError, ValueError):
+        return _short(value)
+    if math.isnan(size):
+        return ""
+    if math.isinf(size):
+        return "inf" if size > 0 else "-inf"
+    units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
     step = min(int(math.log(abs(size), 1024)) if abs(size) >= 1 else 0, len(units) - 1)
     scaled = size / 1024**step
+    if abs(scaled) >= 1e6:  # beyond 1 EiB (only in a hand-made CSV): an exponent, never hundreds of digits
+        return f"{scaled:.3g} {units[step]}"
     if scaled == int(scaled) or abs(scaled) >= 100:  # 3 significant digits would turn 1002 into "1e+03"
         return f"{scaled:.0f} {units[step]}"
     return f"{scaled:.3g} {units[step]}"
+
+
+MAX_SHOWN = 40  # characters of a non-number shown where a size belongs
+
+
+def _short(value: object) -> str:
+    text = str(value)
+    return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 1] + "…"
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")

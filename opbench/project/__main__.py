@@ -352,6 +352,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return validate(cfg, plan, args)
     rates = Rates(args.results, args.device, args.dtype, assumptions(args), args.gpus_per_node)
+    for note in rates.notes:  # rows of --results left out for bad values: counted, the first named
+        from opbench.report.inert import one_line  # names from the folder: one line, credentials masked
+
+        print(f"note: {one_line(note)}", file=sys.stderr)
     memory_gib: float | None = args.memory_gib or _device_memory_gib(rates.device)
     projector = Projector(cfg, rates, args.activation_profile, memory_gib, args.memory_reserve_gib)
     csv_path = cli.output_csv(args, CSV_NAME)

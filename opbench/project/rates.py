@@ -14,8 +14,10 @@ from typing import Any
 import pandas as pd
 
 from opbench.attention.flops import attention_flops
+from opbench.attention.schema import PASSES
 from opbench.attention.shapes import AttentionShape
 from opbench.cluster.links import intra_link
+from opbench.core.cli import MAX_MIB, MAX_WORLD
 from opbench.core.collectives import COLLECTIVES
 from opbench.core.errors import UsageError
 from opbench.core.peaks import Peak, lookup_peak
@@ -50,6 +52,114 @@ class Timed:
     note: str = ""  # the row it came from, or the roofline it used
 
 
+@dataclass(frozen=True)
+class LeftOut:
+    """A row of a --results CSV not used: its file, line (from 1, None when not known), field and why."""
+
+    file: str
+    line: int | None
+    field: str
+    why: str
+
+    def where(self) -> str:
+        return f"{self.file}:{self.line}" if self.line is not None else self.file
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A number a rate is read from meets the bounds its flag would: finite, whole where it counts something,
+    within [low, high] (0 as well where ``zero_ok``); ``default`` fills an empty cell or a missing column."""
+
+    low: float
+    high: float
+    whole: bool = False
+    default: float | None = None
+    empty_ok: bool = False  # an empty cell is kept as missing (an attention pass not measured)
+    zero_ok: bool = False
+
+
+MAX_DIM = 1 << 31  # a GEMM dimension (m counts tokens): far beyond any model; keeps 2·m·n·k·groups finite
+MAX_GROUPS = 1 << 16  # experts of a grouped GEMM
+MAX_SHAPE = 1 << 24  # sequence lengths, heads, head dims, batch: models.config.MAX_CONFIG_INT, as a config's
+MIN_SECONDS, MAX_SECONDS = 1e-12, 1e6  # a timed kernel takes more than a picosecond and less than 11 days
+MIN_GBS, MAX_GBS = 1e-6, 1e6  # bandwidths: 1 kB/s to 1 PB/s (the fastest link is ~1e3 GB/s)
+MAX_BYTES = int(MAX_MIB) << 20  # 1 PiB, as --size-mib
+
+CHECKED: dict[str, dict[str, Bound]] = {
+    "gemm": {
+        **{c: Bound(1, MAX_DIM, whole=True) for c in ("m", "n", "k")},
+        "groups": Bound(1, MAX_GROUPS, whole=True, default=1),
+        "time_s": Bound(MIN_SECONDS, MAX_SECONDS),
+    },
+    "attention": {
+        **{
+            c: Bound(1, MAX_SHAPE, whole=True)
+            for c in ("batch_size", "seqlen_q", "seqlen_kv", "num_head_q", "num_head_kv", "head_dim_qk", "head_dim_v")
+        },
+        "window": Bound(0, MAX_SHAPE, whole=True, default=0),
+        **{f"{p}_time": Bound(MIN_SECONDS, MAX_SECONDS, empty_ok=True) for p in PASSES},
+    },
+    "comm": {
+        "size_bytes": Bound(1, MAX_BYTES, whole=True),
+        "world_size": Bound(1, MAX_WORLD, whole=True),
+        "nranks": Bound(1, MAX_WORLD, whole=True),
+        "nnodes": Bound(1, MAX_WORLD, whole=True, default=1),
+        "busbw_gbs": Bound(MIN_GBS, MAX_GBS, zero_ok=True),  # 0: a 1-rank row, never used
+    },
+    "cluster_memory": {"size_bytes": Bound(1, MAX_BYTES, whole=True), "gbs": Bound(MIN_GBS, MAX_GBS)},
+}
+
+
+def _problem(value: object, number: float, b: Bound) -> str:
+    """Why one cell fails its bound, or '' when it meets it."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "" if b.empty_ok else "empty"
+    if math.isnan(number):
+        text = str(value)
+        return f"text where a number belongs ({(text if len(text) <= 20 else text[:19] + '…')!r})"
+    if not math.isfinite(number):
+        return f"not a finite number ({number})"
+    if b.whole and not number.is_integer():
+        return f"not a whole number ({number:g})"
+    if not (b.low <= number <= b.high or (b.zero_ok and number == 0)):
+        span = f"{int(b.low):,} to {int(b.high):,}" if b.whole else f"{b.low:g} to {b.high:g}"
+        return f"out of range ({number:g}; must be {span}" + (" or 0)" if b.zero_ok else ")")
+    return ""
+
+
+def checked(frame: pd.DataFrame, fields: dict[str, Bound], left_out: list[LeftOut]) -> pd.DataFrame:
+    """The rows whose every field in ``fields`` meets its Bound, those fields as numbers; each other row is added
+    to ``left_out`` with its file, line and first bad field, never used (no inf or NaN reaches a rate)."""
+    from opbench.report.discover import as_numbers
+
+    if frame.empty:
+        return frame
+    frame = frame.copy()
+    bad: dict[int, tuple[str, str]] = {}
+    for name, b in fields.items():
+        if name not in frame:
+            if b.default is not None or b.empty_ok:
+                frame[name] = b.default if b.default is not None else math.nan
+                continue
+            for i in range(len(frame)):
+                bad.setdefault(i, (name, "no such column"))
+            continue
+        raw = frame[name]
+        if b.default is not None:
+            raw = raw.where(raw.notna(), b.default)
+        numbers = as_numbers(raw).astype(float)
+        for i, (value, number) in enumerate(zip(raw.tolist(), numbers.tolist())):
+            if i not in bad and (why := _problem(value, number, b)):
+                bad[i] = (name, why)
+        frame[name] = numbers
+    for i in sorted(bad):
+        row = frame.iloc[i]
+        line = row["_line"] if "_line" in frame and pd.notna(row["_line"]) else None
+        left_out.append(LeftOut(str(row["file"]), int(line) if line is not None else None, *bad[i]))
+    keep = [i not in bad for i in range(len(frame))]
+    return frame[keep].reset_index(drop=True)
+
+
 def _ok(frame: pd.DataFrame) -> pd.DataFrame:
     if frame.empty or "status" not in frame:
         return frame
@@ -71,33 +181,61 @@ class Rates:
 
         frames: dict[str, list[pd.DataFrame]] = {}
         names: list[str] = []
+        self.left_out: list[LeftOut] = []  # rows of --results not used for a bad value, by file and line
         for folder in results:
             found = discover(folder)
             for f in found.files:
-                frames.setdefault(f.kind.benchmark, []).append(f.frame.assign(file=f"{folder}/{f.rel}"))
-                name = f.meta.get("device_name") or (f.frame["device"].iloc[0] if "device" in f.frame else None)
+                where = f"{folder}/{f.rel}"
+                lines = f.lines if f.lines is not None else [None] * len(f.frame)
+                frames.setdefault(f.kind.benchmark, []).append(f.frame.assign(file=where, _line=lines))
+                if f.kind.benchmark in CHECKED:
+                    self.left_out += [
+                        LeftOut(where, d.line, d.field, f"{d.why} ({d.value})" if d.value else d.why) for d in f.dropped
+                    ]
+                name = f.meta.get("device_name") or (
+                    f.frame["device"].iloc[0] if "device" in f.frame and not f.frame.empty else None
+                )
                 if isinstance(name, str) and name:
                     names.append(name)
 
         def kind(name: str) -> pd.DataFrame:
-            return _ok(pd.concat(frames[name], ignore_index=True)) if name in frames else pd.DataFrame()
+            rows = _ok(pd.concat(frames[name], ignore_index=True)) if name in frames else pd.DataFrame()
+            if name in ("gemm", "attention") and not rows.empty:  # only rows of this dtype are used
+                rows = rows[rows["dtype"].astype(str) == dtype] if "dtype" in rows else rows.iloc[0:0]
+            return checked(rows, CHECKED[name], self.left_out)
 
         self.dtype = dtype
         self.a = assumptions
         self.gpus_per_node = gpus_per_node
         self.device = device or (names[0] if names else None)
         self.peak: Peak | None = lookup_peak(self.device) if self.device else None
-        gemm = kind("gemm")
-        self.gemm = gemm[gemm["dtype"].astype(str) == dtype] if not gemm.empty else gemm
-        att = kind("attention")
-        self.attention = att[att["dtype"].astype(str) == dtype] if not att.empty else att
+        self.gemm = kind("gemm")
+        self.attention = kind("attention")
         self.comm = kind("comm")
         self.memory_rows = kind("cluster_memory")
+        self.left_out.sort(key=lambda b: (b.file, b.line or 0))
+        if self.left_out and not any(len(f) for f in (self.gemm, self.attention, self.comm, self.memory_rows)):
+            first = self.left_out[0]
+            raise UsageError(
+                f"{first.why}; no usable row is left in --results ({len(self.left_out)} row(s) left out)",
+                source=first.where(),
+                field=first.field or None,
+            )
         self._gemm_index: dict[tuple[int, int, int, int], tuple[float, str]] = {}
-        if not self.gemm.empty:
-            self.gemm = self.gemm[self.gemm["time_s"].notna() & (self.gemm["time_s"] > 0)]
-            for r in self.gemm.sort_values("time_s", ascending=False).itertuples():  # the fastest backend wins
-                self._gemm_index[(int(r.m), int(r.n), int(r.k), int(r.groups))] = (float(r.time_s), str(r.file))
+        gemm_rows = self.gemm.sort_values("time_s", ascending=False) if not self.gemm.empty else self.gemm
+        for r in gemm_rows.itertuples():  # the fastest backend wins
+            self._gemm_index[(int(r.m), int(r.n), int(r.k), int(r.groups))] = (float(r.time_s), str(r.file))
+
+    @property
+    def notes(self) -> list[str]:
+        """What the user should know about --results: rows left out for bad numbers, counted, the first named."""
+        if not self.left_out:
+            return []
+        shown = "; ".join(
+            f"{b.where()}: " + (f"field '{b.field}': " if b.field else "") + b.why for b in self.left_out[:3]
+        )
+        more = f"; and {len(self.left_out) - 3} more" if len(self.left_out) > 3 else ""
+        return [f"{len(self.left_out)} row(s) of --results left out for bad values ({shown}{more})"]
 
     # -- compute ----------------------------------------------------------------------------------------------
 
@@ -177,7 +315,7 @@ class Rates:
             return Timed(self.a.memory_bandwidth_gbs * 1e9, ESTIMATED, "--memory-bandwidth-gbs")
         rows = self.memory_rows
         if not rows.empty:
-            copy = rows[rows["kernel"].astype(str) == "copy"]
+            copy = rows[rows["kernel"].astype(str) == "copy"] if "kernel" in rows else rows
             copy = copy if not copy.empty else rows
             big = copy[copy["size_bytes"] == copy["size_bytes"].max()]
             return Timed(float(big["gbs"].median()) * 1e9, MEASURED, f"{big['file'].iloc[0]}: copy")
@@ -229,11 +367,11 @@ class Rates:
         c = self.comm
         if c.empty:
             return c
-        nodes = c["nnodes"].fillna(1).astype(int)
-        per_node = c["world_size"].astype(int) // nodes.clip(lower=1)
+        nodes = c["nnodes"].astype(int)  # checked: whole, 1 to MAX_WORLD (empty: 1)
+        per_node = c["world_size"].astype(int) // nodes
         spans = (nodes > 1) & (c["nranks"].astype(int) > per_node)
         picked = c[spans if inter else ~spans]
-        return picked[picked["busbw_gbs"].notna() & (picked["busbw_gbs"] > 0)]
+        return picked[picked["busbw_gbs"] > 0]
 
 
 def _row_shape(r: Any, kind: str) -> AttentionShape:

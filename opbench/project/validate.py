@@ -356,6 +356,8 @@ def validate(cfg: ModelConfig, plan: Plan, args: argparse.Namespace) -> int:
     if device == "cpu":  # gloo's collectives run on the same cores as the compute: nothing hides behind it
         stated = replace(stated, dp_overlap=False, cp_overlap=False)
     rates = Rates([folder], None, plan.dtype, stated, plan.gpus_per_node)
+    for note in rates.notes:
+        print(f"note: {note}", file=sys.stderr)
     projector = Projector(cfg, rates, profile="eager")
     projection = projector.project(plan)
     print(breakdown(cfg, projection, rates.device, None))

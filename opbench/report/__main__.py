@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\nwrote {report.path} with {len(report.plots)} plot(s)")
     for rel, why in found.damaged if found else []:
         print(f"warning: {one_line(rel)}: {one_line(why)}", file=sys.stderr)
-    for empty in [f.rel for f in found.files if f.frame.empty] if found else []:
+    for empty in [f.rel for f in found.files if f.frame.empty and not f.dropped] if found else []:
         print(f"warning: {one_line(empty)}: no rows (a run that stopped before its first row?)", file=sys.stderr)
     if report.missing:
         print(

@@ -9,12 +9,17 @@ reason, never silently ignored. The schemas are the benchmarks' own (``opbench/<
 from __future__ import annotations
 
 import csv
+import io
 import json
+import math
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
+import numpy as np
 import pandas as pd
 
 from opbench.attention.schema import SCHEMA as ATTENTION
@@ -25,7 +30,7 @@ from opbench.cluster.schema import MEMORY as CLUSTER_MEMORY
 from opbench.cluster.schema import PAIRS as CLUSTER_PAIRS
 from opbench.cluster.schema import TELEMETRY as CLUSTER_TELEMETRY
 from opbench.comm.schema import SCHEMA as COMM
-from opbench.core.errors import UsageError
+from opbench.core.errors import UsageError, describe_os_error
 from opbench.core.outputs import kept_aside
 from opbench.core.results import sidecar_path
 from opbench.core.schema import Schema
@@ -62,6 +67,16 @@ SCHEMAS: dict[str, Schema] = {
 }
 
 
+@dataclass(frozen=True)
+class Dropped:
+    """One row left out of a CSV for a bad number: where it was and why (for a note naming file:line and field)."""
+
+    line: int | None  # the line an editor shows (from 1); None when it could not be told
+    field: str
+    why: str  # TEXT | INFINITE | CUT (a row cut short: no field)
+    value: str  # the cell, quoted and cut short: 'huge'
+
+
 @dataclass
 class ResultFile:
     """One recognised CSV with its rows and its sidecar's environment (empty dict when there is none)."""
@@ -72,6 +87,8 @@ class ResultFile:
     frame: pd.DataFrame
     meta: dict[str, Any] = field(default_factory=dict)
     identified_by: str = "sidecar"  # "sidecar" | "header"
+    lines: list[int] | None = None  # the file line (from 1) of each row of ``frame``; None when not known
+    dropped: list[Dropped] = field(default_factory=list)  # rows left out: cut short, or a bad number
 
 
 @dataclass
@@ -104,45 +121,183 @@ def identify(columns: set[str], filename: str) -> Schema | None:
     return max(fits, key=lambda k: (len(k.identifying), bool(k.file_hint and re.search(k.file_hint, stem))))
 
 
-def read_meta(csv_path: Path) -> dict[str, Any]:
-    """The sidecar's environment; a missing or unreadable sidecar is an empty dict (the CSV still counts)."""
-    side = sidecar_path(csv_path)
+MAX_SIDECAR = 16 << 20  # a sidecar holds an environment and a command line: kilobytes; a larger one is not read
+MAX_CSV = 1 << 30  # opbench's CSVs hold at most tens of MB (trace tables); a larger file is not read into memory
+
+_NOT_REGULAR = {
+    stat.S_IFDIR: "a folder",
+    stat.S_IFIFO: "a named pipe",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+def _size_text(nbytes: int) -> str:
+    return f"{nbytes >> 30} GiB" if nbytes >= 1 << 30 else f"{nbytes >> 20} MiB"
+
+
+def open_regular(path: Path, cap: int) -> tuple[IO[bytes] | None, str | None]:
+    """``path`` opened for binary reading when it is (or links to) a regular file of at most ``cap`` bytes; else
+    None and why not. A named pipe would block a reader forever and a device (/dev/zero) never ends: the type is
+    checked before opening (stat follows links) and again on the open file, which is opened without blocking."""
     try:
-        meta = json.loads(side.read_text(encoding="utf-8"))
+        before = os.stat(path)
+        if stat.S_ISREG(before.st_mode):
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+            st = os.fstat(fd)
+        else:
+            fd, st = -1, before
+    except OSError as exc:
+        return None, f"unreadable ({describe_os_error(exc)})"
+    if not stat.S_ISREG(st.st_mode):
+        if fd >= 0:
+            os.close(fd)
+        return None, f"not a regular file ({_NOT_REGULAR.get(stat.S_IFMT(st.st_mode), 'not a file')}): not read"
+    if st.st_size > cap:
+        os.close(fd)
+        return None, f"larger than {_size_text(cap)} ({_size_text(st.st_size)}): not read"
+    return os.fdopen(fd, "rb"), None
+
+
+def read_meta(csv_path: Path) -> tuple[dict[str, Any], str | None]:
+    """The sidecar's environment; a missing or unreadable sidecar is an empty dict (the CSV still counts). The
+    second value says why a sidecar that is there was not read (not a regular file, over MAX_SIDECAR), else None."""
+    side = sidecar_path(csv_path)
+    if not os.path.lexists(side):
+        return {}, None
+    fh, why = open_regular(side, MAX_SIDECAR)
+    if fh is None:
+        return {}, why
+    try:
+        with fh:
+            raw = fh.read(MAX_SIDECAR + 1)  # a file that grew after the check is still read no further
+        if len(raw) > MAX_SIDECAR:
+            return {}, f"larger than {_size_text(MAX_SIDECAR)}: not read"
+        meta = json.loads(raw.decode("utf-8"))
     except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested too deeply to be a sidecar
-        return {}
-    return meta if isinstance(meta, dict) else {}
+        return {}, None
+    return (meta, None) if isinstance(meta, dict) else ({}, None)
 
 
 # Columns that hold numbers in every schema that has them (besides each schema's metric and unit columns).
 NUMERIC = frozenset({"size_bytes", "count", "m", "n", "k", "mbs", "world_size", "nranks", "iters", "nnodes", "calls"})
 
 
-def drop_garbage(frame: pd.DataFrame, kind: Schema) -> tuple[pd.DataFrame, int]:
-    """Rows whose number columns hold text ('huge' as a size) are left out, not turned into a crash later."""
+TEXT, INFINITE, CUT = "text where a number belongs", "a number that is not finite", "the wrong number of fields"
+
+
+def _shown(value: object) -> str:
+    text = str(value)
+    return repr(text if len(text) <= 20 else text[:19] + "…")
+
+
+def _number(value: object) -> float:
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except OverflowError:  # an integer of hundreds of digits: beyond any float, so out of every range
+        return math.inf if value > 0 else -math.inf  # type: ignore[operator]
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def as_numbers(column: pd.Series) -> pd.Series:
+    """``pd.to_numeric(errors='coerce')`` that also takes the Python ints pandas keeps for a 20+-digit cell: one
+    beyond any float is ±inf (to_numeric raises OverflowError on it, coerce or not)."""
+    try:
+        return pd.to_numeric(column, errors="coerce")
+    except OverflowError:
+        return pd.Series(
+            [_number(v) if isinstance(v, int) else _number(pd.to_numeric(v, errors="coerce")) for v in column],
+            index=column.index,
+            dtype=float,
+        )
+
+
+def drop_garbage(
+    frame: pd.DataFrame, kind: Schema, lines: list[int] | None = None
+) -> tuple[pd.DataFrame, list[Dropped]]:
+    """Rows whose number columns hold text ('huge' as a size) or an infinite number are left out, not turned into
+    a crash or an 'inf' later; each is returned with its line (from ``lines``, one per row) and first bad field."""
     numeric = [c for c in frame.columns if c in NUMERIC or c in kind.metrics or c in kind.units]
-    bad = pd.Series(False, index=frame.index)
+    why = pd.Series("", index=frame.index, dtype=object)
+    where = pd.Series("", index=frame.index, dtype=object)
+    shown = pd.Series("", index=frame.index, dtype=object)
     for col in numeric:
-        if not pd.api.types.is_numeric_dtype(frame[col]) and not pd.api.types.is_bool_dtype(frame[col]):
-            as_num = pd.to_numeric(frame[col], errors="coerce")
-            bad |= as_num.isna() & frame[col].notna()
+        if pd.api.types.is_bool_dtype(frame[col]):
+            continue
+        cells = frame[col]  # as written, for the note
+        if not pd.api.types.is_numeric_dtype(frame[col]):
+            as_num = as_numbers(frame[col])
+            text = as_num.isna() & frame[col].notna() & (why == "")
+            why[text] = TEXT
+            where[text] = col
+            shown[text] = frame[col][text].map(_shown)
             frame[col] = as_num
-    return (frame[~bad].reset_index(drop=True), int(bad.sum())) if bad.any() else (frame, 0)
+        infinite = pd.Series(np.isinf(frame[col].to_numpy(dtype=float, na_value=np.nan)), index=frame.index)
+        infinite &= why == ""
+        why[infinite] = INFINITE
+        where[infinite] = col
+        shown[infinite] = cells[infinite].map(_shown)
+    bad = why != ""
+    if not bad.any():
+        return frame, []
+    dropped = [
+        Dropped(lines[i] if lines is not None else None, where.iloc[i], why.iloc[i], shown.iloc[i])
+        for i in range(len(frame))
+        if bad.iloc[i]
+    ]
+    if lines is not None:
+        lines[:] = [n for n, b in zip(lines, bad.tolist()) if not b]
+    return frame[~bad].reset_index(drop=True), dropped
 
 
-def malformed_rows(path: Path) -> list[int]:
-    """0-based line numbers (as pandas' skiprows counts them; the header is 0) of rows whose field count differs
-    from the header's: a row cut short by a failed write must not be read as a row with empty cells."""
+def dropped_note(dropped: list[Dropped]) -> str:
+    """'2 row(s) with text where a number belongs left out (line 3 field 'm': 'huge'; line 7 …)'."""
+    kinds = sorted({d.why for d in dropped}, reverse=True)  # text first, as the line always said
+    first = "; ".join(
+        (f"line {d.line} " if d.line is not None else "") + f"field '{d.field}': {d.value}" for d in dropped[:3]
+    )
+    return f"{len(dropped)} row(s) with {' or '.join(kinds)} left out ({first}" + ("; …)" if len(dropped) > 3 else ")")
+
+
+def scan_rows(fh: IO[str]) -> tuple[list[int], list[int]]:
+    """One pass over the CSV text: the 0-based line numbers (as pandas' skiprows counts them; the header is 0) of
+    rows whose field count differs from the header's (a row cut short by a failed write must not be read as a
+    row with empty cells), and the line (from 1) where each of the other rows starts."""
     bad: list[int] = []
-    with open(path, newline="", encoding="utf-8") as fh:
-        reader = csv.reader(fh)
-        header = next(reader, None)
-        if header is None:
-            return bad
-        for row in reader:
-            if row and len(row) != len(header):
-                bad.append(reader.line_num - 1)
-    return bad
+    good: list[int] = []
+    reader = csv.reader(fh)
+    header = next(reader, None)
+    if header is None:
+        return bad, good
+    start = reader.line_num + 1
+    for row in reader:
+        if row and len(row) != len(header):
+            bad.append(reader.line_num - 1)
+        elif row:
+            good.append(start)
+        start = reader.line_num + 1
+    return bad, good
+
+
+def read_rows(path: Path) -> tuple[pd.DataFrame, list[int], list[int] | None]:
+    """The CSV's rows (read from a regular file of at most MAX_CSV bytes: ``open_regular``), the 0-based lines
+    left out for a wrong field count, and the file line of each row read (None when the two readers disagree)."""
+    raw, why = open_regular(path, MAX_CSV)
+    if raw is None:
+        raise _NotRead(why or "not read")
+    with raw:
+        text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
+        short, good = scan_rows(text)
+        raw = text.detach()
+        raw.seek(0)
+        frame = pd.read_csv(raw, skiprows=short or None, encoding="utf-8")
+    return frame, short, good if len(good) == len(frame) else None
+
+
+class _NotRead(Exception):
+    """A path discovery does not read (not a regular file, too large); the message says why."""
 
 
 def discover(root: str | Path) -> Discovery:
@@ -158,8 +313,7 @@ def discover(root: str | Path) -> Discovery:
             found.skipped.append((rel, aside))
             continue
         try:
-            short = malformed_rows(path)
-            frame = pd.read_csv(path, skiprows=short or None)
+            frame, short, lines = read_rows(path)
             if short:
                 found.damaged.append(
                     (
@@ -170,11 +324,18 @@ def discover(root: str | Path) -> Discovery:
                         + "; a write cut short?)",
                     )
                 )
+        except _NotRead as exc:
+            found.skipped.append((rel, str(exc)))
+            continue
         except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError, OSError, csv.Error) as exc:
-            found.skipped.append((rel, f"unreadable CSV ({type(exc).__name__}: {str(exc).splitlines()[0][:80]})"))
+            found.skipped.append(
+                (rel, f"unreadable CSV ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:80]})")
+            )
             continue
         frame = frame.rename(columns=OLD_NAMES)  # CSVs written before a column was renamed (Schema.aliases)
-        meta = read_meta(path)
+        meta, meta_why = read_meta(path)
+        if meta_why:
+            found.skipped.append((sidecar_path(path).relative_to(base).as_posix(), f"sidecar {meta_why}"))
         kind = SCHEMAS.get(str(meta.get("benchmark")))
         how = "sidecar"
         if kind is None:
@@ -182,10 +343,11 @@ def discover(root: str | Path) -> Discovery:
         if kind is None:
             found.skipped.append((rel, "columns match no opbench benchmark"))
             continue
-        frame, garbage = drop_garbage(frame, kind)
-        if garbage:
-            found.damaged.append((rel, f"{garbage} row(s) with text where a number belongs left out"))
-        found.files.append(ResultFile(path, rel, kind, frame, meta, how))
+        frame, dropped = drop_garbage(frame, kind, lines)
+        if dropped:
+            found.damaged.append((rel, dropped_note(dropped)))
+        cut = [Dropped(i + 1, "", CUT, "") for i in short]
+        found.files.append(ResultFile(path, rel, kind, frame, meta, how, lines, cut + dropped))
     return found
 
 

@@ -7,6 +7,8 @@ value is an empty cell, never a zero. Every value read from a CSV, a sidecar or 
 
 from __future__ import annotations
 
+import datetime
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,6 +16,7 @@ import pandas as pd
 from tabulate import tabulate
 
 import opbench
+from opbench.core.cli import MAX_WORLD
 
 from . import inert
 from .discover import Discovery
@@ -36,15 +39,63 @@ def markdown_table(frame: pd.DataFrame) -> str:
     )
 
 
+MAX_ENV_TEXT = 80  # characters of one sidecar value in the Environment table (versions, host and device names)
+MAX_EPOCH_S = 253402300799  # 9999-12-31: a utc_time given as seconds since 1970 beyond it is not a time
+
+
+def env_text(value: object) -> str:
+    """A sidecar's value for one Environment cell: text cut to MAX_ENV_TEXT characters; a finite number as
+    ``cell`` writes it; '' for a missing value; '?' for anything else (inf, a list, an object)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value if len(value) <= MAX_ENV_TEXT else value[: MAX_ENV_TEXT - 1] + "…"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, int) and abs(value) >= 10**15:
+            return "?"  # no version, host or time is a 16-digit integer (and thousands of digits would not print)
+        return cell(value) if math.isfinite(value) else "?"
+    return "?"
+
+
+def env_ranks(value: object) -> str:
+    """A sidecar's world size: a whole number of ranks from 1 to core.cli.MAX_WORLD (as --world-size takes),
+    given as a number or as ASCII digits; '' when missing, '?' for anything else."""
+    if value is None or value == "":
+        return ""
+    if isinstance(value, str):
+        text = value.strip()
+        if not (text.isascii() and text.isdigit() and len(text) <= 8):
+            return "?"
+        value = int(text)
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_WORLD:
+        return str(value)
+    return "?"
+
+
+def env_time(value: object) -> str:
+    """A sidecar's utc_time: its ISO text (cut short), or seconds since 1970 written as ISO UTC time; '?' for a
+    number out of range (1e999 reads as inf) or anything else."""
+    if value is None or isinstance(value, str):
+        return env_text(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= MAX_EPOCH_S:
+        when = datetime.datetime.fromtimestamp(float(value), datetime.timezone.utc)
+        return when.isoformat(timespec="seconds")
+    return "?"
+
+
 def _stack(meta: dict[str, Any]) -> str:
     if meta.get("hip"):
-        return f"ROCm/HIP {meta['hip']}"
+        return f"ROCm/HIP {env_text(meta['hip'])}"
     if meta.get("cuda") and meta.get("device_kind") != "cpu":
-        return f"CUDA {meta['cuda']}"
+        return f"CUDA {env_text(meta['cuda'])}"
     return "CPU" if meta.get("device_kind") == "cpu" or "torch" in meta else ""
 
 
 def environment_frame(found: Discovery) -> pd.DataFrame:
+    """One row per CSV from its sidecar; every value bounded (env_text, env_ranks, env_time): a sidecar can come
+    from anyone, and a 5000-digit world size or an infinite time is not an environment."""
     rows = []
     for f in found.files:
         m = f.meta
@@ -52,13 +103,13 @@ def environment_frame(found: Discovery) -> pd.DataFrame:
             {
                 "file": f.rel,
                 "benchmark": f.kind.title,
-                "device": m.get("device_name", ""),
+                "device": env_text(m.get("device_name")),
                 "accelerator stack": _stack(m),
-                "torch": m.get("torch", ""),
-                "opbench": m.get("opbench", ""),
-                "host": m.get("host", ""),
-                "ranks": m.get("world_size", m.get("WORLD_SIZE", "")),
-                "utc_time": m.get("utc_time", ""),
+                "torch": env_text(m.get("torch")),
+                "opbench": env_text(m.get("opbench")),
+                "host": env_text(m.get("host")),
+                "ranks": env_ranks(m.get("world_size", m.get("WORLD_SIZE"))),
+                "utc_time": env_time(m.get("utc_time")),
             }
         )
     return pd.DataFrame(rows, columns=list(ENV_COLUMNS))

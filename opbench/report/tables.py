@@ -724,15 +724,25 @@ def build_sections(found: Discovery, top: int | None = None, other: Discovery | 
 
 
 def cell(value: object) -> str:
-    """4 significant digits for floats (whole numbers and values ≥ 10⁴ without exponent), integers in full,
-    empty for a missing value (never a fake zero)."""
+    """4 significant digits for floats (whole numbers and values from 10⁴ to 10²⁰ without exponent), integers in
+    full up to 20 digits, ``inf``/``-inf`` as such, empty for a missing value (never a fake zero)."""
     if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
         return ""
     if isinstance(value, (bool, np.bool_)):
         return str(bool(value))
     if isinstance(value, numbers.Integral):
-        return str(int(value))
+        whole = int(value)
+        if abs(whole) < 10**20:
+            return str(whole)
+        try:  # an integer of hundreds of digits (a Python int from a hand-made CSV): 4 significant digits
+            return f"{float(whole):.4g}"
+        except OverflowError:
+            return "-1e308+" if whole < 0 else "1e308+"
     if isinstance(value, numbers.Real):
         v = float(value)
+        if math.isnan(v):  # a NaN of another float type (numpy float32)
+            return ""
+        if not math.isfinite(v) or abs(v) >= 1e20:  # inf, and no 300-digit cell for 1e300 from a hand-made CSV
+            return f"{v:.4g}"
         return f"{v:.0f}" if v.is_integer() or abs(v) >= 1e4 else f"{v:.4g}"
     return str(value)

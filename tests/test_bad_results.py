@@ -1,0 +1,162 @@
+"""Results folders written by hand with bad numbers and odd files, read by the real CLIs (``opbench project
+--results``, ``opbench report``): every bad row is left out and named (file:line, field), nothing hangs or reads a
+device, nothing becomes a traceback, an ``inf`` rate or a 5000-digit cell (docs/project.md "Rates", docs/report.md
+"What the report trusts")."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from opbench.core.units import human_bytes
+from opbench.report.tables import cell
+
+PROJECT = ("opbench", "project", "--model", "Qwen3_0.6B", "--world-size", "8", "--tp", "2", "--device", "H100")
+GEMM_HEADER = "model,layer,pass,mbs,m,n,k,groups,dtype,backend,time_s,tflops,pct_of_peak,status,device\n"
+GEMM_GOOD = "x,qkv,fwd,1,1024,1024,1024,1,bf16,torch,0.001,,,ok,H100\n"
+COMM_HEADER = (
+    "collective,backend,world_size,nnodes,nranks,dtype,size_bytes,count,inplace,time_us,algbw_gbs,busbw_gbs,status\n"
+)
+COMM_GOOD = "all_reduce,nccl,8,1,8,bf16,1048576,32768,False,20,52.4,45.9,ok\n"
+
+
+def gemm_row(**cells: str) -> str:
+    values = dict(zip(GEMM_HEADER.strip().split(","), GEMM_GOOD.strip().split(",")))
+    return ",".join({**values, **cells}.values()) + "\n"
+
+
+def comm_row(**cells: str) -> str:
+    values = dict(zip(COMM_HEADER.strip().split(","), COMM_GOOD.strip().split(",")))
+    return ",".join({**values, **cells}.values()) + "\n"
+
+
+BAD_GEMM = [
+    {"m": "0"},
+    {"m": "-5"},
+    {"groups": "0"},
+    {"m": "inf"},
+    {"m": "nan"},
+    {"m": "١٢"},  # Arabic-Indic digits: float() takes them, a flag would not
+    {"m": "9" * 400},  # a Python int beyond any float
+    {"time_s": "inf"},
+    {"time_s": "0"},
+]
+BAD_COMM = [{"size_bytes": "0"}, {"world_size": "inf"}, {"busbw_gbs": "inf"}]
+
+
+def step_line(stdout: str) -> str:
+    return next(line for line in stdout.splitlines() if line.startswith("step "))
+
+
+def test_project_leaves_out_bad_rate_rows_and_says_so(run, tmp_path):
+    """Each bad row is skipped and counted in one note naming the first rows' file:line and field; the projection
+    is the one the good rows alone give (no inf, no NaN rate, no traceback)."""
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    for folder, gemm_rows, comm_rows in ((good, [], []), (bad, BAD_GEMM, BAD_COMM)):
+        folder.mkdir()
+        (folder / "benchmark_gemm_x.csv").write_text(
+            GEMM_HEADER + GEMM_GOOD + "".join(gemm_row(**r) for r in gemm_rows)
+        )
+        (folder / "all_reduce_benchmark.csv").write_text(
+            COMM_HEADER + COMM_GOOD + "".join(comm_row(**r) for r in comm_rows)
+        )
+    ref, got = run(*PROJECT, "--results", str(good)), run(*PROJECT, "--results", str(bad))
+    assert ref.returncode == 0 and ref.stderr == "", ref.stderr
+    assert got.returncode == 0 and "Traceback" not in got.stderr, got.stderr
+    assert step_line(got.stdout) == step_line(ref.stdout) and "inf" not in step_line(got.stdout)
+    (note,) = got.stderr.strip().splitlines()
+    n = len(BAD_GEMM) + len(BAD_COMM)
+    assert note.startswith(f"note: {n} row(s) of --results left out for bad values (")
+    assert f"{bad}/all_reduce_benchmark.csv:3: field 'size_bytes': out of range (0;" in note
+    assert f"{bad}/all_reduce_benchmark.csv:4: field 'world_size': a number that is not finite ('inf')" in note
+
+
+@pytest.mark.parametrize(
+    "name, text, where",
+    [
+        # the only row has text where m belongs: left out, then no device name from an empty frame (was IndexError)
+        ("benchmark_gemm_x.csv", GEMM_HEADER + gemm_row(m="١٢"), "benchmark_gemm_x.csv:2: field 'm': text"),
+        ("benchmark_gemm_x.csv", GEMM_HEADER + gemm_row(m="0"), "benchmark_gemm_x.csv:2: field 'm': out of range"),
+        ("all_reduce_benchmark.csv", COMM_HEADER + comm_row(world_size="inf"), "csv:2: field 'world_size': a number"),
+    ],
+)
+def test_project_with_no_usable_row_left_is_one_line(run, tmp_path, name, text, where):
+    (tmp_path / name).write_text(text)
+    r = run(*PROJECT, "--results", str(tmp_path))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert where in line and "no usable row is left in --results (1 row(s) left out)" in line
+
+
+def test_report_leaves_out_infinite_sizes_and_formats_extremes_short(run, tmp_path):
+    res = tmp_path / "res"
+    res.mkdir()
+    (res / "all_reduce_benchmark.csv").write_text(
+        COMM_HEADER + comm_row(size_bytes="inf") + COMM_GOOD + comm_row(size_bytes="1e300", busbw_gbs="50")
+    )
+    r = run("opbench", "report", str(res), "--no-plots")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "line 2 field 'size_bytes': 'inf'" in r.stderr
+    md = (res / "report" / "report.md").read_text()
+    assert "a number that is not finite left out (line 2 field 'size_bytes'" in md
+    assert "8.88e+284 PiB" in md and "1 MiB" in md and not re.search(r"\d{25}", md)
+    # the formatters themselves: short text, never an exception
+    assert [human_bytes(v) for v in (float("inf"), float("-inf"), 1e300, 10**400, "huge")] == [
+        "inf",
+        "-inf",
+        "8.88e+284 PiB",
+        "1e308+ B",
+        "huge",
+    ]
+    assert [cell(v) for v in (float("inf"), 1e300, 10**400, 12345)] == ["inf", "1e+300", "1e308+", "12345"]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo") or not Path("/dev/zero").exists(), reason="needs mkfifo and /dev/zero")
+def test_report_reads_regular_files_only_and_caps_sidecars(run, tmp_path):
+    """A named pipe, a link to /dev/zero (as a CSV and as a sidecar) and a folder named .csv are skipped with what
+    they are; a sidecar over 16 MiB is skipped with its size; the CSVs beside those sidecars still count."""
+    res = tmp_path / "res"
+    res.mkdir()
+    os.mkfifo(res / "pipe.csv")
+    (res / "zero.csv").symlink_to("/dev/zero")
+    (res / "dir.csv").mkdir()
+    (res / "all_reduce_benchmark.csv").write_text(COMM_HEADER + COMM_GOOD)
+    (res / "all_reduce_benchmark.meta.json").symlink_to("/dev/zero")
+    (res / "all_gather_benchmark.csv").write_text(COMM_HEADER + comm_row(collective="all_gather"))
+    with open(res / "all_gather_benchmark.meta.json", "wb") as fh:
+        fh.truncate(17 << 20)  # sparse: 17 MiB of size, no disk
+    r = run("opbench", "report", str(res), "--no-plots", timeout=60)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "read 2 CSV(s) (2 ok rows)" in r.stdout
+    skipped = (res / "report" / "report.md").read_text().split("## Skipped files")[1]
+    for expected in (
+        "`pipe.csv`: not a regular file (a named pipe)",
+        "`zero.csv`: not a regular file (a character device)",
+        "`dir.csv`: not a regular file (a folder)",
+        "`all_reduce_benchmark.meta.json`: sidecar not a regular file (a character device)",
+        "`all_gather_benchmark.meta.json`: sidecar larger than 16 MiB (17 MiB)",
+    ):
+        assert expected in skipped, skipped
+
+
+def test_sidecar_numbers_in_the_environment_table_are_bounded(run, tmp_path):
+    res = tmp_path / "res"
+    res.mkdir()
+    (res / "all_reduce_benchmark.csv").write_text(COMM_HEADER + COMM_GOOD)
+    meta = {"benchmark": "comm", "world_size": "9" * 5000, "host": "h" * 500, "device_name": "H100"}
+    text = json.dumps(meta)[:-1] + ', "utc_time": 1e999}'  # JSON's 1e999 reads as inf
+    (res / "all_reduce_benchmark.meta.json").write_text(text)
+    r = run("opbench", "report", str(res), "--no-plots")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    md = (res / "report" / "report.md").read_text()
+    env = md.split("## Environment")[1].split("\n## ")[0]
+    row = next(line for line in env.splitlines() if "all_reduce_benchmark.csv" in line)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    header = [c.strip() for c in env.strip().splitlines()[0].strip("|").split("|")]
+    shown = dict(zip(header, cells))
+    assert shown["ranks"] == "?" and shown["utc_time"] == "?" and shown["device"] == "H100", shown
+    assert len(shown["host"]) <= 80 and "inf" not in row and "99999" not in md
