@@ -382,7 +382,8 @@ def _benchmark(args, specs: list[StateSpec], storages: list[Storage], run: RunOp
                 world_size=ranks.world_size,
                 launcher=ranks.env.launcher,
                 nnodes=ranks.env.nnodes,
-                args=vars(args),
+                # the options as parsed (a mapping, masked key by key), not as typed: escapes cannot hide a name
+                args={**vars(args), "storage_options": parse_storage_options(args.storage_options) or None},
                 run_dirs=run_dirs,
                 states=[],
                 cases=[],
