@@ -13,8 +13,18 @@ from opbench.core.errors import UsageError
 
 @pytest.mark.parametrize("text", ["٨", "８", "1_6", "٢٤", "１K"])
 @pytest.mark.parametrize(
-    "parse", [cli.integer, cli.positive_int, cli.non_negative_int, cli.world_size, cli.finite_float, cli.size_mib,
-              cli.positive_seconds, cli.port_number, cli.parse_bytes]  # fmt: skip
+    "parse",
+    [
+        cli.integer,
+        cli.positive_int,
+        cli.non_negative_int,
+        cli.world_size,
+        cli.finite_float,
+        cli.size_mib,
+        cli.positive_seconds,
+        cli.port_number,
+        cli.parse_bytes,
+    ],  # fmt: skip
 )
 def test_parsers_take_ascii_digits_only(parse, text):
     with pytest.raises(argparse.ArgumentTypeError):

@@ -205,13 +205,30 @@ def test_single_primus_object(tmp_path):
         ),
         (json.dumps([]), "the model list is empty"),
         (  # an HF config derives head_dim = hidden // heads: 4 // 8 is 0
-            json.dumps({"model_type": "llama", "hidden_size": 4, "num_attention_heads": 8, "num_key_value_heads": 8,
-                        "intermediate_size": 8, "vocab_size": 10, "num_hidden_layers": 2}),  # fmt: skip
+            json.dumps(
+                {
+                    "model_type": "llama",
+                    "hidden_size": 4,
+                    "num_attention_heads": 8,
+                    "num_key_value_heads": 8,
+                    "intermediate_size": 8,
+                    "vocab_size": 10,
+                    "num_hidden_layers": 2,
+                }
+            ),  # fmt: skip
             "field 'head_dim': hidden_size 4 over 8 heads leaves a head_dim of 0",
         ),
         (
-            json.dumps({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 8,
-                        "vocab_size": 10, "num_hidden_layers": 1 << 24}),  # fmt: skip
+            json.dumps(
+                {
+                    "model_type": "llama",
+                    "hidden_size": 64,
+                    "num_attention_heads": 4,
+                    "intermediate_size": 8,
+                    "vocab_size": 10,
+                    "num_hidden_layers": 1 << 24,
+                }
+            ),  # fmt: skip
             "field 'num_hidden_layers': 16777216 layers is more than 4,096",
         ),
         (json.dumps("x"), "expected a list of models"),
