@@ -47,11 +47,11 @@ def test_a_piped_gemm_prints_each_row_as_it_finishes(tmp_path):
     for n, row in enumerate(rows, 1):
         cells = next(text for text in lines if text.startswith(f"  {n}/3")).split()
         m_n_k = f"{row['m']}x{row['n']}x{row['k']}"
-        assert (
-            m_n_k in cells
-            and "torch" in cells
-            and cells[cells.index("torch") + 1 :][:2] == time_text(float(row["time_s"])).split()
-        )
+        assert m_n_k in cells and "torch" in cells
+        shown, unit = cells[cells.index("torch") + 1 :][:2]
+        expected, expected_unit = time_text(float(row["time_s"])).split()
+        # the line prints the measured float, the CSV keeps it to a few digits: equal up to that rounding
+        assert unit == expected_unit and abs(float(shown) - float(expected)) <= 0.01 * float(expected), (cells, row)
         assert float(cells[cells.index("torch") + 3]) == float(f"{float(row['tflops']):.4g}")
     assert "\nraw on " in out and "wrote " in out  # the closing table follows the lines
 
