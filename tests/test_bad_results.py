@@ -92,6 +92,30 @@ def test_project_with_no_usable_row_left_is_one_line(run, tmp_path, name, text, 
     assert where in line and "no usable row is left in --results (1 row(s) left out)" in line
 
 
+def test_project_results_of_another_dtype_name_the_gemm_and_the_dtype_they_hold(run, tmp_path):
+    """fp32 rows (what a CPU measures) with the default --dtype bf16 on a device without a peak: the one line names
+    the GEMM no row covers and the dtype the rows are in; every --results given, repeated or not, is read."""
+    fp32, comm = tmp_path / "fp32", tmp_path / "comm"
+    fp32.mkdir()
+    comm.mkdir()
+    (fp32 / "benchmark_gemm_x.csv").write_text(GEMM_HEADER + gemm_row(dtype="fp32", device="AMD EPYC"))
+    (comm / "all_reduce_benchmark.csv").write_text(COMM_HEADER + COMM_GOOD)
+    base = ("opbench", "project", "--model", "Qwen3_0.6B", "--world-size", "1", "--seqlen", "128")
+    r = run(*base, "--results", str(fp32))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert re.search(r"no measured row covers the \d+x\d+x\d+ bf16 GEMM", line), line
+    assert "gemm rows in fp32 only, not bf16: pass --dtype fp32" in line
+    # repeated --results: every folder is read (it kept only the last): gemm rates from the first, comm from the second
+    bf16 = tmp_path / "bf16"
+    bf16.mkdir()
+    (bf16 / "benchmark_gemm_x.csv").write_text(GEMM_HEADER + GEMM_GOOD)
+    r = run(*base, "--world-size", "8", "--tp", "8", "--device", "H100", "--results", str(bf16), "--results", str(comm))
+    assert r.returncode == 0, r.stderr
+    rates = next(line for line in r.stdout.splitlines() if line.startswith("rates:"))
+    assert "gemm interpolated" in rates and "tp_comm interpolated" in rates, rates
+
+
 def test_report_leaves_out_infinite_sizes_and_formats_extremes_short(run, tmp_path):
     res = tmp_path / "res"
     res.mkdir()

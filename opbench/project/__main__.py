@@ -94,7 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
         f"of which max_memory_allocated counts (default: {DEFAULT_RESERVE_GIB:g})",
     )
     r = p.add_argument_group("rates (docs/project.md, 'Rates'; every assumption below is one of them)")
-    r.add_argument("--results", nargs="+", default=[], metavar="DIR", help="folders of opbench CSVs from the target")
+    r.add_argument(
+        "--results",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="DIR",
+        help="folders of opbench CSVs from the target (the flag may be repeated: every folder named is read)",
+    )
     r.add_argument(
         "--device",
         default=None,

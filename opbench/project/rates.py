@@ -198,9 +198,13 @@ class Rates:
                 if isinstance(name, str) and name:
                     names.append(name)
 
+        self.other_dtypes: dict[str, list[str]] = {}  # gemm/attention: dtypes of ok rows not used (not --dtype)
+
         def kind(name: str) -> pd.DataFrame:
             rows = _ok(pd.concat(frames[name], ignore_index=True)) if name in frames else pd.DataFrame()
             if name in ("gemm", "attention") and not rows.empty:  # only rows of this dtype are used
+                held = sorted(set(rows["dtype"].astype(str))) if "dtype" in rows else []
+                self.other_dtypes[name] = [d for d in held if d != dtype]
                 rows = rows[rows["dtype"].astype(str) == dtype] if "dtype" in rows else rows.iloc[0:0]
             return checked(rows, CHECKED[name], self.left_out)
 
@@ -239,13 +243,22 @@ class Rates:
 
     # -- compute ----------------------------------------------------------------------------------------------
 
-    def _peak_tflops(self, what: str) -> float:
+    def _peak_tflops(self, what: str, kind: str) -> float:
+        """The dense peak of --dtype, for a ``what`` (a GEMM or attention, named) no measured row covers."""
         tflops = self.peak.tflops(self.dtype) if self.peak else None
         if not tflops:
+            others = self.other_dtypes.get(kind)
+            hint = (
+                f"--results holds {kind} rows in {', '.join(others)} only, not {self.dtype}: pass --dtype {others[0]}, "
+                "or "
+                if others
+                else ""
+            )
             raise UsageError(
-                f"no measured row covers this {what} and there is no peak for '{self.device or 'an unnamed device'}' "
-                "in the peak table: measure on the target (opbench gemm/attention into a --results folder) or name "
-                "a --device the table has (docs/conventions.md, 'Peaks')",
+                f"no measured row covers {what} and there is no peak for '{self.device or 'an unnamed device'}' "
+                f"({self.dtype}) in the peak table: {hint}measure on the target (opbench "
+                "gemm/attention into a --results folder) or name a --device the table has (docs/conventions.md, "
+                "'Peaks')",
                 field="--results",
             )
         return tflops
@@ -267,7 +280,8 @@ class Rates:
             rate = 2.0 * r["m"] * r["n"] * r["k"] * r["groups"] / r["time_s"]
             note = f"{r['file']}: {int(r['m'])}x{int(r['n'])}x{int(r['k'])} at {rate / 1e12:.3g} TFLOP/s"
             return Timed(flops / rate, INTERPOLATED, note)
-        peak = self._peak_tflops("GEMM") * 1e12 * self.a.gemm_efficiency
+        name = f"the {m}x{n}x{k}" + (f"x{groups}" if groups > 1 else "") + f" {self.dtype} GEMM"
+        peak = self._peak_tflops(name, "gemm") * 1e12 * self.a.gemm_efficiency
         moved = gemm_bytes(m, n, k, groups, 2 if self.dtype in ("bf16", "fp16") else 4)
         return Timed(max(flops / peak, moved / self.memory_bandwidth().seconds), ESTIMATED, "roofline")
 
@@ -303,7 +317,11 @@ class Rates:
                 r = same_kind.loc[i]
                 rate = row_flops[i] / r[col]
                 return Timed(flops / rate, INTERPOLATED, f"{r['file']}: {r['backend']} at {rate / 1e12:.3g} TFLOP/s")
-        peak = self._peak_tflops(f"{shape.attn_kind} attention") * 1e12 * self.a.attention_efficiency
+        name = (
+            f"{shape.attn_kind} attention {pass_} (seqlen {shape.seqlen_q}, {shape.num_head_q} heads, batch {batch}, "
+            f"{self.dtype})"
+        )
+        peak = self._peak_tflops(name, "attention") * 1e12 * self.a.attention_efficiency
         return Timed(flops / peak, ESTIMATED, "roofline")
 
     # -- memory -------------------------------------------------------------------------------------------------
