@@ -31,9 +31,26 @@ def test_text_forms_are_masked_and_model_fields_kept() -> None:
 
 def test_mappings_mask_whole_values_and_recurse() -> None:
     got = redact({"opts": {"key": "a", "secret": {"x": 1}, "anon": False}, "cmd": ["--password", "p4ss"]}, ENV)
-    assert got == {"opts": {"key": MASK, "secret": MASK, "anon": False}, "cmd": ["--password", "p4ss"]}
-    # a list of words is not a command line: only a joined string shows the flag/value pair
+    assert got == {"opts": {"key": MASK, "secret": MASK, "anon": False}, "cmd": ["--password", MASK]}
     assert redact("--password p4ss") == f"--password {MASK}"
+    # a list of words is an argument list: the word after a credential's flag is its value
+    assert redact(("--token", "t0k", "--tp", "2", "--api-key", "--x")) == (
+        "--token",
+        MASK,
+        "--tp",
+        "2",
+        "--api-key",
+        "--x",
+    )
+    assert redact(["--num-key-value-heads", "8"]) == ["--num-key-value-heads", "8"]
+
+
+def test_an_argument_list_printed_as_python_is_masked() -> None:
+    """A CalledProcessError or a logged argv shows the list's repr: the quoted word after a credential's flag."""
+    cmd = ["torchrun", "--hf-token", "hf_abc", "--tp", "2", "--password", "it's", "--keys", "3"]
+    out = redact_text(f"Command '{cmd}' returned non-zero exit status 1.")
+    assert "hf_abc" not in out and "it's" not in out, out
+    assert f"'--hf-token', '{MASK}'" in out and "'--tp', '2'" in out and "'--keys', '3'" in out
 
 
 def test_csv_cells_and_sidecar_are_redacted(tmp_path) -> None:

@@ -80,6 +80,10 @@ _CAMEL = re.compile(r"[A-Z][a-z0-9]+[A-Z]")
 # --secret-key VALUE / --token VALUE: a flag whose name is a credential's, then its value as a separate word; also
 # inside a quoted word ('--hf-token hf_x') or after '=' (--replay-arg=--hf-token x).
 _FLAG = re.compile(r"""(?<![^\s'"=])--?(?P<name>[A-Za-z_][\w.\-]*)[ \t]+(?!-)""")
+# A Python list of arguments as printed ("['--password', 'x']", a CalledProcessError's command): a quoted flag
+# word, a comma, then its value as the next quoted word.
+_LISTED_FLAG = re.compile(rf"""(["'])--?({_NAME})\1(,[ \t]*)(["'])((?:\\.|(?!\4).)*)\4""")
+_LONE_FLAG = re.compile(rf"--?{_NAME}")  # one argument that is a flag alone (its value is the next one)
 # Their values: a quoted string whole, else up to whitespace, '&', ',', ';', a quote or bracket (a flag's: up to
 # whitespace or a quote). "Bearer X" is one value: the scheme is kept, X masked.
 _VALUE_AFTER = re.compile(rf"""({_SCHEME}[ \t]+(?![-\s]))?(?:{_VALUE})""")
@@ -205,6 +209,7 @@ def redact_text(text: str, environ: Mapping[str, str] | None = None) -> str:
                 out = word.sub(_quoted_word, out)
         out = _QUOTED_PAIR.sub(lambda m: _masked(m, 2, f"{m.group(1)}{m.group(3)}{MASK}{m.group(3)}"), out)
         out = _BARE_JSON_PAIR.sub(lambda m: _masked(m, 2, f"{m.group(1)}{MASK}"), out)
+        out = _LISTED_FLAG.sub(lambda m: _masked(m, 2, m.group(0)[: m.start(5) - m.start()] + MASK + m.group(4)), out)
     if "=" in out:
         out = _sub(_ASSIGN, _VALUE_AFTER, out)
     if ":" in out:
@@ -229,7 +234,17 @@ def redact(value: Any, environ: Mapping[str, str] | None = None) -> Any:
             for k, v in value.items()
         }
     if isinstance(value, (list, tuple)):
-        return type(value)(redact(v, environ) for v in value)
+        # an argument list: the word after a credential's flag ('--password', 'x') is its value
+        after_flag = [
+            i + 1
+            for i, v in enumerate(value[:-1])
+            if isinstance(v, str) and _LONE_FLAG.fullmatch(v) and is_secret_name(v.lstrip("-"))
+        ]
+        masked = [redact(v, environ) for v in value]
+        for i in after_flag:
+            if isinstance(value[i], str) and value[i] and not value[i].startswith("-"):
+                masked[i] = MASK
+        return type(value)(masked)
     if isinstance(value, str):
         return redact_text(value, environ)
     return value
