@@ -387,9 +387,21 @@ def test_a_signal_to_the_launcher_stops_a_dcp_job_and_cleans_up(tmp_path, signam
     reaches the launcher alone too, torchrun runs in a process group of its own) while its ranks run DCP saves:
     it reaches the ranks through torchrun, they remove the data, no interrupted save becomes an error row, the
     launcher exits 143 / 130 with no torchrun traceback and says so once, and torchrun's OMP_NUM_THREADS banner
-    never shows (the launcher sets that variable itself)."""
+    never shows (the launcher sets that variable itself). Before the SIGINT, a Ctrl-Z (SIGTSTP) to the launcher
+    stops every process of the job, and SIGCONT (`fg`) runs them all again."""
     import signal
     import time
+
+    from opbench.core.dist import _descendants
+
+    def states(pid: int) -> dict[int, str]:
+        out = {}
+        for p in [pid, *_descendants(pid)]:
+            try:
+                out[p] = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                pass
+        return out
 
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
     cmd = [sys.executable, "-m", "opbench", "ckpt", "--nproc-per-node", "2", "--size-mb", "64", "--methods", "dcp", "--no-raw",
@@ -408,6 +420,14 @@ def test_a_signal_to_the_launcher_stops_a_dcp_job_and_cleans_up(tmp_path, signam
         time.sleep(0.2)
     assert any((tmp_path / "data").rglob("*.distcp")), "no DCP checkpoint written yet"
     time.sleep(0.5)
+    if signame == "SIGINT":
+        proc.send_signal(signal.SIGTSTP)
+        time.sleep(1.0)
+        stopped = states(proc.pid)
+        assert len(stopped) >= 4 and set(stopped.values()) == {"T"}, stopped  # launcher, torchrun, 2 ranks
+        proc.send_signal(signal.SIGCONT)
+        time.sleep(1.0)
+        assert "T" not in states(proc.pid).values(), states(proc.pid)
     stopped_at = time.monotonic()
     proc.send_signal(getattr(signal, signame))
     _, err = proc.communicate(timeout=90)

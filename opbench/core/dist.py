@@ -319,12 +319,17 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def _kill_job(proc: subprocess.Popen[str]) -> None:
-    for pid in [*_descendants(proc.pid), proc.pid]:
+def _signal_all(pids: Sequence[int], signum: int) -> None:
+    for pid in pids:
         try:
-            os.kill(pid, signal.SIGKILL)  # SIGKILL also ends a stopped (SIGSTOP) process; SIGTERM waits for SIGCONT
+            os.kill(pid, signum)
         except OSError:
-            pass
+            pass  # already gone
+
+
+def _kill_job(proc: subprocess.Popen[str]) -> None:
+    # SIGKILL also ends a stopped (SIGSTOP) process; SIGTERM waits for SIGCONT
+    _signal_all([*_descendants(proc.pid), proc.pid], signal.SIGKILL)
 
 
 def _launch_env(nproc_per_node: int) -> dict[str, str]:
@@ -408,7 +413,20 @@ def relaunch(cmd: Sequence[str], prog: str = "opbench", verdict_exit: int | None
             timer.daemon = True
             timer.start()
 
-    handlers = {signal.SIGTERM: pass_on_sigterm, signal.SIGHUP: pass_on_sigterm, signal.SIGINT: pass_on_sigint}
+    def suspend_job(signum: int, frame: object) -> None:
+        # Ctrl-Z (SIGTSTP) reaches this process alone (the job has its own group, each rank its own session):
+        # stop every process of the job, then this one; `fg`/`bg` (SIGCONT) wakes this one, which wakes the job.
+        job = [*_descendants(proc.pid), proc.pid]
+        _signal_all(job, signal.SIGSTOP)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        _signal_all(job, signal.SIGCONT)
+
+    handlers = {
+        signal.SIGTERM: pass_on_sigterm,
+        signal.SIGHUP: pass_on_sigterm,
+        signal.SIGINT: pass_on_sigint,
+        signal.SIGTSTP: suspend_job,
+    }
     previous: dict[int, Any] = {}
     try:
         for signum, handler in handlers.items():
