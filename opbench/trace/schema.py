@@ -83,7 +83,7 @@ TRACE_FSDP = Schema(
 NCCL_TESTS = Schema(
     benchmark="nccl_tests",
     title="nccl-tests / rccl-tests",
-    version=2,  # 2: -I per-iteration summary (*_iter_*) and note (values left empty because not finite)
+    version=2,  # 2: -I per-iteration summary (*_iter_*) and note (values left empty: not finite or out of range)
     columns=(
         "collective",
         "size_bytes",
