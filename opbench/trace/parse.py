@@ -110,7 +110,7 @@ _INIT = re.compile(
 )
 _COUNT_OPCOUNT = methodcaller("count", b"opCount ")
 _RCCL_MARKERS = (b" globalrank ", b" acc 0x", b" acc (nil)")
-_MARKER_SPAN = 1 << 16  # RCCL markers are looked for in a block's first 64 KiB (an RCCL log has them on every call)
+_MARKER_SPAN = 1 << 13  # RCCL markers are looked for in a block's first 8 KiB (an RCCL log has them on every call)
 P2P_OPS = frozenset({"Send", "Recv"})
 _ROOTED = frozenset({"Broadcast", "Reduce", "Gather", "Scatter"})
 # Op names this package synthesises (p2p): an uneven all-to-all is timed as the even one moving as many bytes.
