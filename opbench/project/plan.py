@@ -68,6 +68,11 @@ class Plan:
         """Whether a group of ``group`` ranks ``stride`` apart reaches past one node."""
         return group > 1 and group * stride > self.gpus_per_node
 
+    def node_share(self, group: int, stride: int) -> int:
+        """How many ranks of a group of ``group`` ranks ``stride`` apart sit on one node: across nodes a ring
+        collective drives that many NICs per node (one per GPU), so its bus bandwidth scales with it."""
+        return max(1, min(group, self.gpus_per_node // max(1, stride)))
+
     def label(self) -> str:
         parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
         parts += [f"cp{self.cp}"] if self.cp > 1 else []

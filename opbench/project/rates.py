@@ -24,6 +24,9 @@ from opbench.core.peaks import Peak, lookup_peak
 from opbench.gemm.shapes import gemm_bytes, gemm_flops
 
 MEASURED, INTERPOLATED, ESTIMATED = "measured", "interpolated", "estimated"
+# Collectives NCCL/RCCL run as rings (or trees) over every GPU's NIC at once: across nodes their busbw grows with
+# the group's ranks per node. All-to-all and send/recv move each rank's bytes through its own NIC.
+RAIL_COLLECTIVES = frozenset({"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"})
 
 
 @dataclass(frozen=True)
@@ -351,25 +354,41 @@ class Rates:
 
     # -- communication ------------------------------------------------------------------------------------------
 
-    def collective_time(self, collective: str, size_bytes: float, nranks: int, inter: bool) -> Timed:
+    def collective_time(self, collective: str, size_bytes: float, nranks: int, inter: bool, per_node: int = 1) -> Timed:
         """nccl-tests conventions: ``size_bytes`` is the per-rank buffer (max of send and receive). busbw comes
         from measured rows of the same collective across nodes (or within one), interpolated over log size, else
-        from another collective's rows in that domain, else latency + size·factor / (link peak · efficiency)."""
+        from another collective's rows in that domain, else latency + size·factor / (link peak · efficiency).
+        Across nodes a ring collective (all-reduce, all-gather, reduce-scatter, broadcast, reduce) runs one ring
+        per NIC of the group on each node: its busbw scales with ``per_node``, the group's ranks on one node
+        (docs/project.md, "Rates"); measured rows are scaled from the ranks per node they ran with."""
         if nranks <= 1 or size_bytes <= 0:
             return Timed(0.0, MEASURED, "no peers")
         factor = COLLECTIVES[collective].busbw_factor(nranks) or 1.0
+        rails = inter and collective in RAIL_COLLECTIVES
         rows = self._comm_rows(inter)
         if not rows.empty:
             same = rows[rows["collective"].astype(str) == collective]
             use, source = (same, MEASURED) if not same.empty else (rows, INTERPOLATED)
-            busbw = _interpolate_log(use["size_bytes"].astype(float), use["busbw_gbs"].astype(float), size_bytes)
+            busbw_col = use["busbw_gbs"].astype(float)
+            scaled = ""
+            if rails:  # each row's busbw per NIC it drove, times the NICs this group drives
+                row_share = (use["nranks"].astype(int) // use["nnodes"].astype(int)).clip(lower=1)
+                busbw_col = busbw_col * per_node / row_share
+                if (row_share != per_node).any():
+                    scaled = f", scaled to {per_node} rank(s) per node"
+            busbw = _interpolate_log(use["size_bytes"].astype(float), busbw_col, size_bytes)
             if busbw and busbw > 0:
                 what = collective if not same.empty else f"{use['collective'].iloc[0]} rows"
-                note = f"{use['file'].iloc[0]}: {what} busbw {busbw:.3g} GB/s"
-                exact = (use["size_bytes"] == size_bytes).any()
+                note = f"{use['file'].iloc[0]}: {what} busbw {busbw:.3g} GB/s{scaled}"
+                exact = (use["size_bytes"] == size_bytes).any() and not scaled
                 return Timed(size_bytes * factor / (busbw * 1e9), source if exact else INTERPOLATED, note)
         if inter:
-            bw, latency, what = self.a.nic_gbs * self.a.link_efficiency, self.a.latency_us_inter, "network"
+            nics = per_node if rails else 1
+            bw, latency = self.a.nic_gbs * nics * self.a.link_efficiency, self.a.latency_us_inter
+            link = intra_link(self.device or "")
+            if link is not None and nics > 1:  # the rings also cross NVLink/xGMI inside the node
+                bw = min(bw, link.intra_gbs * self.a.link_efficiency)
+            what = "network" if nics == 1 else f"network, {nics} NICs per node"
         else:
             link = intra_link(self.device or "")
             if link is None:

@@ -135,6 +135,7 @@ class Projector:
         tail, dp_exposed, opt_time = [], [], []
         shard = plan.dp * plan.cp
         dp_inter = plan.spans_nodes(shard, plan.tp)
+        dp_share = plan.node_share(shard, plan.tp)  # DP ranks on one node: the NICs a DP collective drives
         bw = rates.memory_bandwidth()
         impl = "eager" if self.profile == "eager" else "fused"
         per_param = rates.a.optimizer_bytes_per_param or OPTIMIZER_BYTES[(impl, plan.dtype in ("bf16", "fp16"))]
@@ -146,20 +147,20 @@ class Projector:
             exposed = 0.0
             if shard > 1 and plan.sharding == "fsdp":
                 for w in work[s]:
-                    fsdp = self._fsdp(plan, sp, w, m, dp_inter)
+                    fsdp = self._fsdp(plan, sp, w, m, dp_inter, dp_share)
                     exposed += fsdp[1]
                     dp_items.append(Item("dp_comm", "FSDP gathers and reduce-scatters", fsdp[0], fsdp[1]))
             elif shard > 1:
                 grads = sp.numel * 4
                 if plan.sharding == "zero1":
-                    rs = rates.collective_time("reduce_scatter", grads, shard, dp_inter)
-                    ag = rates.collective_time("all_gather", sp.numel * e, shard, dp_inter)
+                    rs = rates.collective_time("reduce_scatter", grads, shard, dp_inter, dp_share)
+                    ag = rates.collective_time("all_gather", sp.numel * e, shard, dp_inter, dp_share)
                     hidden_rs = last_bwd if rates.a.dp_overlap else 0.0
                     exposed = max(0.0, rs.seconds - hidden_rs) + max(0.0, ag.seconds - first_fwd)
                     dp_items += [Item("dp_comm", "DP reduce-scatter", rs, max(0.0, rs.seconds - hidden_rs))]
                     dp_items += [Item("dp_comm", "DP all-gather", ag, max(0.0, ag.seconds - first_fwd))]
                 else:
-                    ar = rates.collective_time("all_reduce", grads, shard, dp_inter)
+                    ar = rates.collective_time("all_reduce", grads, shard, dp_inter, dp_share)
                     exposed = max(0.0, ar.seconds - (last_bwd if rates.a.dp_overlap else 0.0))
                     dp_items.append(Item("dp_comm", "DP all-reduce", ar, exposed))
             opt_numel = {"fsdp": sp.fsdp_local, "zero1": sp.zero1_numel}.get(plan.sharding, sp.numel)
@@ -217,7 +218,9 @@ class Projector:
             sources,
         )
 
-    def _fsdp(self, plan: Plan, sp: mem.StageParams, w: Work, microbatches: int, inter: bool) -> tuple[Timed, float]:
+    def _fsdp(
+        self, plan: Plan, sp: mem.StageParams, w: Work, microbatches: int, inter: bool, per_node: int
+    ) -> tuple[Timed, float]:
         """FSDP2 per micro-batch: every unit all-gathers in forward and again in backward (reshard after forward)
         and reduce-scatters its gradient (fp32); each is prefetched behind the neighbouring unit's compute, so a
         unit's collectives are exposed only where they outlast its compute (the first gather always is)."""
@@ -225,8 +228,8 @@ class Projector:
         units = max(1, len(self.layers) // plan.pp) + 1
         unit = sp.fsdp_padded / units
         e = element_size(plan.dtype)
-        ag = rates.collective_time("all_gather", unit * shard * e, shard, inter)
-        rs = rates.collective_time("reduce_scatter", unit * shard * 4, shard, inter)
+        ag = rates.collective_time("all_gather", unit * shard * e, shard, inter, per_node)
+        rs = rates.collective_time("reduce_scatter", unit * shard * 4, shard, inter, per_node)
         per_unit_fwd, per_unit_bwd = w.fwd_s / units, w.bwd_s / units
         total = units * (2 * ag.seconds + rs.seconds)
         if not rates.a.dp_overlap:

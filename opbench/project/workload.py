@@ -131,19 +131,20 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates) -> Work:
     # reduce-scatters its output; backward reduce-scatters the input gradient, all-gathers the output gradient and
     # all-gathers the input again for the weight gradient. Without it: one all-reduce per block each way.
     tp_inter = plan.spans_nodes(plan.tp, 1)
+    tp_share = plan.node_share(plan.tp, 1)
     act = t * h * e
     keep = 1 - rates.a.tp_overlap
     if plan.tp > 1:
         blocks = 2
         if plan.sp:
-            ag = rates.collective_time("all_gather", act, plan.tp, tp_inter)
-            rs = rates.collective_time("reduce_scatter", act, plan.tp, tp_inter)
+            ag = rates.collective_time("all_gather", act, plan.tp, tp_inter, tp_share)
+            rs = rates.collective_time("reduce_scatter", act, plan.tp, tp_inter, tp_share)
             fwd += [Item(TP_COMM, "TP all-gather", ag, ag.seconds * keep)] * blocks
             fwd += [Item(TP_COMM, "TP reduce-scatter", rs, rs.seconds * keep)] * blocks
             bwd += [Item(TP_COMM, "TP all-gather", ag, ag.seconds * keep)] * (2 * blocks)
             bwd += [Item(TP_COMM, "TP reduce-scatter", rs, rs.seconds * keep)] * blocks
         else:
-            ar = rates.collective_time("all_reduce", act, plan.tp, tp_inter)
+            ar = rates.collective_time("all_reduce", act, plan.tp, tp_inter, tp_share)
             fwd += [Item(TP_COMM, "TP all-reduce", ar, ar.seconds * keep)] * blocks
             bwd += [Item(TP_COMM, "TP all-reduce", ar, ar.seconds * keep)] * blocks
 
