@@ -284,7 +284,8 @@ def breakdown(
         "",
         f"memory ({stage}): {m.total / GIB:.2f} GiB{limit}: {verdict}",
         f"  params {m.params / GIB:.2f}  grads {m.grads / GIB:.2f}  optimizer {m.optimizer / GIB:.2f}  "
-        f"activations {m.activations / GIB:.2f}  buffers {m.buffers / GIB:.2f} GiB",
+        f"activations {m.activations / GIB:.2f}  buffers {m.buffers / GIB:.2f} GiB"
+        + (f"  (never all at once: -{m.not_at_peak / GIB:.2f})" if m.not_at_peak else ""),
         "rates: " + "; ".join(f"{k} {v}" for k, v in sorted(r.sources.items())),
     ]
     return "\n".join(lines)

@@ -43,10 +43,14 @@ class Memory:
     optimizer: int
     activations: int
     buffers: int  # transient: unsharded FSDP units, logits and their gradient, a recomputed layer
+    # Bytes of the sum above never held at once: FSDP with one micro-batch allocates its gradients during backward
+    # (zero_grad sets them to None), as the activations are freed, so the peak holds one or the other
+    not_at_peak: int = 0
 
     @property
     def total(self) -> int:
-        return self.params + self.grads + self.optimizer + self.activations + self.buffers
+        """The peak: every part, less what is never held at the same time."""
+        return self.params + self.grads + self.optimizer + self.activations + self.buffers - self.not_at_peak
 
 
 @dataclass(frozen=True)
@@ -57,9 +61,10 @@ class StageParams:
     tensors: int
     fsdp_padded: int  # Σ ceil(d0 / shard) · rest: what FSDP2 keeps per rank (its sharded storage)
     fsdp_local: int  # Σ rank 0's rows · rest: the sharded gradient and optimizer state (unpadded)
-    largest_unit: int  # the largest FSDP unit (a decoder layer or the root), elements on this rank
+    largest_unit: int  # the largest FSDP unit that is a decoder layer, elements on this rank
     zero1_numel: int  # ZeRO-1: the parameters whose optimizer state the fullest rank keeps
     zero1_tensors: int
+    root_unit: int = 0  # the FSDP root unit (embedding, final norm, lm_head as this stage has them), on this rank
 
 
 def _gemm_weight(n: int, k: int, split: str, experts: int, tp: int, ep: int, etp: int) -> tuple[int, int]:
@@ -140,7 +145,10 @@ def stage_params(cfg: ModelConfig, plan: Plan, stage: int, layers: Sequence[Laye
             units[s.unit] = units.get(s.unit, 0) + -(-d0 // shard) * (s.numel // d0 if d0 else 0)
         z_numel, z_tensors = zero1_partition([s.numel for s in picked], shard)
         total = sum(s.numel for s in picked)
-        return StageParams(total, len(picked), padded, local, max(units.values(), default=0), z_numel, z_tensors)
+        root_unit = units.pop("root", 0)
+        return StageParams(
+            total, len(picked), padded, local, max(units.values(), default=0), z_numel, z_tensors, root_unit
+        )
     vocab = padded_vocab(cfg.vocab_size, plan.tp) // plan.tp * cfg.hidden_size
     numel = tensors = 0
     largest = 0
@@ -149,15 +157,19 @@ def stage_params(cfg: ModelConfig, plan: Plan, stage: int, layers: Sequence[Laye
         numel += n
         tensors += len(lay.params)
         largest = max(largest, n)
+    root_numel = 0
     if first:
-        numel += vocab
+        root_numel += vocab
         tensors += 1
     if last:
-        numel += vocab if (not cfg.tie_word_embeddings or plan.pp > 1) else 0
-        numel += cfg.hidden_size
+        root_numel += vocab if (not cfg.tie_word_embeddings or plan.pp > 1) else 0
+        root_numel += cfg.hidden_size
         tensors += 2
+    numel += root_numel
     padded = -(-numel // shard)
-    return StageParams(numel, tensors, padded, padded, -(-largest // shard), padded, -(-tensors // shard))
+    return StageParams(
+        numel, tensors, padded, padded, -(-largest // shard), padded, -(-tensors // shard), -(-root_numel // shard)
+    )
 
 
 def zero1_partition(numels: Sequence[int], shard: int) -> tuple[int, int]:
@@ -268,7 +280,10 @@ def activation_bytes(
     if stage == plan.pp - 1:
         kept += head_activation_bytes(cfg, plan, profile)
         vocab = padded_vocab(cfg.vocab_size, plan.tp) // plan.tp
-        buffers += plan.tokens * vocab * (e + 4)  # the logits and, in backward, their fp32 gradient
+        # eager (torch cross_entropy on .float() logits): the 16-bit logits and, in backward, their fp32 gradient
+        # beside the saved fp32 log-probabilities; fused (Megatron's vocab-parallel cross-entropy): the fp32
+        # softmax it saves becomes the gradient in place, beside the 16-bit logits (forward) or their gradient
+        buffers += plan.tokens * vocab * (e + 4 if profile == "eager" else e)
     return kept, buffers
 
 
@@ -297,5 +312,16 @@ def memory(
     acts, buffers = activation_bytes(cfg, plan, stage, in_flight, profile, layers)
     if plan.sharding == "fsdp":
         e = element_size(plan.dtype)
-        buffers += sp.largest_unit * plan.dp * plan.cp * (2 * e + 4)  # two gathered units and one unsharded grad
+        # FSDP2 keeps the root unit gathered from its forward to the end of backward (it does not reshard the
+        # root after forward); with more than one shard the decoder layer being computed and the next one
+        # (prefetched) are gathered too
+        shard = plan.dp * plan.cp
+        gathered = sp.root_unit * shard * e + (2 * sp.largest_unit * shard * e if shard > 1 else 0)
+        if plan.microbatches == 1:
+            # The peak is at the start of backward (every activation, no gradient yet) or at its end (every
+            # gradient; the root's unsharded gradient and its fp32 copy for the reduce-scatter, no activation).
+            start = acts + buffers + gathered
+            end = grads + sp.root_unit * shard * (2 * e + 4)
+            return Memory(params, grads, opt, acts, buffers + gathered, not_at_peak=start + grads - max(start, end))
+        buffers += gathered
     return Memory(params, grads, opt, acts, buffers)
