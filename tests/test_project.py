@@ -156,6 +156,30 @@ def test_a_ring_collective_across_nodes_drives_one_nic_per_rank_on_the_node(tmp_
     assert at1.source == "interpolated" and at1.seconds == pytest.approx(8 * at8.seconds) and "1 rank(s)" in at1.note
 
 
+def test_recompute_op_keeps_what_torchtitans_per_op_policy_saves(run):
+    """torchtitan's op-level selective checkpointing on a Llama-3.1-8B layer keeps, per token: the layer input
+    (4096), q (4096) and v (1024) (matmuls 1 and 3), the attention output (4096) and its fp32 log-sum-exp (32
+    heads), w1's output (14336, matmul 5) and w2's (4096, matmul 7): 63,616 bytes in bf16. It recomputes k, o
+    and w3, so its step lies between no recomputation and full; a MoE model is refused in one line."""
+    from opbench.models.architectures import decoder_layers
+    from opbench.project.memory import layer_activation_bytes
+
+    (cfg,) = select_models(load_model_configs(), "Llama3.1_8B")
+    plan = Plan(world=8, seqlen=8192, global_batch=8, sharding="fsdp", recompute="op")
+    assert layer_activation_bytes(cfg, decoder_layers(cfg)[0], plan) == 8192 * (2 * 31744 + 4 * 32)
+    steps = {}
+    for rc in ("none", "op", "full"):
+        r = run("opbench", "project", "--model", "Llama3.1_8B", "--world-size", "8", "--fsdp", "--device", "H100",
+                "--recompute", rc)  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        steps[rc] = float(next(line for line in r.stdout.splitlines() if line.startswith("step ")).split()[1])
+    assert steps["none"] < steps["op"] < steps["full"], steps
+    r = run(
+        "opbench", "project", "--model", "Qwen3_30B_A3B", "--world-size", "8", "--device", "H100", "--recompute", "op"
+    )
+    assert r.returncode == 2 and "field '--recompute': op (torchtitan's per-op checkpointing)" in r.stderr, r.stderr
+
+
 # One FSDP2 training step on a real transformers model, its peak measured by torch's FSDPMemTracker (every live
 # tensor storage, by kind), printed as bytes: the allocator-free analogue of max_memory_allocated on a CPU.
 FSDP_PEAK = r"""

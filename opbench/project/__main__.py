@@ -25,7 +25,7 @@ from opbench.models import ModelConfig, load_model_configs, select_models
 
 from .memory import GIB
 from .pipeline import in_flight
-from .plan import RECOMPUTE, SCHEDULES, Plan, layouts, problems
+from .plan import RECOMPUTE_CHOICES, SCHEDULES, Plan, layouts, problems
 from .rates import Assumptions, Rates
 from .schema import COMM_KINDS, SCHEMA
 from .step import Projection, Projector
@@ -81,7 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     lay.add_argument("--fsdp", action="store_true", help="shard parameters, gradients and optimizer (FSDP2/ZeRO-3)")
     lay.add_argument("--zero", type=cli.integer, choices=[0, 1], default=0, help="1: shard the optimizer only (ZeRO-1)")
-    lay.add_argument("--recompute", choices=RECOMPUTE, default="none", help="activation recomputation")
+    lay.add_argument(
+        "--recompute",
+        choices=RECOMPUTE_CHOICES,
+        default="none",
+        help="activation recomputation: selective = Megatron's core attention; op = torchtitan's per-op "
+        "checkpointing (every second matmul output and attention kept)",
+    )
     lay.add_argument(
         "--no-sequence-parallel", action="store_true", help="TP without sequence parallelism (all-reduces)"
     )

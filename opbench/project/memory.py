@@ -205,6 +205,55 @@ def state_bytes(sp: StageParams, plan: Plan) -> tuple[int, int, int]:
     return p_bytes, g_bytes, per_param * sp.numel + steps
 
 
+@dataclass(frozen=True)
+class OpMatmul:
+    """One matmul of a dense layer as torchtitan runs it (q, k, v, o, w1, w3, w2 unfused), in forward order."""
+
+    gemm: str  # the Layer GEMM it is part of (qkv, attn_out, mlp_gate_up, mlp_up, mlp_down)
+    tokens: int  # rows of its output on this rank: row-parallel outputs are whole-sequence partial sums
+    width: int  # columns of its output on this rank
+    saved: bool  # torchtitan's op policy keeps the 1st, 3rd, 5th, ... matmul of a layer; the rest is recomputed
+
+
+def op_matmuls(cfg: ModelConfig, lay: Layer, plan: Plan) -> list[OpMatmul]:
+    """The matmuls of a dense layer under ``--recompute op`` (docs/project.md, "Memory"): torchtitan's per-op
+    selective checkpointing counts a layer's matmuls in forward order and saves every odd one."""
+    t, tp, h = plan.tokens, plan.tp, cfg.hidden_size
+    widths: list[tuple[str, int, int]] = []
+    for g in lay.gemms:
+        if g.layer == "qkv":
+            op = lay.attention[0]
+            hq, hkv = max(1, op.heads_q // tp), max(1, op.heads_kv // tp)
+            widths += [
+                ("qkv", t, hq * op.head_dim_qk),
+                ("qkv", t, hkv * op.head_dim_qk),
+                ("qkv", t, hkv * op.head_dim_v),
+            ]
+        elif g.layer == "mlp_gate_up":
+            widths += [("mlp_gate_up", t, g.n // 2 // tp)] * 2  # w1 (gate), then w3 (up)
+        elif g.layer in ("attn_out", "mlp_down"):
+            widths.append((g.layer, t, h))
+        else:
+            widths.append((g.layer, t, g.n // tp))
+    return [OpMatmul(name, rows, width, i % 2 == 0) for i, (name, rows, width) in enumerate(widths)]
+
+
+def op_sac_bytes(cfg: ModelConfig, lay: Layer, plan: Plan) -> int:
+    """What a dense layer saves under torchtitan's per-op checkpointing: its input, every odd matmul's output,
+    the attention kernel's output and fp32 log-sum-exp, and with TP the reduce-scatters' outputs."""
+    e = element_size(plan.dtype)
+    t, h, tp = plan.tokens, cfg.hidden_size, plan.tp
+    t_seq = t // tp if plan.sp else t
+    total = t_seq * h * e  # the checkpointed block's input
+    total += sum(m.tokens * m.width for m in op_matmuls(cfg, lay, plan) if m.saved) * e
+    for op in lay.attention:
+        hq = max(1, op.heads_q // tp)
+        total += t * hq * op.head_dim_v * e + t * hq * 4
+    if plan.sp:
+        total += 2 * t_seq * h * e  # reduce_scatter outputs are in the save list too
+    return total
+
+
 def layer_activation_bytes(cfg: ModelConfig, lay: Layer, plan: Plan, profile: str = "fused") -> int:
     """Bytes one decoder layer saves for backward per micro-batch (docs/project.md, "Activations"): each block's
     norm input and output (the GEMM input; T/tp of them with sequence parallelism), what the attention kernel
@@ -219,6 +268,8 @@ def layer_activation_bytes(cfg: ModelConfig, lay: Layer, plan: Plan, profile: st
     eager = profile == "eager"
     if plan.recompute == "full":
         return t_seq * h * e
+    if plan.recompute == "op":
+        return op_sac_bytes(cfg, lay, plan)
     qk_norm = any(name.endswith(("q_norm.weight", "k_norm.weight")) for name, _ in lay.params)
     total = 2 * 2 * t_seq * h * e  # two blocks' norm input and output
     if eager:
@@ -274,9 +325,12 @@ def activation_bytes(
     kept = per_chunk // max(1, plan.vpp) * in_flight
     e = element_size(plan.dtype)
     buffers = 0
-    if plan.recompute == "full" and layers:
+    if plan.recompute in ("full", "op") and layers:  # one layer's recomputed activations during its backward
         full = replace(plan, recompute="none")
-        buffers += max(layer_activation_bytes(cfg, lay, full, profile) for lay in first.values())
+        buffers += max(
+            layer_activation_bytes(cfg, lay, full, profile) - layer_activation_bytes(cfg, lay, plan, profile)
+            for lay in first.values()
+        )
     if stage == plan.pp - 1:
         kept += head_activation_bytes(cfg, plan, profile)
         vocab = padded_vocab(cfg.vocab_size, plan.tp) // plan.tp

@@ -17,7 +17,11 @@ from opbench.models.architectures import decoder_layers
 from opbench.models.layout import Layer
 
 SHARDINGS = ("none", "zero1", "fsdp")  # DDP (replicated optimizer), sharded optimizer (ZeRO-1), FSDP2 / ZeRO-3
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full")  # what --search tries
+# "op": torchtitan's per-op selective checkpointing (every second matmul output and attention saved), dense
+# layers only (docs/project.md, "Recomputation"); a flag value, not searched
+RECOMPUTE_CHOICES = (*RECOMPUTE, "op")
+OP_SAC_GEMMS = ("qkv", "attn_out", "mlp_gate_up", "mlp_up", "mlp_down")  # the layers "op" knows
 SCHEDULES = ("1f1b", "interleaved")
 
 
@@ -108,6 +112,16 @@ def problems(cfg: ModelConfig, plan: Plan, layers: Sequence[Layer] | None = None
         out.append(
             ("--ep", f"ep·etp = {plan.ep * plan.expert_tp} does not divide tp·cp·dp = {plan.tp * plan.cp * plan.dp}")
         )
+    if plan.recompute == "op":
+        kinds = {g.layer for lay in (layers if layers is not None else decoder_layers(cfg)) for g in lay.gemms}
+        if not kinds <= set(OP_SAC_GEMMS):
+            out.append(
+                (
+                    "--recompute",
+                    "op (torchtitan's per-op checkpointing) is modelled for dense attention + MLP layers only; "
+                    f"{cfg.name} has {', '.join(sorted(kinds - set(OP_SAC_GEMMS)))}",
+                )
+            )
     if plan.sharding == "fsdp" and plan.pp > 1:
         out.append(("--fsdp", "FSDP with pipeline parallelism is not modelled (use --zero 1)"))
     try:

@@ -15,6 +15,7 @@ from opbench.gemm.shapes import LinearLayer, layer_gemms, lm_head_gemm, pass_sha
 from opbench.models import ModelConfig
 from opbench.models.layout import LINEAR, Layer
 
+from .memory import op_matmuls
 from .plan import Plan
 from .rates import Rates, Timed
 
@@ -172,6 +173,21 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates) -> Work:
         bwd = [replace(i, name=f"recompute {i.name}") for i in fwd] + bwd
     elif plan.recompute == "selective":  # Megatron's default selective set: core attention
         bwd = [replace(i, name=f"recompute {i.name}") for i in attn_fwd] + bwd
+    elif plan.recompute == "op":  # torchtitan's per-op policy: the even matmuls and every memory-bound op again
+        again: dict[str, float] = {}
+        whole: dict[str, float] = {}
+        for mm in op_matmuls(cfg, lay, plan):
+            whole[mm.gemm] = whole.get(mm.gemm, 0) + mm.width
+            again[mm.gemm] = again.get(mm.gemm, 0) + (0 if mm.saved else mm.width)
+        redo = []
+        for i in fwd:
+            gemm = i.name.removesuffix(" fwd")
+            if i.category == GEMM and again.get(gemm):
+                share = again[gemm] / whole[gemm]
+                redo.append(Item(GEMM, f"recompute {i.name}", replace(i.timed, seconds=i.timed.seconds * share), 0))
+            elif i.category == MEMORY:
+                redo.append(replace(i, name=f"recompute {i.name}"))
+        bwd = [replace(i, exposed=i.timed.seconds) for i in redo] + bwd
     return Work(tuple(fwd), tuple(bwd))
 
 
