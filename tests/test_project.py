@@ -11,6 +11,7 @@ import csv
 import json
 import os
 import sys
+from dataclasses import replace
 
 import pytest
 from conftest import ROOT
@@ -178,6 +179,25 @@ def test_recompute_op_keeps_what_torchtitans_per_op_policy_saves(run):
         "opbench", "project", "--model", "Qwen3_30B_A3B", "--world-size", "8", "--device", "H100", "--recompute", "op"
     )
     assert r.returncode == 2 and "field '--recompute': op (torchtitan's per-op checkpointing)" in r.stderr, r.stderr
+
+
+def test_grad_dtype_bf16_halves_main_gradients_and_their_reduction(llama70b):
+    """--grad-dtype bf16 (NeMo's grad_reduce_in_fp32=False): 2-byte main gradients and a 2-byte DP all-reduce;
+    fp32 training and FSDP's sharded fp32 gradients are unchanged."""
+    from opbench.project.memory import stage_params, state_bytes
+
+    base = Plan(world=64, seqlen=8192, global_batch=64, tp=8, pp=4, sharding="zero1")
+    bf16 = replace(base, grad_dtype="bf16")
+    sp = stage_params(llama70b, base, 0)
+    assert state_bytes(sp, bf16)[1] * 2 == state_bytes(sp, base)[1] == 4 * sp.numel
+    assert state_bytes(sp, replace(bf16, dtype="fp32"))[1] == 4 * sp.numel
+    assert bf16.label().endswith("grads-bf16") and "grads" not in base.label()
+    projector = Projector(llama70b, Rates([], "H100", "bf16", Assumptions(dp_overlap=False), 8))
+    dp = [
+        projector.project(p).exposed_comm_s["dp_comm"]  # exposed whole: the all-reduce's time
+        for p in (replace(base, sharding="none"), replace(bf16, sharding="none"))
+    ]
+    assert dp[1] < dp[0] * 0.6, dp
 
 
 # One FSDP2 training step on a real transformers model, its peak measured by torch's FSDPMemTracker (every live

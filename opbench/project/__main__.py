@@ -91,6 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
     lay.add_argument(
         "--no-sequence-parallel", action="store_true", help="TP without sequence parallelism (all-reduces)"
     )
+    lay.add_argument(
+        "--grad-dtype",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="main gradients and their data-parallel reduction without --fsdp (default fp32: Megatron's "
+        "--accumulate-allreduce-grads-in-fp32 under bf16; bf16: NeMo's grad_reduce_in_fp32=False)",
+    )
     lay.add_argument("--memory-gib", type=positive_float, default=None, help="memory per GPU (default: the device's)")
     lay.add_argument(
         "--memory-reserve-gib",
@@ -202,6 +209,7 @@ def base_plan(cfg: ModelConfig, args: argparse.Namespace) -> Plan:
         recompute=args.recompute,
         schedule=args.schedule or ("interleaved" if args.vpp > 1 else "1f1b"),
         sequence_parallel=not args.no_sequence_parallel,
+        grad_dtype=args.grad_dtype,
         gpus_per_node=args.gpus_per_node,
         dtype=args.dtype,
     )

@@ -186,6 +186,12 @@ def zero1_partition(numels: Sequence[int], shard: int) -> tuple[int, int]:
     return sizes[r], counts[r]
 
 
+def grad_bytes_per_param(plan: Plan) -> int:
+    """Bytes of a main gradient without FSDP: 4 (fp32; Megatron under bf16, and fp32 training), 2 with
+    ``--grad-dtype bf16`` in mixed precision."""
+    return 2 if plan.grad_dtype == "bf16" and plan.dtype in ("bf16", "fp16") else 4
+
+
 def state_bytes(sp: StageParams, plan: Plan) -> tuple[int, int, int]:
     """(params, grads, optimizer) bytes on one rank (docs/project.md, "Memory"). Mixed precision (bf16/fp16)
     follows Megatron-Core for none/zero1 (16-bit parameters, fp32 main gradients, fp32 master copy and Adam
@@ -198,7 +204,7 @@ def state_bytes(sp: StageParams, plan: Plan) -> tuple[int, int, int]:
     if plan.sharding == "fsdp":
         return 4 * sp.fsdp_padded, 4 * sp.fsdp_local, 8 * sp.fsdp_local + steps
     p_bytes = (2 if mixed else 4) * sp.numel
-    g_bytes = 4 * sp.numel
+    g_bytes = grad_bytes_per_param(plan) * sp.numel
     per_param = 12 if mixed else 8
     if plan.sharding == "zero1" and shard > 1:
         return p_bytes, g_bytes, per_param * sp.zero1_numel + ADAM_STEP_BYTES * sp.zero1_tensors

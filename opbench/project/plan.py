@@ -43,6 +43,7 @@ class Plan:
     sequence_parallel: bool = True  # with tp > 1 (Megatron's --sequence-parallel)
     gpus_per_node: int = 8
     dtype: str = "bf16"
+    grad_dtype: str = "fp32"  # main gradients and their DP reduction without FSDP (Megatron: fp32; NeMo may use bf16)
 
     @property
     def dp(self) -> int:
@@ -84,6 +85,7 @@ class Plan:
         parts += [f"etp{self.expert_tp}"] if self.ep > 1 and self.expert_tp != self.tp else []
         parts += [f"vpp{self.vpp}"] if self.vpp > 1 else []
         parts += [f"mbs{self.mbs}", self.sharding, f"rc-{self.recompute}"]
+        parts += ["grads-bf16"] if self.grad_dtype == "bf16" and self.sharding != "fsdp" else []
         return " ".join(parts)
 
 

@@ -151,7 +151,7 @@ class Projector:
                     exposed += fsdp[1]
                     dp_items.append(Item("dp_comm", "FSDP gathers and reduce-scatters", fsdp[0], fsdp[1]))
             elif shard > 1:
-                grads = sp.numel * 4
+                grads = sp.numel * mem.grad_bytes_per_param(plan)
                 if plan.sharding == "zero1":
                     rs = rates.collective_time("reduce_scatter", grads, shard, dp_inter, dp_share)
                     ag = rates.collective_time("all_gather", sp.numel * e, shard, dp_inter, dp_share)
