@@ -83,7 +83,8 @@ def test_layout_rules(llama70b):
 
     assert why(tp=8, pp=2) == []
     assert any("not divisible by --tp 3" in w for w in why(tp=3, pp=1, world=48))
-    assert why(pp=3, world=48) == ["80 layers do not split into pp·vpp = 3 equal chunks"]
+    (reason,) = why(pp=3, world=48)
+    assert reason.startswith("80 layers do not split into pp·vpp = 3 equal chunks (uneven: --decoder-first")
     assert why(ep=2) == ["Llama3.1_70B has no experts"]
     assert why(cp=3, world=48) == ["seqlen 8192 is not a multiple of 2·cp (load-balanced causal context parallel)"]
     assert why(pp=2, vpp=2, schedule="1f1b") == ["model chunks per stage need --schedule interleaved"]
@@ -198,6 +199,32 @@ def test_grad_dtype_bf16_halves_main_gradients_and_their_reduction(llama70b):
         for p in (replace(base, sharding="none"), replace(bf16, sharding="none"))
     ]
     assert dp[1] < dp[0] * 0.6, dp
+
+
+@pytest.mark.parametrize(
+    "split, counts",
+    [
+        ({}, None),  # 126 layers over 8 pieces: uneven, refused without a flag
+        ({"embedding_as_layer": True, "loss_as_layer": True}, [15] + [16] * 6 + [15]),  # 128 "layers" / 8
+        ({"first_layers": 15, "last_layers": 15}, [15] + [16] * 6 + [15]),
+        ({"first_layers": 14, "last_layers": 14}, None),  # 98 over 6 pieces
+        ({"first_layers": 8, "loss_as_layer": True}, [8] + [17] * 6 + [16]),  # 119 "layers" over 7 pieces
+    ],
+)
+def test_uneven_pipeline_pieces_follow_megatrons_flags(split, counts):
+    """Llama-3.1-405B's 126 layers on pp 8, as Megatron-Core splits them: the first/last piece's layers given,
+    the rest even, the embedding and the loss each counted as a layer where asked."""
+    plan = Plan(world=64, seqlen=8192, global_batch=64, tp=8, pp=8, **split)
+    assert plan.piece_layers(126) == counts
+
+
+def test_a_405b_layout_with_embedding_and_loss_in_the_split_projects(run):
+    """NeMo's Llama-3.1-405B layout (tp 8, pp 8, vpp 8, cp 2: 64 pieces for 126 layers + embedding + loss)."""
+    r = run("opbench", "project", "--model", "Llama3.1_405B", "--world-size", "1024", "--tp", "8", "--pp", "8",
+            "--cp", "2", "--vpp", "8", "--global-batch", "512", "--zero", "1", "--device", "H100",
+            "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "vpp8 mbs1 zero1 rc-none emb-as-layer loss-as-layer" in r.stdout and "fits" in r.stdout
 
 
 # One FSDP2 training step on a real transformers model, its peak measured by torch's FSDPMemTracker (every live

@@ -92,6 +92,30 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-sequence-parallel", action="store_true", help="TP without sequence parallelism (all-reduces)"
     )
     lay.add_argument(
+        "--decoder-first-pipeline-num-layers",
+        type=cli.layer_count,
+        default=None,
+        metavar="N",
+        help="decoder layers of the first pipeline piece (Megatron-Core's flag; the rest split evenly)",
+    )
+    lay.add_argument(
+        "--decoder-last-pipeline-num-layers",
+        type=cli.layer_count,
+        default=None,
+        metavar="N",
+        help="decoder layers of the last pipeline piece (Megatron-Core's flag)",
+    )
+    lay.add_argument(
+        "--account-for-embedding-in-pipeline-split",
+        action="store_true",
+        help="the embedding counts as one layer of the first piece when layers are split (Megatron-Core's flag)",
+    )
+    lay.add_argument(
+        "--account-for-loss-in-pipeline-split",
+        action="store_true",
+        help="the output layer and loss count as one layer of the last piece (Megatron-Core's flag)",
+    )
+    lay.add_argument(
         "--grad-dtype",
         choices=("fp32", "bf16"),
         default="fp32",
@@ -210,6 +234,10 @@ def base_plan(cfg: ModelConfig, args: argparse.Namespace) -> Plan:
         schedule=args.schedule or ("interleaved" if args.vpp > 1 else "1f1b"),
         sequence_parallel=not args.no_sequence_parallel,
         grad_dtype=args.grad_dtype,
+        first_layers=args.decoder_first_pipeline_num_layers,
+        last_layers=args.decoder_last_pipeline_num_layers,
+        embedding_as_layer=args.account_for_embedding_in_pipeline_split,
+        loss_as_layer=args.account_for_loss_in_pipeline_split,
         gpus_per_node=args.gpus_per_node,
         dtype=args.dtype,
     )

@@ -95,13 +95,16 @@ def stage_layers(
     cfg: ModelConfig, plan: Plan, stage: int, layers: Sequence[Layer] | None = None
 ) -> list[tuple[int, Layer]]:
     """(chunk, layer) of every decoder layer pipeline stage ``stage`` holds: chunk c of stage s is the model's
-    piece c·pp + s, each of layers / (pp·vpp) consecutive layers. ``layers``: decoder_layers(cfg), if known."""
+    piece c·pp + s, each of ``plan.piece_layers`` consecutive layers (layers / (pp·vpp) when even).
+    ``layers``: decoder_layers(cfg), if known."""
     layers = layers if layers is not None else decoder_layers(cfg)
-    per = len(layers) // (plan.pp * plan.vpp)
+    counts = plan.piece_layers(len(layers))
+    assert counts is not None, "plan.problems() refuses a split that does not work"
+    starts = [sum(counts[:piece]) for piece in range(len(counts))]
     out = []
     for chunk in range(plan.vpp):
         piece = chunk * plan.pp + stage
-        out += [(chunk, lay) for lay in layers[piece * per : (piece + 1) * per]]
+        out += [(chunk, lay) for lay in layers[starts[piece] : starts[piece] + counts[piece]]]
     return out
 
 

@@ -44,6 +44,12 @@ class Plan:
     gpus_per_node: int = 8
     dtype: str = "bf16"
     grad_dtype: str = "fp32"  # main gradients and their DP reduction without FSDP (Megatron: fp32; NeMo may use bf16)
+    # Uneven pipeline pieces, as Megatron-Core's flags: decoder layers of the first and last piece, and the
+    # embedding / loss counted as one layer of the first / last piece when the rest is split evenly
+    first_layers: int | None = None
+    last_layers: int | None = None
+    embedding_as_layer: bool = False
+    loss_as_layer: bool = False
 
     @property
     def dp(self) -> int:
@@ -73,6 +79,41 @@ class Plan:
         """Whether a group of ``group`` ranks ``stride`` apart reaches past one node."""
         return group > 1 and group * stride > self.gpus_per_node
 
+    def piece_layers(self, n_layers: int) -> list[int] | None:
+        """Decoder layers of each pipeline piece (piece c·pp + s is model chunk c of stage s), or None when they
+        do not split: the first and last piece as given, the rest evenly over the other pieces, where the
+        embedding and the loss may each count as one layer (docs/project.md, "Layouts")."""
+        pieces = self.pp * self.vpp
+        counts = [0] * pieces
+        inner = list(range(pieces))
+        rest = n_layers
+        for piece, given in ((0, self.first_layers), (pieces - 1, self.last_layers)):
+            if given is not None and piece in inner:
+                counts[piece] = given
+                rest -= given
+                inner.remove(piece)
+        if rest < 0 or (not inner and rest):
+            return None
+        extra = {0: self.embedding_as_layer, pieces - 1: self.loss_as_layer}
+        virtual = rest + sum(1 for piece, on in extra.items() if on and piece in inner)
+        if inner and virtual % len(inner):
+            return None
+        for piece in inner:
+            counts[piece] = virtual // len(inner) - (1 if extra.get(piece) else 0)
+        if min(counts) < 0:
+            return None
+        return counts
+
+    @property
+    def uneven(self) -> bool:
+        """Whether the pipeline pieces are split by the uneven-split flags."""
+        return (
+            self.first_layers is not None
+            or self.last_layers is not None
+            or self.embedding_as_layer
+            or self.loss_as_layer
+        )
+
     def node_share(self, group: int, stride: int) -> int:
         """How many ranks of a group of ``group`` ranks ``stride`` apart sit on one node: across nodes a ring
         collective drives that many NICs per node (one per GPU), so its bus bandwidth scales with it."""
@@ -86,6 +127,10 @@ class Plan:
         parts += [f"vpp{self.vpp}"] if self.vpp > 1 else []
         parts += [f"mbs{self.mbs}", self.sharding, f"rc-{self.recompute}"]
         parts += ["grads-bf16"] if self.grad_dtype == "bf16" and self.sharding != "fsdp" else []
+        parts += [f"first{self.first_layers}"] if self.first_layers is not None else []
+        parts += [f"last{self.last_layers}"] if self.last_layers is not None else []
+        parts += ["emb-as-layer"] if self.embedding_as_layer else []
+        parts += ["loss-as-layer"] if self.loss_as_layer else []
         return " ".join(parts)
 
 
@@ -98,8 +143,23 @@ def problems(cfg: ModelConfig, plan: Plan, layers: Sequence[Layer] | None = None
     n_layers = cfg.num_hidden_layers
     if n_layers is None:
         return [("num_hidden_layers", "the config has no layer count; a step needs it")]
-    if n_layers % (plan.pp * plan.vpp):
-        out.append(("--pp", f"{n_layers} layers do not split into pp·vpp = {plan.pp * plan.vpp} equal chunks"))
+    if plan.piece_layers(n_layers) is None:
+        if plan.uneven:
+            out.append(
+                (
+                    "--pp",
+                    f"{n_layers} layers do not split into pp·vpp = {plan.pp * plan.vpp} chunks with the first/last "
+                    "piece's layers and embedding/loss accounting given",
+                )
+            )
+        else:
+            out.append(
+                (
+                    "--pp",
+                    f"{n_layers} layers do not split into pp·vpp = {plan.pp * plan.vpp} equal chunks (uneven: "
+                    "--decoder-first/last-pipeline-num-layers, --account-for-embedding/loss-in-pipeline-split)",
+                )
+            )
     if plan.vpp > 1 and plan.schedule != "interleaved":
         out.append(("--vpp", "model chunks per stage need --schedule interleaved"))
     if plan.global_batch % (plan.mbs * plan.dp):

@@ -77,7 +77,8 @@ class Projector:
         return self.memory_gib is None or total_bytes + self.reserve_gib * mem.GIB <= self.memory_gib * mem.GIB
 
     def stage_params(self, plan: Plan, stage: int) -> mem.StageParams:
-        key = (plan.tp, plan.pp, plan.vpp, plan.ep, plan.expert_tp, plan.dp * plan.cp, stage)
+        split = (plan.first_layers, plan.last_layers, plan.embedding_as_layer, plan.loss_as_layer)
+        key = (plan.tp, plan.pp, plan.vpp, plan.ep, plan.expert_tp, plan.dp * plan.cp, stage, split)
         if key not in self._params:
             self._params[key] = mem.stage_params(self.cfg, plan, stage, self.layers)
         return self._params[key]
