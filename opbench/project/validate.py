@@ -6,8 +6,9 @@ into a results folder; the projection reads that folder. Then the transformers m
 (random weights) and trained: forward, backward and AdamW for ``--steps`` steps (after one untimed step), in one
 process or, with ``--nproc-per-node 2``, as real FSDP2 over gloo/NCCL. Peak memory is the allocator's peak on a
 GPU; on a CPU, which has no such counter, it is what the step holds: parameters, gradients and optimizer state
-(counted from the real tensors) and the activations one micro-batch saves for backward (counted by
-``torch.autograd.graph.saved_tensors_hooks``). (docs/project.md, "Validation")
+(counted from the real tensors), the activations one micro-batch saves for backward (counted by
+``torch.autograd.graph.saved_tensors_hooks``) and the peak of every live tensor over one more step of one
+micro-batch (torch's MemTracker; FSDPMemTracker under FSDP). (docs/project.md, "Validation")
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ class Measured:
     optimizer: int
     activations: int  # CPU: saved for backward by one micro-batch; GPU: 0 (peak below covers it)
     peak: int | None  # GPU: torch.cuda.max_memory_allocated over a step
+    # CPU: the peak of every live tensor over a step of one micro-batch (torch's MemTracker / FSDPMemTracker);
+    # None where the tracker is missing or cannot follow the model (DDP)
+    peak_one_microbatch: int | None = None
 
     @property
     def median_s(self) -> float:
@@ -178,6 +182,36 @@ def _state_bytes(model: Any, optimizer: Any) -> tuple[int, int, int]:
     return params, grads, opt
 
 
+def _tracked_peak(model: Any, optimizer: Any, batch: Any, fsdp: bool) -> int | None:
+    """Bytes of every live tensor at the peak of one training step of one micro-batch, as torch's memory tracker
+    (``torch.distributed._tools``) counts them: a CPU's stand-in for max_memory_allocated. Under FSDP the step
+    starts without gradients (``zero_grad()`` sets them to None, as torchtitan does); otherwise the main gradients
+    stay allocated (Megatron's persistent buffers; ``zero_grad(set_to_none=False)``). None when the tracker is
+    not in this torch or fails on the model."""
+    import torch
+
+    try:
+        if fsdp:
+            from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+            optimizer.zero_grad(set_to_none=True)
+            tracker: Any = FSDPMemTracker(model, optimizer)
+            tracker.track_inputs((batch,))
+        else:
+            from torch.distributed._tools.mem_tracker import MemTracker
+
+            tracker = MemTracker()
+            tracker.track_external(model, optimizer, batch)
+        with tracker:
+            model(input_ids=batch, labels=batch).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=fsdp)
+        return int(tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"])
+    except (ImportError, AttributeError, KeyError, NotImplementedError, RuntimeError) as exc:
+        print(f"note: no CPU peak memory: torch's memory tracker failed ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return None
+
+
 def train(cfg: ModelConfig, plan: Plan, steps: int, device: str, rank: int = 0, world: int = 1) -> Measured:
     """Real training steps: micro-batches of random tokens, forward + backward each, then AdamW."""
     import torch
@@ -240,7 +274,10 @@ def train(cfg: ModelConfig, plan: Plan, steps: int, device: str, rank: int = 0, 
     # one process on a CPU: what a micro-batch saves (under FSDP the saved weights are all-gathered copies, which
     # are FSDP's buffers, not activations; a GPU has its allocator's peak instead)
     acts = _saved_bytes(model, batches[0]) if dev.type == "cpu" and world == 1 else 0
-    return Measured(times, params, grads, opt, acts, peak)
+    peak_one = None
+    if dev.type == "cpu" and (world == 1 or plan.sharding == "fsdp"):
+        peak_one = _tracked_peak(model, optimizer, batches[0], fsdp=world > 1 and plan.sharding == "fsdp")
+    return Measured(times, params, grads, opt, acts, peak, peak_one)
 
 
 def _worker(rank: int, world: int, port: int, cfg: ModelConfig, plan: Plan, steps: int, device: str, out: str) -> None:
@@ -298,13 +335,18 @@ def check_plan(cfg: ModelConfig, plan: Plan, args: argparse.Namespace, device: s
         )
 
 
-def comparison(projection: Projection, measured: Measured, on_gpu: bool) -> list[tuple[str, float, float]]:
-    """(quantity, projected, measured) for every figure both sides have."""
+def comparison(
+    projection: Projection, measured: Measured, on_gpu: bool, one_microbatch: int | None = None
+) -> list[tuple[str, float, float]]:
+    """(quantity, projected, measured) for every figure both sides have. ``one_microbatch``: the projected peak
+    of the same layout with one micro-batch (what the CPU's tracked step runs)."""
     p = projection
     rows = [("step_time_s", p.step_s, measured.median_s)]
     m = p.memory
     if on_gpu and measured.peak is not None:
         rows.append(("peak_memory_bytes", m.total, measured.peak))
+    if one_microbatch is not None and measured.peak_one_microbatch:
+        rows.append(("peak_memory_one_microbatch_bytes", one_microbatch, measured.peak_one_microbatch))
     rows += [
         ("params_bytes", m.params, measured.params),
         ("grads_bytes", m.grads, measured.grads),
@@ -318,6 +360,7 @@ def comparison(projection: Projection, measured: Measured, on_gpu: bool) -> list
 LABELS = {
     "step_time_s": "step time (s)",
     "peak_memory_bytes": "peak memory (GiB)",
+    "peak_memory_one_microbatch_bytes": "peak memory, one micro-batch (GiB)",
     "params_bytes": "parameters (GiB)",
     "grads_bytes": "gradients (GiB)",
     "optimizer_bytes": "optimizer state (GiB)",
@@ -367,7 +410,8 @@ def validate(cfg: ModelConfig, plan: Plan, args: argparse.Namespace) -> int:
     else:
         measured = train(cfg, plan, args.steps, device)
     print(f"\ntrained {cfg.name} here: {args.steps} timed steps ({time.perf_counter() - t0:.0f} s)")
-    rows = comparison(projection, measured, device == "cuda")
+    one = projector.project(replace(plan, global_batch=plan.mbs * plan.dp)).memory.total if device == "cpu" else None
+    rows = comparison(projection, measured, device == "cuda", one)
     print(report(rows, measured))
     meta = environment(None, {"model_config": cfg.to_dict(), "plan": plan.__dict__, "steps": measured.step_s})
     with CsvReport(folder / "project_validate.csv", VALIDATE_SCHEMA, meta, earlier=earlier_policy(args)) as out:
