@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -153,12 +154,15 @@ def test_bad_shapes_json_is_one_clear_line(tmp_path, capsys, content, field, wor
     assert not (tmp_path / "o.csv").exists()  # nothing written before the input is known to be good
 
 
+SHIPPED_SHAPES = Path(__file__).resolve().parent.parent / "shapes" / "attention_shapes.json"
+
+
 @pytest.mark.parametrize(
     "argv, words",
     [
         (["--backends", "sdpa,cutlass"], "--backends"),
         (["--passes", "fwd,dgrad"], "--passes"),
-        (["--tp", "2"], "--model-config-path"),
+        ([f"--shapes-json-path={SHIPPED_SHAPES}", "--tp", "2"], "field '--tp': applies to shapes derived"),
         (["--model", "NoSuchModel"], "NoSuchModel"),
         (["--model-config-path", "builtin", "--model", "Llama2_70B", "--tp", "16"], "--tp"),
     ],
@@ -202,6 +206,18 @@ def test_dry_run_writes_planned_rows(tmp_path):
     assert (mla.seqlen_q, mla.num_head_q, mla.num_head_kv, mla.head_dim_qk, mla.head_dim_v) == (2048, 8, 8, 192, 128)
     assert mla.batch_size == 1 and mla.fwd_flops == pytest.approx(2 * 8 * 2048 * 1024 * (192 + 128), rel=1e-5)
     assert df.fwd_time.isna().all()
+
+
+def test_seqlen_tp_cp_without_a_source_derive_from_the_builtin_configs(tmp_path):
+    """`opbench attention --model Qwen3_8B --seqlen 256 --tp 2` (as `opbench gemm --model` is called): the shapes
+    come from the built-in config at that length and TP (it refused: --seqlen applied to configs only)."""
+    import pandas as pd
+
+    out = tmp_path / "plan.csv"
+    argv = ["--model", "Qwen3_8B", "--seqlen", "256", "--tp", "2", "--backends", "sdpa", "--report-csv-path", str(out)]
+    assert main([*argv, "--dry-run", "--device", "cpu"]) == 0
+    plan = pd.read_csv(out.with_suffix(".plan.csv"))
+    assert set(plan.seqlen_q) == {256} and set(plan.num_head_q) == {16}  # Qwen3-8B: 32 query heads over tp 2
 
 
 def test_a_cpu_dry_run_plans_the_lengths_a_cpu_run_measures(tmp_path):

@@ -149,9 +149,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def resolve_shapes(args: argparse.Namespace) -> list[AttentionShape]:
-    """Shapes from the chosen source; every input error surfaces here, before anything runs."""
+    """Shapes from the chosen source; every input error surfaces here, before anything runs. --seqlen, --tp or
+    --cp without a source derive the shapes from the built-in model configs (as ``opbench gemm --model`` does):
+    the shipped shapes file lists per-rank shapes that these flags cannot change."""
     if args.shapes_json_path and args.model_config_path:
         raise UsageError("give --shapes-json-path or --model-config-path, not both", field="--model-config-path")
+    if not args.shapes_json_path and not args.model_config_path and (args.seqlen, args.tp, args.cp) != (None, 1, 1):
+        args.model_config_path = "builtin"
     if args.model_config_path:
         configs = select_models(load_model_configs(args.model_config_path, args.model_name), args.model)
         return [s for c in configs for s in model_attention_shapes(c, args.seqlen, args.tp, args.cp)]
