@@ -345,6 +345,8 @@ def test_two_nodes_every_check_then_a_slowed_rank_is_named(tmp_path):
     assert "  - intra: not run (not in --checks)" in out0
     # opbench's own launch adds nothing: no torchrun failure block, no line blaming a rank
     assert "ended with exit code" not in err0 and "Traceback" not in err0 and "TCPStore" not in err0
+    # ... but says the verdict in one line, as a self-launched node 1 would (it printed nothing at all)
+    assert "opbench cluster: the check failed with" in err0, err0[-3000:]
     # node 1's plain torchrun quotes why its ranks ended with 1 (core.dist.record_error), not a pointer to its docs
     assert "traceback : opbench cluster: the check failed with" in err1, err1[-3000:]
 

@@ -278,6 +278,8 @@ def _relay_stderr(
     sys.stderr.writelines(held)
     broke = root.get("text", "").startswith(f"{prog}: error: ")  # fail_job's words: the job broke, no verdict
     if summary and verdict_exit is not None and root.get("exitcode") == str(verdict_exit) and not broke:
+        if root.get("text"):  # the verdict in one line on every node (the report itself is node 0's)
+            print(root["text"].strip(), file=sys.stderr, flush=True)
         return None
     if summary and root.get("exitcode") == "2":
         return 2  # a usage error every rank found and said (mismatched arguments, a fault for a missing rank)
