@@ -411,7 +411,8 @@ def test_compare_fsdp_matches_reference_llama3_70b_layer_count(cli, tmp_path):
     log.write_text("\n".join(lines) + "\n")
     out = tmp_path / "s.csv"
     res = cli(str(log), "--compare-fsdp", "Llama3.1_70B", "--csv", str(out))
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == 1, res.stderr  # a check: the root's units do not match
+    assert "FSDP check: 2 of 162 predicted units do not match the log (exit 1)" in res.stdout
     assert "param bf16, reduce bf16" in res.stdout  # FSDP2's default: reduce in the param dtype, with avg
     assert "the log covers 2 step(s); 160 of 162 predicted AllGather/ReduceScatter units matched" in res.stdout
     assert "0 logged but not matching, 2 not in the log" in res.stdout
@@ -438,7 +439,7 @@ def test_compare_fsdp_partial_step_does_not_match(cli, tmp_path):
     lines = fsdp_job_lines(nranks=8, layers=80, layer_count=LAYER, torn_every=0, noise_every=0)
     log.write_text("\n".join(itertools.islice(lines, 96)) + "\n")
     res = cli(str(log), "--compare-fsdp", "Llama3.1_70B")
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == 1, res.stderr  # not this model's step: the check fails
     assert "the log covers 0.069 of a step; 1 of 162 predicted AllGather/ReduceScatter units matched" in res.stdout
     assert "1280 log lines expected for 1 step(s) × 8 ranks, 88 logged" in res.stdout
 
@@ -455,7 +456,7 @@ def test_compare_fsdp_checks_dtype_and_reduction_too(cli, tmp_path):
     log.write_text("\n".join(itertools.islice(lines, 8 * (1 + 80 + 160 + 2))) + "\n")
     out = tmp_path / "s.csv"
     res = cli(str(log), "--compare-fsdp", "Llama3.1_70B", "--csv", str(out))
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == 1, res.stderr
     assert "81 of 162 predicted AllGather/ReduceScatter units matched" in res.stdout
     assert "81 logged but not matching, 0 not in the log" in res.stdout
     assert "model bf16/avg, log fp32/avg" in res.stdout and "--reduce-dtype fp32" in res.stdout
@@ -465,6 +466,7 @@ def test_compare_fsdp_checks_dtype_and_reduction_too(cli, tmp_path):
     }
     titan = cli(str(log), "--compare-fsdp", "Llama3.1_70B", "--reduce-dtype", "fp32")
     assert "162 of 162 predicted AllGather/ReduceScatter units matched" in titan.stdout
+    assert titan.returncode == 0 and "FSDP check" not in titan.stdout
 
 
 def test_compare_fsdp_unknown_model_is_usage_error(cli, tmp_path):

@@ -182,11 +182,16 @@ def run(args: argparse.Namespace, summary: TraceSummary, parser: LogParser) -> i
         print()
         commands = benchmark_commands(rows, flavour(args.flavour, summary), args.launcher, args.gpus_per_node)
         print(redact_text("\n".join(commands)))
+    mismatch = False
     if args.compare_fsdp:
-        compare_fsdp(args, rows, meta)
+        units = compare_fsdp(args, rows, meta)
+        unmatched = sum(not r["matched"] for r in units)
+        if unmatched:  # a check: a script can tell "the log is not this FSDP model" from its exit code
+            print(f"FSDP check: {unmatched} of {len(units)} predicted units do not match the log (exit 1)")
+            mismatch = True
     if args.replay:
         return replay(args.logs, rows, args.nproc_per_node, args.gpus_per_node, args.replay_arg, args.dry_run)
-    return 1 if st.read_errors else 0  # what was read is written, but the log was not read to its end
+    return 1 if st.read_errors or mismatch else 0  # what was read is written, but the log was not read to its end
 
 
 def first_out_of_range(paths: Sequence[str]) -> tuple[str, str]:
