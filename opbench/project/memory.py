@@ -376,10 +376,10 @@ def memory(
     if plan.sharding == "fsdp":
         e = element_size(plan.dtype)
         # FSDP2 keeps the root unit gathered from its forward to the end of backward (it does not reshard the
-        # root after forward); with more than one shard the decoder layer being computed and the next one
-        # (prefetched) are gathered too
+        # root after forward); at the peak, the loss's backward, the last decoder layer is gathered too (prefetched
+        # for its backward). Measured with FSDPMemTracker on 2 ranks: root + one layer's all-gather buffer.
         shard = plan.dp * plan.cp
-        gathered = sp.root_unit * shard * e + (2 * sp.largest_unit * shard * e if shard > 1 else 0)
+        gathered = sp.root_unit * shard * e + (sp.largest_unit * shard * e if shard > 1 else 0)
         if plan.microbatches == 1:
             # The peak is at the start of backward (every activation, no gradient yet) or at its end (every
             # gradient; the root's unsharded gradient and its fp32 copy for the reduce-scatter, no activation).
