@@ -225,6 +225,24 @@ def test_a_405b_layout_with_embedding_and_loss_in_the_split_projects(run):
     assert "vpp8 mbs1 zero1 rc-none emb-as-layer loss-as-layer" in r.stdout and "fits" in r.stdout
 
 
+def test_compute_scale_calibrates_every_compute_time(llama70b):
+    """--compute-scale (what --validate measures on one node) multiplies every GEMM, attention and memory-bound
+    time; the factor --validate prints makes the projected step the measured one."""
+    from opbench.project.validate import calibration
+
+    plan = Plan(world=64, seqlen=8192, global_batch=64, tp=8, pp=1)
+    base, scaled = (
+        Projector(llama70b, Rates([], "H100", "bf16", Assumptions(compute_scale=k, dp_overlap=False), 8)).project(plan)
+        for k in (1.0, 1.5)
+    )
+    assert scaled.compute_s == pytest.approx(1.5 * base.compute_s)
+    factor = calibration(base, base.step_s + 0.2 * base.compute_s)
+    assert factor == pytest.approx(1.2)
+    again = Projector(llama70b, Rates([], "H100", "bf16", Assumptions(compute_scale=factor, dp_overlap=False), 8))
+    assert again.project(plan).step_s == pytest.approx(base.step_s + 0.2 * base.compute_s, rel=1e-6)
+    assert calibration(base, 0.5 * (base.step_s - base.compute_s)) is None  # the rest alone outlasts it
+
+
 # --- against real training steps on this machine ----------------------------------------------------------------
 
 EXAMPLES = ROOT / "examples" / "configs"  # the README's small models: a Llama-style one and a Qwen3-MoE one

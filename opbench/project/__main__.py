@@ -49,6 +49,14 @@ def positive_float(text: str) -> float:
     return value
 
 
+def scale_factor(text: str) -> float:
+    """A calibration factor: 0.01 to 100 (a step cannot be 100 times faster or slower than its kernels say)."""
+    value = positive_float(text)
+    if not 0.01 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"must be between 0.01 and 100, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = cli.parser("opbench project", __doc__)
     m = p.add_argument_group("model and batch")
@@ -165,6 +173,13 @@ def build_parser() -> argparse.ArgumentParser:
         r.add_argument(flag, type=kind, default=default, help=f"{what} (default: {default:g})")
     r.add_argument("--memory-bandwidth-gbs", type=positive_float, default=None, help="memory bandwidth, GB/s")
     r.add_argument(
+        "--compute-scale",
+        type=scale_factor,
+        default=1.0,
+        help="calibration: every compute time × this (--validate on one node of the target prints it: what a real "
+        "step spends beyond its kernels' rates) (default: 1)",
+    )
+    r.add_argument(
         "--optimizer-bytes-per-param",
         type=positive_float,
         default=None,
@@ -209,6 +224,7 @@ def assumptions(args: argparse.Namespace) -> Assumptions:
         cp_overlap=not args.no_cp_overlap,
         dp_overlap=not args.no_dp_overlap,
         optimizer_bytes_per_param=args.optimizer_bytes_per_param,
+        compute_scale=args.compute_scale,
     )
 
 
@@ -429,6 +445,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = projector.project(plan)
         rows = [row(cfg, result, None, rates.device, memory_gib)]
         print(breakdown(cfg, result, rates.device, memory_gib, args.memory_reserve_gib))
+    if rates.a.compute_scale != 1.0:
+        print(f"calibrated: every compute time × {rates.a.compute_scale:g} (--compute-scale)")
     if csv_path:
         with CsvReport(csv_path, SCHEMA, meta, earlier=cli.earlier_policy(args)) as report:
             for r in rows:

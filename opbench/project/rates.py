@@ -46,6 +46,9 @@ class Assumptions:
     cp_overlap: bool = True  # the context-parallel ring overlaps its sends with attention (Megatron/TE do)
     dp_overlap: bool = True  # data-parallel gradient reduction overlaps the last micro-batch's backward
     optimizer_bytes_per_param: float | None = None  # None: by precision (docs/project.md, "Optimizer")
+    # Calibration: every compute time (GEMM, attention, memory-bound) × this; --validate on one node of the target
+    # measures it (what the step spends beyond its kernels' rates: launch gaps, synchronisation, the framework)
+    compute_scale: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -267,6 +270,10 @@ class Rates:
         return tflops
 
     def gemm_time(self, m: int, n: int, k: int, groups: int = 1) -> Timed:
+        """The GEMM's time (``_gemm_time``) × the calibration's compute scale."""
+        return _scaled(self._gemm_time(m, n, k, groups), self.a.compute_scale)
+
+    def _gemm_time(self, m: int, n: int, k: int, groups: int = 1) -> Timed:
         """Exact (m, n, k, groups) row; else the measured row nearest in FLOPs (log scale), scaled by FLOPs; else
         max(FLOPs / (peak · gemm_efficiency), bytes / memory bandwidth)."""
         hit = self._gemm_index.get((m, n, k, groups))
@@ -289,6 +296,10 @@ class Rates:
         return Timed(max(flops / peak, moved / self.memory_bandwidth().seconds), ESTIMATED, "roofline")
 
     def attention_time(self, shape: AttentionShape, batch: int, pass_: str) -> Timed:
+        """The attention pass's time (``_attention_time``) × the calibration's compute scale."""
+        return _scaled(self._attention_time(shape, batch, pass_), self.a.compute_scale)
+
+    def _attention_time(self, shape: AttentionShape, batch: int, pass_: str) -> Timed:
         """The fastest measured backend on exactly this shape; else the same kind's row nearest in FLOPs, scaled;
         else FLOPs / (peak · attention_efficiency)."""
         flops = attention_flops(shape, batch, pass_)
@@ -349,8 +360,9 @@ class Rates:
         )
 
     def memory_time(self, nbytes: float) -> Timed:
+        """A memory-bound operator moving ``nbytes``, × the calibration's compute scale."""
         bw = self.memory_bandwidth()
-        return Timed(nbytes / bw.seconds, bw.source, bw.note)
+        return _scaled(Timed(nbytes / bw.seconds, bw.source, bw.note), self.a.compute_scale)
 
     # -- communication ------------------------------------------------------------------------------------------
 
@@ -409,6 +421,10 @@ class Rates:
         spans = (nodes > 1) & (c["nranks"].astype(int) > per_node)
         picked = c[spans if inter else ~spans]
         return picked[picked["busbw_gbs"] > 0]
+
+
+def _scaled(t: Timed, scale: float) -> Timed:
+    return t if scale == 1.0 else Timed(t.seconds * scale, t.source, f"{t.note}, × {scale:g} (--compute-scale)")
 
 
 def _row_shape(r: Any, kind: str) -> AttentionShape:

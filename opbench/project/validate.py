@@ -357,6 +357,17 @@ def comparison(
     return rows
 
 
+def calibration(projection: Projection, measured_s: float, scale: float = 1.0) -> float | None:
+    """The --compute-scale that makes ``projection``'s step ``measured_s``: compute (already × ``scale``) takes what
+    the measured step leaves after the projected communication, bubble and optimizer. None when the rest alone
+    outlasts the measured step, or the factor is beyond the flag's bounds (0.01 to 100)."""
+    other = projection.step_s - projection.compute_s
+    if projection.compute_s <= 0 or measured_s <= other:
+        return None
+    factor = scale * (measured_s - other) / projection.compute_s
+    return factor if 0.01 <= factor <= 100 else None
+
+
 LABELS = {
     "step_time_s": "step time (s)",
     "peak_memory_bytes": "peak memory (GiB)",
@@ -413,6 +424,12 @@ def validate(cfg: ModelConfig, plan: Plan, args: argparse.Namespace) -> int:
     one = projector.project(replace(plan, global_batch=plan.mbs * plan.dp)).memory.total if device == "cpu" else None
     rows = comparison(projection, measured, device == "cuda", one)
     print(report(rows, measured))
+    scale = calibration(projection, measured.median_s, rates.a.compute_scale)
+    if scale is not None:
+        print(
+            f"calibration: --compute-scale {scale:.3g} makes this layout's projected step the measured one (the "
+            "step's time beyond its kernels' measured rates); pass it with --results from this machine's kind"
+        )
     meta = environment(None, {"model_config": cfg.to_dict(), "plan": plan.__dict__, "steps": measured.step_s})
     with CsvReport(folder / "project_validate.csv", VALIDATE_SCHEMA, meta, earlier=earlier_policy(args)) as out:
         for key, projected, got in rows:
