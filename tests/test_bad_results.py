@@ -116,6 +116,39 @@ def test_project_results_of_another_dtype_name_the_gemm_and_the_dtype_they_hold(
     assert "gemm interpolated" in rates and "tp_comm interpolated" in rates, rates
 
 
+@pytest.mark.parametrize(
+    "schema_module, row, drop",
+    [
+        ("opbench.attention.schema", {"seqlen_q": 128, "backend": "sdpa", "causal": True, "fwd_time": 1e-3}, "causal"),
+        ("opbench.attention.schema", {"seqlen_q": 128, "backend": "sdpa", "causal": True, "fwd_time": 1e-3}, "backend"),
+        ("opbench.comm.schema", {"collective": "all_gather", "size_bytes": 1 << 20, "busbw_gbs": 40.0}, "collective"),
+    ],
+)
+def test_project_results_without_a_column_a_rate_reads_leave_their_rows_out(run, tmp_path, schema_module, row, drop):
+    """A results CSV (with its sidecar) that lost a column a rate reads as text: its rows are left out and named
+    (file:line, field), the projection goes on from the peak table; it was a KeyError traceback."""
+    import importlib
+
+    import pandas as pd
+
+    from opbench.core.results import CsvReport
+
+    schema = importlib.import_module(schema_module).SCHEMA
+    full = {"model": "x", "batch_size": 1, "seqlen_kv": 128, "num_head_q": 16, "num_head_kv": 8, "head_dim_qk": 128,
+            "head_dim_v": 128, "attn_kind": "full", "window": 0, "dtype": "bf16", "bwd_time": 3e-3, "backend": "nccl",
+            "world_size": 8, "nnodes": 1, "nranks": 8, "status": "ok", **row}  # fmt: skip
+    path = tmp_path / ("attention_benchmark.csv" if "attention" in schema_module else "all_gather_benchmark.csv")
+    with CsvReport(path, schema, {}) as out:
+        out.append({k: v for k, v in full.items() if k in schema.columns})
+    pd.read_csv(path).drop(columns=[drop]).to_csv(path, index=False)
+    r = run("opbench", "project", "--model", "Qwen3_0.6B", "--world-size", "8", "--tp", "2", "--device", "H100",
+            "--seqlen", "128", "--results", str(tmp_path))  # fmt: skip
+    assert r.returncode in (0, 2) and "Traceback" not in r.stderr, r.stderr
+    # the row is left out for the column, or (backend, collective: columns that mark the kind) the file is not read
+    left_out, not_read = f"{path.name}:2: field '{drop}': no such column", f"{path.name}: columns do not match"
+    assert left_out in r.stderr or (drop != "causal" and not_read in r.stderr), r.stderr
+
+
 def test_report_leaves_out_infinite_sizes_and_formats_extremes_short(run, tmp_path):
     res = tmp_path / "res"
     res.mkdir()

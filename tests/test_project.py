@@ -243,6 +243,36 @@ def test_compute_scale_calibrates_every_compute_time(llama70b):
     assert calibration(base, 0.5 * (base.step_s - base.compute_s)) is None  # the rest alone outlasts it
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--world-size", "1000000000000000000000"], "ranks is more than 4,194,304"),
+        (["--world-size", "8", "--memory-reserve-gib", "-1000"], "must not be negative"),
+        (["--world-size", "8", "--microbatches", "1000000000"], "is more than 16,384"),
+        (["--world-size", "8", "--global-batch", "100000000000000000000"], "is more than 16,384"),
+    ],
+)
+def test_flags_beyond_what_a_projection_can_do_are_one_line(run, args, message):
+    """World sizes, reserves and micro-batch counts out of bounds: one line, exit 2, in a second (they ran out of
+    memory or time, or printed '+-1000 GiB reserved … fits')."""
+    r = run("opbench", "project", "--model", "Llama3.1_8B", "--device", "H100", *args, timeout=60)
+    assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_short_seqlen_gets_a_default_batch_it_can_simulate_and_names_are_one_masked_line(run):
+    """--seqlen 1 on pp 8 asked 4 Mi micro-batches of the default 4 Mi-token batch (16 GB, minutes): the default
+    stops at 16,384 per DP rank. A model or device name with a credential or a newline is masked on one line."""
+    r = run("opbench", "project", "--model", "Llama3.1_8B", "--device", "H100", "--world-size", "8", "--pp", "8",
+            "--seqlen", "1", "--device", "H100 token=SECRETX\nINJECTED", timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "16384 micro-batch(es)" in r.stdout and "SECRETX" not in r.stdout, r.stdout
+    assert "\nINJECTED" not in r.stdout and "token=***" in r.stdout.splitlines()[0], r.stdout
+    r = run("opbench", "project", "--model", "Qwen3_0.6B", "--world-size", "8", "--device", "H100",
+            "--search", "--top", "0")  # fmt: skip
+    shown = [line for line in r.stdout.splitlines() if line.strip()[:1].isdigit() and " tp" in line]
+    assert r.returncode == 0 and len(shown) > 10, r.stdout  # --top 0 = all (it showed 10)
+
+
 # --- against real training steps on this machine ----------------------------------------------------------------
 
 EXAMPLES = ROOT / "examples" / "configs"  # the README's small models: a Llama-style one and a Qwen3-MoE one

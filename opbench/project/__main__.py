@@ -20,12 +20,14 @@ from typing import Any
 from opbench.core import cli
 from opbench.core.cli import finite_float, positive_int
 from opbench.core.errors import UsageError, run_cli
+from opbench.core.redact import redact_text
 from opbench.core.results import CsvReport, environment, summary_table
+from opbench.core.units import one_line
 from opbench.models import ModelConfig, load_model_configs, select_models
 
 from .memory import GIB
 from .pipeline import in_flight
-from .plan import RECOMPUTE_CHOICES, SCHEDULES, Plan, layouts, problems
+from .plan import MAX_MICROBATCHES, RECOMPUTE_CHOICES, SCHEDULES, Plan, layouts, problems
 from .rates import Assumptions, Rates
 from .schema import COMM_KINDS, SCHEMA
 from .step import Projection, Projector
@@ -46,6 +48,13 @@ def positive_float(text: str) -> float:
     value = finite_float(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = finite_float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
     return value
 
 
@@ -73,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--microbatches", type=positive_int, default=None, help="micro-batches per step per DP rank")
     m.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16", help="training precision")
     lay = p.add_argument_group("layout (data parallel = the rest: world / (tp·pp·cp))")
-    lay.add_argument("--world-size", type=positive_int, required=True, help="GPUs in the job")
+    lay.add_argument("--world-size", type=cli.world_size, required=True, help="GPUs in the job")
     lay.add_argument("--gpus-per-node", type=positive_int, default=8, help="GPUs per node (default: 8)")
     for flag, what in (
         ("--tp", "tensor parallel"),
@@ -133,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     lay.add_argument("--memory-gib", type=positive_float, default=None, help="memory per GPU (default: the device's)")
     lay.add_argument(
         "--memory-reserve-gib",
-        type=finite_float,
+        type=non_negative_float,
         default=DEFAULT_RESERVE_GIB,
         help="memory a step cannot use: the CUDA/HIP context, NCCL/RCCL buffers and allocator fragmentation, none "
         f"of which max_memory_allocated counts (default: {DEFAULT_RESERVE_GIB:g})",
@@ -263,7 +272,13 @@ def base_plan(cfg: ModelConfig, args: argparse.Namespace) -> Plan:
         if plan.world % (plan.tp * plan.pp * plan.cp):
             raise UsageError(f"{plan.world} GPUs do not split into tp·pp·cp", field="--world-size")
         return replace(plan, global_batch=args.microbatches * plan.mbs * plan.dp)
-    return replace(plan, global_batch=args.global_batch or max(1, DEFAULT_GLOBAL_BATCH_TOKENS // seqlen))
+    return replace(plan, global_batch=args.global_batch or default_global_batch(plan))
+
+
+def default_global_batch(plan: Plan) -> int:
+    """4 Mi tokens' worth of sequences, at most MAX_MICROBATCHES micro-batches per DP rank (a short --seqlen on
+    few GPUs would ask for hundreds of thousands)."""
+    return max(1, min(DEFAULT_GLOBAL_BATCH_TOKENS // plan.seqlen, MAX_MICROBATCHES * plan.mbs * max(1, plan.dp)))
 
 
 def row(
@@ -320,8 +335,9 @@ def breakdown(
 ) -> str:
     """The console view of one projection: where a step's time goes and what a GPU holds."""
     p, m = r.plan, r.memory
+    name, target = (one_line(redact_text(str(x))) for x in (cfg.name, device or "the target"))
     lines = [
-        f"{cfg.name} on {p.world} × {device or 'the target'} ({p.dtype}): {p.label()}, {p.microbatches} "
+        f"{name} on {p.world} × {target} ({p.dtype}): {p.label()}, {p.microbatches} "
         f"micro-batch(es) of {p.mbs} × {p.seqlen} tokens per DP rank, global batch {p.global_batch}",
         f"step {r.step_s:.4g} s   {r.tokens_per_s:,.0f} tokens/s"
         + (f"   MFU {100 * r.mfu:.1f} %" if r.mfu is not None else "")
@@ -350,16 +366,18 @@ def breakdown(
 
 
 def search(
-    cfg: ModelConfig, base: Plan, projector: Projector, top: int, global_batch_set: bool
+    cfg: ModelConfig, base: Plan, projector: Projector, top: int | None, global_batch_set: bool
 ) -> tuple[list[Projection], Counter[str], int]:
-    """Every layout of the world, screened (closed-form schedule), the best ``top`` re-projected op by op."""
+    """Every layout of the world, screened (closed-form schedule), the best ``top`` (None: all) re-projected op by
+    op."""
     rejected: Counter[str] = Counter()
     fitting: list[Projection] = []
     seen = 0
     for plan in layouts(cfg, base):
         seen += 1
-        if not global_batch_set and base.global_batch % (plan.mbs * plan.dp):
-            plan = replace(plan, global_batch=plan.mbs * plan.dp * max(1, base.global_batch // (plan.mbs * plan.dp)))
+        if not global_batch_set:  # the default: as near 4 Mi tokens as whole micro-batches on every DP rank allow
+            per_step = plan.mbs * plan.dp
+            plan = replace(plan, global_batch=per_step * max(1, min(base.global_batch // per_step, MAX_MICROBATCHES)))
         found = problems(cfg, plan, projector.layers)
         if found:
             rejected[_reason_class(found[0])] += 1
@@ -370,7 +388,7 @@ def search(
             continue
         fitting.append(projector.project(plan, exact=False))
     fitting.sort(key=lambda r: -r.tokens_per_s)
-    best = [projector.project(r.plan) for r in fitting[: max(top, 1) * 3]]
+    best = [projector.project(r.plan) for r in fitting[: 3 * top if top else None]]
     best.sort(key=lambda r: -r.tokens_per_s)
     return best[:top], rejected, seen
 
@@ -430,7 +448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         {"model_config": cfg.to_dict(), "results": args.results, "device": rates.device, "assumptions": vars(rates.a)},
     )
     if args.search:
-        best, rejected, seen = search(cfg, plan, projector, args.top or 10, args.global_batch is not None)
+        best, rejected, seen = search(cfg, plan, projector, args.top, args.global_batch is not None)
         rows = [row(cfg, r, i + 1, rates.device, memory_gib) for i, r in enumerate(best)]
         print(
             f"{cfg.name}, {plan.world} × {rates.device or 'the target'}, seqlen {plan.seqlen}, global batch "

@@ -5,6 +5,7 @@ backward under the recomputation mode and pipeline schedule, and the transient b
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -180,13 +181,14 @@ def zero1_partition(numels: Sequence[int], shard: int) -> tuple[int, int]:
     torch's ZeroRedundancyOptimizer does: largest first, each to the rank with the fewest elements so far (ties
     to the lowest rank). Megatron's distributed optimizer splits a flat buffer evenly instead: the same to within
     one parameter."""
-    sizes, counts = [0] * shard, [0] * shard
+    if shard >= len(numels):  # a rank per parameter: the fullest holds the largest
+        return (max(numels), 1) if numels else (0, 0)
+    heap = [(0, r, 0) for r in range(shard)]  # (elements, rank, tensors): the emptiest (lowest rank on ties) first
     for n in sorted(numels, reverse=True):
-        r = sizes.index(min(sizes))
-        sizes[r] += n
-        counts[r] += 1
-    r = sizes.index(max(sizes))
-    return sizes[r], counts[r]
+        size, r, count = heapq.heappop(heap)
+        heapq.heappush(heap, (size + n, r, count + 1))
+    size, _, count = max(heap, key=lambda item: (item[0], -item[1]))
+    return size, count
 
 
 def grad_bytes_per_param(plan: Plan) -> int:

@@ -17,6 +17,7 @@ from opbench.models.architectures import decoder_layers
 from opbench.models.layout import Layer
 
 SHARDINGS = ("none", "zero1", "fsdp")  # DDP (replicated optimizer), sharded optimizer (ZeRO-1), FSDP2 / ZeRO-3
+MAX_MICROBATCHES = 1 << 14  # per step per DP rank (real jobs: at most a few thousand)
 RECOMPUTE = ("none", "selective", "full")  # what --search tries
 # "op": torchtitan's per-op selective checkpointing (every second matmul output and attention saved), dense
 # layers only (docs/project.md, "Recomputation"); a flag value, not searched
@@ -164,6 +165,15 @@ def problems(cfg: ModelConfig, plan: Plan, layers: Sequence[Layer] | None = None
         out.append(("--vpp", "model chunks per stage need --schedule interleaved"))
     if plan.global_batch % (plan.mbs * plan.dp):
         out.append(("--global-batch", f"{plan.global_batch} sequences do not split into mbs·dp = {plan.mbs}·{plan.dp}"))
+    elif plan.microbatches > MAX_MICROBATCHES:
+        out.append(
+            (
+                "--global-batch",
+                f"{plan.microbatches:,} micro-batches per step per DP rank is more than {MAX_MICROBATCHES:,} (the "
+                "schedule is simulated micro-batch by micro-batch): give a smaller --global-batch or --microbatches, "
+                "or a longer --seqlen",
+            )
+        )
     elif plan.vpp > 1 and plan.microbatches % plan.pp:
         out.append(("--microbatches", f"{plan.microbatches} micro-batches: interleaving needs a multiple of pp"))
     if plan.cp > 1 and plan.seqlen % (2 * plan.cp):

@@ -20,6 +20,7 @@ from opbench.cluster.links import intra_link
 from opbench.core.cli import MAX_MIB, MAX_WORLD
 from opbench.core.collectives import COLLECTIVES
 from opbench.core.errors import UsageError
+from opbench.core.outputs import kept_aside
 from opbench.core.peaks import Peak, lookup_peak
 from opbench.gemm.shapes import gemm_bytes, gemm_flops
 
@@ -116,6 +117,37 @@ CHECKED: dict[str, dict[str, Bound]] = {
 }
 
 
+# Columns a rate reads as text (beside CHECKED's numbers): a row without one is left out, named, never a KeyError
+REQUIRED_TEXT: dict[str, tuple[str, ...]] = {
+    "gemm": ("dtype",),
+    "attention": ("dtype", "backend", "causal"),
+    "comm": ("collective",),
+}
+
+
+def _with_columns(frame: pd.DataFrame, columns: Sequence[str], left_out: list[LeftOut]) -> pd.DataFrame:
+    """The rows of ``frame`` that have every column in ``columns`` (a file without the column, or an empty cell,
+    leaves its rows out, each added to ``left_out`` with its file, line and the column)."""
+    if frame.empty:
+        return frame
+    keep = pd.Series(True, index=frame.index)
+    for name in columns:
+        missing = frame[name].isna() if name in frame else pd.Series(True, index=frame.index)
+        for i in frame.index[missing & keep]:
+            row = frame.loc[i]
+            line = row["_line"] if "_line" in frame and pd.notna(row["_line"]) else None
+            left_out.append(
+                LeftOut(
+                    str(row["file"]),
+                    int(line) if line is not None else None,
+                    name,
+                    "no such column" if name not in frame else "empty",
+                )
+            )
+        keep &= ~missing
+    return frame[keep].reset_index(drop=True)
+
+
 def _problem(value: object, number: float, b: Bound) -> str:
     """Why one cell fails its bound, or '' when it meets it."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -188,8 +220,14 @@ class Rates:
         frames: dict[str, list[pd.DataFrame]] = {}
         names: list[str] = []
         self.left_out: list[LeftOut] = []  # rows of --results not used for a bad value, by file and line
+        self.unread: list[tuple[str, str]] = []  # files of --results that look like results but were not read
         for folder in results:
             found = discover(folder)
+            self.unread += [
+                (f"{folder}/{rel}", why)
+                for rel, why in found.skipped
+                if kept_aside(rel) is None and "match no opbench benchmark" not in why
+            ]
             for f in found.files:
                 where = f"{folder}/{f.rel}"
                 lines = f.lines if f.lines is not None else [None] * len(f.frame)
@@ -208,6 +246,7 @@ class Rates:
 
         def kind(name: str) -> pd.DataFrame:
             rows = _ok(pd.concat(frames[name], ignore_index=True)) if name in frames else pd.DataFrame()
+            rows = _with_columns(rows, REQUIRED_TEXT.get(name, ()), self.left_out)
             if name in ("gemm", "attention") and not rows.empty:  # only rows of this dtype are used
                 held = sorted(set(rows["dtype"].astype(str))) if "dtype" in rows else []
                 self.other_dtypes[name] = [d for d in held if d != dtype]
@@ -238,14 +277,20 @@ class Rates:
 
     @property
     def notes(self) -> list[str]:
-        """What the user should know about --results: rows left out for bad numbers, counted, the first named."""
+        """What the user should know about --results: files not read and rows left out for bad numbers, counted,
+        the first named."""
+        out = []
+        if self.unread:
+            files = "; ".join(f"{where}: {why}" for where, why in self.unread[:3])
+            more = f"; and {len(self.unread) - 3} more" if len(self.unread) > 3 else ""
+            out.append(f"{len(self.unread)} file(s) of --results not read ({files}{more})")
         if not self.left_out:
-            return []
+            return out
         shown = "; ".join(
             f"{b.where()}: " + (f"field '{b.field}': " if b.field else "") + b.why for b in self.left_out[:3]
         )
         more = f"; and {len(self.left_out) - 3} more" if len(self.left_out) > 3 else ""
-        return [f"{len(self.left_out)} row(s) of --results left out for bad values ({shown}{more})"]
+        return [*out, f"{len(self.left_out)} row(s) of --results left out for bad values ({shown}{more})"]
 
     # -- compute ----------------------------------------------------------------------------------------------
 
