@@ -234,3 +234,50 @@ def test_a_dollar_in_a_name_draws_as_text_not_math(tmp_path):
     assert "could not draw" not in text and "Plot not made" not in text
     (png,) = (tmp_path / "out").glob("*gemm*.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def report_text(res: Path, out: Path) -> str:
+    """report.md from the real CLI (no plots), which must exit 0."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "opbench", "report", str(res), "--report-dir-path", str(out), "--no-plots"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return (out / "report.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("status", [f"{IMG} {LINK.replace('x', 'click')} password=hunter2", SCRIPT])
+def test_a_hostile_status_is_escaped_and_masked_in_the_rows_not_measured_heading(tmp_path, status):
+    """The status counts in '### Rows not measured (1: <status>: 1)' were written raw."""
+    res = tmp_path / "res"
+    res.mkdir()
+    with open(res / "benchmark_gemm_s.csv", "w", newline="", encoding="utf-8") as fh:
+        out = csv.writer(fh)
+        out.writerow(GEMM.columns)
+        out.writerow(gemm_row(layer="qkv", **{"pass": "fwd"}))
+        out.writerow(gemm_row(layer="o", status=status, **{"pass": "fwd"}))
+    text = report_text(res, tmp_path / "out")
+    (heading,) = [line for line in text.splitlines() if line.startswith("### Rows not measured")]
+    assert heading == f"### Rows not measured (1: {inert.text(status)}: 1)"
+    assert "<" not in outside_code(text) and "hunter2" not in text
+
+
+def test_a_command_given_as_nested_argument_lists_is_masked(tmp_path):
+    """A sidecar's command as a JSON list (lists inside it too): every credential after its flag is masked."""
+    res = tmp_path / "res"
+    res.mkdir()
+    with open(res / "benchmark_gemm_c.csv", "w", newline="", encoding="utf-8") as fh:
+        csv.writer(fh).writerows([GEMM.columns, gemm_row(layer="qkv", **{"pass": "fwd"})])
+    command = ["python", "-m", "opbench", "project", "--password", "hunter2", "--api-key", "AKIAXYZ",
+               ["--secret", SECRET, ["--token", PASSWORD]]]  # fmt: skip
+    meta = {"benchmark": "gemm", "schema_version": GEMM.version, "command": command}
+    (res / "benchmark_gemm_c.meta.json").write_text(json.dumps(meta), encoding="utf-8")
+    text = report_text(res, tmp_path / "out")
+    blocks, _ = fenced_blocks(text)
+    (body,) = [lines for fence, lines in blocks if any("opbench" in line for line in lines)]
+    assert "'--password', '***'" in body[1] and "'--api-key', '***'" in body[1] and "'--token', '***'" in body[1]
+    for secret in ("hunter2", "AKIAXYZ", SECRET, PASSWORD):
+        assert secret not in text

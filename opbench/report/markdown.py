@@ -162,7 +162,7 @@ def failed_md(section: Section) -> list[str]:
     failed = section.failed
     if failed.empty:
         return []
-    counts = ", ".join(f"{status}: {n}" for status, n in failed["status"].value_counts().items())
+    counts = ", ".join(f"{inert.text(status)}: {n}" for status, n in failed["status"].value_counts().items())
     return [
         f"### Rows not measured ({len(failed)}: {counts})",
         "",
