@@ -8,6 +8,7 @@ documented formats (there is no GPU here to run nccl-tests or NCCL itself). The 
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import re
 import subprocess
@@ -626,3 +627,136 @@ def test_a_rerun_into_the_folder_reports_its_own_rows_and_lists_the_earlier_run(
     assert len(md_tables(section(text, "GEMM"))["GEMM"][0]) == len(ok_rows(out / "benchmark_gemm_Qwen3_0.6B.csv"))
     skipped = section(text, "Skipped files")
     assert "earlier run" in skipped and "plan" in skipped
+
+
+# ---- columns a kind needs, and bounded plots -------------------------------------------------------------------
+
+
+def cli_report(res: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    """The real ``opbench report`` CLI in its own process."""
+    return subprocess.run(
+        [sys.executable, "-m", "opbench", "report", str(res), "--report-dir-path", str(out), *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+
+
+@pytest.fixture(scope="module")
+def project_run(tmp_path_factory) -> Path:
+    """A real opbench project CSV and its sidecar."""
+    out = tmp_path_factory.mktemp("project")
+    subprocess.run(
+        [sys.executable, "-m", "opbench", "project", "--model", "Qwen3_0.6B", "--world-size", "8", "--device", "H100",
+         "--report-dir-path", str(out)],
+        check=True, capture_output=True, cwd=ROOT,
+    )  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("sidecar", [True, False])
+def test_a_project_csv_without_a_time_column_draws_it_as_zero(project_run, tmp_path, sidecar):
+    """A project.csv without pp_comm_s (hand-edited, or older) once raised AttributeError in the plot."""
+    res = tmp_path / "res"
+    res.mkdir()
+    pd.read_csv(project_run / "project.csv").drop(columns="pp_comm_s").to_csv(res / "project.csv", index=False)
+    if sidecar:
+        (res / "project.meta.json").write_bytes((project_run / "project.meta.json").read_bytes())
+    proc = cli_report(res, tmp_path / "out")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "Plot not made" not in text and (tmp_path / "out" / "project_Qwen3_0.6B.png").exists()
+
+
+@pytest.mark.parametrize("kind, lacking", [("gemm", "time_s"), ("attention", "seqlen_q")])
+def test_a_csv_whose_sidecar_names_another_benchmark_is_skipped_with_the_reason(project_run, tmp_path, kind, lacking):
+    """A project.csv whose sidecar says gemm (or attention) once raised KeyError: 'time_s' (or 'seqlen_q')."""
+    res = tmp_path / "res"
+    (res / "ok").mkdir(parents=True)
+    for name in ("project.csv", "project.meta.json"):
+        (res / "ok" / name).write_bytes((project_run / name).read_bytes())
+    (res / "project.csv").write_bytes((project_run / "project.csv").read_bytes())
+    meta = json.loads((project_run / "project.meta.json").read_text())
+    (res / "project.meta.json").write_text(json.dumps({**meta, "benchmark": kind}))
+    proc = cli_report(res, tmp_path / "out", "--no-plots")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    skipped = section((tmp_path / "out" / "report.md").read_text(), "Skipped files")
+    line = next(s for s in skipped.splitlines() if "`project.csv`" in s)
+    assert "columns do not match the sidecar's benchmark (missing" in line and lacking in line
+    alone_res = tmp_path / "alone"  # nothing else to report: a usage error that says why
+    alone_res.mkdir()
+    for name in ("project.csv", "project.meta.json"):
+        (alone_res / name).write_bytes((res / name).read_bytes())
+    alone = cli_report(alone_res, tmp_path / "out2")
+    assert alone.returncode == 2 and "Traceback" not in alone.stderr and lacking in alone.stderr
+
+
+def test_a_csv_with_only_the_columns_its_kind_needs_reports_without_error(tmp_path):
+    """Every kind, its CSV cut down to the columns the report needs (discover.NEEDS) and those that identify
+    it: a report with every table and plot, no 'could not draw'."""
+    from opbench.report.discover import NEEDS, SCHEMAS
+
+    assert set(NEEDS) <= set(SCHEMAS)
+    for kind, schema in SCHEMAS.items():
+        assert set(NEEDS.get(kind, ())) <= set(schema.columns), kind
+        columns = sorted(set(NEEDS.get(kind, ())) | schema.identifying | {"status"})
+        cells = {c: "ok" if c == "status" else "2" for c in columns}
+        pd.DataFrame([cells]).to_csv(tmp_path / f"{kind}.csv", index=False)
+        (tmp_path / f"{kind}.meta.json").write_text(json.dumps(schema.sidecar()))
+    report = build_report(tmp_path, tmp_path / "out")
+    assert not report.found.skipped and len(report.found.files) == len(SCHEMAS)
+    assert not report.missing, report.missing
+
+
+def gemm_rows(models: int, layers: int) -> pd.DataFrame:
+    from opbench.gemm.schema import SCHEMA as GEMM
+
+    rows = [
+        {c: "" for c in GEMM.columns}
+        | dict(
+            model=f"m{i}",
+            layer=f"l{j}",
+            mbs=1,
+            m=64,
+            n=64,
+            k=64,
+            dtype="bf16",
+            backend="torch",
+            time_s=(j + 1) * 1e-3,
+            tflops=1.0,
+            status="ok",
+            **{"pass": "fwd"},
+        )  # fmt: skip
+        for i in range(models)
+        for j in range(layers)
+    ]
+    return pd.DataFrame(rows, columns=list(GEMM.columns))
+
+
+def test_a_gemm_plot_draws_at_most_the_slowest_rows(tmp_path):
+    """20,000 GEMM rows of one model once made one bar each: minutes, GBs of memory and a 65 MB PNG."""
+    from opbench.report.plots import MAX_BARS
+
+    res = tmp_path / "res"
+    res.mkdir()
+    gemm_rows(1, MAX_BARS + 5).to_csv(res / "benchmark_gemm_m0.csv", index=False)
+    report = build_report(res, tmp_path / "out")
+    assert not report.missing
+    (plot,) = report.plots
+    assert f"the {MAX_BARS} slowest rows of {MAX_BARS + 5} drawn" in plot.title
+    assert f"the {MAX_BARS} slowest rows of {MAX_BARS + 5} drawn" in report.path.read_text()
+    assert (tmp_path / "out" / plot.filename).stat().st_size < 1 << 20
+
+
+def test_at_most_so_many_plots_per_benchmark_and_the_report_says_how_many_more(tmp_path):
+    """3,000 GEMM models once made 3,000 PNGs."""
+    from opbench.report.plots import MAX_PLOTS
+
+    res = tmp_path / "res"
+    res.mkdir()
+    gemm_rows(MAX_PLOTS + 3, 1).to_csv(res / "benchmark_gemm_many.csv", index=False)
+    assert run_cli(report_main, [str(res), "--out", str(tmp_path / "out"), "--no-plots"]) == 0
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert len(set(re.findall(r"gemm_tflops_m\d+\.png", text))) == MAX_PLOTS
+    assert f"3 more plot(s) not drawn: at most {MAX_PLOTS} per benchmark" in text

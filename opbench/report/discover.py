@@ -111,6 +111,30 @@ class Discovery:
 OLD_NAMES = {old: new for kind in SCHEMAS.values() for old, new in kind.aliases.items()}
 
 
+# Columns the report reads from each kind's rows without checking for them (tables.DERIVE, the plots): a CSV
+# without one of them is skipped with the reason, never read into a KeyError. Other columns may be missing.
+NEEDS: dict[str, tuple[str, ...]] = {
+    "gemm": ("model", "layer", "pass", "time_s"),
+    # the model, backend and the shape keys the table joins in pairs ('seqlen q/kv'): tables._derive_attention
+    "attention": tuple(
+        k for k in ATTENTION.keys if k.startswith(("model", "backend", "seqlen", "num_head", "head_dim"))
+    ),
+    "comm": ("collective", "backend", "dtype", "inplace", "size_bytes", "busbw_gbs"),
+    "nccl_tests": ("type", "size_bytes", "ip_busbw_gbs", "oop_busbw_gbs"),
+    "fsdp": ("unit", "calls_per_step"),
+    "ckpt": ("storage", "method", "save_bandwidth_mib_per_s", "load_bandwidth_mib_per_s"),
+    "cluster_compute": ("gemm", "dtype", "node", "local_rank", "m", "n", "k", "tflops", "time_s"),
+    "cluster_memory": ("time_s",),
+    "cluster_pairs": ("scope", "size_bytes", "src", "dst", "gbs_per_gpu"),
+    "project": ("model", "layout"),
+}
+
+
+def missing_needs(kind: Schema, columns: pd.Index) -> list[str]:
+    """The columns this kind's report needs that the CSV does not have (NEEDS), in NEEDS order."""
+    return [c for c in NEEDS.get(kind.benchmark, ()) if c not in columns]
+
+
 def identify(columns: set[str], filename: str) -> Schema | None:
     """From the header alone: the most specific schema whose identifying columns the header contains; the
     file-name hint breaks ties."""
@@ -343,6 +367,11 @@ def discover(root: str | Path) -> Discovery:
         if kind is None:
             found.skipped.append((rel, "columns match no opbench benchmark"))
             continue
+        lacking = missing_needs(kind, frame.columns)
+        if lacking:
+            whose = "the sidecar's benchmark" if how == "sidecar" else f"benchmark {kind.benchmark}"
+            found.skipped.append((rel, f"columns do not match {whose} (missing {', '.join(lacking)})"))
+            continue
         frame, dropped = drop_garbage(frame, kind, lines)
         if dropped:
             found.damaged.append((rel, dropped_note(dropped)))
@@ -355,5 +384,10 @@ def require_results(found: Discovery) -> Discovery:
     """A report needs at least one opbench CSV; say what was there instead."""
     if not found.files:
         what = f"{len(found.skipped)} CSV(s) but none from opbench" if found.skipped else "no CSV files"
+        if found.skipped:  # why each was skipped (the first few): 'columns do not match …' is not 'not opbench'
+            from .inert import one_line
+
+            reasons = "; ".join(f"{one_line(rel)}: {one_line(why)}" for rel, why in found.skipped[:3])
+            what += f" that can be read ({reasons}" + ("; …)" if len(found.skipped) > 3 else ")")
         raise UsageError(f"nothing to report: {what}", source=str(found.root))
     return found

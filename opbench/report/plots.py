@@ -23,6 +23,8 @@ from .tables import Section, cell
 
 PLOT_EXTRA_HINT = "matplotlib is not installed (pip install 'opbench[plot]')"
 PASS_ORDER = ("fwd", "dgrad", "wgrad")
+MAX_BARS = 60  # rows drawn in one bar plot (the slowest, or the best layouts); more are unreadable and cost GBs
+MAX_PLOTS = 24  # plots per benchmark (one per model or GEMM); report.md says how many more were left out
 
 
 @dataclass
@@ -42,6 +44,27 @@ def _safe(name: object) -> str:
 def _label(row: pd.Series, varying: Sequence[str], fmt: dict[str, Callable[[Any], str]] | None = None) -> str:
     fmt = fmt or {}
     return " ".join(fmt.get(c, str)(row[c]) for c in varying)
+
+
+def _numbers(frame: pd.DataFrame, column: str) -> pd.Series:
+    """The column as numbers (text and missing cells NaN); all NaN when the CSV has no such column."""
+    if column not in frame:
+        return pd.Series(math.nan, index=frame.index, dtype=float)
+    return pd.to_numeric(frame[column], errors="coerce")
+
+
+def capped(frame: pd.DataFrame, column: str, largest: bool = True, limit: int = MAX_BARS) -> pd.DataFrame:
+    """At most ``limit`` rows: those with the largest (or smallest) ``column``, in the frame's order."""
+    if len(frame) <= limit:
+        return frame
+    values = _numbers(frame, column).fillna(-math.inf if largest else math.inf)
+    keep = values.sort_values(ascending=not largest, kind="stable").index[:limit]
+    return frame.loc[frame.index.isin(keep)]
+
+
+def cap_note(shown: int, total: int, what: str) -> str:
+    """'' when every row is drawn, else ' (the 60 slowest of 20000 rows drawn)' for a title."""
+    return "" if shown >= total else f" (the {shown} {what} of {total} drawn)"
 
 
 def _varying(frame: pd.DataFrame, columns: Sequence[str]) -> list[str]:
@@ -262,7 +285,9 @@ def _categories(
 # ---- GEMM: TFLOPS per layer and pass -----------------------------------------------------------------------
 
 
-def _draw_gemm(model: str, frame: pd.DataFrame, other: pd.DataFrame | None = None) -> Callable[[Any], None]:
+def _draw_gemm(
+    model: str, frame: pd.DataFrame, other: pd.DataFrame | None = None, note: str = ""
+) -> Callable[[Any], None]:
     """Bars per layer and pass with p10–p90 whiskers and noisy bars hatched; with --compare, one panel per
     pass and the other run's bar (faded) beside this run's."""
 
@@ -280,7 +305,7 @@ def _draw_gemm(model: str, frame: pd.DataFrame, other: pd.DataFrame | None = Non
             draw_bars(ax, cats, sets)
             ax.set_ylabel("TFLOPS")
             legend_with_noisy(ax, sets, title="pass", loc="upper left", bbox_to_anchor=(1.01, 1.0))
-            ax.set_title(f"GEMM TFLOPS per layer and pass: {model}\n{BAND_NOTE}", fontsize="medium")
+            ax.set_title(f"GEMM TFLOPS per layer and pass: {model}{note}\n{BAND_NOTE}", fontsize="medium")
             return
         axes = fig.subplots(len(passes), 1, sharex=True, squeeze=False)[:, 0]
         for ax, p in zip(axes, passes):
@@ -291,7 +316,9 @@ def _draw_gemm(model: str, frame: pd.DataFrame, other: pd.DataFrame | None = Non
             draw_bars(ax, cats, sets)
             ax.set_ylabel("TFLOPS")
             legend_with_noisy(ax, sets, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        fig.suptitle(f"GEMM TFLOPS per layer and pass: {model}, this run vs the other\n{BAND_NOTE}", fontsize="medium")
+        fig.suptitle(
+            f"GEMM TFLOPS per layer and pass: {model}{note}, this run vs the other\n{BAND_NOTE}", fontsize="medium"
+        )
 
     return draw
 
@@ -378,7 +405,7 @@ def _draw_attention_bars(frame: pd.DataFrame, other: pd.DataFrame | None = None)
             for i, backend in enumerate(backends):
                 for j, run in enumerate(runs):
                     part = with_band(run[run["backend"] == backend], attention_timed(p))
-                    name = backend + ("" if len(runs) == 1 else (" this run", " other run")[j])
+                    name = str(backend) + ("" if len(runs) == 1 else (" this run", " other run")[j])
                     sets.append(bars_of(part, cats, name, f"C{i % 10}", faded=j == 1))
             draw_bars(ax, cats, sets, horizontal=True)
             ax.set_xlabel("TFLOPS")
@@ -464,7 +491,7 @@ def _draw_ckpt_phases(frame: pd.DataFrame) -> Callable[[Any], None]:
         y = list(range(len(frame)))
         left = pd.Series(0.0, index=frame.index)
         for phase in CKPT_PHASES:
-            values = pd.to_numeric(frame.get(f"save_{phase}_time"), errors="coerce").fillna(0.0)
+            values = _numbers(frame, f"save_{phase}_time").fillna(0.0)
             ax.barh(y, values, left=left, label=phase)
             left = left + values
         if "save_block_time" in frame and "async_save" in frame:
@@ -493,7 +520,7 @@ PROJECT_PARTS = (
 )
 
 
-def _draw_project(frame: pd.DataFrame) -> Callable[[Any], None]:
+def _draw_project(frame: pd.DataFrame, note: str = "") -> Callable[[Any], None]:
     """One stacked bar per projected layout: where its step's time goes."""
     frame = frame.sort_values("rank") if "rank" in frame and frame["rank"].notna().any() else frame
 
@@ -502,16 +529,17 @@ def _draw_project(frame: pd.DataFrame) -> Callable[[Any], None]:
         y = list(range(len(frame)))
         left = pd.Series(0.0, index=frame.index)
         for col, label in PROJECT_PARTS:
-            values = pd.to_numeric(frame.get(col), errors="coerce").fillna(0.0).clip(lower=0.0)
+            values = _numbers(frame, col).fillna(0.0).clip(lower=0.0)
             if values.any():
                 ax.barh(y, values, left=left, label=label)
                 left = left + values
         ax.set_yticks(y, [str(v) for v in frame["layout"]], fontsize="small")
         ax.invert_yaxis()
         ax.set_xlabel("seconds per step")
-        ax.set_title("Projected step time by layout")
+        ax.set_title(f"Projected step time by layout{note}")
         ax.grid(True, axis="x", alpha=0.3)
-        fig.legend(loc="outside lower center", ncols=4, fontsize="small")
+        if left.any():  # no part with a time (all missing or zero): no legend to show
+            fig.legend(loc="outside lower center", ncols=4, fontsize="small")
 
     return draw
 
@@ -672,14 +700,18 @@ def plan_plots(sections: Sequence[Section]) -> list[Plot]:
         )
     gemm, other_gemm = by_kind.get("gemm", pd.DataFrame()), others.get("gemm")
     for model, part in gemm.groupby("model", sort=True) if not gemm.empty else []:
+        mine = capped(part, "time_s")
+        note = cap_note(len(mine), len(part), "slowest rows")
         theirs = other_gemm[other_gemm["model"] == model] if other_gemm is not None else None
-        passes = part["pass"].nunique() if theirs is not None and not theirs.empty else 0
+        if theirs is not None:  # the other run's rows of the layers drawn, no more of them than of this run's
+            theirs = capped(theirs[theirs["layer"].isin(set(mine["layer"]))], "time_s")
+        passes = mine["pass"].nunique() if theirs is not None and not theirs.empty else 0
         plots.append(
             Plot(
                 "gemm",
                 f"gemm_tflops_{_safe(model)}.png",
-                f"GEMM TFLOPS per layer and pass: {model}",
-                _draw_gemm(str(model), part, theirs if passes else None),
+                f"GEMM TFLOPS per layer and pass: {model}{note}",
+                _draw_gemm(str(model), mine, theirs if passes else None, note),
                 figsize=(9.0, 2.4 * passes + 1.2) if passes else (8, 4.5),
             )
         )
@@ -695,13 +727,15 @@ def plan_plots(sections: Sequence[Section]) -> list[Plot]:
             plots.append(Plot("ckpt", "ckpt_phases.png", "Checkpoint save time by phase", _draw_ckpt_phases(phased)))
     project = by_kind.get("project", pd.DataFrame())
     for model, part in project.groupby("model", sort=True) if not project.empty else []:
-        height = max(3.0, 0.4 * len(part) + 1.5)
+        best = capped(part, "rank" if _numbers(part, "rank").notna().any() else "step_time_s", largest=False)
+        note = cap_note(len(best), len(part), "best layouts")
+        height = max(3.0, 0.4 * len(best) + 1.5)
         plots.append(
             Plot(
                 "project",
                 f"project_{_safe(model)}.png",
-                f"Projected step by layout: {model}",
-                _draw_project(part),
+                f"Projected step by layout: {model}{note}",
+                _draw_project(best, note),
                 figsize=(9.0, height),
             )
         )
@@ -712,7 +746,27 @@ def plan_plots(sections: Sequence[Section]) -> list[Plot]:
             plots += _compute_heatmaps(section)
         elif section.kind.benchmark == "cluster_pairs":
             plots += _pair_heatmaps(section)
-    return plots
+    return cap_plots(plots, sections)
+
+
+def cap_plots(plots: list[Plot], sections: Sequence[Section]) -> list[Plot]:
+    """At most MAX_PLOTS per benchmark (3000 models are not 3000 PNGs); the section's notes say how many more."""
+    kept: list[Plot] = []
+    drawn: dict[str, int] = {}
+    left: dict[str, int] = {}
+    for plot in plots:
+        if drawn.get(plot.kind, 0) >= MAX_PLOTS:
+            left[plot.kind] = left.get(plot.kind, 0) + 1
+        else:
+            drawn[plot.kind] = drawn.get(plot.kind, 0) + 1
+            kept.append(plot)
+    for section in sections:
+        if section.kind.benchmark in left:
+            section.notes.append(
+                f"{left[section.kind.benchmark]} more plot(s) not drawn: at most {MAX_PLOTS} per benchmark "
+                "(the first in name order are drawn)."
+            )
+    return kept
 
 
 def render(plots: Sequence[Plot], out_dir: Path) -> tuple[list[Plot], dict[str, str]]:
@@ -735,7 +789,7 @@ def render(plots: Sequence[Plot], out_dir: Path) -> tuple[list[Plot], dict[str, 
             with rc_context({"text.parse_math": False}):
                 plot.draw(fig)
                 fig.savefig(out_dir / plot.filename, dpi=100)
-        except (ValueError, TypeError, KeyError) as exc:  # odd data must not cost the whole report
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:  # odd data: not the report
             missing[plot.filename] = f"could not draw: {type(exc).__name__}: {exc}"
             continue
         made.append(plot)

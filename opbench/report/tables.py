@@ -511,7 +511,7 @@ def _derive_fsdp(f: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for _, group in f.assign(_root=f["unit"] == "root").groupby(same + ["_root"], sort=False, dropna=False):
         row = group.iloc[0].drop("_root").to_dict()
-        row.update(unit=unit_range(list(group["unit"])), units=len(group))
+        row.update(unit=unit_range([str(u) for u in group["unit"]]), units=len(group))
         if "bytes_per_step" in group:
             row["bytes_per_step"] = group["bytes_per_step"].sum()
         rows.append(row)
@@ -542,7 +542,12 @@ def attach_tests(comm: pd.DataFrame, tests: pd.DataFrame) -> pd.DataFrame:
         ]
     )
     long = long.dropna(subset=["tests_busbw_gbs"])
-    left = comm.assign(_dt=comm["dtype"].map(_dtype_enum), inplace=comm["inplace"].astype(bool))
+    long = long.assign(collective=long["collective"].astype(str))  # a hand-made '2' must not stop the merge
+    left = comm.assign(
+        _dt=comm["dtype"].map(_dtype_enum),
+        inplace=comm["inplace"].astype(bool),
+        collective=comm["collective"].astype(str),
+    )
     keys = ["collective", "size_bytes", "inplace"] + (["_dt"] if long["_dt"].notna().all() else [])
     long = long.drop_duplicates(keys, keep="last")[keys + ["tests_busbw_gbs"]]
     merged = left.merge(long, on=keys, how="left").drop(columns="_dt")
