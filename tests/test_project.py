@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import sys
 from dataclasses import replace
 
 import pytest
@@ -271,6 +273,47 @@ def test_a_short_seqlen_gets_a_default_batch_it_can_simulate_and_names_are_one_m
             "--search", "--top", "0")  # fmt: skip
     shown = [line for line in r.stdout.splitlines() if line.strip()[:1].isdigit() and " tp" in line]
     assert r.returncode == 0 and len(shown) > 10, r.stdout  # --top 0 = all (it showed 10)
+
+
+def test_validate_refuses_an_unbuildable_model_and_a_killed_rank_is_one_line(tmp_path):
+    """--validate builds the transformers model first (meta device): gpt-oss, which transformers cannot train with
+    SDPA, is one line (exit 2) before anything is measured (it was a traceback after 20 s of measuring). With two
+    ranks, a rank killed during training ends the run in one line, exit 1 (a traceback; a hung rank waited 30
+    minutes: now --timeout)."""
+    import signal
+    import subprocess
+    import time
+
+    oss = json.loads((EXAMPLES / "gpt-oss-20b" / "config.json").read_text())
+    oss.update(num_hidden_layers=2, hidden_size=128, intermediate_size=128, num_attention_heads=4, head_dim=32,
+               num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, vocab_size=1024)  # fmt: skip
+    oss["layer_types"] = oss.get("layer_types", ["full_attention"] * 2)[:2]
+    (tmp_path / "config.json").write_text(json.dumps(oss))
+    base = [sys.executable, "-m", "opbench", "project", "--seqlen", "64", "--validate"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([*base, "--model-config-path", str(tmp_path), "--world-size", "1", "--microbatches", "1",
+                        "--report-dir-path", str(tmp_path / "a")], capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    assert r.returncode == 2 and "field '--validate': transformers cannot build" in r.stderr, r.stderr
+    assert not (tmp_path / "a").exists()  # nothing measured
+    cmd = [*base, "--model-config-path", str(EXAMPLES / "tiny-llama"), "--world-size", "2", "--nproc-per-node", "2",
+           "--fsdp", "--steps", "200", "--timeout", "20", "--report-dir-path", str(tmp_path / "b")]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        from opbench.core.dist import _descendants
+
+        deadline = time.monotonic() + 120
+        ranks: list[int] = []
+        while time.monotonic() < deadline and len(ranks) < 2:  # the two spawned ranks (beside a resource tracker)
+            time.sleep(1)
+            ranks = [p for p in _descendants(proc.pid) if "spawn_main" in open(f"/proc/{p}/cmdline").read()]
+        assert len(ranks) == 2, "the ranks did not start"
+        time.sleep(4)
+        os.kill(ranks[-1], signal.SIGKILL)
+        _, err = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1 and "Traceback" not in err, err[-3000:]
+    assert "opbench project: error: --validate: rank " in err and "killed by SIGKILL" in err, err[-3000:]
 
 
 # --- against real training steps on this machine ----------------------------------------------------------------

@@ -209,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--validate", action="store_true", help="train the model here for real and compare")
     s.add_argument("--nproc-per-node", type=positive_int, default=1, help="--validate: ranks (2: real FSDP2)")
     s.add_argument("--steps", type=positive_int, default=3, help="--validate: timed training steps")
+    cli.add_timeout_arg(s, 300.0)
     cli.add_output_args(
         p,
         dir_help=f"write DIR/{CSV_NAME}",

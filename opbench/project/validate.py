@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from opbench.core.cli import earlier_policy
-from opbench.core.errors import UsageError
+from opbench.core.errors import UsageError, describe_os_error
+from opbench.core.redact import redact_text
 from opbench.core.results import CsvReport, environment
+from opbench.core.units import one_line
 from opbench.models import ModelConfig
 from opbench.models.params import parameter_shapes
 
@@ -73,8 +75,29 @@ def _tool(args: list[str], what: str, threads: int | None = None) -> None:
     env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     proc = subprocess.run([sys.executable, "-m", "opbench", *args], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        last = lines[-1] if lines else "no output"
+        if proc.returncode == 2:  # the tool refused its input: its one line says why
+            raise UsageError(f"measuring {what} (opbench {args[0]}): {last}", field="--validate")
+        tail = "\n".join(lines[-5:])
         raise RuntimeError(f"measuring {what} failed (opbench {' '.join(args[:1])}, exit {proc.returncode}):\n{tail}")
+
+
+def check_buildable(cfg: ModelConfig) -> None:
+    """Build the transformers model on the meta device (no memory, no time) with the implementations training
+    uses, so a model transformers cannot train this way is one line before anything is measured."""
+    import torch
+
+    from opbench.models.hf import build_model
+
+    experts = "grouped_mm" if cfg.is_moe else "eager"
+    try:
+        build_model(cfg, device="meta", dtype=torch.float32, attn_implementation="sdpa", experts_implementation=experts)
+    except (ValueError, TypeError, KeyError, AttributeError, NotImplementedError, RuntimeError, ImportError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(
+            f"transformers cannot build {cfg.name} ({cfg.architecture}) for training here: {first}", field="--validate"
+        ) from None
 
 
 def measure_rates(cfg: ModelConfig, plan: Plan, args: argparse.Namespace, folder: Path, device: str) -> None:
@@ -280,7 +303,22 @@ def train(cfg: ModelConfig, plan: Plan, steps: int, device: str, rank: int = 0, 
     return Measured(times, params, grads, opt, acts, peak, peak_one)
 
 
-def _worker(rank: int, world: int, port: int, cfg: ModelConfig, plan: Plan, steps: int, device: str, out: str) -> None:
+class RankFailed(Exception):
+    """A rank of a two-rank validation died, failed or hung past --timeout: one line, exit 1."""
+
+
+def _worker(
+    rank: int,
+    world: int,
+    port: int,
+    cfg: ModelConfig,
+    plan: Plan,
+    steps: int,
+    device: str,
+    out: str,
+    timeout_s: float = 300.0,
+) -> None:
+    import datetime
     import json
 
     import torch
@@ -288,7 +326,9 @@ def _worker(rank: int, world: int, port: int, cfg: ModelConfig, plan: Plan, step
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(threads_per_rank(world))
-    dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank, world_size=world)
+    # --timeout bounds every collective: a rank that died or hangs ends the survivor's wait with an error
+    timeout = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank, world_size=world, timeout=timeout)
     try:
         m = train(cfg, plan, steps, device, rank, world)
         times = torch.tensor(m.step_s)
@@ -299,7 +339,9 @@ def _worker(rank: int, world: int, port: int, cfg: ModelConfig, plan: Plan, step
         dist.destroy_process_group()
 
 
-def train_distributed(cfg: ModelConfig, plan: Plan, steps: int, device: str) -> Measured:
+def train_distributed(cfg: ModelConfig, plan: Plan, steps: int, device: str, timeout_s: float = 300.0) -> Measured:
+    """Train on ``plan.world`` ranks (spawned); a rank that dies, fails or hangs past ``timeout_s`` in a collective
+    ends it with RankFailed (the others are stopped), never a traceback or a wait without end."""
     import json
 
     import torch.multiprocessing as mp
@@ -309,9 +351,23 @@ def train_distributed(cfg: ModelConfig, plan: Plan, steps: int, device: str) -> 
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank0.json")
-        mp.start_processes(
-            _worker, args=(plan.world, port, cfg, plan, steps, device, out), nprocs=plan.world, start_method="spawn"
-        )
+        args = (plan.world, port, cfg, plan, steps, device, out, timeout_s)
+        ctx = mp.start_processes(_worker, args=args, nprocs=plan.world, join=False, start_method="spawn")
+        try:
+            while not ctx.join(timeout=1.0):
+                pass
+        except mp.ProcessExitedException as exc:  # killed, or exited without a Python error
+            raise RankFailed(
+                f"rank {exc.error_index} ended ({f'killed by {exc.signal_name}' if exc.signal_name else f'exit code {exc.exit_code}'}); "
+                "the other rank was stopped"
+            ) from None
+        except mp.ProcessRaisedException as exc:  # a Python error in a rank (a peer lost, a collective timed out)
+            last = [line for line in str(exc).strip().splitlines() if line.strip()][-1:] or ["an error"]
+            raise RankFailed(f"rank {exc.error_index} failed: {last[0].strip()}; the other rank was stopped") from None
+        finally:
+            for proc in ctx.processes:
+                if proc.is_alive():
+                    proc.kill()  # SIGKILL: also ends a stopped (SIGSTOP) rank
         return Measured(**json.loads(Path(out).read_text()))
 
 
@@ -401,8 +457,12 @@ def validate(cfg: ModelConfig, plan: Plan, args: argparse.Namespace) -> int:
         print(f"note: --validate on a CPU trains in fp32 ({plan.dtype} is emulated there)", file=sys.stderr)
         plan = replace(plan, dtype="fp32")
     check_plan(cfg, plan, args, device)
+    check_buildable(cfg)
     folder = Path(args.report_dir_path or tempfile.mkdtemp(prefix="opbench-validate-"))
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create the folder: {describe_os_error(exc)}", source=str(folder)) from None
     t0 = time.perf_counter()
     measure_rates(cfg, plan, args, folder, device)
     print(f"measured this machine's rates for {cfg.name} into {folder} ({time.perf_counter() - t0:.0f} s)")
@@ -417,7 +477,11 @@ def validate(cfg: ModelConfig, plan: Plan, args: argparse.Namespace) -> int:
     print(breakdown(cfg, projection, rates.device, None))
     t0 = time.perf_counter()
     if plan.world > 1:
-        measured = train_distributed(cfg, plan, args.steps, device)
+        try:
+            measured = train_distributed(cfg, plan, args.steps, device, args.timeout)
+        except RankFailed as exc:
+            print(f"opbench project: error: --validate: {one_line(redact_text(str(exc)))}", file=sys.stderr)
+            return 1
     else:
         measured = train(cfg, plan, args.steps, device)
     print(f"\ntrained {cfg.name} here: {args.steps} timed steps ({time.perf_counter() - t0:.0f} s)")
