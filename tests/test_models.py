@@ -362,3 +362,145 @@ def test_primus_dense_mistral_entry_warns_that_it_is_timed_dense(tmp_path, capsy
     (cfg,) = select_models(load_model_configs(str(path)), "Mistral_8x7B")
     err = capsys.readouterr().err.strip().splitlines()
     assert not cfg.is_moe and len(err) == 2 and f"{GUESSED}'mistral'" in err[0] and "timed as a dense model" in err[1]
+
+
+# --- bad per-architecture fields: one line naming the file and the field, exit 2, in every tool ------------------
+
+TINY = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256}
+TINY_MLA = {
+    **TINY,
+    "num_key_value_heads": 4,
+    "intermediate_size": 96,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "kv_lora_rank": 32,
+    "q_lora_rank": 48,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 16,
+    "v_head_dim": 16,
+    "num_hidden_layers": 3,
+}
+
+
+def gpt_oss_20b(**changes):
+    with open("examples/configs/gpt-oss-20b/config.json") as f:
+        return {**json.load(f), **changes}
+
+
+# (config, the field the one error line names, what it says): each used to give a traceback or be taken silently
+BAD_FIELDS = {
+    "gpt_oss_zero_experts": (
+        gpt_oss_20b(num_local_experts=0),
+        "num_local_experts",
+        "must be at least 1 for a MoE model (gpt_oss), got 0",
+    ),
+    "gpt_oss_zero_top_k": (
+        gpt_oss_20b(num_experts_per_tok=0),
+        "num_experts_per_tok",
+        "must be at least 1",
+    ),
+    "gpt_oss_top_k_above_experts": (gpt_oss_20b(num_local_experts=2), "num_experts_per_tok", "top-k 4 exceeds 2"),
+    "qwen2_linear_layers": (
+        {**TINY, "model_type": "qwen2", "intermediate_size": 96, "num_hidden_layers": 4},
+        "layer_types",
+        "'linear_attention' is not among qwen2's layer_types (full_attention, sliding_attention)",
+    ),
+    "deepseek_v32_bogus_mlp_layer_types": (
+        {**TINY_MLA, "model_type": "deepseek_v32", "mlp_layer_types": ["bogus"]},
+        "mlp_layer_types",
+        "'bogus' is not among deepseek_v32's mlp_layer_types (dense, sparse)",
+    ),
+    "deepseek_v32_short_mlp_layer_types": (
+        {**TINY_MLA, "model_type": "deepseek_v32", "mlp_layer_types": ["dense", "sparse"]},
+        "mlp_layer_types",
+        "has 2 entries for 3 layers",
+    ),
+}
+BAD_FIELDS["qwen2_linear_layers"][0]["layer_types"] = ["linear_attention"] * 4
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FIELDS))
+def test_bad_model_field_is_one_line_naming_it_in_every_tool(run, tmp_path, case):
+    cfg, field, says = BAD_FIELDS[case]
+    path = write(tmp_path, "config.json", cfg)
+    common = ["--model-config-path", str(path), "--report-dir-path", str(tmp_path / "out")]
+    for tool in (
+        ["gemm", "--dry-run", "--seqlen", "512"],
+        ["attention", "--dry-run", "--seqlen", "512"],
+        ["project", "--world-size", "8", "--device", "H100", "--seqlen", "512"],
+        ["ckpt", "--dry-run"],
+    ):
+        r = run("opbench", *tool, *common)
+        lines = [line for line in r.stderr.strip().splitlines() if not line.startswith("warning:")]
+        assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, (tool, r.stderr)
+        assert str(path) in lines[0] and f"field '{field}': {says}" in lines[0], (tool, lines[0])
+
+
+@pytest.mark.parametrize(
+    "model_type,field,extra",
+    [
+        ("mixtral", "num_local_experts", {}),
+        ("qwen2_moe", "num_experts", {}),
+        ("qwen3_moe", "num_experts", {}),
+        ("qwen3_next", "num_experts", {}),
+        ("deepseek_v3", "n_routed_experts", {"kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8}),
+        ("glm4_moe", "n_routed_experts", {}),
+        ("ernie4_5_moe", "moe_num_experts", {}),
+        ("llama4_text", "num_local_experts", {}),
+        ("gpt_oss", "num_local_experts", {}),
+    ],
+)
+def test_moe_expert_count_below_one_is_refused_by_its_field(tmp_path, model_type, field, extra):
+    obj = {**TINY, "model_type": model_type, "intermediate_size": 96, "num_hidden_layers": 2, "v_head_dim": 16}
+    p = write(tmp_path, "config.json", {**obj, **extra, field: 0, "num_experts_per_tok": 1})
+    with pytest.raises(UsageError, match=f"field '{field}': must be at least 1 for a MoE model \\({model_type}\\)"):
+        load_model_configs(p)
+    (cfg,) = load_model_configs(write(tmp_path, "ok.json", {**obj, **extra, field: 2, "num_experts_per_tok": 1}))
+    assert cfg.n_routed_experts == 2
+
+
+@pytest.mark.parametrize(
+    "model_type,layer_types",
+    [
+        ("llama", ["linear_attention", "full_attention"]),
+        ("mistral", ["chunked_attention", "sliding_attention"]),
+        ("gemma3_text", ["indexed_attention", "full_attention"]),
+        ("qwen3_next", ["sliding_attention", "linear_attention"]),
+        ("llama4_text", ["linear_attention", "chunked_attention"]),
+    ],
+)
+def test_layer_types_an_architecture_does_not_build_are_refused(tmp_path, model_type, layer_types):
+    obj = {**TINY, "model_type": model_type, "intermediate_size": 96, "num_hidden_layers": 2}
+    with pytest.raises(UsageError, match=f"field 'layer_types': '{layer_types[0]}' is not among {model_type}'s"):
+        load_model_configs(write(tmp_path, "config.json", {**obj, "layer_types": layer_types}))
+    with pytest.raises(UsageError, match="field 'layer_types': has 1 entries for 2 layers"):
+        load_model_configs(write(tmp_path, "config.json", {**obj, "layer_types": ["full_attention"]}))
+
+
+def test_gpt_oss_config_without_expert_counts_takes_transformers_defaults(tmp_path):
+    cfg = gpt_oss_20b()
+    del cfg["num_local_experts"], cfg["num_experts_per_tok"]
+    (c,) = load_model_configs(write(tmp_path, "config.json", cfg))
+    assert (c.n_routed_experts, c.num_experts_per_tok) == (128, 4)  # GptOssConfig's defaults
+    primus = {**TINY, "model": "oss", "architecture": "gpt_oss", "intermediate_size": 96}
+    with pytest.raises(UsageError, match="field 'n_routed_experts': missing: every gpt_oss layer routes"):
+        load_model_configs(write(tmp_path, "primus.json", primus))
+
+
+def test_primus_entry_with_zero_experts_is_dense_not_guessed_moe(tmp_path):
+    entry = {**TINY, "model": "Tiny", "intermediate_size": 96, "n_routed_experts": 0}
+    (cfg,) = load_model_configs(write(tmp_path, "m.json", [entry]))
+    assert cfg.architecture == "llama" and not cfg.is_moe
+
+
+def test_linear_attention_flops_never_divide_by_zero():
+    """A linear shape without a chunk size (window 0) is chunked as the kernels chunk, LINEAR_CHUNK."""
+    from opbench.attention.flops import gated_deltanet_flops
+    from opbench.attention.shapes import AttentionShape
+    from opbench.models.layout import LINEAR, LINEAR_CHUNK
+
+    def flops(window: int) -> float:
+        return gated_deltanet_flops(AttentionShape("m", 512, 512, 4, 2, 16, 8, True, LINEAR, window), 1)
+
+    assert flops(0) == flops(LINEAR_CHUNK) > 0

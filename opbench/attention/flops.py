@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from opbench.models.layout import CHUNKED, INDEXER, LINEAR, SLIDING, SPARSE
+from opbench.models.layout import CHUNKED, INDEXER, LINEAR, LINEAR_CHUNK, SLIDING, SPARSE
 
 from .shapes import AttentionShape
 
@@ -74,7 +74,9 @@ def gated_deltanet_flops(shape: AttentionShape, batch_size: int, with_solve: boo
     (K_cumdecay·S and Q·S) and updating it (Kᵀ·V_new): 3 · 2·C·d_k·d_v; and two unit-triangular solves with d_v
     and d_k right-hand sides, C²·(d_k + d_v) (``with_solve=False`` leaves them out: torch's FLOP counter does not
     count triangular solves)."""
-    chunk, dk, dv = shape.window, shape.head_dim_qk, shape.head_dim_v
+    # a linear shape without a chunk size (window 0) is chunked as the kernels chunk: never a division by zero
+    chunk = shape.window if shape.window > 0 else LINEAR_CHUNK
+    dk, dv = shape.head_dim_qk, shape.head_dim_v
     chunks = math.ceil(shape.seqlen_q / chunk)
     per_chunk = 4 * chunk * chunk * dk + 2 * chunk * chunk * dv + 6 * chunk * dk * dv
     if with_solve:

@@ -41,6 +41,9 @@ class Architecture:
     models: str  # for the README and error messages: which released models use it
     layer: Callable[[ModelConfig, int], Layer]
     read: Callable[[FieldReader, dict[str, Any]], None] = lambda r, f: None
+    # the transformers layer_types its modeling file builds (any other value is refused by field)
+    layer_types: tuple[str, ...] = ("full_attention",)
+    moe: bool = False  # routes to experts: an expert count the config gives must be at least 1
     tie_default: bool = False  # transformers' tie_word_embeddings default for this model_type
     head_dim_default: int | None = None  # transformers' head_dim default, when it is not hidden / heads
     embeddings: Callable[[ModelConfig], Named] = lambda c: [
@@ -54,21 +57,48 @@ class Architecture:
 # --- reading helpers ----------------------------------------------------------------------------------------
 
 
+SOFTMAX_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def per_layer_list(r: FieldReader, key: str, allowed: Sequence[str], n: int | None, owner: str) -> list[str] | None:
+    """A per-layer list of names (``layer_types``, ``mlp_layer_types``): each one ``allowed`` for this
+    architecture (``owner``), one entry per layer; else a UsageError naming the field."""
+    given = r.strings(key)
+    if given is None:
+        return None
+    bad = sorted({t for t in given if t not in allowed})
+    if bad:
+        raise UsageError(
+            f"{', '.join(repr(t) for t in bad)} {'is' if len(bad) == 1 else 'are'} not among {owner}'s {key} "
+            f"({', '.join(allowed)})",
+            source=r.where,
+            field=key,
+        )
+    if n is not None and len(given) != n:
+        raise UsageError(f"has {len(given)} entries for {n} layers", source=r.where, field=key)
+    return given
+
+
+def check_layer_types(r: FieldReader, fields: dict[str, Any], arch: Architecture) -> None:
+    """Every architecture refuses a ``layer_types`` entry its modeling file does not build, whether or not its
+    reader uses the list (a linear-attention layer in Qwen2 would be timed as nothing)."""
+    unknown = sorted({t for t in r.strings("layer_types") or () if t not in HF_LAYER_TYPES})
+    if unknown:
+        raise UsageError(
+            f"layer type(s) {unknown} are not modelled by opbench (known: {', '.join(HF_LAYER_TYPES)})",
+            source=r.where,
+            field="layer_types",
+        )
+    per_layer_list(r, "layer_types", arch.layer_types, fields.get("num_hidden_layers"), arch.model_type)
+
+
 def layer_kinds(r: FieldReader, fields: dict[str, Any], rule: Callable[[int], str] | None) -> None:
-    """``fields['layer_types']``: the config's own ``layer_types`` list when it has one (transformers writes it),
-    else ``rule(i)`` per layer as the model's config class derives it; a sliding layer with no window is full."""
+    """``fields['layer_types']``: the config's own ``layer_types`` list when it has one (transformers writes it;
+    ``check_layer_types`` has checked it), else ``rule(i)`` per layer as the model's config class derives it; a
+    sliding layer with no window is full."""
     n = fields.get("num_hidden_layers")
     given = r.strings("layer_types")
     if given is not None:
-        unknown = sorted({t for t in given if t not in HF_LAYER_TYPES})
-        if unknown:
-            raise UsageError(
-                f"layer type(s) {unknown} are not modelled by opbench (known: {', '.join(HF_LAYER_TYPES)})",
-                source=r.where,
-                field="layer_types",
-            )
-        if n is not None and len(given) != n:
-            raise UsageError(f"has {len(given)} entries for {n} layers", source=r.where, field="layer_types")
         kinds = [HF_LAYER_TYPES[t] for t in given]
     elif rule is not None and n is not None:
         kinds = [rule(i) for i in range(n)]
@@ -440,7 +470,8 @@ def _read_deepseek(version: str) -> Callable[[FieldReader, dict[str, Any]], None
                     source=r.where,
                     field="q_lora_rank",
                 )
-            mlp_types = r.strings("mlp_layer_types")
+            n = f.get("num_hidden_layers")
+            mlp_types = per_layer_list(r, "mlp_layer_types", ("dense", "sparse"), n, "deepseek_v32")
             if mlp_types is not None:
                 f["moe_layers"] = tuple(i for i, t in enumerate(mlp_types) if t == "sparse")
             layer_kinds(r, f, lambda i: L.SPARSE)
@@ -525,6 +556,13 @@ def _ernie_layer(cfg: ModelConfig, i: int) -> Layer:
 
 def _read_gpt_oss(r: FieldReader, f: dict[str, Any]) -> None:
     f["attention_bias"] = r.flag("attention_bias", True)
+    # every gpt-oss layer routes to experts: a config.json without the counts takes transformers' defaults
+    if r.pick("n_routed_experts")[0] is None:
+        if not r.hf:
+            raise UsageError("missing: every gpt_oss layer routes to experts", source=r.where, field="n_routed_experts")
+        f["n_routed_experts"] = 128
+    if r.pick("num_experts_per_tok")[0] is None and r.hf:
+        f["num_experts_per_tok"] = 4
     f["sliding_window"] = window(r, "sliding_window", 128)
     layer_kinds(r, f, lambda i: L.SLIDING if (i + 1) % 2 else L.FULL)
 
@@ -731,30 +769,85 @@ def _embedding(name: str) -> Callable[[ModelConfig], Named]:
 
 _ARCHS: Sequence[Architecture] = (
     Architecture("llama", "Llama 2, Llama 3/3.1/3.3", _llama_layer, _read_llama),
-    Architecture("mistral", "Mistral 7B, Mistral NeMo/Small", _mistral_layer, _read_mistral),
-    Architecture("mixtral", "Mixtral 8x7B/8x22B", _mixtral_layer, _read_mixtral),
-    Architecture("qwen2", "Qwen2, Qwen2.5", _qwen2_layer, _read_qwen2),
-    Architecture("qwen2_moe", "Qwen1.5-MoE, Qwen2-57B-A14B", _qwen2_moe_layer, _read_qwen2_moe),
-    Architecture("qwen3", "Qwen3 dense", _qwen3_layer, _read_qwen3, head_dim_default=128),
-    Architecture("qwen3_moe", "Qwen3-30B-A3B, Qwen3-235B-A22B", _qwen3_moe_layer, _read_qwen3_moe),
-    Architecture("qwen3_next", "Qwen3-Next-80B-A3B", _qwen3_next_layer, _read_qwen3_next, head_dim_default=256),
-    Architecture("deepseek_v2", "DeepSeek-V2, V2-Lite", _deepseek_layer(False), _read_deepseek("v2")),
-    Architecture("deepseek_v3", "DeepSeek-V3, R1, Kimi K2", _deepseek_layer(False), _read_deepseek("v3")),
-    Architecture("deepseek_v32", "DeepSeek-V3.2", _deepseek_layer(True), _read_deepseek("v32")),
-    Architecture("glm4_moe", "GLM-4.5, GLM-4.6", _glm4_moe_layer, _read_glm4_moe),
+    Architecture(
+        "mistral", "Mistral 7B, Mistral NeMo/Small", _mistral_layer, _read_mistral, layer_types=SOFTMAX_LAYER_TYPES
+    ),
+    Architecture(
+        "mixtral", "Mixtral 8x7B/8x22B", _mixtral_layer, _read_mixtral, layer_types=SOFTMAX_LAYER_TYPES, moe=True
+    ),
+    Architecture("qwen2", "Qwen2, Qwen2.5", _qwen2_layer, _read_qwen2, layer_types=SOFTMAX_LAYER_TYPES),
+    Architecture(
+        "qwen2_moe",
+        "Qwen1.5-MoE, Qwen2-57B-A14B",
+        _qwen2_moe_layer,
+        _read_qwen2_moe,
+        layer_types=SOFTMAX_LAYER_TYPES,
+        moe=True,
+    ),
+    Architecture(
+        "qwen3", "Qwen3 dense", _qwen3_layer, _read_qwen3, layer_types=SOFTMAX_LAYER_TYPES, head_dim_default=128
+    ),
+    Architecture(
+        "qwen3_moe",
+        "Qwen3-30B-A3B, Qwen3-235B-A22B",
+        _qwen3_moe_layer,
+        _read_qwen3_moe,
+        layer_types=SOFTMAX_LAYER_TYPES,
+        moe=True,
+    ),
+    Architecture(
+        "qwen3_next",
+        "Qwen3-Next-80B-A3B",
+        _qwen3_next_layer,
+        _read_qwen3_next,
+        ("full_attention", "linear_attention"),
+        moe=True,
+        head_dim_default=256,
+    ),
+    Architecture("deepseek_v2", "DeepSeek-V2, V2-Lite", _deepseek_layer(False), _read_deepseek("v2"), moe=True),
+    Architecture("deepseek_v3", "DeepSeek-V3, R1, Kimi K2", _deepseek_layer(False), _read_deepseek("v3"), moe=True),
+    Architecture(
+        "deepseek_v32", "DeepSeek-V3.2", _deepseek_layer(True), _read_deepseek("v32"), ("indexed_attention",), moe=True
+    ),
+    Architecture("glm4_moe", "GLM-4.5, GLM-4.6", _glm4_moe_layer, _read_glm4_moe, moe=True),
     Architecture(
         "ernie4_5_moe",
         "ERNIE-4.5 MoE",
         _ernie_layer,
         _read_ernie,
+        moe=True,
         tie_default=True,
         lm_head_bias=lambda c: bool(c.extra.get("use_bias")),
     ),
-    Architecture("gpt_oss", "gpt-oss-20b/120b", _gpt_oss_layer, _read_gpt_oss, head_dim_default=64),
-    Architecture("llama4_text", "Llama 4 Scout/Maverick (text)", _llama4_layer, _read_llama4, head_dim_default=128),
-    Architecture("gemma3_text", "Gemma 3 (text)", _gemma3_layer, _read_gemma3, tie_default=True, head_dim_default=256),
+    Architecture(
+        "gpt_oss",
+        "gpt-oss-20b/120b",
+        _gpt_oss_layer,
+        _read_gpt_oss,
+        layer_types=SOFTMAX_LAYER_TYPES,
+        moe=True,
+        head_dim_default=64,
+    ),
+    Architecture(
+        "llama4_text",
+        "Llama 4 Scout/Maverick (text)",
+        _llama4_layer,
+        _read_llama4,
+        ("full_attention", "chunked_attention"),
+        moe=True,
+        head_dim_default=128,
+    ),
+    Architecture(
+        "gemma3_text",
+        "Gemma 3 (text)",
+        _gemma3_layer,
+        _read_gemma3,
+        layer_types=SOFTMAX_LAYER_TYPES,
+        tie_default=True,
+        head_dim_default=256,
+    ),
     Architecture("olmo2", "OLMo 2", _olmo2_layer, _read_bias_flag),
-    Architecture("phi3", "Phi-3, Phi-3.5, Phi-4", _phi3_layer, _read_phi3),
+    Architecture("phi3", "Phi-3, Phi-3.5, Phi-4", _phi3_layer, _read_phi3, layer_types=SOFTMAX_LAYER_TYPES),
     Architecture(
         "gpt2",
         "GPT-2 (GPT-3-style GELU MLP, learned positions)",
@@ -792,6 +885,7 @@ _ARCHS: Sequence[Architecture] = (
         "StarCoder2",
         _starcoder2_layer,
         _read_starcoder2,
+        SOFTMAX_LAYER_TYPES,
         tie_default=True,
         final=_layer_norm_final("model.norm"),
     ),

@@ -20,7 +20,7 @@ from opbench.core.cli import MAX_LAYERS
 from opbench.core.errors import UsageError
 from opbench.core.inputs import read_small_text
 
-from .architectures import ARCHITECTURES, TEXT_CONFIG_WRAPPERS, unsupported
+from .architectures import ARCHITECTURES, TEXT_CONFIG_WRAPPERS, check_layer_types, unsupported
 
 BUILTIN_CONFIGS = Path(__file__).resolve().parent.parent / "shapes" / "model_configs.json"
 
@@ -217,7 +217,7 @@ def _architecture(obj: Mapping[str, Any], name: str, where: str) -> tuple[str, s
         return mt, None
     archs = " ".join(str(a) for a in obj.get("architectures") or []).lower()
     hint = f"{archs} {name}".lower().replace("-", "_").replace(".", "")
-    has_experts = any(k in obj for k in ALIASES["n_routed_experts"])
+    has_experts = any(obj.get(k) for k in ALIASES["n_routed_experts"])  # an expert count of 0 says dense
     guess = None
     for arch, needles in (
         ("deepseek_v3", ("deepseek_v3", "deepseekv3")),
@@ -289,6 +289,14 @@ def parse_model_config(
     f["tie_word_embeddings"] = r.flag("tie_word_embeddings", arch.tie_default if hf else False)
     if hf and arch_name.startswith("deepseek") and "first_k_dense_replace" not in obj:
         f["first_k_dense_replace"] = 0 if arch_name == "deepseek_v2" else 3  # transformers' defaults
+    if arch.moe:  # a MoE model's expert count and top-k, where the config gives them, are at least 1
+        for key in ("n_routed_experts", "num_experts_per_tok"):
+            found, _ = r.pick(key)
+            if found is not None and f[key] < 1:
+                raise UsageError(
+                    f"must be at least 1 for a MoE model ({arch_name}), got {f[key]}", source=where, field=found
+                )
+    check_layer_types(r, f, arch)
     arch.read(r, f)
 
     hidden, heads = f["hidden_size"], f["num_attention_heads"]
@@ -329,7 +337,9 @@ def parse_model_config(
     if experts and not top_k:
         raise UsageError("missing for a MoE model", source=where, field="num_experts_per_tok")
     if top_k > experts and experts:
-        raise UsageError(f"top-k {top_k} exceeds {experts} experts", source=where, field="num_experts_per_tok")
+        raise UsageError(
+            f"top-k {top_k} exceeds {experts} experts", source=where, field=r.pick("num_experts_per_tok")[0]
+        )
     if f["kv_lora_rank"] is not None:
         for key in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             if f[key] is None:
