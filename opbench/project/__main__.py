@@ -108,30 +108,21 @@ def build_parser() -> argparse.ArgumentParser:
     lay.add_argument(
         "--no-sequence-parallel", action="store_true", help="TP without sequence parallelism (all-reduces)"
     )
-    lay.add_argument(
-        "--decoder-first-pipeline-num-layers",
-        type=cli.layer_count,
-        default=None,
-        metavar="N",
-        help="decoder layers of the first pipeline piece (Megatron-Core's flag; the rest split evenly)",
-    )
-    lay.add_argument(
-        "--decoder-last-pipeline-num-layers",
-        type=cli.layer_count,
-        default=None,
-        metavar="N",
-        help="decoder layers of the last pipeline piece (Megatron-Core's flag)",
-    )
-    lay.add_argument(
-        "--account-for-embedding-in-pipeline-split",
-        action="store_true",
-        help="the embedding counts as one layer of the first piece when layers are split (Megatron-Core's flag)",
-    )
-    lay.add_argument(
-        "--account-for-loss-in-pipeline-split",
-        action="store_true",
-        help="the output layer and loss count as one layer of the last piece (Megatron-Core's flag)",
-    )
+    # Megatron-Core's uneven pipeline split, under its own flag names (docs/project.md, "Layouts")
+    for end in ("first", "last"):
+        lay.add_argument(
+            f"--decoder-{end}-pipeline-num-layers",
+            type=cli.layer_count,
+            default=None,
+            metavar="N",
+            help=f"decoder layers of the {end} pipeline piece (the rest split evenly)",
+        )
+    for part, piece in (("embedding", "first"), ("loss", "last")):
+        lay.add_argument(
+            f"--account-for-{part}-in-pipeline-split",
+            action="store_true",
+            help=f"the {part} counts as one layer of the {piece} piece when layers are split",
+        )
     lay.add_argument(
         "--grad-dtype",
         choices=("fp32", "bf16"),
