@@ -97,6 +97,7 @@ def test_layout_rules(llama70b):
         (["--pp", "3", "--world-size", "48"], "field '--pp': 80 layers do not split into pp·vpp = 3"),
         (["--tp", "8", "--world-size", "12"], "field '--world-size': 12 GPUs do not split into tp·pp·cp = 8"),
         (["--fsdp", "--zero", "1"], "field '--zero': give --fsdp or --zero 1, not both"),
+        (["--results", "/etc/passwd"], "field '--results': /etc/passwd: not a folder"),
         (["--global-batch", "100", "--tp", "8"], "field '--global-batch': 100 sequences do not split into mbs·dp"),
         (["--gemm-efficiency", "1.5"], "must be between 0 and 1"),
         (["--device", "a-gpu-nobody-knows"], "no peak for 'a-gpu-nobody-knows'"),

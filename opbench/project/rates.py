@@ -222,7 +222,10 @@ class Rates:
         self.left_out: list[LeftOut] = []  # rows of --results not used for a bad value, by file and line
         self.unread: list[tuple[str, str]] = []  # files of --results that look like results but were not read
         for folder in results:
-            found = discover(folder)
+            try:
+                found = discover(folder)
+            except UsageError as exc:  # a missing folder or a file: say which flag named it
+                raise UsageError(str(exc), field="--results") from None
             self.unread += [
                 (f"{folder}/{rel}", why)
                 for rel, why in found.skipped
