@@ -187,6 +187,29 @@ def test_project_takes_the_same_flags(run, tmp_path):
     assert r.returncode == 0 and len(rows_of(path)) == 2
 
 
+def test_a_csv_sent_to_dev_stdout_is_appended_to_the_users_file_and_nothing_in_dev_moves(tmp_path):
+    """`--report-csv-path /dev/stdout > out.txt`: the rows go after what is there; /dev/stdout (a link to
+    /proc/self/fd/1) is not moved aside, locked or given a sidecar; a pipe gets the rows too."""
+    args = [sys.executable, "-m", "opbench", "project", "--model", "Qwen3_0.6B", "--world-size", "8", "--device",
+            "H100", "--report-csv-path", "/dev/stdout"]  # fmt: skip
+    out = tmp_path / "out.txt"
+    out.write_text("kept line\n")
+    for _ in range(2):  # the second run finds the first one's rows: an earlier CSV it must not move
+        with open(out, "a") as fh:
+            assert subprocess.run(args, stdout=fh, stderr=subprocess.PIPE, timeout=120).returncode == 0
+    text = out.read_text()
+    assert text.startswith("kept line\n") and text.count("\nmodel,layout,") == 2 and "earlier" not in text
+    assert os.path.islink("/dev/stdout") and not os.path.exists("/dev/stdout.meta.json")
+    assert not os.path.exists("/dev/" + outputs.EARLIER_DIR) and not os.path.exists("/dev/stdout.lock")
+    piped = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert piped.returncode == 0 and "\nmodel,layout," in piped.stdout, piped.stderr
+    fifo, link = tmp_path / "fifo", tmp_path / "link.csv"
+    os.mkfifo(fifo)
+    link.symlink_to("/dev/null")
+    assert outputs.is_stream(fifo) and outputs.is_stream(link) and outputs.is_stream("/proc/self/fd/1")
+    assert not outputs.is_stream(out) and not outputs.is_stream(tmp_path / "new.csv")
+
+
 TOOLS_WITH_CSV = [
     "opbench.gemm.__main__",
     "opbench.attention.__main__",

@@ -39,6 +39,27 @@ LOCK_SUFFIX = ".lock"
 PLANNED = "planned"  # core.sweep.STATUS_PLANNED (sweep imports this package's results module, not the reverse)
 
 
+STREAM_DIRS = ("/dev/", "/proc/")
+
+
+def is_stream(csv_path: str | os.PathLike) -> bool:
+    """Whether an output path is a stream rather than a results file: a path in /dev or /proc (/dev/stdout,
+    /dev/fd/1, /proc/self/fd/1, whatever file the shell pointed them at), a link that leads there, or anything
+    that exists and is not a regular file (a FIFO). A stream gets the rows only: no lock, no sidecar, nothing
+    moved aside (moving /dev/stdout would move the link, not the user's file)."""
+    path = os.path.abspath(csv_path)
+    for _ in range(40):  # the kernel's own limit on links followed
+        if path.startswith(STREAM_DIRS):
+            return True
+        try:
+            if not os.path.islink(path):
+                return os.path.exists(path) and not os.path.isfile(path)
+            path = os.path.abspath(os.path.join(os.path.dirname(path), os.readlink(path)))
+        except OSError:
+            return False
+    return False
+
+
 def plan_path(csv_path: str | os.PathLike) -> Path:
     """Where a dry run's planned rows go: ``<stem>.plan.csv`` beside the CSV a real run would write."""
     path = Path(csv_path)
@@ -228,6 +249,8 @@ def _describe_self(fd: int) -> None:
 def hold(csv_path: str | os.PathLike) -> None:
     """Take (or take again) this process's writer lock on a CSV; raises UsageError naming the holder when
     another process has it."""
+    if is_stream(csv_path):
+        return  # /dev/stdout, a pipe: nothing to guard
     key = _key(Path(csv_path))
     held = _HELD.get(key)
     if held is not None:
@@ -241,6 +264,8 @@ def hold(csv_path: str | os.PathLike) -> None:
 
 def release(csv_path: str | os.PathLike) -> None:
     """Give one hold back; the last one removes the lock file and unlocks."""
+    if is_stream(csv_path):
+        return
     key = _key(Path(csv_path))
     held = _HELD.get(key)
     if held is None:

@@ -128,7 +128,7 @@ class CsvReport:
         self.columns = list(schema.columns)
         self.moved_to: Path | None = None  # where the earlier CSV at this path went, if it was moved aside
         policy = earlier or (outputs.APPEND if append else outputs.KEEP)
-        regular = not self.path.exists() or self.path.is_file()  # /dev/stdout, a pipe: no lock, nothing kept
+        regular = self._regular = not outputs.is_stream(self.path)  # /dev/stdout, a pipe: no lock, nothing kept
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -140,7 +140,9 @@ class CsvReport:
             fresh, self.moved_to = outputs.prepare(self.path, policy) if regular else (True, None)
             if not fresh:
                 self._check_header()
-            self._fh = open(self.path, "w" if fresh else "a", newline="", encoding="utf-8")
+            # A stream is appended to: "w" on /dev/stdout would empty the file the shell sent stdout to.
+            mode = "w" if fresh and regular else "a"
+            self._fh = open(self.path, mode, newline="", encoding="utf-8")
         except OSError as exc:
             self._unlock()
             raise UsageError(f"cannot write report: {describe_os_error(exc)}", source=str(path)) from None
@@ -189,7 +191,8 @@ class CsvReport:
             except OSError as exc:
                 if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EROFS):  # /dev/null, pipes: nothing to sync
                     raise
-            self._good = self._fh.tell()
+            if self._regular:  # a pipe has no offset to cut back to
+                self._good = self._fh.tell()
         except OSError as exc:
             self._abandon()
             raise UsageError(f"cannot write report: {describe_os_error(exc)}", source=str(self.path)) from None
@@ -197,7 +200,8 @@ class CsvReport:
     def _abandon(self) -> None:
         """Drop what Python still buffers (it would be written at close) and cut the file to its last whole row."""
         try:
-            os.ftruncate(self._fh.fileno(), self._good)
+            if self._regular:  # never cut the file behind /dev/stdout
+                os.ftruncate(self._fh.fileno(), self._good)
         except OSError:
             pass
         try:
@@ -212,7 +216,7 @@ class CsvReport:
 
     def write_meta(self, meta: Mapping[str, Any]) -> None:
         """(Re)write the sidecar; ``benchmark`` and ``schema_version`` always come from the schema."""
-        if self.path.exists() and not self.path.is_file():
+        if not self._regular:
             return  # /dev/stdout, a pipe: no file to put a sidecar beside
         path = sidecar_path(self.path)
         try:
