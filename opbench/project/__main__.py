@@ -11,13 +11,14 @@ what it measured. Torch is imported only by ``--validate``.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from opbench.core import cli
+from opbench.core import cli, outputs
 from opbench.core.cli import finite_float, positive_int
 from opbench.core.errors import UsageError, run_cli
 from opbench.core.redact import redact_text
@@ -435,6 +436,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     memory_gib: float | None = args.memory_gib or _device_memory_gib(rates.device)
     projector = Projector(cfg, rates, args.activation_profile, memory_gib, args.memory_reserve_gib)
     csv_path = cli.output_csv(args, CSV_NAME)
+    regular = csv_path is not None and (not os.path.exists(csv_path) or os.path.isfile(csv_path))
+    with outputs.claimed(*([csv_path] if regular else [])):  # a bad or busy output path stops before the search
+        _project(args, cfg, plan, rates, projector, memory_gib, csv_path)
+    return 0
+
+
+def _project(
+    args: argparse.Namespace,
+    cfg: ModelConfig,
+    plan: Plan,
+    rates: Rates,
+    projector: Projector,
+    memory_gib: float | None,
+    csv_path: str | None,
+) -> None:
+    """Project (or search) and print; write the CSV when one is asked for (its writer lock is held)."""
     meta = environment(
         None,
         {"model_config": cfg.to_dict(), "results": args.results, "device": rates.device, "assumptions": vars(rates.a)},
@@ -462,7 +479,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             for r in rows:
                 report.append(r)
         print(f"wrote {csv_path} ({len(rows)} rows)")
-    return 0
 
 
 def _device_memory_gib(device: str | None) -> float | None:
