@@ -436,6 +436,16 @@ def test_compare_adds_ratio_this_over_other(results, tmp_path, capsys):
     assert "## Environment of the compared run" in text
 
 
+def test_compare_with_itself_warns(results, tmp_path, capsys):
+    alias = tmp_path / "same"
+    alias.symlink_to(results)  # another spelling of the same folder
+    assert (
+        run_cli(report_main, [str(results), "--out", str(tmp_path / "o"), "--compare", str(alias), "--no-plots"]) == 0
+    )
+    err = capsys.readouterr().err
+    assert f"warning: --compare {alias} is RESULTS_DIR itself: every ratio is 1" in err
+
+
 # ---- bad input ----------------------------------------------------------------------------------------------
 
 

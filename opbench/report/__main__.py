@@ -4,6 +4,7 @@ opbench CSVs in a results folder (searched recursively); ``--compare OTHER_DIR``
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -38,12 +39,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _same_folder(a: str, b: str) -> bool:
+    """Whether two paths name one folder (through links and spellings); False when either cannot be read."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from .build import build_report  # pandas: only once the arguments are known good
     from .inert import one_line  # names and reasons from the folder: one line each, credentials masked
 
     out = args.out if args.out is not None else f"{args.results_dir.rstrip('/')}/report"
+    if args.compare is not None and _same_folder(args.results_dir, args.compare):
+        print(
+            f"warning: --compare {one_line(args.compare)} is RESULTS_DIR itself: every ratio is 1 and nothing can "
+            "regress (compare with another run's folder)",
+            file=sys.stderr,
+        )
     report = build_report(args.results_dir, out, compare=args.compare, top=args.top, plots=not args.no_plots)
     found = report.found
     rows = sum(len(s.ok) for s in report.sections)
