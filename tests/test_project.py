@@ -101,6 +101,7 @@ def test_layout_rules(llama70b):
         (["--global-batch", "100", "--tp", "8"], "field '--global-batch': 100 sequences do not split into mbs·dp"),
         (["--gemm-efficiency", "1.5"], "must be between 0 and 1"),
         (["--device", "a-gpu-nobody-knows"], "no peak for 'a-gpu-nobody-knows'"),
+        (["--search", "--report-dir-path", "/etc/passwd/d"], "/etc/passwd/d/project.csv.lock: cannot write"),
     ],
 )
 def test_bad_input_is_one_line(run, args, message):
@@ -110,6 +111,7 @@ def test_bad_input_is_one_line(run, args, message):
     r = run(*argv)
     assert r.returncode == 2 and message in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert not r.stdout  # refused before a projection or search is printed
 
 
 def test_rates_from_results_are_looked_up_interpolated_and_named(tmp_path, run):
