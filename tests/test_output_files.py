@@ -210,6 +210,19 @@ def test_a_csv_sent_to_dev_stdout_is_appended_to_the_users_file_and_nothing_in_d
     assert not outputs.is_stream(out) and not outputs.is_stream(tmp_path / "new.csv")
 
 
+@pytest.mark.parametrize("tool", ["trace", "nccl-tests"])
+def test_a_csv_over_the_file_being_read_is_refused_and_the_input_is_intact(run, tmp_path, tool):
+    source = ROOT / "examples" / ("nccl_fsdp_qwen3_0.6b_4ranks.log.gz" if tool == "trace" else "all_gather_perf.out")
+    given = tmp_path / source.name
+    given.write_bytes(source.read_bytes())
+    link = tmp_path / "link.csv"  # the same file by another name
+    link.symlink_to(given)
+    for out in (given, link):
+        r = run("opbench", tool, str(given), "--report-csv-path", str(out), "--overwrite")
+        assert r.returncode == 2 and "is a file this run reads" in r.stderr and not r.stdout, r.stderr
+        assert given.read_bytes() == source.read_bytes()
+
+
 TOOLS_WITH_CSV = [
     "opbench.gemm.__main__",
     "opbench.attention.__main__",

@@ -246,11 +246,38 @@ def _describe_self(fd: int) -> None:
         pass  # the lock holds without its label; a second run then says "has not said who it is"
 
 
+_INPUTS: set[tuple[int, int]] = set()  # (device, inode) of the files this process reads (``protect``)
+
+
+def protect(paths: list[str]) -> None:
+    """Mark files this run reads (logs, nccl-tests outputs): ``hold`` refuses to write a CSV over one of them,
+    which would move the input aside, or with --overwrite empty it, before it is read."""
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        _INPUTS.add((st.st_dev, st.st_ino))
+
+
+def refuse_input(csv_path: str | os.PathLike) -> None:
+    try:
+        st = os.stat(csv_path)
+    except OSError:
+        return
+    if (st.st_dev, st.st_ino) in _INPUTS:
+        raise UsageError(
+            "is a file this run reads: the CSV would replace its own input; give another --report-csv-path",
+            source=str(csv_path),
+        )
+
+
 def hold(csv_path: str | os.PathLike) -> None:
     """Take (or take again) this process's writer lock on a CSV; raises UsageError naming the holder when
-    another process has it."""
+    another process has it, or when the CSV would replace a file this run reads (``protect``)."""
     if is_stream(csv_path):
         return  # /dev/stdout, a pipe: nothing to guard
+    refuse_input(csv_path)
     key = _key(Path(csv_path))
     held = _HELD.get(key)
     if held is not None:

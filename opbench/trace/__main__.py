@@ -15,7 +15,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from opbench.core import cli
+from opbench.core import cli, outputs
 from opbench.core.errors import run_cli
 
 CSV_NAME = "trace_summary.csv"
@@ -70,10 +70,13 @@ def jobs_count(text: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from . import actions
-    from .analyze import analyze
+    from .analyze import analyze, check_paths
 
     args = build_parser().parse_args(argv)
     args.csv = cli.output_csv(args, CSV_NAME)
+    if args.csv:  # a CSV over one of the logs is refused before the logs are read
+        outputs.protect(check_paths(args.logs))
+        outputs.refuse_input(args.csv)
     if args.compare_fsdp:
         args.fsdp_config = actions.fsdp_config(args)  # a wrong model is one line before the log is read
     summary, parser = analyze(args.logs, raw_p2p=args.raw_p2p, jobs=args.jobs)

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 
+from opbench.core import outputs
 from opbench.core.errors import UsageError
 
 from .p2p import GROUPED_NOTE, Group, P2pGrouper, group_p2p, merged_record
@@ -63,6 +64,7 @@ def check_paths(paths: Iterable[str]) -> list[str]:
         out.append(p)
     if not out:
         raise UsageError("no log file given", field="LOG")
+    outputs.protect(out)  # a --report-csv-path naming one of them is refused, not written over the input
     return out
 
 
