@@ -319,6 +319,38 @@ def test_validate_refuses_an_unbuildable_model_and_a_killed_rank_is_one_line(tmp
     assert "opbench project: error: --validate: rank " in err and "killed by SIGKILL" in err, err[-3000:]
 
 
+# Tiny Hugging Face configs, each changed in one odd way below: --validate refuses them in one line (exit 2) naming
+# the file, before it measures anything (they were tracebacks, some after a minute of measuring and training).
+TINY = {
+    "llama": dict(model_type="llama", hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                  num_key_value_heads=2, num_hidden_layers=2, vocab_size=256),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "model, change, args, message",
+    [
+        ("llama", {"hidden_size": 66}, [], "The hidden size (66) is not a multiple of the number of attention heads"),
+        ("llama", {"head_dim": 7}, [], "RoPE requires an even rotary dimension"),
+        ("llama", {"rope_scaling": "linear"}, [], "Validation error for field 'rope_parameters'"),
+    ],
+)
+def test_validate_refuses_odd_tiny_configs_before_measuring(tmp_path, capsys, model, change, args, message):
+    from opbench.core.errors import run_cli
+    from opbench.project.__main__ import main
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**TINY[model], **change}))
+    out = tmp_path / "out"
+    argv = ["--model-config-path", str(path), "--seqlen", "32", "--world-size", "1", "--microbatches", "1",
+            "--validate", "--report-dir-path", str(out), *args]  # fmt: skip
+    rc = run_cli(main, argv, prog="opbench project")  # in this process: an error that is not one line raises here
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("opbench project: error: ")]
+    assert rc == 2 and len(errors) == 1 and message in errors[0] and str(path) in errors[0], err
+    assert not out.exists()  # nothing measured
+
+
 # --- against real training steps on this machine ----------------------------------------------------------------
 
 EXAMPLES = ROOT / "examples" / "configs"  # the README's small models: a Llama-style one and a Qwen3-MoE one

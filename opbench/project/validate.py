@@ -40,6 +40,7 @@ from .schema import VALIDATE_SCHEMA
 from .step import Projection, Projector
 
 MAX_PARAMS = {"cpu": 1_500_000_000, "cuda": 8_000_000_000}  # validation trains the whole model on one machine
+MAX_WHY = 400  # characters of transformers' reason shown when it cannot build a model
 
 
 @dataclass
@@ -90,13 +91,36 @@ def check_buildable(cfg: ModelConfig) -> None:
 
     from opbench.models.hf import build_model
 
+    strict: tuple[type[Exception], ...] = ()
+    try:  # transformers' configs check their fields through huggingface_hub's strict dataclasses
+        from huggingface_hub.errors import StrictDataclassError
+
+        strict = (StrictDataclassError,)
+    except ImportError:  # an older huggingface_hub: the configs raise ValueError
+        pass
+
     experts = "grouped_mm" if cfg.is_moe else "eager"
     try:
         build_model(cfg, device="meta", dtype=torch.float32, attn_implementation="sdpa", experts_implementation=experts)
-    except (ValueError, TypeError, KeyError, AttributeError, NotImplementedError, RuntimeError, ImportError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    except (
+        ValueError,
+        TypeError,
+        KeyError,
+        AttributeError,
+        NotImplementedError,
+        RuntimeError,
+        ImportError,
+        *strict,  # a field of the wrong type, or a check across fields (hidden_size % heads, RoPE)
+    ) as exc:
+        # the whole message on one line: a strict dataclass's first line only names the failing validator
+        why = " ".join(str(exc).split()) or type(exc).__name__
+        if isinstance(exc, KeyError):  # str(KeyError) is just the key
+            why = f"KeyError {why}"
+        why = why if len(why) <= MAX_WHY else why[: MAX_WHY - 1] + "…"
         raise UsageError(
-            f"transformers cannot build {cfg.name} ({cfg.architecture}) for training here: {first}", field="--validate"
+            f"transformers cannot build {cfg.name} ({cfg.architecture}) for training here: {why}",
+            source=cfg.source or None,
+            field="--validate",
         ) from None
 
 
