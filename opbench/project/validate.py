@@ -405,6 +405,20 @@ def check_plan(cfg: ModelConfig, plan: Plan, args: argparse.Namespace, device: s
         raise UsageError("--validate runs one or two ranks", field="--nproc-per-node")
     if (plan.tp, plan.pp, plan.cp, plan.ep) != (1, 1, 1, 1):
         raise UsageError("--validate runs data parallelism only (tp = pp = cp = ep = 1)", field="--tp")
+    if plan.seqlen < 2:  # the loss of token t is its prediction of token t + 1: one token has none (NaN loss)
+        raise UsageError(
+            f"--validate trains a causal language model: at --seqlen {plan.seqlen} no token has a next one to "
+            "predict, so the loss is NaN and there is no step to time; give 2 or more",
+            field="--seqlen",
+        )
+    positions = cfg.extra.get("n_positions")  # learned absolute positions (GPT-2): one embedding row each
+    if positions is not None and plan.seqlen > positions:
+        raise UsageError(
+            f"--seqlen {plan.seqlen} is longer than the {positions} positions {cfg.name}'s learned position "
+            "embedding holds (n_positions): training would index past it",
+            source=cfg.source or None,
+            field="--seqlen",
+        )
     n = sum(p.numel for p in parameter_shapes(cfg))
     limit = MAX_PARAMS["cuda" if device == "cuda" else "cpu"]
     if n > limit:
