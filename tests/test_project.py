@@ -324,6 +324,10 @@ def test_validate_refuses_an_unbuildable_model_and_a_killed_rank_is_one_line(tmp
 TINY = {
     "llama": dict(model_type="llama", hidden_size=64, intermediate_size=128, num_attention_heads=4,
                   num_key_value_heads=2, num_hidden_layers=2, vocab_size=256),
+    "deepseek_v3": dict(model_type="deepseek_v3", hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                        num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=2, vocab_size=256,
+                        n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=1, q_lora_rank=32,
+                        kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16),
     "gpt2": dict(model_type="gpt2", n_embd=64, n_head=4, n_layer=2, vocab_size=256),
 }  # fmt: skip
 
@@ -335,6 +339,9 @@ TINY = {
         ("llama", {"head_dim": 7}, [], "RoPE requires an even rotary dimension"),
         ("llama", {"rope_scaling": "linear"}, [], "Validation error for field 'rope_parameters'"),
         ("llama", {}, ["--seqlen", "1"], "field '--seqlen': --validate trains a causal language model"),
+        ("deepseek_v3", {}, [], "4 routed experts do not split into n_group 8 groups (transformers' default"),
+        ("deepseek_v3", {"n_group": 4, "topk_group": 1}, [], "leaves 1 routed expert(s) per group"),
+        ("deepseek_v3", {"n_group": 2, "topk_group": 3}, [], "field 'topk_group'"),
         ("gpt2", {"n_positions": 16}, [], "--seqlen 32 is longer than the 16 positions"),
     ],
 )

@@ -101,7 +101,9 @@ def check_buildable(cfg: ModelConfig) -> None:
 
     experts = "grouped_mm" if cfg.is_moe else "eager"
     try:
-        build_model(cfg, device="meta", dtype=torch.float32, attn_implementation="sdpa", experts_implementation=experts)
+        model = build_model(
+            cfg, device="meta", dtype=torch.float32, attn_implementation="sdpa", experts_implementation=experts
+        )
     except (
         ValueError,
         TypeError,
@@ -122,6 +124,33 @@ def check_buildable(cfg: ModelConfig) -> None:
             source=cfg.source or None,
             field="--validate",
         ) from None
+    check_router_groups(cfg, model.config)
+
+
+def check_router_groups(cfg: ModelConfig, hf_cfg: Any) -> None:
+    """DeepSeek-V3's router (and GLM-4.5's, and V2's group_limited_greedy) splits the routed experts into
+    ``n_group`` groups, scores each by its top two experts and keeps ``topk_group`` of them: a tiny expert count
+    under transformers' default groups (8 and 4 for deepseek_v3) fails in the first forward, after measuring."""
+    groups, kept = getattr(hf_cfg, "n_group", None), getattr(hf_cfg, "topk_group", None)
+    if not cfg.is_moe or not isinstance(groups, int) or not isinstance(kept, int):
+        return
+    if cfg.architecture == "deepseek_v2" and getattr(hf_cfg, "topk_method", None) != "group_limited_greedy":
+        return  # greedy: no groups
+    experts, per_group = cfg.n_routed_experts, 2 if cfg.architecture != "deepseek_v2" else 1
+    default = "" if "n_group" in cfg.raw else f" (transformers' default for {cfg.architecture}; give n_group)"
+    why, where = None, "n_group"
+    if groups < 1 or experts % groups:
+        why = f"{experts} routed experts do not split into n_group {groups} groups{default}"
+    elif experts // groups < per_group:
+        why = (
+            f"n_group {groups} leaves {experts // groups} routed expert(s) per group{default}; the router scores a "
+            f"group by its top {per_group} experts"
+        )
+    elif not 1 <= kept <= groups:
+        why, where = f"topk_group {kept} is not between 1 and n_group {groups}", "topk_group"
+        why += "" if "topk_group" in cfg.raw else " (transformers' default; give topk_group)"
+    if why:
+        raise UsageError(f"--validate cannot route {cfg.name}'s tokens: {why}", source=cfg.source or None, field=where)
 
 
 def measure_rates(cfg: ModelConfig, plan: Plan, args: argparse.Namespace, folder: Path, device: str) -> None:
