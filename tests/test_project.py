@@ -342,6 +342,7 @@ TINY = {
         ("deepseek_v3", {}, [], "4 routed experts do not split into n_group 8 groups (transformers' default"),
         ("deepseek_v3", {"n_group": 4, "topk_group": 1}, [], "leaves 1 routed expert(s) per group"),
         ("deepseek_v3", {"n_group": 2, "topk_group": 3}, [], "field 'topk_group'"),
+        ("gpt2", {"intermediate_size": 128}, [], "mlp.c_fc.weight [64, 256] where opbench reads the config as"),
         ("gpt2", {"n_positions": 16}, [], "--seqlen 32 is longer than the 16 positions"),
     ],
 )

@@ -125,6 +125,29 @@ def check_buildable(cfg: ModelConfig) -> None:
             field="--validate",
         ) from None
     check_router_groups(cfg, model.config)
+    check_same_parameters(cfg, model)
+
+
+def check_same_parameters(cfg: ModelConfig, model: Any) -> None:
+    """The model transformers built has every parameter opbench's description of the config has, by name and
+    shape: where the two read the config differently (a field transformers reads under another name for this
+    model_type, or ignores), the projection would be of another model than the one trained, the ratios silently
+    wrong."""
+    from itertools import zip_longest
+
+    built = [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+    described = [(s.name, s.shape) for s in parameter_shapes(cfg)]
+    for got, want in zip_longest(built, described):
+        if got != want:
+            have = f"{got[0]} {list(got[1])}" if got else "no more parameters"
+            says = f"{want[0]} {list(want[1])}" if want else "no more"
+            raise UsageError(
+                f"transformers builds {cfg.name} ({cfg.architecture}) with {have} where opbench reads the config as "
+                f"{says}: a field transformers reads under another name or leaves out for {cfg.architecture}, so "
+                "the projection would not be of the model trained",
+                source=cfg.source or None,
+                field="--validate",
+            )
 
 
 def check_router_groups(cfg: ModelConfig, hf_cfg: Any) -> None:
