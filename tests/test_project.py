@@ -338,6 +338,7 @@ TINY = {
         ("llama", {"hidden_size": 66}, [], "The hidden size (66) is not a multiple of the number of attention heads"),
         ("llama", {"head_dim": 7}, [], "RoPE requires an even rotary dimension"),
         ("llama", {"rope_scaling": "linear"}, [], "Validation error for field 'rope_parameters'"),
+        ("llama", {"model_type": "phi3"}, [], "Padding_idx must be within num_embeddings"),  # pad_token_id 32000
         ("llama", {}, ["--seqlen", "1"], "field '--seqlen': --validate trains a causal language model"),
         ("deepseek_v3", {}, [], "4 routed experts do not split into n_group 8 groups (transformers' default"),
         ("deepseek_v3", {"n_group": 4, "topk_group": 1}, [], "leaves 1 routed expert(s) per group"),

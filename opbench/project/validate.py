@@ -112,6 +112,7 @@ def check_buildable(cfg: ModelConfig) -> None:
         NotImplementedError,
         RuntimeError,
         ImportError,
+        AssertionError,  # torch's own checks while building (an embedding's padding_idx beyond its vocabulary)
         *strict,  # a field of the wrong type, or a check across fields (hidden_size % heads, RoPE)
     ) as exc:
         # the whole message on one line: a strict dataclass's first line only names the failing validator
