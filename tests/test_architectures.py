@@ -11,6 +11,7 @@ below, and ``VARIANTS`` adds configs that exercise its flags.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -27,6 +28,7 @@ from opbench.core.errors import UsageError  # noqa: E402
 from opbench.gemm.shapes import gemm_shapes  # noqa: E402
 from opbench.models import load_model_configs  # noqa: E402
 from opbench.models.architectures import HF_LAYER_TYPES, SUPPORTED, decoder_layers  # noqa: E402
+from opbench.models.config import ALIASES  # noqa: E402
 from opbench.models.layout import FULL, LINEAR  # noqa: E402
 from opbench.models.params import parameter_shapes  # noqa: E402
 
@@ -222,6 +224,34 @@ def test_default_config_matches_named_parameters(model_type, tmp_path):
 def test_variant_matches_named_parameters(variant, tmp_path):
     model_type, kwargs = VARIANTS[variant]
     check_against_hf(transformers.AutoConfig.for_model(model_type, **kwargs), tmp_path, kwargs)
+
+
+# The dimensions a config.json must give (opbench refuses to guess them); every other shape field may be left out.
+REQUIRED_DIMS = ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
+
+
+@pytest.mark.parametrize("model_type", SUPPORTED)
+def test_fields_a_config_leaves_out_take_transformers_defaults(model_type, tmp_path):
+    """A config.json with its model_type, a layer count and only the dimensions opbench requires: every shape
+    field it leaves out (KV heads, expert counts and widths, MLA ranks, dense layers) takes transformers' default
+    for that model_type (``Architecture.hf_defaults``), so the parameters are those transformers builds from the
+    same file, not a Llama's or a dense model's."""
+    fixes = DEFAULT_FIXES.get(model_type, {})
+    full = transformers.AutoConfig.for_model(model_type, **fixes).to_dict()
+    given = {"model_type": model_type, "n_layer" if "n_layer" in full else "num_hidden_layers": 4, **fixes}
+    path = tmp_path / "config.json"
+    for _ in range(len(REQUIRED_DIMS) + 1):
+        path.write_text(json.dumps(given))
+        try:
+            (cfg,) = load_model_configs(str(path))
+            break
+        except UsageError as exc:
+            missing = re.search(r"field '(\w+)': missing", str(exc))
+            assert missing is not None and missing.group(1) in REQUIRED_DIMS, str(exc)
+            key = next(k for k in ALIASES[missing.group(1)] if full.get(k) is not None)
+            given[key] = full[key]
+    hf_cfg = transformers.AutoConfig.for_model(model_type, **{k: v for k, v in given.items() if k != "model_type"})
+    assert [(s.name, s.shape) for s in parameter_shapes(cfg)] == hf_named_shapes(meta_model(hf_cfg)), given
 
 
 # Layers per FLOP check: enough for every kind of layer (Gemma 3's sixth is full; DeepSeek-V3's fourth is MoE).

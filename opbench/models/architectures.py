@@ -10,8 +10,8 @@ in ``ARCHITECTURES`` and its name in that test (docs/models.md, "Adding an archi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from opbench.core.errors import UsageError
@@ -46,6 +46,10 @@ class Architecture:
     moe: bool = False  # routes to experts: an expert count the config gives must be at least 1
     tie_default: bool = False  # transformers' tie_word_embeddings default for this model_type
     head_dim_default: int | None = None  # transformers' head_dim default, when it is not hidden / heads
+    # transformers' defaults of the shape fields a config.json may leave out, where they are constants (a Mistral
+    # config without num_key_value_heads has 8, not one per head; a Qwen2-MoE one without num_experts has 60):
+    # canonical field (config.ALIASES) -> value; tests/test_architectures.py checks them against transformers
+    hf_defaults: Mapping[str, int] = field(default_factory=dict)
     embeddings: Callable[[ModelConfig], Named] = lambda c: [
         ("model.embed_tokens.weight", (c.vocab_size, c.hidden_size))
     ]
@@ -580,6 +584,8 @@ def _read_llama4(r: FieldReader, f: dict[str, Any]) -> None:
     # Llama 4's intermediate_size is the experts' (and the shared expert's) width; dense layers use
     # intermediate_size_mlp. opbench's intermediate_size is the dense MLP's.
     expert_ffn = f.get("intermediate_size")
+    if expert_ffn is None:
+        raise UsageError("missing (Llama 4's experts' width)", source=r.where, field="intermediate_size")
     f["moe_intermediate_size"] = expert_ffn
     f["shared_expert_intermediate_size"] = expert_ffn
     f["intermediate_size"] = r.number("intermediate_size_mlp", 16384)
@@ -770,12 +776,30 @@ def _embedding(name: str) -> Callable[[ModelConfig], Named]:
 _ARCHS: Sequence[Architecture] = (
     Architecture("llama", "Llama 2, Llama 3/3.1/3.3", _llama_layer, _read_llama),
     Architecture(
-        "mistral", "Mistral 7B, Mistral NeMo/Small", _mistral_layer, _read_mistral, layer_types=SOFTMAX_LAYER_TYPES
+        "mistral",
+        "Mistral 7B, Mistral NeMo/Small",
+        _mistral_layer,
+        _read_mistral,
+        layer_types=SOFTMAX_LAYER_TYPES,
+        hf_defaults=dict(num_key_value_heads=8),
     ),
     Architecture(
-        "mixtral", "Mixtral 8x7B/8x22B", _mixtral_layer, _read_mixtral, layer_types=SOFTMAX_LAYER_TYPES, moe=True
+        "mixtral",
+        "Mixtral 8x7B/8x22B",
+        _mixtral_layer,
+        _read_mixtral,
+        layer_types=SOFTMAX_LAYER_TYPES,
+        moe=True,
+        hf_defaults=dict(num_key_value_heads=8, n_routed_experts=8, num_experts_per_tok=2),
     ),
-    Architecture("qwen2", "Qwen2, Qwen2.5", _qwen2_layer, _read_qwen2, layer_types=SOFTMAX_LAYER_TYPES),
+    Architecture(
+        "qwen2",
+        "Qwen2, Qwen2.5",
+        _qwen2_layer,
+        _read_qwen2,
+        layer_types=SOFTMAX_LAYER_TYPES,
+        hf_defaults=dict(num_key_value_heads=32),
+    ),
     Architecture(
         "qwen2_moe",
         "Qwen1.5-MoE, Qwen2-57B-A14B",
@@ -783,9 +807,22 @@ _ARCHS: Sequence[Architecture] = (
         _read_qwen2_moe,
         layer_types=SOFTMAX_LAYER_TYPES,
         moe=True,
+        hf_defaults=dict(
+            num_key_value_heads=16,
+            n_routed_experts=60,
+            num_experts_per_tok=4,
+            moe_intermediate_size=1408,
+            shared_expert_intermediate_size=5632,
+        ),
     ),
     Architecture(
-        "qwen3", "Qwen3 dense", _qwen3_layer, _read_qwen3, layer_types=SOFTMAX_LAYER_TYPES, head_dim_default=128
+        "qwen3",
+        "Qwen3 dense",
+        _qwen3_layer,
+        _read_qwen3,
+        layer_types=SOFTMAX_LAYER_TYPES,
+        head_dim_default=128,
+        hf_defaults=dict(num_key_value_heads=32),
     ),
     Architecture(
         "qwen3_moe",
@@ -794,6 +831,7 @@ _ARCHS: Sequence[Architecture] = (
         _read_qwen3_moe,
         layer_types=SOFTMAX_LAYER_TYPES,
         moe=True,
+        hf_defaults=dict(num_key_value_heads=4, n_routed_experts=128, num_experts_per_tok=8, moe_intermediate_size=768),
     ),
     Architecture(
         "qwen3_next",
@@ -803,13 +841,86 @@ _ARCHS: Sequence[Architecture] = (
         ("full_attention", "linear_attention"),
         moe=True,
         head_dim_default=256,
+        hf_defaults=dict(
+            num_key_value_heads=2,
+            n_routed_experts=512,
+            num_experts_per_tok=10,
+            moe_intermediate_size=512,
+            shared_expert_intermediate_size=512,
+        ),
     ),
-    Architecture("deepseek_v2", "DeepSeek-V2, V2-Lite", _deepseek_layer(False), _read_deepseek("v2"), moe=True),
-    Architecture("deepseek_v3", "DeepSeek-V3, R1, Kimi K2", _deepseek_layer(False), _read_deepseek("v3"), moe=True),
     Architecture(
-        "deepseek_v32", "DeepSeek-V3.2", _deepseek_layer(True), _read_deepseek("v32"), ("indexed_attention",), moe=True
+        "deepseek_v2",
+        "DeepSeek-V2, V2-Lite",
+        _deepseek_layer(False),
+        _read_deepseek("v2"),
+        moe=True,
+        hf_defaults=dict(
+            n_routed_experts=64,
+            moe_intermediate_size=1407,
+            n_shared_experts=2,
+            first_k_dense_replace=0,
+            q_lora_rank=1536,
+            kv_lora_rank=512,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+        ),
     ),
-    Architecture("glm4_moe", "GLM-4.5, GLM-4.6", _glm4_moe_layer, _read_glm4_moe, moe=True),
+    Architecture(
+        "deepseek_v3",
+        "DeepSeek-V3, R1, Kimi K2",
+        _deepseek_layer(False),
+        _read_deepseek("v3"),
+        moe=True,
+        hf_defaults=dict(
+            n_routed_experts=256,
+            num_experts_per_tok=8,
+            moe_intermediate_size=2048,
+            n_shared_experts=1,
+            first_k_dense_replace=3,
+            q_lora_rank=1536,
+            kv_lora_rank=512,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+        ),
+    ),
+    Architecture(
+        "deepseek_v32",
+        "DeepSeek-V3.2",
+        _deepseek_layer(True),
+        _read_deepseek("v32"),
+        ("indexed_attention",),
+        moe=True,
+        hf_defaults=dict(
+            n_routed_experts=256,
+            num_experts_per_tok=8,
+            moe_intermediate_size=2048,
+            n_shared_experts=1,
+            first_k_dense_replace=3,
+            q_lora_rank=1536,
+            kv_lora_rank=512,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+        ),
+    ),
+    Architecture(
+        "glm4_moe",
+        "GLM-4.5, GLM-4.6",
+        _glm4_moe_layer,
+        _read_glm4_moe,
+        moe=True,
+        hf_defaults=dict(
+            num_key_value_heads=8,
+            n_routed_experts=128,
+            num_experts_per_tok=8,
+            moe_intermediate_size=1408,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+        ),
+    ),
     Architecture(
         "ernie4_5_moe",
         "ERNIE-4.5 MoE",
@@ -818,6 +929,13 @@ _ARCHS: Sequence[Architecture] = (
         moe=True,
         tie_default=True,
         lm_head_bias=lambda c: bool(c.extra.get("use_bias")),
+        hf_defaults=dict(
+            num_key_value_heads=4,
+            n_routed_experts=64,
+            num_experts_per_tok=6,
+            moe_intermediate_size=1536,
+            n_shared_experts=2,
+        ),
     ),
     Architecture(
         "gpt_oss",
@@ -827,6 +945,7 @@ _ARCHS: Sequence[Architecture] = (
         layer_types=SOFTMAX_LAYER_TYPES,
         moe=True,
         head_dim_default=64,
+        hf_defaults=dict(num_key_value_heads=8, n_routed_experts=128, num_experts_per_tok=4),
     ),
     Architecture(
         "llama4_text",
@@ -836,6 +955,7 @@ _ARCHS: Sequence[Architecture] = (
         ("full_attention", "chunked_attention"),
         moe=True,
         head_dim_default=128,
+        hf_defaults=dict(num_key_value_heads=8, n_routed_experts=16, num_experts_per_tok=1, intermediate_size=8192),
     ),
     Architecture(
         "gemma3_text",
@@ -845,6 +965,7 @@ _ARCHS: Sequence[Architecture] = (
         layer_types=SOFTMAX_LAYER_TYPES,
         tie_default=True,
         head_dim_default=256,
+        hf_defaults=dict(num_key_value_heads=4),
     ),
     Architecture("olmo2", "OLMo 2", _olmo2_layer, _read_bias_flag),
     Architecture("phi3", "Phi-3, Phi-3.5, Phi-4", _phi3_layer, _read_phi3, layer_types=SOFTMAX_LAYER_TYPES),
@@ -888,6 +1009,7 @@ _ARCHS: Sequence[Architecture] = (
         SOFTMAX_LAYER_TYPES,
         tie_default=True,
         final=_layer_norm_final("model.norm"),
+        hf_defaults=dict(num_key_value_heads=2),
     ),
 )
 ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in _ARCHS}

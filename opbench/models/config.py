@@ -151,6 +151,11 @@ class FieldReader:
     def hf_default(self, value: Any) -> Any:
         return value if self.hf else None
 
+    def given(self, key: str) -> bool:
+        """Whether the object names the field at all (``null`` included: transformers gives None its own meaning,
+        as a DeepSeek-V2-Lite config's ``"q_lora_rank": null`` for no query compression)."""
+        return any(k in self.obj for k in ALIASES.get(key, (key,)))
+
     def pick(self, key: str, alias: Sequence[str] = ()) -> tuple[str | None, Any]:
         for k in (*ALIASES.get(key, (key,)), *alias):
             if k in self.obj and self.obj[k] is not None:
@@ -287,8 +292,9 @@ def parse_model_config(
     for key in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
         f[key] = r.number(key)
     f["tie_word_embeddings"] = r.flag("tie_word_embeddings", arch.tie_default if hf else False)
-    if hf and arch_name.startswith("deepseek") and "first_k_dense_replace" not in obj:
-        f["first_k_dense_replace"] = 0 if arch_name == "deepseek_v2" else 3  # transformers' defaults
+    for key, value in arch.hf_defaults.items() if hf else ():  # what transformers builds for a field left out
+        if not r.given(key):
+            f[key] = value
     if arch.moe:  # a MoE model's expert count and top-k, where the config gives them, are at least 1
         for key in ("n_routed_experts", "num_experts_per_tok"):
             found, _ = r.pick(key)
