@@ -773,6 +773,17 @@ def _embedding(name: str) -> Callable[[ModelConfig], Named]:
     return lambda c: [(name, (c.vocab_size, c.hidden_size))]
 
 
+# transformers' DeepSeek defaults (hf_defaults): the MLA ranks V2 and V3 share, and V3's (and V3.2's) experts
+_MLA_DEFAULTS = dict(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)
+_DEEPSEEK_V3_DEFAULTS = dict(
+    n_routed_experts=256,
+    num_experts_per_tok=8,
+    moe_intermediate_size=2048,
+    n_shared_experts=1,
+    first_k_dense_replace=3,
+    **_MLA_DEFAULTS,
+)
+
 _ARCHS: Sequence[Architecture] = (
     Architecture("llama", "Llama 2, Llama 3/3.1/3.3", _llama_layer, _read_llama),
     Architecture(
@@ -860,11 +871,7 @@ _ARCHS: Sequence[Architecture] = (
             moe_intermediate_size=1407,
             n_shared_experts=2,
             first_k_dense_replace=0,
-            q_lora_rank=1536,
-            kv_lora_rank=512,
-            qk_nope_head_dim=128,
-            qk_rope_head_dim=64,
-            v_head_dim=128,
+            **_MLA_DEFAULTS,
         ),
     ),
     Architecture(
@@ -873,18 +880,7 @@ _ARCHS: Sequence[Architecture] = (
         _deepseek_layer(False),
         _read_deepseek("v3"),
         moe=True,
-        hf_defaults=dict(
-            n_routed_experts=256,
-            num_experts_per_tok=8,
-            moe_intermediate_size=2048,
-            n_shared_experts=1,
-            first_k_dense_replace=3,
-            q_lora_rank=1536,
-            kv_lora_rank=512,
-            qk_nope_head_dim=128,
-            qk_rope_head_dim=64,
-            v_head_dim=128,
-        ),
+        hf_defaults=_DEEPSEEK_V3_DEFAULTS,
     ),
     Architecture(
         "deepseek_v32",
@@ -893,18 +889,7 @@ _ARCHS: Sequence[Architecture] = (
         _read_deepseek("v32"),
         ("indexed_attention",),
         moe=True,
-        hf_defaults=dict(
-            n_routed_experts=256,
-            num_experts_per_tok=8,
-            moe_intermediate_size=2048,
-            n_shared_experts=1,
-            first_k_dense_replace=3,
-            q_lora_rank=1536,
-            kv_lora_rank=512,
-            qk_nope_head_dim=128,
-            qk_rope_head_dim=64,
-            v_head_dim=128,
-        ),
+        hf_defaults=_DEEPSEEK_V3_DEFAULTS,
     ),
     Architecture(
         "glm4_moe",
