@@ -11,6 +11,7 @@ for DeepSeek-V3.2's indexer: which keys it picks does not change the work a mask
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -168,12 +169,25 @@ def reference_attention(
     return q_layout(out), q_layout(dq), kv_layout(dk), kv_layout(dv)
 
 
-def max_errors(got: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
-    """(max |got − ref|, that divided by max |ref|). The relative figure is norm-wise, not per element:
-    per-element ratios blow up on outputs near zero and say nothing about the kernel. NaN/inf in ``got``
-    gives inf (a CSV cell that cannot be mistaken for a small error)."""
+def max_errors(got: torch.Tensor, ref: torch.Tensor, floor: float = 0.0) -> tuple[float, float]:
+    """(max |got − ref|, that divided by max(max |ref|, ``floor``)). The relative figure is norm-wise, not per
+    element: per-element ratios blow up on outputs near zero and say nothing about the kernel. ``floor`` is the
+    least scale an error is judged against (``grad_errors``). NaN/inf in ``got`` gives inf (a CSV cell that cannot
+    be mistaken for a small error)."""
     diff = torch.linalg.vector_norm(got.detach().to(ref.dtype) - ref, ord=math.inf).item()
     if not math.isfinite(diff):
         return math.inf, math.inf
-    scale = torch.linalg.vector_norm(ref, ord=math.inf).item()
+    scale = max(torch.linalg.vector_norm(ref, ord=math.inf).item(), floor)
     return diff, diff / scale if scale > 0 else diff
+
+
+GRAD_FLOOR = 0.05  # a gradient is judged against at least this share of the largest gradient of the same call
+
+
+def grad_errors(grads: Sequence[torch.Tensor], refs: Sequence[torch.Tensor]) -> list[tuple[float, float]]:
+    """``max_errors`` of each input's gradient. A gradient that is zero in exact arithmetic (dQ at one key:
+    the softmax of one score is 1 whatever the query) is rounding noise in any kernel; judged against its own
+    scale it reads as a huge relative error. Each one is judged against at least GRAD_FLOOR × the largest
+    reference gradient of the call, so such noise reads as the small error it is."""
+    largest = max((torch.linalg.vector_norm(r, ord=math.inf).item() for r in refs), default=0.0)
+    return [max_errors(g, r, GRAD_FLOOR * largest) for g, r in zip(grads, refs)]

@@ -26,7 +26,7 @@ from opbench.models.layout import CHUNKED, FULL, INDEXER, LINEAR
 from .backends import BACKENDS, from_layout, to_layout
 from .flops import attention_flops
 from .operators import indexer_reference, recurrent_gated_delta_rule
-from .reference import max_errors, reference_attention, reference_precision
+from .reference import grad_errors, max_errors, reference_attention, reference_precision
 from .schema import STAT_SUFFIXES
 from .shapes import AttentionShape
 
@@ -165,7 +165,7 @@ def check(fn, layout: str, problem: Problem, adapt: Callable[..., tuple[torch.Te
     row["max_abs_err"], row["max_rel_err"] = max_errors(from_layout(out, layout), problem.ref[0])
     if problem.grad_out is not None:
         grads = torch.autograd.grad(out, xs, to_layout(problem.grad_out, layout))
-        errs = [max_errors(from_layout(g, layout), r) for g, r in zip(grads, problem.ref[1:])]
+        errs = grad_errors([from_layout(g, layout) for g in grads], problem.ref[1:])
         row["grad_max_abs_err"] = max(e[0] for e in errs)
         row["grad_max_rel_err"] = max(e[1] for e in errs)
     return row
