@@ -286,3 +286,18 @@ def test_the_errors_log_goes_aside_with_its_csv_and_overwrite_drops_it(tmp_path)
             assert moved is not None and (moved.parent / "ckpt_benchmark.errors.log").read_text().startswith("===")
         else:
             assert moved is None
+
+
+def test_a_link_at_the_lock_name_is_refused_and_never_written_through(tmp_path):
+    """A link (or a FIFO) left at ``<csv>.lock``: the holder's label would be written over what it points at (here
+    the measured CSV itself, emptied before it could be kept aside). One line naming the lock; the CSV intact."""
+    path = tmp_path / "out.csv"
+    path.write_text("model,status\nmine,ok\n")
+    outputs.lock_path(path).symlink_to(path.name)
+    with pytest.raises(UsageError, match="out.csv.lock: cannot lock the report: is a link"):
+        CsvReport(path, GEMM)
+    assert path.read_text() == "model,status\nmine,ok\n"
+    outputs.lock_path(path).unlink()
+    os.mkfifo(outputs.lock_path(path))
+    with pytest.raises(UsageError, match="out.csv.lock: cannot lock the report: is not a plain file"):
+        CsvReport(path, GEMM)

@@ -101,7 +101,7 @@ def test_layout_rules(llama70b):
         (["--global-batch", "100", "--tp", "8"], "field '--global-batch': 100 sequences do not split into mbs·dp"),
         (["--gemm-efficiency", "1.5"], "must be between 0 and 1"),
         (["--device", "a-gpu-nobody-knows"], "no peak for 'a-gpu-nobody-knows'"),
-        (["--search", "--report-dir-path", "/etc/passwd/d"], "/etc/passwd/d/project.csv.lock: cannot write"),
+        (["--search", "--report-dir-path", "/etc/passwd/d"], "/etc/passwd/d/project.csv: cannot write report"),
     ],
 )
 def test_bad_input_is_one_line(run, args, message):

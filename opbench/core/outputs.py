@@ -23,6 +23,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -190,12 +191,20 @@ def _acquire(csv_path: Path) -> int | None:
     was replaced under us."""
     global _warned_no_lock
     path = lock_path(csv_path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot write report: {describe_os_error(exc)}", source=str(csv_path)) from None
     for _ in range(20):
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            # Never through a link: the holder's label would be written over whatever it points at (the CSV).
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
-            raise UsageError(f"cannot write report: {describe_os_error(exc)}", source=str(path)) from None
+            why = "is a link, not opbench's lock file (remove it)" if exc.errno == errno.ELOOP else None
+            raise UsageError(f"cannot lock the report: {why or describe_os_error(exc)}", source=str(path)) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or a device put there: not a lock file
+            os.close(fd)
+            raise UsageError("cannot lock the report: is not a plain file (remove it)", source=str(path))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
