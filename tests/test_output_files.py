@@ -301,3 +301,14 @@ def test_a_link_at_the_lock_name_is_refused_and_never_written_through(tmp_path):
     os.mkfifo(outputs.lock_path(path))
     with pytest.raises(UsageError, match="out.csv.lock: cannot lock the report: is not a plain file"):
         CsvReport(path, GEMM)
+
+
+@pytest.mark.parametrize("name", ["out.meta.json", "out.errors.log", "out.csv.lock"])
+def test_a_csv_named_like_a_file_kept_beside_another_is_refused(tmp_path, name):
+    """`--report-csv-path out.meta.json` moved out.csv's sidecar aside and put rows in its place; `out.csv.lock`
+    wrote rows into another run's lock, which that run deletes when it ends."""
+    beside = tmp_path / name
+    beside.write_text("kept\n")
+    with pytest.raises(UsageError, match=f"{name}: a name ending in .* give a --report-csv-path ending in .csv"):
+        CsvReport(beside, GEMM, earlier=outputs.OVERWRITE)
+    assert beside.read_text() == "kept\n" and sorted(os.listdir(tmp_path)) == [name]

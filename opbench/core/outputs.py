@@ -281,11 +281,29 @@ def refuse_input(csv_path: str | os.PathLike) -> None:
         )
 
 
+RESERVED_SUFFIXES = (*COMPANION_SUFFIXES, LOCK_SUFFIX)  # names of the files opbench keeps beside a CSV
+
+
+def refuse_reserved(csv_path: str | os.PathLike) -> None:
+    """A CSV named like the files kept beside another CSV (``x.meta.json``, ``x.errors.log``, ``x.csv.lock``)
+    would write its rows over that CSV's sidecar, or over a lock that its holder removes when it ends."""
+    name = Path(csv_path).name
+    for suffix in RESERVED_SUFFIXES:
+        if name.endswith(suffix):
+            raise UsageError(
+                f"a name ending in {suffix} is one opbench gives the files beside a CSV (sidecar, errors log, "
+                "lock); give a --report-csv-path ending in .csv",
+                source=str(csv_path),
+            )
+
+
 def hold(csv_path: str | os.PathLike) -> None:
     """Take (or take again) this process's writer lock on a CSV; raises UsageError naming the holder when
-    another process has it, or when the CSV would replace a file this run reads (``protect``)."""
+    another process has it, or when the CSV would replace a file this run reads (``protect``) or a file kept
+    beside another CSV (``refuse_reserved``)."""
     if is_stream(csv_path):
         return  # /dev/stdout, a pipe: nothing to guard
+    refuse_reserved(csv_path)
     refuse_input(csv_path)
     key = _key(Path(csv_path))
     held = _HELD.get(key)
