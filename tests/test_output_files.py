@@ -3,6 +3,7 @@ a dry run writes a plan of its own, --overwrite / --append do what they say, and
 never lose each other's rows (the second stops at once, naming the first). Real processes, real files."""
 
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -312,3 +313,21 @@ def test_a_csv_named_like_a_file_kept_beside_another_is_refused(tmp_path, name):
     with pytest.raises(UsageError, match=f"{name}: a name ending in .* give a --report-csv-path ending in .csv"):
         CsvReport(beside, GEMM, earlier=outputs.OVERWRITE)
     assert beside.read_text() == "kept\n" and sorted(os.listdir(tmp_path)) == [name]
+
+
+def test_two_outputs_of_one_run_that_are_one_file_are_refused(tmp_path):
+    """gemm's models 'a/b' and 'a_b' both give benchmark_gemm_a_b.csv: the second model's rows replaced the
+    first's. Any two outputs of one run that are one file (by name or through a link) stop the run first."""
+    from opbench.gemm.__main__ import main as gemm
+
+    config = {"seqlen": 128, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+              "num_key_value_heads": 4, "head_dim": 16, "vocab_size": 256, "model_type": "llama"}  # fmt: skip
+    (tmp_path / "two.json").write_text(json.dumps([{**config, "model": "a/b"}, {**config, "model": "a_b"}]))
+    with pytest.raises(UsageError, match="benchmark_gemm_a_b.plan.csv: two of this run's outputs are this one file"):
+        gemm(["--model-config-path", str(tmp_path / "two.json"), "--dry-run", "--report-dir-path", str(tmp_path)])
+    assert sorted(os.listdir(tmp_path)) == ["two.json"]
+    (tmp_path / "link.csv").symlink_to("real.csv")
+    with pytest.raises(UsageError, match="two of this run's outputs are this one file"):
+        with outputs.claimed(tmp_path / "real.csv", tmp_path / "link.csv"):
+            pass
+    assert not outputs._HELD

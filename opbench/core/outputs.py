@@ -339,7 +339,18 @@ def release(csv_path: str | os.PathLike) -> None:
 @contextmanager
 def claimed(*csv_paths: str | os.PathLike) -> Iterator[None]:
     """Hold the writer locks of every CSV a run will write, from its start to its end: a second run into the
-    same files stops at once, not after the first of them is done."""
+    same files stops at once, not after the first of them is done. Two of them that are one file (two models
+    whose names give one file name, a link) are refused: the second would replace the first's rows."""
+    seen: set[Path] = set()
+    for path in csv_paths:
+        key = _key(Path(path))
+        if key in seen and not is_stream(path):
+            raise UsageError(
+                "two of this run's outputs are this one file (one name given twice, or two names that give one "
+                "file name): the second would replace the first's rows; give them different names",
+                source=str(path),
+            )
+        seen.add(key)
     taken: list[str | os.PathLike] = []
     try:
         for path in csv_paths:
