@@ -331,3 +331,15 @@ def test_two_outputs_of_one_run_that_are_one_file_are_refused(tmp_path):
         with outputs.claimed(tmp_path / "real.csv", tmp_path / "link.csv"):
             pass
     assert not outputs._HELD
+
+
+def test_trace_claims_every_csv_it_writes_before_it_reads(tmp_path):
+    """A breakdown CSV over the log (`log_per_rank.csv` with --csv log.csv --per-rank), or one another run holds,
+    stopped trace only after the whole log was parsed and the summary CSV written."""
+    from opbench.trace.__main__ import main as trace
+
+    log = tmp_path / "s_per_rank.csv"
+    log.write_bytes((ROOT / "examples" / "nccl_fsdp_qwen3_0.6b_4ranks.log.gz").read_bytes())
+    with pytest.raises(UsageError, match="s_per_rank.csv: is a file this run reads"):
+        trace([str(log), "--csv", str(tmp_path / "s.csv"), "--per-rank"])
+    assert sorted(os.listdir(tmp_path)) == ["s_per_rank.csv"] and not outputs._HELD

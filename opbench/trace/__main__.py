@@ -74,13 +74,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     args.csv = cli.output_csv(args, CSV_NAME)
-    if args.csv:  # a CSV over one of the logs is refused before the logs are read
+    if args.csv:  # a CSV over one of the logs is refused (claimed, below) before the logs are read
         outputs.protect(check_paths(args.logs))
-        outputs.refuse_input(args.csv)
     if args.compare_fsdp:
         args.fsdp_config = actions.fsdp_config(args)  # a wrong model is one line before the log is read
-    summary, parser = analyze(args.logs, raw_p2p=args.raw_p2p, jobs=args.jobs)
-    return actions.run(args, summary, parser)
+    with outputs.claimed(*actions.csv_paths(args)):  # a bad or busy CSV path stops now, not after a long parse
+        summary, parser = analyze(args.logs, raw_p2p=args.raw_p2p, jobs=args.jobs)
+        return actions.run(args, summary, parser)
 
 
 if __name__ == "__main__":

@@ -94,6 +94,14 @@ def side_csv(csv_path: str | None, suffix: str) -> str | None:
     return str(p.with_name(f"{p.stem}_{suffix}{p.suffix or '.csv'}"))
 
 
+def csv_paths(args: argparse.Namespace) -> list[str]:
+    """Every CSV this run writes: the summary and the breakdowns asked for beside it."""
+    if not args.csv:
+        return []
+    wanted = {"per_rank": args.per_rank, "per_comm": args.per_comm, "fsdp": args.compare_fsdp}
+    return [args.csv, *(side_csv(args.csv, suffix) or "" for suffix, on in wanted.items() if on)]
+
+
 def write_csv(
     path: str | None, schema: Schema, rows: list[dict[str, Any]], meta: dict[str, Any], earlier: str | None = None
 ) -> None:
