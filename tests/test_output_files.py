@@ -343,3 +343,32 @@ def test_trace_claims_every_csv_it_writes_before_it_reads(tmp_path):
     with pytest.raises(UsageError, match="s_per_rank.csv: is a file this run reads"):
         trace([str(log), "--csv", str(tmp_path / "s.csv"), "--per-rank"])
     assert sorted(os.listdir(tmp_path)) == ["s_per_rank.csv"] and not outputs._HELD
+
+
+def test_whole_files_are_put_in_place_never_written_through_a_link_fifo_or_folder(tmp_path):
+    """report.md, the plots and every CSV's sidecar: a folder at the name was a traceback, a FIFO a hang (here it
+    has a reader, so the old code wrote into it), a link wrote over the file it points at."""
+    from opbench.report.build import build_report
+
+    results, notes = tmp_path / "results", tmp_path / "notes.md"
+    results.mkdir()
+    notes.write_text("mine\n")
+    os.mkfifo(results / "x.meta.json")
+    reader = os.open(results / "x.meta.json", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        with CsvReport(results / "x.csv", GEMM) as report:
+            report.append({"model": "m", "layer": "qkv", "pass": "fwd", "m": 8, "n": 8, "k": 8, "status": "ok"})
+    finally:
+        os.close(reader)
+    assert (results / "x.meta.json").is_file()  # not a FIFO (reading one with no writer would block)
+    assert json.loads((results / "x.meta.json").read_text())["benchmark"] == "gemm"
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.md").symlink_to(notes)
+    build_report(results, out, plots=False)
+    assert notes.read_text() == "mine\n" and (out / "report.md").is_file() and not (out / "report.md").is_symlink()
+    (out / "report.md").unlink()
+    (out / "report.md").mkdir()
+    with pytest.raises(UsageError, match="report.md: cannot write: is a folder"):
+        build_report(results, out, plots=False)
+    assert sorted(os.listdir(out)) == ["report.md"]  # no temporary file left

@@ -150,6 +150,27 @@ def keep_earlier(csv_path: Path) -> Path:
     return target
 
 
+def write_file(path: str | os.PathLike, data: bytes) -> None:
+    """Write a whole file (a sidecar, report.md, a plot) as a new file moved into place: a FIFO at that name is
+    not opened (it would block until someone reads it), a link there is replaced rather than written through
+    (it would overwrite what it points at), and a failed write (disk full) leaves what was there. Raises
+    UsageError naming the path."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        raise UsageError("cannot write: is a folder", source=str(path))
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    try:
+        try:
+            with open(tmp, "xb") as fh:
+                fh.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise UsageError(f"cannot write: {describe_os_error(exc)}", source=str(path)) from None
+
+
 # -- the writer's lock ---------------------------------------------------------------------------------------
 
 

@@ -218,13 +218,8 @@ class CsvReport:
         """(Re)write the sidecar; ``benchmark`` and ``schema_version`` always come from the schema."""
         if not self._regular:
             return  # /dev/stdout, a pipe: no file to put a sidecar beside
-        path = sidecar_path(self.path)
-        try:
-            with open(path, "w", encoding="utf-8") as fh:
-                json.dump(redact({**meta, **self.schema.sidecar()}), fh, indent=2, default=str)
-                fh.write("\n")
-        except OSError as exc:
-            raise UsageError(f"cannot write the sidecar: {describe_os_error(exc)}", source=str(path)) from None
+        text = json.dumps(redact({**meta, **self.schema.sidecar()}), indent=2, default=str) + "\n"
+        outputs.write_file(sidecar_path(self.path), text.encode("utf-8"))
 
     def append(self, row: Mapping[str, Any]) -> None:
         unknown = set(row) - set(self.columns)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from opbench.core.errors import UsageError, describe_os_error
+from opbench.core.outputs import write_file
 
 from .discover import Discovery, discover, require_results
 from .markdown import report_markdown
@@ -44,5 +45,5 @@ def build_report(
     planned = plan_plots(sections)
     made, missing = render(planned, out) if plots else ([], {p.filename: "--no-plots" for p in planned})
     path = out / "report.md"
-    path.write_text(report_markdown(found, sections, planned, missing, other, regressions, top), encoding="utf-8")
+    write_file(path, report_markdown(found, sections, planned, missing, other, regressions, top).encode("utf-8"))
     return Report(path, sections, made, missing, found, regressions)

@@ -7,6 +7,7 @@ display needed).
 
 from __future__ import annotations
 
+import io
 import math
 import re
 from collections.abc import Callable, Hashable, Sequence
@@ -17,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 
+from opbench.core.outputs import write_file
 from opbench.core.units import human_bytes
 
 from .tables import Section, cell
@@ -788,9 +790,11 @@ def render(plots: Sequence[Plot], out_dir: Path) -> tuple[list[Plot], dict[str, 
             # would be read as math and fail. Every text in these plots is plain (axis formatters are opbench's).
             with rc_context({"text.parse_math": False}):
                 plot.draw(fig)
-                fig.savefig(out_dir / plot.filename, dpi=100)
+                png = io.BytesIO()
+                fig.savefig(png, format="png", dpi=100)
         except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:  # odd data: not the report
             missing[plot.filename] = f"could not draw: {type(exc).__name__}: {exc}"
             continue
+        write_file(out_dir / plot.filename, png.getvalue())  # a folder or FIFO at that name: one line, no hang
         made.append(plot)
     return made, missing
