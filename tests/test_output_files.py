@@ -372,3 +372,16 @@ def test_whole_files_are_put_in_place_never_written_through_a_link_fifo_or_folde
     with pytest.raises(UsageError, match="report.md: cannot write: is a folder"):
         build_report(results, out, plots=False)
     assert sorted(os.listdir(out)) == ["report.md"]  # no temporary file left
+
+
+PROJECT = ["project", "--model", "Qwen3_0.6B", "--world-size", "8", "--device", "H100"]
+
+
+def test_a_name_too_long_is_one_short_line(capsys, tmp_path):
+    """A 300-byte name printed the whole path twice inside Python's error text."""
+    from opbench.core.cli import main
+
+    assert main([*PROJECT, "--report-csv-path", str(tmp_path / ("a" * 300 + ".csv"))]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.count("a" * 300) == 1 and "name too long" in err
+    assert os.listdir(tmp_path) == []

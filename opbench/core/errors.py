@@ -17,6 +17,8 @@ def describe_os_error(exc: BaseException) -> str:
     """One readable line for the storage failures users hit: disk full, no permission, missing file or bucket."""
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return f"disk full: {exc.strerror}" + (f" ({exc.filename})" if exc.filename else "")
+    if isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG:  # the name itself is in the source already
+        return "name too long (a part of a path may have 255 bytes, the whole path 4096)"
     if isinstance(exc, PermissionError):
         return f"permission denied: {exc}"
     if isinstance(exc, FileNotFoundError):
