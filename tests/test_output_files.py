@@ -377,6 +377,29 @@ def test_whole_files_are_put_in_place_never_written_through_a_link_fifo_or_folde
 PROJECT = ["project", "--model", "Qwen3_0.6B", "--world-size", "8", "--device", "H100"]
 
 
+@pytest.mark.parametrize("tool", ["project", "nccl-tests", "report"])
+def test_an_output_path_with_a_control_character_is_printed_as_one_plain_line(capsys, tmp_path, tool):
+    """A folder named with a newline or a terminal escape is written to (tests/test_fsdp_model.py quotes one in
+    printed commands), but the 'wrote' and 'kept' lines printed it raw: a new line, or a recoloured terminal."""
+    from opbench.core.cli import main
+
+    folder, results = str(tmp_path / "x\x1b[31m\ny"), str(tmp_path / "results")
+    nccl_tests = ["nccl-tests", str(ROOT / "examples" / "all_gather_perf.out"), "--report-dir-path"]
+    if tool == "report":
+        assert main([*nccl_tests, results]) == 0
+    args = {
+        "project": [*PROJECT, "--report-dir-path", folder],
+        "nccl-tests": [*nccl_tests, folder],
+        "report": ["report", results, "--no-plots", "--out", folder],
+    }[tool]
+    capsys.readouterr()
+    for _ in range(2):  # the second run keeps the first one's CSV aside, and says so
+        assert main(args) == 0
+        printed = "".join(capsys.readouterr())
+        assert "wrote " in printed and "\x1b" not in printed
+        assert not [line for line in printed.splitlines() if line.startswith("y")]
+
+
 def test_a_name_too_long_is_one_short_line(capsys, tmp_path):
     """A 300-byte name printed the whole path twice inside Python's error text."""
     from opbench.core.cli import main

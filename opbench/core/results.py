@@ -27,6 +27,7 @@ from . import outputs
 from .errors import UsageError, describe_os_error
 from .redact import redact, redact_text
 from .schema import Schema
+from .units import one_line
 
 if TYPE_CHECKING:
     import torch
@@ -151,7 +152,7 @@ class CsvReport:
             raise
         if self.moved_to is not None:
             print(
-                f"note: the earlier {self.path.name} is kept as {self.moved_to} "
+                f"note: the earlier {one_line(self.path.name)} is kept as {one_line(self.moved_to)} "
                 "(--overwrite replaces earlier results, --append adds to them)",
                 file=sys.stderr,
             )

@@ -29,6 +29,7 @@ from opbench.core.progress import STATUS, Field, column, figure, percent, time_t
 from opbench.core.results import CsvReport, environment, summary_table
 from opbench.core.sweep import run_sweep
 from opbench.core.timing import noisy_advice
+from opbench.core.units import one_line
 from opbench.models import load_model_configs, select_models
 
 from .schema import BACKEND_NAMES, SCHEMA
@@ -285,7 +286,7 @@ class GemmRun:
         advice = noisy_advice(rows)
         if advice:
             print(advice)
-        print(f"wrote {path} ({len(rows)} {'planned ' if args.dry_run else ''}rows)")
+        print(f"wrote {one_line(path)} ({len(rows)} {'planned ' if args.dry_run else ''}rows)")
 
 
 if __name__ == "__main__":

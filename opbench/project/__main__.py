@@ -478,7 +478,7 @@ def _project(
         with CsvReport(csv_path, SCHEMA, meta, earlier=cli.earlier_policy(args)) as report:
             for r in rows:
                 report.append(r)
-        print(f"wrote {csv_path} ({len(rows)} rows)")
+        print(f"wrote {one_line(csv_path)} ({len(rows)} rows)")
 
 
 def _device_memory_gib(device: str | None) -> float | None:

@@ -65,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"read {len(found.files)} CSV(s) ({rows} ok rows)" if found else "", end="")
     if found and found.skipped:
         print(f", skipped {len(found.skipped)}: " + ", ".join(one_line(rel) for rel, _ in found.skipped), end="")
-    print(f"\nwrote {report.path} with {len(report.plots)} plot(s)")
+    print(f"\nwrote {one_line(report.path)} with {len(report.plots)} plot(s)")
     for rel, why in found.damaged if found else []:
         print(f"warning: {one_line(rel)}: {one_line(why)}", file=sys.stderr)
     for empty in [f.rel for f in found.files if f.frame.empty and not f.dropped] if found else []:

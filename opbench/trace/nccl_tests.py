@@ -797,7 +797,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if total > len(shown):
         print(f"… {total - len(shown)} more rows in the CSV")
     if report is not None:
-        print(f"wrote {args.csv} ({report.written} rows)")
+        print(f"wrote {one_line(args.csv)} ({report.written} rows)")
     return 1 if damaged else 0  # rows kept, but the file was not read to its end
 
 
