@@ -130,6 +130,9 @@ def build_model(cfg: ModelConfig, device: str = "cpu", dtype: Any = None, seed: 
     from transformers import AutoModelForCausalLM
 
     hf_cfg = hf_config(cfg, **impl)
+    # A training step keeps no generation cache (Megatron and torchtitan have none; transformers' default would
+    # make one per forward, and on Qwen3-Next with only linear-attention layers it cannot).
+    hf_cfg.use_cache = False
     torch.manual_seed(seed)
     with torch.device(device):
         return AutoModelForCausalLM.from_config(hf_cfg, dtype=dtype or torch.float32)
