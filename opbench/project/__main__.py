@@ -11,7 +11,6 @@ what it measured. Torch is imported only by ``--validate``.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -436,8 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     memory_gib: float | None = args.memory_gib or _device_memory_gib(rates.device)
     projector = Projector(cfg, rates, args.activation_profile, memory_gib, args.memory_reserve_gib)
     csv_path = cli.output_csv(args, CSV_NAME)
-    regular = csv_path is not None and (not os.path.exists(csv_path) or os.path.isfile(csv_path))
-    with outputs.claimed(*([csv_path] if regular else [])):  # a bad or busy output path stops before the search
+    with outputs.claimed(*([csv_path] if csv_path else [])):  # a bad or busy output path stops before the search
         _project(args, cfg, plan, rates, projector, memory_gib, csv_path)
     return 0
 

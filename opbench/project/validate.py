@@ -100,11 +100,7 @@ def check_buildable(cfg: ModelConfig) -> None:
         pass
 
     experts = "grouped_mm" if cfg.is_moe else "eager"
-    try:
-        model = build_model(
-            cfg, device="meta", dtype=torch.float32, attn_implementation="sdpa", experts_implementation=experts
-        )
-    except (
+    refused: tuple[type[Exception], ...] = (
         ValueError,
         TypeError,
         KeyError,
@@ -114,7 +110,12 @@ def check_buildable(cfg: ModelConfig) -> None:
         ImportError,
         AssertionError,  # torch's own checks while building (an embedding's padding_idx beyond its vocabulary)
         *strict,  # a field of the wrong type, or a check across fields (hidden_size % heads, RoPE)
-    ) as exc:
+    )
+    try:
+        model = build_model(
+            cfg, device="meta", dtype=torch.float32, attn_implementation="sdpa", experts_implementation=experts
+        )
+    except refused as exc:
         # the whole message on one line: a strict dataclass's first line only names the failing validator
         why = " ".join(str(exc).split()) or type(exc).__name__
         if isinstance(exc, KeyError):  # str(KeyError) is just the key
