@@ -102,6 +102,8 @@ def test_layout_rules(llama70b):
         (["--gemm-efficiency", "1.5"], "must be between 0 and 1"),
         (["--device", "a-gpu-nobody-knows"], "no peak for 'a-gpu-nobody-knows'"),
         (["--search", "--report-dir-path", "/etc/passwd/d"], "/etc/passwd/d/project.csv: cannot write report"),
+        (["--fp8", "te", "--dtype", "fp32"], "field '--fp8': FP8 GEMMs run inside bf16/fp16 mixed precision"),
+        (["--fp8", "torchao", "--validate"], "field '--fp8': --validate trains in 16 or 32 bits here"),
     ],
 )
 def test_bad_input_is_one_line(run, args, message):
@@ -183,6 +185,74 @@ def test_recompute_op_keeps_what_torchtitans_per_op_policy_saves(run):
         "opbench", "project", "--model", "Qwen3_30B_A3B", "--world-size", "8", "--device", "H100", "--recompute", "op"
     )
     assert r.returncode == 2 and "field '--recompute': op (torchtitan's per-op checkpointing)" in r.stderr, r.stderr
+
+
+def test_fp8_runs_the_decoder_gemms_from_fp8_rows_and_pays_for_casts_and_weight_copies(tmp_path):
+    """--fp8: a decoder layer's GEMMs take `opbench gemm --dtype fp8` rows (bf16 rows stay for lm_head and the
+    router), each FP8 GEMM adds its casts as memory-bound time; Transformer Engine keeps 2 bytes of FP8 weight
+    copies per FP8 weight and saves GEMM inputs in FP8 (a Llama-3.1-8B layer at 8192 tokens: the two norm outputs
+    and the MLP activation output lose a byte per element, the attention output gets a 1-byte copy), torchao
+    saves what bf16 saves and all-gathers FP8 weights under FSDP at 1 byte."""
+    from opbench.models.architectures import decoder_layers
+    from opbench.project import memory as mem
+    from opbench.project.workload import fp8_cast_bytes
+
+    (cfg,) = select_models(load_model_configs(), "Llama3.1_8B")
+    gemm = tmp_path / "benchmark_gemm_x.csv"
+    header = "model,layer,pass,mbs,m,n,k,groups,dtype,backend,time_s,tflops,pct_of_peak,status\n"
+    rows = ["x,qkv,fwd,1,8192,6144,4096,1,bf16,torch,0.0006,,,ok", "x,qkv,fwd,1,8192,6144,4096,1,fp8,torch,0.0004,,,ok"]
+    gemm.write_text(header + "\n".join(rows) + "\n")
+    projector = Projector(cfg, Rates([tmp_path], "H100", "bf16", Assumptions(), 8), memory_gib=80)
+    base = Plan(world=8, seqlen=8192, global_batch=16, sharding="fsdp")
+    items = {}
+    for fp8 in ("none", "te", "torchao"):
+        plan = replace(base, fp8=fp8)
+        assert not problems(cfg, plan) and plan.label().endswith("" if fp8 == "none" else f"fp8-{fp8}")
+        work = projector.stage_work(plan)[0][0]
+        items[fp8] = {i.name: i.timed for i in work.fwd}
+    for fp8, seconds in (("none", 0.0006), ("te", 0.0004), ("torchao", 0.0004)):
+        assert items[fp8]["qkv fwd"].seconds == seconds and items[fp8]["qkv fwd"].source == "measured"
+        assert items[fp8]["lm_head fwd"] == items["none"]["lm_head fwd"]  # lm_head stays bf16
+    down = items["te"]["mlp_down fwd"]  # another shape: scaled from the FP8 row, not the bf16 one
+    assert down.source == "interpolated" and down.seconds == pytest.approx(
+        items["none"]["mlp_down fwd"].seconds * 2 / 3
+    )
+    assert "FP8 casts" not in items["none"]
+    lay = decoder_layers(cfg)[0]
+    layer = {g.name: g for g in mem.layer_gemms(lay, 8192, 8192, base.model_parallel())}
+    for fp8 in ("te", "torchao"):
+        plan = replace(base, fp8=fp8)
+        cast = sum(fp8_cast_bytes(plan, g)[0] for g in layer.values())
+        assert items[fp8]["FP8 casts"].seconds == pytest.approx(projector.rates.memory_time(cast).seconds)
+
+    weights = sum(g.n * g.k for g in layer.values()) * 32  # every linear of the 32 layers is FP8
+    assert mem.fp8_weights(cfg, replace(base, fp8="te"), 0) == (weights, weights // 32)
+    none, te, torchao = (projector.memory(replace(base, fp8=f), (1,))[0] for f in ("none", "te", "torchao"))
+    assert te.params - none.params == 2 * weights
+    per_layer = 8192 * (-4096 - 4096 + 4096 - 14336)  # norm outputs and activation output -1 byte, o +1 byte
+    assert mem.te_saved_delta(cfg, lay, replace(base, fp8="te")) == per_layer
+    assert te.activations - none.activations == 32 * per_layer
+    assert torchao.activations == none.activations and torchao.params == none.params
+    assert none.buffers - torchao.buffers == weights // 32  # the gathered layer: 1 byte instead of 2 per FP8 weight
+    assert problems(cfg, replace(base, fp8="te", dtype="fp32")) == [
+        ("--fp8", "FP8 GEMMs run inside bf16/fp16 mixed precision, not --dtype fp32")
+    ]
+
+
+def test_fp8_leaves_the_router_and_torchao_leaves_routed_experts_in_bf16():
+    """The MoE router never runs in FP8; torchao's float8 converts nn.Linear only, so Qwen3-30B-A3B's routed
+    expert banks stay bf16 there while Transformer Engine runs them in FP8."""
+    from opbench.gemm.shapes import layer_gemms
+    from opbench.models.architectures import decoder_layers
+    from opbench.project.plan import fp8_gemm
+
+    (cfg,) = select_models(load_model_configs(), "Qwen3_30B_A3B")
+    plan = Plan(world=8, seqlen=4096, global_batch=8, ep=8)
+    ranked = layer_gemms(decoder_layers(cfg)[0], plan.tokens, plan.tokens, plan.model_parallel())
+    te = {g.name for g in ranked if fp8_gemm(replace(plan, fp8="te"), g.name, g.n, g.k, g.groups)}
+    torchao = {g.name for g in ranked if fp8_gemm(replace(plan, fp8="torchao"), g.name, g.n, g.k, g.groups)}
+    assert {g.name for g in ranked} - te == {"router"}
+    assert te - torchao == {"expert_gate_up", "expert_down"}
 
 
 def test_grad_dtype_bf16_halves_main_gradients_and_their_reduction(llama70b):

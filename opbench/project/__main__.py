@@ -27,7 +27,7 @@ from opbench.models import ModelConfig, load_model_configs, select_models
 
 from .memory import GIB
 from .pipeline import in_flight
-from .plan import MAX_MICROBATCHES, RECOMPUTE_CHOICES, SCHEDULES, Plan, layouts, problems
+from .plan import FP8_RECIPES, MAX_MICROBATCHES, RECOMPUTE_CHOICES, SCHEDULES, Plan, layouts, problems
 from .rates import Assumptions, Rates
 from .schema import COMM_KINDS, SCHEMA
 from .step import Projection, Projector
@@ -123,6 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
             action="store_true",
             help=f"the {part} counts as one layer of the {piece} piece when layers are split",
         )
+    lay.add_argument(
+        "--fp8",
+        choices=FP8_RECIPES,
+        default="none",
+        help="the decoder layers' GEMMs in FP8 (docs/project.md, 'FP8'): te = Transformer Engine as Megatron-LM, "
+        "NeMo and Primus run it; torchao = torchtitan's float8 (tensorwise, FP8 FSDP all-gathers)",
+    )
     lay.add_argument(
         "--grad-dtype",
         choices=("fp32", "bf16"),
@@ -251,6 +258,7 @@ def base_plan(cfg: ModelConfig, args: argparse.Namespace) -> Plan:
         schedule=args.schedule or ("interleaved" if args.vpp > 1 else "1f1b"),
         sequence_parallel=not args.no_sequence_parallel,
         grad_dtype=args.grad_dtype,
+        fp8=args.fp8,
         first_layers=args.decoder_first_pipeline_num_layers,
         last_layers=args.decoder_last_pipeline_num_layers,
         embedding_as_layer=args.account_for_embedding_in_pipeline_split,
@@ -296,6 +304,7 @@ def row(
         "recompute": p.recompute,
         "schedule": p.schedule,
         "dtype": p.dtype,
+        "fp8": p.fp8,
         "device": device,
         "rank": rank,
         "step_time_s": r.step_s,
@@ -424,6 +433,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     (cfg,) = configs
     plan = base_plan(cfg, args)
     if args.validate:
+        if plan.fp8 != "none":
+            raise UsageError(
+                "--validate trains in 16 or 32 bits here; project --fp8 without it (docs/project.md, 'FP8')",
+                field="--fp8",
+            )
         from .validate import validate
 
         return validate(cfg, plan, args)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from opbench.core.dtypes import element_size
-from opbench.gemm.shapes import padded_vocab
+from opbench.gemm.shapes import layer_gemms, padded_vocab
 from opbench.models import ModelConfig
 from opbench.models.architectures import architecture, decoder_layers
 from opbench.models.layout import (
@@ -29,10 +29,13 @@ from opbench.models.layout import (
 )
 from opbench.models.params import ParamSpec, parameter_shapes
 
-from .plan import Plan
+from .plan import Plan, fp8_gemm
 
 GIB = 1 << 30
 ADAM_STEP_BYTES = 4  # torch's Adam keeps a float32 'step' tensor per parameter tensor
+# Transformer Engine's cached FP8 weight (1 byte) and, on Hopper and MI300 (no FP8 GEMM but TN), its transpose
+# (1 byte): kept from a step's first micro-batch on (docs/project.md, "FP8")
+TE_WEIGHT_CACHE_BYTES = 2
 
 
 @dataclass(frozen=True)
@@ -176,6 +179,25 @@ def stage_params(cfg: ModelConfig, plan: Plan, stage: int, layers: Sequence[Laye
     )
 
 
+def fp8_weights(cfg: ModelConfig, plan: Plan, stage: int, layers: Sequence[Layer] | None = None) -> tuple[int, int]:
+    """(elements of the weights --fp8 runs in FP8 on one rank of stage ``stage``, elements of its largest
+    decoder layer's): what Transformer Engine caches FP8 copies of and torchao all-gathers in FP8."""
+    if plan.fp8 == "none":
+        return 0, 0
+    par = plan.model_parallel()
+    local = plan.tokens // plan.tp if cfg.is_moe else plan.tokens
+    total = largest = 0
+    for _, lay in stage_layers(cfg, plan, stage, layers):
+        n = sum(
+            g.n * g.k * g.groups
+            for g in layer_gemms(lay, plan.tokens, local, par)
+            if fp8_gemm(plan, g.name, g.n, g.k, g.groups)
+        )
+        total += n
+        largest = max(largest, n)
+    return total, largest
+
+
 def zero1_partition(numels: Sequence[int], shard: int) -> tuple[int, int]:
     """(elements, tensors) of the fullest rank when a sharded optimizer assigns whole parameters to ranks as
     torch's ZeroRedundancyOptimizer does: largest first, each to the rank with the fewest elements so far (ties
@@ -315,7 +337,48 @@ def layer_activation_bytes(cfg: ModelConfig, lay: Layer, plan: Plan, profile: st
             total += rows * h * e  # each expert's output, kept for the routing-weight product
         elif g.layer in ("mla_q_up", "mla_kv_up", "linear_out"):
             total += t * g.k * e  # a second GEMM input inside the block (compressed q / kv, gated-norm output)
+    if plan.fp8 == "te":
+        total += te_saved_delta(cfg, lay, plan)
     return total
+
+
+def te_saved_delta(cfg: ModelConfig, lay: Layer, plan: Plan) -> int:
+    """What Transformer Engine's FP8 GEMMs change in a layer's saved activations (docs/project.md, "FP8"): each
+    saves its own input in FP8 (1 byte; the local shard under sequence parallelism), so a 16-bit tensor only FP8
+    GEMMs read is no longer kept (the norm outputs of dense blocks, the MLP activation's output, the permuted
+    tokens, the second GEMM inputs of MLA and gated DeltaNet) and the attention output, which the attention
+    kernel keeps in 16 bits, gets an FP8 copy beside it (delayed scaling, Megatron's default recipe)."""
+    e = element_size(plan.dtype)
+    t, h, tp = plan.tokens, cfg.hidden_size, plan.tp
+    t_seq = t // tp if plan.sp else t
+    local = t // tp if cfg.is_moe else t
+    delta = 0
+    ranked = {g.name: g for g in layer_gemms(lay, t, local, plan.model_parallel())}  # this rank's shapes
+    fp8 = {
+        g.layer: g
+        for g in lay.gemms
+        if g.layer in ranked and fp8_gemm(plan, g.layer, ranked[g.layer].n, ranked[g.layer].k, ranked[g.layer].groups)
+    }
+    if "qkv" in fp8:
+        delta -= t_seq * h * (e - 1)  # the attention block's norm output
+    if "attn_out" in fp8:
+        for op in lay.attention:
+            if op.kind not in (LINEAR, INDEXER):
+                delta += t * max(1, op.heads_q // tp) * op.head_dim_v  # an FP8 copy of the attention output
+    for name, g in fp8.items():
+        if name in ("mlp_gate_up", "mlp_up"):
+            delta -= t_seq * h * (e - 1)  # the MLP block's norm output
+            width = g.n // 2 // tp if name == "mlp_gate_up" else g.n // tp
+            delta -= t * width * (e - 1)  # the activation's output, mlp_down's input
+        elif name == "shared_gate_up":
+            delta += t_seq * h  # the router keeps the 16-bit norm output: the shared expert saves an FP8 copy
+            delta -= t * (g.n // 2 // tp) * (e - 1)
+        elif name == "expert_gate_up":
+            rows = local * g.top_k * plan.expert_tp
+            delta -= rows * h * (e - 1) + rows * (g.n // 2 // plan.expert_tp) * (e - 1)  # permuted tokens, product
+        elif name in ("mla_q_up", "mla_kv_up", "linear_out"):
+            delta -= t * g.k * (e - 1)
+    return delta
 
 
 def activation_bytes(
@@ -375,13 +438,19 @@ def memory(
     sp = known or stage_params(cfg, plan, stage, layers)
     params, grads, opt = state_bytes(sp, plan)
     acts, buffers = activation_bytes(cfg, plan, stage, in_flight, profile, layers)
+    fp8_total, fp8_largest = fp8_weights(cfg, plan, stage, layers)
+    if plan.fp8 == "te":  # FP8 copies of the weights and their transposes, kept across micro-batches and steps
+        params += TE_WEIGHT_CACHE_BYTES * fp8_total
     if plan.sharding == "fsdp":
         e = element_size(plan.dtype)
         # FSDP2 keeps the root unit gathered from its forward to the end of backward (it does not reshard the
         # root after forward); at the peak, the loss's backward, the last decoder layer is gathered too (prefetched
         # for its backward). Measured with FSDPMemTracker on 2 ranks: root + one layer's all-gather buffer.
         shard = plan.dp * plan.cp
-        gathered = sp.root_unit * shard * e + (sp.largest_unit * shard * e if shard > 1 else 0)
+        layer_bytes = sp.largest_unit * shard * e
+        if plan.fp8 == "torchao":  # its FP8 weights are all-gathered in FP8
+            layer_bytes -= fp8_largest * (e - 1)
+        gathered = sp.root_unit * shard * e + (layer_bytes if shard > 1 else 0)
         if plan.microbatches == 1:
             # The peak is at the start of backward (every activation, no gradient yet) or at its end (every
             # gradient; the root's unsharded gradient and its fp32 copy for the reduce-scatter, no activation).

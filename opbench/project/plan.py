@@ -24,6 +24,11 @@ RECOMPUTE = ("none", "selective", "full")  # what --search tries
 RECOMPUTE_CHOICES = (*RECOMPUTE, "op")
 OP_SAC_GEMMS = ("qkv", "attn_out", "mlp_gate_up", "mlp_up", "mlp_down")  # the layers "op" knows
 SCHEDULES = ("1f1b", "interleaved")
+# FP8 training recipes (docs/project.md, "FP8"): "te" = Transformer Engine as Megatron-LM, NeMo and Primus run it
+# (delayed scaling, FP8 weight copies cached across micro-batches, GEMM inputs saved for backward in FP8);
+# "torchao" = torchtitan's float8 (dynamic tensorwise scaling, inputs saved in 16 bits, FP8 FSDP all-gathers)
+FP8_RECIPES = ("none", "te", "torchao")
+FP8_EXCLUDED = ("router",)  # GEMMs that stay 16-bit under FP8 (besides lm_head and any dimension not a multiple of 16)
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,7 @@ class Plan:
     last_layers: int | None = None
     embedding_as_layer: bool = False
     loss_as_layer: bool = False
+    fp8: str = "none"  # FP8_RECIPES: the decoder layers' GEMMs in FP8
 
     @property
     def dp(self) -> int:
@@ -132,6 +138,7 @@ class Plan:
         parts += [f"last{self.last_layers}"] if self.last_layers is not None else []
         parts += ["emb-as-layer"] if self.embedding_as_layer else []
         parts += ["loss-as-layer"] if self.loss_as_layer else []
+        parts += [f"fp8-{self.fp8}"] if self.fp8 != "none" else []
         return " ".join(parts)
 
 
@@ -196,6 +203,8 @@ def problems(cfg: ModelConfig, plan: Plan, layers: Sequence[Layer] | None = None
             )
     if plan.sharding == "fsdp" and plan.pp > 1:
         out.append(("--fsdp", "FSDP with pipeline parallelism is not modelled (use --zero 1)"))
+    if plan.fp8 != "none" and plan.dtype not in ("bf16", "fp16"):
+        out.append(("--fp8", f"FP8 GEMMs run inside bf16/fp16 mixed precision, not --dtype {plan.dtype}"))
     try:
         check_parallel(cfg, plan.tokens, plan.model_parallel(), layers if layers is not None else decoder_layers(cfg))
     except UsageError as exc:  # its text names the field already ("field '--tp': …")
@@ -246,3 +255,13 @@ def layouts(cfg: ModelConfig, base: Plan, max_tp: int | None = None) -> Iterator
                                         recompute=recompute,
                                         schedule="interleaved" if vpp > 1 else "1f1b",
                                     )
+
+
+def fp8_gemm(plan: Plan, name: str, n: int, k: int, groups: int = 1) -> bool:
+    """Whether a decoder layer's GEMM ``name`` (weight n × k on this rank) runs in FP8 under ``plan.fp8``: every
+    linear layer but the router, and none with a dimension FP8 GEMMs cannot take (not a multiple of 16, as
+    torchtitan's float8 converter and Transformer Engine require). torchao converts nn.Linear only: grouped
+    (routed-expert) GEMMs stay 16-bit there (docs/project.md, "FP8")."""
+    if plan.fp8 == "none" or name in FP8_EXCLUDED or n % 16 or k % 16:
+        return False
+    return not (plan.fp8 == "torchao" and groups > 1)

@@ -19,6 +19,7 @@ from opbench.attention.shapes import AttentionShape
 from opbench.cluster.links import intra_link
 from opbench.core.cli import MAX_MIB, MAX_WORLD
 from opbench.core.collectives import COLLECTIVES
+from opbench.core.dtypes import element_size
 from opbench.core.errors import UsageError
 from opbench.core.outputs import kept_aside
 from opbench.core.peaks import Peak, lookup_peak
@@ -256,6 +257,15 @@ class Rates:
                 rows = rows[rows["dtype"].astype(str) == dtype] if "dtype" in rows else rows.iloc[0:0]
             return checked(rows, CHECKED[name], self.left_out)
 
+        def fp8_gemm_rows() -> pd.DataFrame:
+            """`opbench gemm --dtype fp8` rows, for the GEMMs --fp8 runs in FP8 (their left-out rows are counted
+            by kind("gemm") already)."""
+            rows = _ok(pd.concat(frames["gemm"], ignore_index=True)) if "gemm" in frames else pd.DataFrame()
+            rows = _with_columns(rows, REQUIRED_TEXT["gemm"], [])
+            if rows.empty or "dtype" not in rows:
+                return rows.iloc[0:0]
+            return checked(rows[rows["dtype"].astype(str) == "fp8"], CHECKED["gemm"], [])
+
         self.dtype = dtype
         self.a = assumptions
         self.gpus_per_node = gpus_per_node
@@ -273,10 +283,9 @@ class Rates:
                 source=first.where(),
                 field=first.field or None,
             )
-        self._gemm_index: dict[tuple[int, int, int, int], tuple[float, str]] = {}
-        gemm_rows = self.gemm.sort_values("time_s", ascending=False) if not self.gemm.empty else self.gemm
-        for r in gemm_rows.itertuples():  # the fastest backend wins
-            self._gemm_index[(int(r.m), int(r.n), int(r.k), int(r.groups))] = (float(r.time_s), str(r.file))
+        self.gemm_fp8 = fp8_gemm_rows()
+        self._gemm_index = _gemm_index(self.gemm)
+        self._gemm_fp8_index = _gemm_index(self.gemm_fp8)
 
     @property
     def notes(self) -> list[str]:
@@ -297,40 +306,45 @@ class Rates:
 
     # -- compute ----------------------------------------------------------------------------------------------
 
-    def _peak_tflops(self, what: str, kind: str) -> float:
-        """The dense peak of --dtype, for a ``what`` (a GEMM or attention, named) no measured row covers."""
-        tflops = self.peak.tflops(self.dtype) if self.peak else None
+    def _peak_tflops(self, what: str, kind: str, dtype: str | None = None) -> float:
+        """The dense peak of ``dtype`` (default --dtype), for a ``what`` (a GEMM or attention, named) no measured
+        row covers."""
+        dtype = dtype or self.dtype
+        tflops = self.peak.tflops(dtype) if self.peak else None
         if not tflops:
-            others = self.other_dtypes.get(kind)
+            others = [d for d in self.other_dtypes.get(kind, []) if d != dtype]
+            dtypes = [d for d in others if d != "fp8"]
+            flag = f"--dtype {dtypes[0]}" if dtypes else "--fp8 te|torchao (FP8 decoder GEMMs)"
             hint = (
-                f"--results holds {kind} rows in {', '.join(others)} only, not {self.dtype}: pass --dtype {others[0]}, "
-                "or "
+                f"--results holds {kind} rows in {', '.join(others)} only, not {dtype}: pass {flag}, or "
                 if others
                 else ""
             )
             raise UsageError(
                 f"no measured row covers {what} and there is no peak for '{self.device or 'an unnamed device'}' "
-                f"({self.dtype}) in the peak table: {hint}measure on the target (opbench "
+                f"({dtype}) in the peak table: {hint}measure on the target (opbench "
                 "gemm/attention into a --results folder) or name a --device the table has (docs/conventions.md, "
                 "'Peaks')",
                 field="--results",
             )
         return tflops
 
-    def gemm_time(self, m: int, n: int, k: int, groups: int = 1) -> Timed:
-        """The GEMM's time (``_gemm_time``) × the calibration's compute scale."""
-        return _scaled(self._gemm_time(m, n, k, groups), self.a.compute_scale)
+    def gemm_time(self, m: int, n: int, k: int, groups: int = 1, fp8: bool = False) -> Timed:
+        """The GEMM's time (``_gemm_time``) × the calibration's compute scale; ``fp8``: an FP8 GEMM (``--fp8``),
+        from `opbench gemm --dtype fp8` rows or the FP8 peak."""
+        return _scaled(self._gemm_time(m, n, k, groups, fp8), self.a.compute_scale)
 
-    def _gemm_time(self, m: int, n: int, k: int, groups: int = 1) -> Timed:
+    def _gemm_time(self, m: int, n: int, k: int, groups: int = 1, fp8: bool = False) -> Timed:
         """Exact (m, n, k, groups) row; else the measured row nearest in FLOPs (log scale), scaled by FLOPs; else
         max(FLOPs / (peak · gemm_efficiency), bytes / memory bandwidth)."""
-        hit = self._gemm_index.get((m, n, k, groups))
+        index, measured = (self._gemm_fp8_index, self.gemm_fp8) if fp8 else (self._gemm_index, self.gemm)
+        hit = index.get((m, n, k, groups))
         if hit:
             return Timed(hit[0], MEASURED, f"{hit[1]}: {m}x{n}x{k}" + (f"x{groups}" if groups > 1 else ""))
         flops = gemm_flops(m, n, k, groups)
-        rows = self.gemm[(self.gemm["groups"] > 1) == (groups > 1)] if not self.gemm.empty else self.gemm
+        rows = measured[(measured["groups"] > 1) == (groups > 1)] if not measured.empty else measured
         if rows.empty:
-            rows = self.gemm
+            rows = measured
         if not rows.empty:
             row_flops = 2.0 * rows["m"] * rows["n"] * rows["k"] * rows["groups"]
             distance = (row_flops.apply(math.log) - math.log(flops)).abs()
@@ -338,9 +352,10 @@ class Rates:
             rate = 2.0 * r["m"] * r["n"] * r["k"] * r["groups"] / r["time_s"]
             note = f"{r['file']}: {int(r['m'])}x{int(r['n'])}x{int(r['k'])} at {rate / 1e12:.3g} TFLOP/s"
             return Timed(flops / rate, INTERPOLATED, note)
-        name = f"the {m}x{n}x{k}" + (f"x{groups}" if groups > 1 else "") + f" {self.dtype} GEMM"
-        peak = self._peak_tflops(name, "gemm") * 1e12 * self.a.gemm_efficiency
-        moved = gemm_bytes(m, n, k, groups, 2 if self.dtype in ("bf16", "fp16") else 4)
+        dtype = "fp8" if fp8 else self.dtype
+        name = f"the {m}x{n}x{k}" + (f"x{groups}" if groups > 1 else "") + f" {dtype} GEMM"
+        peak = self._peak_tflops(name, "gemm", dtype) * 1e12 * self.a.gemm_efficiency
+        moved = gemm_bytes(m, n, k, groups, element_size(dtype))
         return Timed(max(flops / peak, moved / self.memory_bandwidth().seconds), ESTIMATED, "roofline")
 
     def attention_time(self, shape: AttentionShape, batch: int, pass_: str) -> Timed:
@@ -469,6 +484,14 @@ class Rates:
         spans = (nodes > 1) & (c["nranks"].astype(int) > per_node)
         picked = c[spans if inter else ~spans]
         return picked[picked["busbw_gbs"] > 0]
+
+
+def _gemm_index(rows: pd.DataFrame) -> dict[tuple[int, int, int, int], tuple[float, str]]:
+    """(m, n, k, groups) → (time, file) of measured GEMM rows; the fastest backend wins."""
+    index: dict[tuple[int, int, int, int], tuple[float, str]] = {}
+    for r in (rows.sort_values("time_s", ascending=False) if not rows.empty else rows).itertuples():
+        index[(int(r.m), int(r.n), int(r.k), int(r.groups))] = (float(r.time_s), str(r.file))
+    return index
 
 
 def _scaled(t: Timed, scale: float) -> Timed:

@@ -27,6 +27,7 @@ SCHEMA = Schema(
         "recompute",
         "schedule",
         "dtype",
+        "fp8",
         "device",
         "rank",
         "step_time_s",

@@ -71,6 +71,7 @@ class Projector:
         self.layers = decoder_layers(cfg)
         self._work: dict[tuple, Work] = {}
         self._params: dict[tuple, mem.StageParams] = {}
+        self._fp8: dict[tuple, tuple[int, int]] = {}
         self._flops: dict[int, float] = {}
 
     def fits(self, total_bytes: int) -> bool:
@@ -83,8 +84,18 @@ class Projector:
             self._params[key] = mem.stage_params(self.cfg, plan, stage, self.layers)
         return self._params[key]
 
+    def fp8_weights(self, plan: Plan, stage: int) -> tuple[int, int]:
+        """memory.fp8_weights, cached per layout."""
+        split = (plan.first_layers, plan.last_layers, plan.embedding_as_layer, plan.loss_as_layer)
+        key = (plan.fp8, plan.tp, plan.pp, plan.vpp, plan.ep, plan.expert_tp, plan.mbs, plan.cp, stage, split)
+        if key not in self._fp8:
+            self._fp8[key] = mem.fp8_weights(self.cfg, plan, stage, self.layers)
+        return self._fp8[key]
+
     def _layer(self, lay, plan: Plan) -> Work:
-        key = (_layer_key(lay), plan.tp, plan.cp, plan.ep, plan.expert_tp, plan.mbs, plan.sp, plan.recompute)
+        te_microbatches = plan.microbatches if plan.fp8 == "te" else 0  # te casts its weights once per step
+        key: tuple = (_layer_key(lay), plan.tp, plan.cp, plan.ep, plan.expert_tp, plan.mbs, plan.sp, plan.recompute)
+        key += (plan.fp8, te_microbatches)
         if key not in self._work:
             self._work[key] = layer_work(self.cfg, lay, plan, self.rates)
         return self._work[key]
@@ -148,7 +159,7 @@ class Projector:
             exposed = 0.0
             if shard > 1 and plan.sharding == "fsdp":
                 for w in work[s]:
-                    fsdp = self._fsdp(plan, sp, w, m, dp_inter, dp_share)
+                    fsdp = self._fsdp(plan, s, sp, w, m, dp_inter, dp_share)
                     exposed += fsdp[1]
                     dp_items.append(Item("dp_comm", "FSDP gathers and reduce-scatters", fsdp[0], fsdp[1]))
             elif shard > 1:
@@ -220,7 +231,7 @@ class Projector:
         )
 
     def _fsdp(
-        self, plan: Plan, sp: mem.StageParams, w: Work, microbatches: int, inter: bool, per_node: int
+        self, plan: Plan, stage: int, sp: mem.StageParams, w: Work, microbatches: int, inter: bool, per_node: int
     ) -> tuple[Timed, float]:
         """FSDP2 per micro-batch: every unit all-gathers in forward and again in backward (reshard after forward)
         and reduce-scatters its gradient (fp32); each is prefetched behind the neighbouring unit's compute, so a
@@ -228,7 +239,9 @@ class Projector:
         rates, shard = self.rates, plan.dp * plan.cp
         units = max(1, len(self.layers) // plan.pp) + 1
         unit = sp.fsdp_padded / units
-        e = element_size(plan.dtype)
+        e: float = element_size(plan.dtype)
+        if plan.fp8 == "torchao" and sp.numel:  # FP8 weights are all-gathered in FP8 (docs/project.md, "FP8")
+            e -= (e - 1) * self.fp8_weights(plan, stage)[0] / sp.numel
         ag = rates.collective_time("all_gather", unit * shard * e, shard, inter, per_node)
         rs = rates.collective_time("reduce_scatter", unit * shard * 4, shard, inter, per_node)
         per_unit_fwd, per_unit_bwd = w.fwd_s / units, w.bwd_s / units

@@ -16,13 +16,14 @@ from opbench.models import ModelConfig
 from opbench.models.layout import LINEAR, Layer
 
 from .memory import op_matmuls
-from .plan import Plan
+from .plan import Plan, fp8_gemm
 from .rates import Rates, Timed
 
 # Item categories, the columns of the breakdown
 GEMM, ATTENTION, MEMORY = "gemm", "attention", "memory"
 TP_COMM, EP_COMM, CP_COMM = "tp_comm", "ep_comm", "cp_comm"
 COMPUTE_KINDS = (GEMM, ATTENTION, MEMORY)
+TE_NORM_FUSED = ("qkv", "mlp_gate_up", "mlp_up")  # Transformer Engine's LayerNormLinear: the norm casts to FP8
 
 
 @dataclass(frozen=True)
@@ -56,14 +57,33 @@ def _compute(category: str, name: str, timed: Timed) -> Item:
     return Item(category, name, timed, timed.seconds)
 
 
-def _gemm_items(rates: Rates, g: LinearLayer) -> tuple[list[Item], list[Item]]:
+def _gemm_items(rates: Rates, g: LinearLayer, fp8: bool = False) -> tuple[list[Item], list[Item]]:
     fwd: list[Item] = []
     bwd: list[Item] = []
     for p in ("fwd", "dgrad", "wgrad"):
         m, n, k, _, _ = pass_shape(p, g.tokens, g.n, g.k)
-        item = _compute(GEMM, f"{g.name} {p}", rates.gemm_time(m, n, k, g.groups))
+        item = _compute(GEMM, f"{g.name} {p}", rates.gemm_time(m, n, k, g.groups, fp8))
         (fwd if p == "fwd" else bwd).append(item)
     return fwd, bwd
+
+
+def fp8_cast_bytes(plan: Plan, g: LinearLayer) -> tuple[float, float]:
+    """(forward, backward) bytes the FP8 casts around one GEMM move per micro-batch (docs/project.md, "FP8"):
+    input X (tokens × k), weight W (n × k × groups) and output gradient dY (tokens × n), each read in 16 bits and
+    written in FP8. te (delayed scaling, amax taken inside each cast): X and dY are cast with their transposes
+    in one pass (read 2, write 1 + 1 bytes), except the input of a GEMM right after a norm (qkv, the MLP's
+    first), which the norm kernel writes in FP8 itself (no extra traffic; under sequence parallelism backward
+    transposes the gathered FP8 input: read 1, write 1); the weight and its transpose once per step (first
+    micro-batch). torchao (dynamic tensorwise): each cast reads its input once more for the amax (5 bytes), every
+    micro-batch casts W in forward and again transposed in backward, X is cast again transposed for the weight
+    gradient, and dY twice (as is and transposed)."""
+    x, w, dy = g.tokens * g.k * g.groups, g.n * g.k * g.groups, g.tokens * g.n * g.groups  # groups: experts' rows
+    if plan.fp8 == "te":
+        weights = 4 * w / max(1, plan.microbatches)
+        if g.name in TE_NORM_FUSED:
+            return weights, 4 * dy + (2 * x if plan.sp else 0)
+        return 4 * x + weights, 4 * dy
+    return 5 * x + 5 * w, 5 * x + 3 * w + 8 * dy
 
 
 def _attention_items(rates: Rates, shape: AttentionShape, plan: Plan) -> tuple[Item, Item]:
@@ -113,10 +133,15 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates) -> Work:
     local = t // plan.tp if cfg.is_moe else t
     fwd: list[Item] = []
     bwd: list[Item] = []
+    cast_fwd = cast_bwd = 0.0
     for g in layer_gemms(lay, t, local, par):
-        f, b = _gemm_items(rates, g)
+        fp8 = fp8_gemm(plan, g.name, g.n, g.k, g.groups)
+        f, b = _gemm_items(rates, g, fp8)
         fwd += f
         bwd += b
+        if fp8:
+            cf, cb = fp8_cast_bytes(plan, g)
+            cast_fwd, cast_bwd = cast_fwd + cf, cast_bwd + cb
     attn_fwd: list[Item] = []
     for op in lay.attention:
         shape = operator_shape(cfg, op, plan.seqlen, plan.tp, plan.cp)
@@ -127,6 +152,9 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates) -> Work:
     mem = memory_bytes(cfg, lay, plan)
     fwd.append(_compute(MEMORY, "norms, residuals, rotary, activations", rates.memory_time(mem)))
     bwd.append(_compute(MEMORY, "norms, residuals, rotary, activations", rates.memory_time(2 * mem)))
+    if cast_fwd:
+        fwd.append(_compute(MEMORY, "FP8 casts", rates.memory_time(cast_fwd)))
+        bwd.append(_compute(MEMORY, "FP8 casts", rates.memory_time(cast_bwd)))
 
     # Tensor parallelism: with sequence parallelism each of the two blocks all-gathers its input and
     # reduce-scatters its output; backward reduce-scatters the input gradient, all-gathers the output gradient and
