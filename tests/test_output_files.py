@@ -373,6 +373,21 @@ def test_whole_files_are_put_in_place_never_written_through_a_link_fifo_or_folde
         build_report(results, out, plots=False)
     assert sorted(os.listdir(out)) == ["report.md"]  # no temporary file left
 
+    # cluster_summary.md too: it was opened with "w", so a FIFO there hung the check until something read it
+    from types import SimpleNamespace
+
+    from opbench.cluster.summary import write_summary
+
+    os.mkfifo(out / "cluster_summary.md")
+    reader = os.open(out / "cluster_summary.md", os.O_RDONLY | os.O_NONBLOCK)  # the old code writes into it
+    got = SimpleNamespace(compute=[], memory=[], telemetry=[], comm=[], pairs={}, pair_labels=[], pair_rows=[])
+    try:
+        head = write_summary(str(out / "cluster_summary.md"), True, ["2 ranks"], [], got)
+    finally:
+        os.close(reader)
+    assert head.startswith("# Cluster check: PASS")
+    assert (out / "cluster_summary.md").is_file() and "- 2 ranks" in (out / "cluster_summary.md").read_text()
+
 
 PROJECT = ["project", "--model", "Qwen3_0.6B", "--world-size", "8", "--device", "H100"]
 

@@ -17,6 +17,7 @@ from opbench.core import cli, dist
 from opbench.core.cli import add_device_args, csv_list, positive_bytes, positive_int
 from opbench.core.errors import UsageError, run_cli
 from opbench.core.faults import Faults
+from opbench.core.units import one_line
 
 from .links import parse_override
 from .plan import CHECKS, PAIRS_PHASE, Sizes, simulate
@@ -400,13 +401,13 @@ def run(args: argparse.Namespace, dist_env: dist.DistEnv) -> int:
             print(f"  {f.kind}: {f.check} {f.case}: {f.member}: {f.detail}")
         if len(got.findings) > 20:
             print(f"  … {len(got.findings) - 20} more in the summary")
-        print(f"wrote {summary_path} and cluster_*.csv", flush=True)
+        print(f"wrote {one_line(summary_path)} and cluster_*.csv", flush=True)
         failed = None
         if not passed:
             first = got.findings[0]
             failed = (
                 f"opbench cluster: the check failed with {len(got.findings)} finding(s), first {first.kind}: "
-                f"{first.check} {first.case}: {first.member}: {first.detail} (all in {summary_path})"
+                f"{first.check} {first.case}: {first.member}: {first.detail} (all in {one_line(summary_path)})"
             )
         return _verdict_exit(ranks.broadcast(failed))
     except ClusterFailure as exc:

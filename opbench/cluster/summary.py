@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 from tabulate import tabulate
 
+from opbench.core.outputs import write_file
+
 from .verdict import Finding
 
 MAX_ROWS = 48
@@ -183,6 +185,5 @@ def write_summary(
         lines.append("")
     if notes:
         lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write("\n".join(lines))
+    write_file(path, "\n".join(lines).encode("utf-8"))  # a FIFO or a link there is replaced, not written through
     return "\n".join(head)

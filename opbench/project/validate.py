@@ -600,5 +600,5 @@ def validate(cfg: ModelConfig, plan: Plan, args: argparse.Namespace) -> int:
                     "ratio": projected / got if got else None,
                 }
             )
-    print(f"wrote {folder / 'project_validate.csv'}")
+    print(f"wrote {one_line(str(folder / 'project_validate.csv'))}")
     return 0
