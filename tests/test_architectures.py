@@ -254,6 +254,18 @@ def test_fields_a_config_leaves_out_take_transformers_defaults(model_type, tmp_p
     assert [(s.name, s.shape) for s in parameter_shapes(cfg)] == hf_named_shapes(meta_model(hf_cfg)), given
 
 
+def test_gpt2_ignores_the_kv_heads_and_head_dim_it_does_not_have(tmp_path):
+    """transformers' GPT-2 gives every head its own k and v of n_embd / n_head whatever else a config.json says;
+    opbench read `num_key_value_heads` and `head_dim` from such a file and sized c_attn for 2 KV heads of 64."""
+    given = {"model_type": "gpt2", "n_embd": 256, "n_head": 8, "n_layer": 2, "vocab_size": 1000}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**given, "num_key_value_heads": 2, "head_dim": 64}))
+    (cfg,) = load_model_configs(str(path))
+    hf_cfg = transformers.AutoConfig.from_pretrained(str(tmp_path))
+    assert (cfg.num_key_value_heads, cfg.head_dim) == (8, 32)
+    assert [(s.name, s.shape) for s in parameter_shapes(cfg)] == hf_named_shapes(meta_model(hf_cfg))
+
+
 # Layers per FLOP check: enough for every kind of layer (Gemma 3's sixth is full; DeepSeek-V3's fourth is MoE).
 FLOP_LAYERS = {"gemma3_text": 6, "deepseek_v3": 4, "deepseek_v32": 4, "llama4_text": 4, "qwen3_next": 4}
 # Tokens: a multiple of every default config's experts / top-k, so balanced routing is whole rows per expert,

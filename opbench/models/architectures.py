@@ -684,6 +684,8 @@ def _read_gpt2(r: FieldReader, f: dict[str, Any]) -> None:
     h = f.get("hidden_size")
     if f.get("intermediate_size") is None and h is not None:
         f["intermediate_size"] = 4 * h  # n_inner: None means 4·n_embd
+    if f.get("from_hf"):  # transformers' GPT-2 reads neither: every head has its own k and v, of n_embd / n_head
+        f["num_key_value_heads"] = f["head_dim"] = None
     f["extra"]["n_positions"] = r.number("n_positions", 1024, alias=("max_position_embeddings",))
 
 
