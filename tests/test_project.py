@@ -201,8 +201,10 @@ def test_fp8_runs_the_decoder_gemms_from_fp8_rows_and_pays_for_casts_and_weight_
     gemm = tmp_path / "benchmark_gemm_x.csv"
     header = "model,layer,pass,mbs,m,n,k,groups,dtype,backend,time_s,tflops,pct_of_peak,status\n"
     rows = ["x,qkv,fwd,1,8192,6144,4096,1,bf16,torch,0.0006,,,ok", "x,qkv,fwd,1,8192,6144,4096,1,fp8,torch,0.0004,,,ok"]
+    rows.append("x,qkv,fwd,1,8192,6144,4096,1,fp8,torch,-1,,,ok")  # a bad FP8 row is left out and said so
     gemm.write_text(header + "\n".join(rows) + "\n")
     projector = Projector(cfg, Rates([tmp_path], "H100", "bf16", Assumptions(), 8), memory_gib=80)
+    assert [(b.line, b.field) for b in projector.rates.left_out] == [(4, "time_s")]
     base = Plan(world=8, seqlen=8192, global_batch=16, sharding="fsdp")
     items = {}
     for fp8 in ("none", "te", "torchao"):

@@ -248,33 +248,33 @@ class Rates:
 
         self.other_dtypes: dict[str, list[str]] = {}  # gemm/attention: dtypes of ok rows not used (not --dtype)
 
-        def kind(name: str) -> pd.DataFrame:
+        def kind(name: str, dtypes: Sequence[str] = (dtype,)) -> list[pd.DataFrame]:
+            """The usable rows of one benchmark, for each of ``dtypes`` (gemm and attention: only rows of that
+            dtype are used; gemm's fp8 rows time the GEMMs --fp8 runs in FP8)."""
             rows = _ok(pd.concat(frames[name], ignore_index=True)) if name in frames else pd.DataFrame()
             rows = _with_columns(rows, REQUIRED_TEXT.get(name, ()), self.left_out)
-            if name in ("gemm", "attention") and not rows.empty:  # only rows of this dtype are used
-                held = sorted(set(rows["dtype"].astype(str))) if "dtype" in rows else []
-                self.other_dtypes[name] = [d for d in held if d != dtype]
-                rows = rows[rows["dtype"].astype(str) == dtype] if "dtype" in rows else rows.iloc[0:0]
-            return checked(rows, CHECKED[name], self.left_out)
-
-        def fp8_gemm_rows() -> pd.DataFrame:
-            """`opbench gemm --dtype fp8` rows, for the GEMMs --fp8 runs in FP8 (their left-out rows are counted
-            by kind("gemm") already)."""
-            rows = _ok(pd.concat(frames["gemm"], ignore_index=True)) if "gemm" in frames else pd.DataFrame()
-            rows = _with_columns(rows, REQUIRED_TEXT["gemm"], [])
-            if rows.empty or "dtype" not in rows:
-                return rows.iloc[0:0]
-            return checked(rows[rows["dtype"].astype(str) == "fp8"], CHECKED["gemm"], [])
+            if name not in ("gemm", "attention") or rows.empty:
+                return [checked(rows, CHECKED[name], self.left_out) for _ in dtypes]
+            held = sorted(set(rows["dtype"].astype(str))) if "dtype" in rows else []
+            self.other_dtypes[name] = [d for d in held if d != dtype]
+            return [
+                checked(
+                    rows[rows["dtype"].astype(str) == d] if "dtype" in rows else rows.iloc[0:0],
+                    CHECKED[name],
+                    self.left_out,
+                )
+                for d in dtypes
+            ]
 
         self.dtype = dtype
         self.a = assumptions
         self.gpus_per_node = gpus_per_node
         self.device = device or (names[0] if names else None)
         self.peak: Peak | None = lookup_peak(self.device) if self.device else None
-        self.gemm = kind("gemm")
-        self.attention = kind("attention")
-        self.comm = kind("comm")
-        self.memory_rows = kind("cluster_memory")
+        self.gemm, self.gemm_fp8 = kind("gemm", (dtype, "fp8"))
+        (self.attention,) = kind("attention")
+        (self.comm,) = kind("comm")
+        (self.memory_rows,) = kind("cluster_memory")
         self.left_out.sort(key=lambda b: (b.file, b.line or 0))
         if self.left_out and not any(len(f) for f in (self.gemm, self.attention, self.comm, self.memory_rows)):
             first = self.left_out[0]
@@ -283,7 +283,6 @@ class Rates:
                 source=first.where(),
                 field=first.field or None,
             )
-        self.gemm_fp8 = fp8_gemm_rows()
         self._gemm_index = _gemm_index(self.gemm)
         self._gemm_fp8_index = _gemm_index(self.gemm_fp8)
 
