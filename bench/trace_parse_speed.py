@@ -12,7 +12,9 @@ Generates an NCCL_DEBUG=INFO COLL log of --size-mb (tests/synth_trace.py):
 Then runs, each as a whole process on the same file (warm page cache), interleaved --repeats times so machine
 load hits every method alike:
 
-* ``opbench``: ``python -m opbench.trace LOG --csv OUT`` (parse, all-to-all grouping, tables, CSV + sidecar);
+* ``opbench``: ``python -m opbench.trace LOG --csv OUT`` (parse, all-to-all grouping, tables, CSV + sidecar), with
+  the native reader where it was built (docs/trace.md, "Native reader");
+* ``opbench-python``: the same with OPBENCH_TRACE_READER=python (the Python reader);
 * ``naive``:   ``python -c`` with a text-mode ``for line in file`` loop, one regex ``search`` per line (prefix +
   body), a dict of the fields per match and a Counter of sizes: what a user writes first;
 * ``minimal``: the least a loop can do: one ``search`` per line for ``opCount … count … datatype`` (a pattern
@@ -209,6 +211,17 @@ def commands(log: str, out_csv: str) -> dict[str, list[str]]:
     return {
         "opbench": [py, "-m", "opbench.trace", log, "--csv", out_csv],
         "opbench-j2": [py, "-m", "opbench.trace", log, "--jobs", "2", "--csv", out_csv],
+        # the Python reader, where the native one is built (analyze.READER_ENV; env execs python: its rusage)
+        "opbench-python": [
+            shutil.which("env") or "/usr/bin/env",
+            "OPBENCH_TRACE_READER=python",
+            py,
+            "-m",
+            "opbench.trace",
+            log,
+            "--csv",
+            out_csv,
+        ],
         "naive": [py, "-c", NAIVE, log],
         "minimal": [py, "-c", MINIMAL, log],
         "floor": [py, "-c", FLOOR, log],
@@ -257,7 +270,7 @@ def main() -> int:
         print(f"generated {path}: {os.path.getsize(path) / 1e6:.1f} MB in {time.perf_counter() - t0:.1f} s")
         logs.append(path)
     methods = (
-        ["opbench", "naive", "minimal", "floor", "read"]
+        ["opbench", "opbench-python", "naive", "minimal", "floor", "read"]
         + (["opbench-j2"] if args.jobs else [])
         + (["records"] if args.records else [])
         + [engine for engine in ("polars", "pyarrow") if args.engines and importlib.util.find_spec(engine)]
@@ -306,7 +319,7 @@ def main() -> int:
                 f"({calls['opbench']} vs {calls[base]})"
             )
         # Issue 25 item 4's target, as it is stated: opbench's CPU time at most half the minimal loop's.
-        for method in ("opbench", "floor", "read", *(e for e in ("polars", "pyarrow") if e in runs)):
+        for method in ("opbench", "opbench-python", "floor", "read", *(e for e in ("polars", "pyarrow") if e in runs)):
             pairs = sorted(o["cpu"] / m["cpu"] for o, m in zip(runs[method], runs["minimal"]))
             median = statistics.median(pairs)
             verdicts.append(

@@ -21,6 +21,8 @@ from typing import NoReturn, TypeVar
 
 from .errors import UsageError, run_cli
 
+LAUNCH_COMMAND_ENV = "OPBENCH_LAUNCH_COMMAND"  # the user's command line, passed to the ranks opbench starts
+
 T = TypeVar("T")
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
+from .cli import LAUNCH_COMMAND_ENV
 from .errors import EXIT_INTERRUPTED, EXIT_TERMINATED, UsageError, raise_if_terminated
 from .redact import redact_text
 
@@ -296,7 +297,6 @@ def _relay_stderr(
     return 2 if usage_error else None
 
 
-LAUNCH_COMMAND_ENV = "OPBENCH_LAUNCH_COMMAND"  # the user's command line, passed to the ranks opbench starts
 STOP_GRACE_S = 10.0  # after a rank has failed, how long the rest of the job may take to stop before it is killed
 
 

@@ -37,7 +37,7 @@ def launch_command() -> str:
     """The command the user typed, to be re-run as it is: the launcher's line when opbench started torchrun itself
     (core.dist.relaunch passes it on) or when the user ran torchrun (its agent is this rank's parent), else this
     process's own line. A rank's child command alone would be a 1-rank run if copied."""
-    from .dist import LAUNCH_COMMAND_ENV
+    from .cli import LAUNCH_COMMAND_ENV  # not .dist: a tool that starts no ranks does not import it
 
     if os.environ.get(LAUNCH_COMMAND_ENV):
         return os.environ[LAUNCH_COMMAND_ENV]

@@ -161,6 +161,7 @@ def run(args: argparse.Namespace, summary: TraceSummary, parser: LogParser) -> i
             "read_errors": st.read_errors,
             "unknown_ops": dict(summary.unknown_ops),
             "out_of_range": dict(summary.out_of_range),
+            "reader": summary.reader,  # native or python (docs/trace.md, "Native reader")
         },
     )
     print_top(rows, args.top)

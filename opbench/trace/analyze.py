@@ -9,7 +9,9 @@ import os
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import filterfalse
 from operator import itemgetter
+from typing import Any
 
 from opbench.core import outputs
 from opbench.core.errors import UsageError
@@ -88,20 +90,73 @@ def _reading(path: str) -> Iterator[None]:
         raise UsageError(f"cannot read: {exc.strerror or exc}", source=path) from None
 
 
+READER_ENV = "OPBENCH_TRACE_READER"  # auto (default), native or python: which reader ``analyze`` uses
+READERS = ("auto", "native", "python")
+
+
+def native_reader() -> Any:
+    """The native reader (opbench.trace._scan, docs/trace.md "Native reader") ``analyze`` uses, or None for the
+    Python reader: OPBENCH_TRACE_READER=python, or the extension was not built (no C compiler at install time).
+    =native where it was not built is one clear error."""
+    choice = os.environ.get(READER_ENV, "").strip().lower() or "auto"
+    if choice not in READERS:
+        raise UsageError(f"must be one of {', '.join(READERS)}", field=READER_ENV)
+    if choice == "python":
+        return None
+    try:
+        from . import _scan
+    except ImportError:
+        if choice == "native":
+            raise UsageError(
+                "the native reader was not built (no C compiler when opbench was installed?)", field=READER_ENV
+            ) from None
+        return None
+    return _scan
+
+
 class _Tally:
     """The LineSink behind ``analyze``: LINE matches are counted as raw tuples (``Counter.update``: no Python
     per call) and parsed once per distinct tuple at the end; Send/Recv go through the P2pGrouper, and a group
-    of lines that is an all-to-all is counted as one LineKey (op AlltoAll/AlltoAllv, its count) in ``merged``."""
+    of lines that is an all-to-all is counted as one LineKey (op AlltoAll/AlltoAllv, its count) in ``merged``.
 
-    def __init__(self, summary: TraceSummary, raw_p2p: bool) -> None:
+    With ``native`` (the module native_reader returns) the counting and grouping state lives in its Engine:
+    LogParser.tally_stream hands it whole blocks (``self.native.scan``), and the lines it leaves to the Python
+    reader come back here (``lines``/``record``) and go into the same state. The grouper then only numbers
+    processes and communicators (its ``_proc_id``/``_comm_id``) for the engine, so both readers use one set of
+    ids and rules (p2p's module docstring)."""
+
+    def __init__(self, summary: TraceSummary, raw_p2p: bool, native: Any = None) -> None:
         self.summary = summary
         self.raw: Counter[LineKey] = Counter()
         self.merged: Counter[LineKey] = Counter()
         self.grouper = None if raw_p2p else P2pGrouper(self._emit, self.raw, self.merged)
         self.unmerged: list[LineKey] = []  # Send/Recv lines of groups that are no all-to-all, counted per block
+        self.native: Any = None
+        if native is not None:
+            self._ids = self.grouper or P2pGrouper(self._emit)
+            self.native = native.Engine(self._proc_of, self._rest_of, self._emit_native, group_p2p=not raw_p2p)
+
+    def _proc_of(self, who: bytes) -> int:
+        return self._ids._proc_id(who_fields(who))
+
+    def _rest_of(self, rest: bytes) -> tuple[int, int, int, int]:
+        dtype, _, peer, comm, nranks = rest_fields(rest)
+        return (self._ids._comm_id(comm, nranks), nranks, dtype, peer)
+
+    def _emit_native(self, opcount: bytes, nranks: int, items: list[Any], sends: set[int], recvs: set[int]) -> None:
+        """A group the engine finished that holds CallRecords: the Python rules (``_emit``) decide it."""
+        group = Group(opcount, nranks)
+        group.items, group.sends, group.recvs, group.records = items, sends, recvs, True
+        self._emit(group)
 
     def lines(self, found: list[LineKey]) -> None:
-        if self.grouper is not None:
+        if self.native is not None and self.grouper is not None:
+            p2p = list(filter(_P2P, found))
+            if len(p2p) < len(found):
+                self.raw.update(filterfalse(_P2P, found))
+            if p2p:
+                self.native.feed_keys(p2p)
+        elif self.grouper is not None:
             self.grouper.lines(found)
             self._count_unmerged()
         else:
@@ -110,11 +165,20 @@ class _Tally:
     def record(self, rec: CallRecord) -> None:
         if self.grouper is None or rec.op not in P2P_OPS:
             self.summary.add(rec)
+        elif self.native is not None:
+            ids = self._ids
+            sid = ids._proc_id((rec.host, rec.pid, rec.device)) + ids._comm_id(rec.comm, rec.nranks)
+            self.native.feed_record(sid, rec.nranks, b"%x" % rec.opcount, rec.root, rec.op == "Send", rec)
         else:
             self.grouper.record(rec)
 
     def finish(self) -> None:
-        if self.grouper is not None:
+        if self.native is not None:
+            self.native.finish()
+            raw, merged = self.native.counts()
+            self.raw.update(dict(raw))
+            self.merged.update(dict(merged))
+        elif self.grouper is not None:
             self.grouper.finish()
             self._count_unmerged()
         self.summary.add_raw(self.raw)
@@ -157,10 +221,13 @@ def analyze(paths: Sequence[str], raw_p2p: bool = False, jobs: int = 1) -> tuple
     all-to-alls (p2p) in log order unless ``raw_p2p``. ``jobs`` > 1 reads the logs in that many processes
     (``analyze_parallel``); the result is the same."""
     paths = check_paths(paths)
-    if jobs > 1 and "-" not in paths:
+    native = native_reader()  # checks OPBENCH_TRACE_READER in every mode
+    if jobs > 1 and "-" not in paths and native is None:
+        # workers use the Python reader; the native one in one process is faster (docs/trace.md, "--jobs")
         return analyze_parallel(paths, raw_p2p, jobs)
     parser, summary = LogParser(), TraceSummary()
-    tally = _Tally(summary, raw_p2p)
+    tally = _Tally(summary, raw_p2p, native)
+    summary.reader = "python" if tally.native is None else "native"
     for path in paths:
         with _reading(path):
             parser.tally(path, tally)

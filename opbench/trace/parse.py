@@ -39,7 +39,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import compress, filterfalse
 from operator import itemgetter, methodcaller
-from typing import BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from opbench.core.collectives import COLLECTIVES, NCCL_OP_TO_COLLECTIVE, redop_name
 from opbench.core.dtypes import BY_ENUM
@@ -459,16 +459,50 @@ class LogParser:
     def tally_stream(self, fh: BinaryIO, sink: LineSink) -> None:
         """``tally`` of an open stream (a worker of ``--jobs`` reads a byte range of a log through it)."""
         stats = self.stats
-        for block in self._blocks_from(fh):
-            found = LINE.findall(block)
-            expected = block.count(b"opCount ")
-            if len(found) == expected:  # the common case: one call on every line that has an 'opCount '
-                sink.lines(found)
-                calls = call_lines = len(found)
+        native = getattr(sink, "native", None)  # the native reader's Engine (analyze.native_reader)
+        for block in self._blocks_from(fh, count_lines=native is None):
+            if native is None:
+                expected = block.count(b"opCount ")
+                calls, call_lines = self._tally_text(block, sink, expected)
             else:
-                calls, call_lines = self._tally_irregular(block, found, sink, expected)
+                calls, call_lines, expected = self._tally_native(block, sink, native)
             stats.call_lines += call_lines
             self._block_stats(block, calls, expected, inits=False)  # LINE hands Init lines over
+
+    def _tally_native(self, block: bytes, sink: LineSink, native: Any) -> tuple[int, int, int]:
+        """(calls, call lines, 'opCount ' occurrences) of a block read by the native reader; each line it leaves
+        (its ``stop``) is read here with the Python reader, in its place. Counts the block's lines."""
+        calls = call_lines = occurrences = pos = 0
+        lines = -1  # the block's first newline ends the line before it
+        while True:
+            read, stop, newlines = native.scan(block, pos)
+            calls += read
+            call_lines += read
+            occurrences += read  # a line the engine reads holds one 'opCount '
+            lines += newlines
+            if stop < 0:
+                break
+            end = block.find(b"\n", stop + 1)
+            pos = len(block) if end < 0 else end
+            text = block[stop:pos]
+            expected = text.count(b"opCount ")
+            more, more_lines = self._tally_text(text, sink, expected)
+            calls += more
+            call_lines += more_lines
+            occurrences += expected
+            lines += 1
+        self.stats.lines += lines
+        return calls, call_lines, occurrences
+
+    def _tally_text(self, text: bytes, sink: LineSink, expected: int) -> tuple[int, int]:
+        """(calls, call lines) of ``text`` (whole lines after a newline) fed to ``sink`` by the Python reader."""
+        found = LINE.findall(text)
+        # the common case: one call on every line that has an 'opCount ' (a torn or Init line LINE hands over can
+        # balance a call LINE missed: an Init line and a call without its header)
+        if len(found) == expected and not any(map(_OTHER_LINE, found)):
+            sink.lines(found)
+            return len(found), len(found)
+        return self._tally_irregular(text, found, sink, expected)
 
     # -- internals ----------------------------------------------------------------------------------
     def _tally_irregular(self, block: bytes, found: list[LineKey], sink: LineSink, expected: int) -> tuple[int, int]:
@@ -554,10 +588,11 @@ class LogParser:
         with open_log(path) as fh:
             yield from self._blocks_from(fh)
 
-    def _blocks_from(self, fh: BinaryIO) -> Iterator[bytes]:
-        """Blocks of whole lines, about BLOCK bytes each; lines are counted here. Every block starts with a
-        newline (the one that ended the line before it; one is made up before the first line), so LINE anchors
-        on every line start without another copy of the block."""
+    def _blocks_from(self, fh: BinaryIO, count_lines: bool = True) -> Iterator[bytes]:
+        """Blocks of whole lines, about BLOCK bytes each; lines are counted here (``count_lines`` False: the
+        native reader counts a block's newlines; a cut line and the last line are still counted here). Every
+        block starts with a newline (the one that ended the line before it; one is made up before the first
+        line), so LINE anchors on every line start without another copy of the block."""
         stats = self.stats
         tail = b"\n"  # the newline that ended the last block and what came after it
         read = getattr(fh, "read1", fh.read)  # read1: a truncated .gz still yields what precedes the damage
@@ -576,7 +611,8 @@ class LogParser:
             else:
                 block = b"".join((tail, memoryview(chunk)[: cut + 1]))
                 tail = chunk[cut:]
-                stats.lines += block.count(b"\n") - 1
+                if count_lines:
+                    stats.lines += block.count(b"\n") - 1
                 yield block
             if len(tail) > MAX_LINE + 1:
                 stats.cut_lines += 1

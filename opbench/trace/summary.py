@@ -87,6 +87,7 @@ class TraceSummary:
         self.unknown_ops: Counter[str] = Counter()
         # Calls with a number outside the command line's bounds (parse.bounded), by field: skipped, counted.
         self.out_of_range: Counter[str] = Counter()
+        self.reader = "python"  # which reader read the logs: "native" (analyze.native_reader) or "python"
 
     def _out_of_range(self, n: int, count: int, nranks: int, datatype: int, op_enum: int) -> bool:
         for name, value in (("count", count), ("nranks", nranks), ("datatype", datatype), ("op", op_enum)):
@@ -272,7 +273,8 @@ class TraceSummary:
         for key, row in merged.items():
             ops = row.pop("_ops")
             row["ranks_logged"] = len(procs[key])
-            row["ops"] = " ".join(f"{op}x{n}" for op, n in ops.most_common())
+            # most calls first, ties by name: the same whichever order the readers counted in
+            row["ops"] = " ".join(f"{op}x{n}" for op, n in sorted(ops.items(), key=lambda item: (-item[1], item[0])))
             rows.append(row)
         rows.sort(key=lambda r: (-r["bytes"], r["comm"], r["nranks"]))
         return rows
@@ -286,7 +288,8 @@ class TraceSummary:
         for op, per_proc in sorted(by_op.items()):
             if len(per_proc) < 2:
                 continue
-            common, _ = Counter(per_proc.values()).most_common(1)[0]
+            # the call count most processes logged (a tie: the larger count, whatever order they were counted in)
+            common = max(Counter(per_proc.values()).items(), key=lambda item: (item[1], item[0]))[0]
             odd = {p: n for p, n in per_proc.items() if n != common}
             if odd and len(odd) < len(per_proc):
                 shown = ", ".join(f"{proc_label(*p)}={n}" for p, n in sorted(odd.items(), key=str)[:8])

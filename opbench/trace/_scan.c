@@ -1,0 +1,1024 @@
+/* The native reader of NCCL COLL call lines: opbench.trace.parse's LINE grammar, the tally of analyze._Tally and
+ * the Send/Recv grouping of p2p.P2pGrouper, one line at a time in C (docs/trace.md, "Native reader").
+ *
+ * Why: a Python process cannot read a call line in less time than a per-line regex loop spends finding it
+ * (docs/trace.md, "Speed and memory"); here a call line costs no Python object. The Python code stays the
+ * definition: a line this reader cannot read exactly as LINE would is handed back (Engine.scan returns its
+ * offset) and read by the Python code, whose LineKeys and CallRecords come back through feed_keys/feed_record
+ * into the same grouping state. Field values are parsed by Python callbacks, once per distinct who token and
+ * per distinct "datatype … [nranks=N]" span (cached here, at most CACHE_LIMIT of each).
+ *
+ * Built as an optional extension (setup.py): without a C compiler opbench uses the Python reader, with the
+ * same results (tests/test_trace_native.py compares the two).
+ */
+#define PY_SSIZE_T_CLEAN
+#define _GNU_SOURCE /* memmem, memrchr */
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define OUT_OF_RANGE (-(INT64_C(1) << 62)) /* parse.OUT_OF_RANGE */
+#define CACHE_LIMIT (1 << 16)              /* p2p.CACHE_LIMIT */
+
+typedef struct {
+    const char *p;
+    Py_ssize_t n;
+} Span;
+
+/* ---- hashing and a table of byte-string keys, each with five int64 values -------------------------------- */
+
+static inline uint64_t mix(uint64_t h) {
+    h ^= h >> 33;
+    h *= UINT64_C(0xff51afd7ed558ccd);
+    h ^= h >> 33;
+    return h;
+}
+
+static uint64_t hash_bytes(const char *p, Py_ssize_t n, uint64_t h) {
+    h ^= (uint64_t)n * UINT64_C(0x9E3779B97F4A7C15);
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        h = (h ^ w) * UINT64_C(0xc4ceb9fe1a85ec53);
+        h ^= h >> 29;
+        p += 8;
+        n -= 8;
+    }
+    uint64_t w = 0;
+    memcpy(&w, p, (size_t)n);
+    return mix(h ^ w);
+}
+
+typedef struct {
+    uint64_t hash;
+    char *key; /* NULL: empty slot */
+    Py_ssize_t len;
+    int64_t v[5];
+} Slot;
+
+typedef struct {
+    Slot *slots;
+    size_t mask, used;
+} Table;
+
+static int table_init(Table *t, size_t cap) {
+    t->slots = PyMem_Calloc(cap, sizeof(Slot));
+    if (t->slots == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    t->mask = cap - 1;
+    t->used = 0;
+    return 0;
+}
+
+static void table_free(Table *t) {
+    if (t->slots == NULL)
+        return;
+    for (size_t i = 0; i <= t->mask; i++)
+        PyMem_Free(t->slots[i].key);
+    PyMem_Free(t->slots);
+    t->slots = NULL;
+}
+
+static void table_clear(Table *t) {
+    for (size_t i = 0; i <= t->mask; i++) {
+        PyMem_Free(t->slots[i].key);
+        t->slots[i].key = NULL;
+    }
+    t->used = 0;
+}
+
+static int table_grow(Table *t) {
+    Table bigger;
+    if (table_init(&bigger, (t->mask + 1) * 2) < 0)
+        return -1;
+    for (size_t i = 0; i <= t->mask; i++) {
+        Slot *s = &t->slots[i];
+        if (s->key == NULL)
+            continue;
+        size_t j = s->hash & bigger.mask;
+        while (bigger.slots[j].key != NULL)
+            j = (j + 1) & bigger.mask;
+        bigger.slots[j] = *s;
+    }
+    bigger.used = t->used;
+    PyMem_Free(t->slots);
+    *t = bigger;
+    return 0;
+}
+
+/* The slot of key, created (values zero) when absent; NULL with an exception set on memory failure. *created says
+ * which. */
+static Slot *table_get(Table *t, const char *key, Py_ssize_t len, uint64_t h, int *created) {
+    size_t i = h & t->mask;
+    for (;;) {
+        Slot *s = &t->slots[i];
+        if (s->key == NULL)
+            break;
+        if (s->hash == h && s->len == len && memcmp(s->key, key, (size_t)len) == 0) {
+            *created = 0;
+            return s;
+        }
+        i = (i + 1) & t->mask;
+    }
+    if ((t->used + 1) * 2 > t->mask + 1) {
+        if (table_grow(t) < 0)
+            return NULL;
+        return table_get(t, key, len, h, created);
+    }
+    Slot *s = &t->slots[i];
+    s->key = PyMem_Malloc(len > 0 ? (size_t)len : 1);
+    if (s->key == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    memcpy(s->key, key, (size_t)len);
+    s->len = len;
+    s->hash = h;
+    memset(s->v, 0, sizeof s->v);
+    t->used++;
+    *created = 1;
+    return s;
+}
+
+/* ---- a set of int64 (the peers of a group) ------------------------------------------------------------ */
+
+#define NO_PEER INT64_MIN
+
+typedef struct {
+    int64_t *keys;
+    size_t mask, used;
+} IntSet;
+
+static int intset_reset(IntSet *s) {
+    if (s->keys == NULL) {
+        s->keys = PyMem_Malloc(16 * sizeof(int64_t));
+        if (s->keys == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        s->mask = 15;
+    }
+    for (size_t i = 0; i <= s->mask; i++)
+        s->keys[i] = NO_PEER;
+    s->used = 0;
+    return 0;
+}
+
+static int intset_has(const IntSet *s, int64_t k) {
+    size_t i = mix((uint64_t)k) & s->mask;
+    while (s->keys[i] != NO_PEER) {
+        if (s->keys[i] == k)
+            return 1;
+        i = (i + 1) & s->mask;
+    }
+    return 0;
+}
+
+static int intset_add(IntSet *s, int64_t k) {
+    if ((s->used + 1) * 2 > s->mask + 1) {
+        size_t cap = (s->mask + 1) * 2;
+        int64_t *old = s->keys, *keys = PyMem_Malloc(cap * sizeof(int64_t));
+        size_t old_cap = s->mask + 1;
+        if (keys == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (size_t i = 0; i < cap; i++)
+            keys[i] = NO_PEER;
+        s->keys = keys;
+        s->mask = cap - 1;
+        s->used = 0;
+        for (size_t i = 0; i < old_cap; i++)
+            if (old[i] != NO_PEER)
+                intset_add(s, old[i]);
+        PyMem_Free(old);
+    }
+    size_t i = mix((uint64_t)k) & s->mask;
+    while (s->keys[i] != NO_PEER) {
+        if (s->keys[i] == k)
+            return 0;
+        i = (i + 1) & s->mask;
+    }
+    s->keys[i] = k;
+    s->used++;
+    return 0;
+}
+
+static PyObject *intset_to_py(const IntSet *s) {
+    PyObject *set = PySet_New(NULL);
+    if (set == NULL)
+        return NULL;
+    for (size_t i = 0; i <= s->mask; i++) {
+        if (s->keys[i] == NO_PEER)
+            continue;
+        PyObject *v = PyLong_FromLongLong(s->keys[i]);
+        if (v == NULL || PySet_Add(set, v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(set);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    return set;
+}
+
+/* ---- groups of Send/Recv (p2p.Group) -------------------------------------------------------------------- */
+
+typedef struct {
+    int64_t peer, dtype;
+    size_t off;                              /* who, count, rest, grank: in the group's arena from here */
+    Py_ssize_t who_n, count_n, rest_n, grank_n;
+    int send;
+    PyObject *rec; /* a CallRecord (owned), or NULL for a line read here or a LineKey */
+} Item;
+
+typedef struct {
+    int open, records;
+    int64_t n;
+    Py_ssize_t opcount_n; /* the group's opCount: arena[0:opcount_n] */
+    char *arena;
+    size_t arena_len, arena_cap;
+    Item *items;
+    size_t n_items, cap_items;
+    IntSet sends, recvs;
+} Group;
+
+static int arena_put(Group *g, const char *p, Py_ssize_t n) {
+    if (g->arena_len + (size_t)n > g->arena_cap) {
+        size_t cap = g->arena_cap ? g->arena_cap : 256;
+        while (cap < g->arena_len + (size_t)n)
+            cap *= 2;
+        char *a = PyMem_Realloc(g->arena, cap);
+        if (a == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        g->arena = a;
+        g->arena_cap = cap;
+    }
+    memcpy(g->arena + g->arena_len, p, (size_t)n);
+    g->arena_len += (size_t)n;
+    return 0;
+}
+
+static void group_close(Group *g) {
+    for (size_t i = 0; i < g->n_items; i++)
+        Py_CLEAR(g->items[i].rec);
+    g->n_items = 0;
+    g->arena_len = 0;
+    g->open = 0;
+    g->records = 0;
+}
+
+static void group_free(Group *g) {
+    group_close(g);
+    PyMem_Free(g->arena);
+    PyMem_Free(g->items);
+    PyMem_Free(g->sends.keys);
+    PyMem_Free(g->recvs.keys);
+    PyMem_Free(g);
+}
+
+/* ---- the engine ----------------------------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *proc_of; /* who token -> process id (p2p.P2pGrouper._proc_id of parse.who_fields) */
+    PyObject *rest_of; /* rest span -> (comm id, nranks, datatype, peer) */
+    PyObject *emit;    /* a group holding CallRecords -> the Python tally (analyze._Tally) */
+    int group_p2p;     /* 0: --raw-p2p, Send/Recv counted as logged */
+    Table who_cache, rest_cache, stream_cache, streams, raw, merged;
+    char *scratch;
+    size_t scratch_cap;
+} Engine;
+
+/* A tally key: the five spans of (who, b"", b"", op, count, rest, grank, b"") with their lengths. */
+static int tally_add(Engine *self, Table *t, Span who, Span op, Span count, Span rest, Span grank, int64_t n) {
+    Span parts[5] = {who, op, count, rest, grank};
+    size_t need = 0;
+    for (int i = 0; i < 5; i++)
+        need += 4 + (size_t)parts[i].n;
+    if (need > self->scratch_cap) {
+        char *s = PyMem_Realloc(self->scratch, need * 2);
+        if (s == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        self->scratch = s;
+        self->scratch_cap = need * 2;
+    }
+    char *w = self->scratch;
+    for (int i = 0; i < 5; i++) {
+        uint32_t len = (uint32_t)parts[i].n;
+        memcpy(w, &len, 4);
+        memcpy(w + 4, parts[i].p, (size_t)parts[i].n);
+        w += 4 + parts[i].n;
+    }
+    int created;
+    Slot *s = table_get(t, self->scratch, (Py_ssize_t)need, hash_bytes(self->scratch, (Py_ssize_t)need, 0), &created);
+    if (s == NULL)
+        return -1;
+    s->v[0] += n;
+    return 0;
+}
+
+static const Span SEND = {"Send", 4}, RECV = {"Recv", 4}, EMPTY = {"", 0};
+
+static Span item_span(const Group *g, const Item *it, int which) {
+    const char *p = g->arena + it->off;
+    Py_ssize_t lens[4] = {it->who_n, it->count_n, it->rest_n, it->grank_n};
+    for (int i = 0; i < which; i++)
+        p += lens[i];
+    return (Span){p, lens[which]};
+}
+
+static int64_t parse_u64(Span s) { /* at most 17 digits */
+    int64_t v = 0;
+    for (Py_ssize_t i = 0; i < s.n; i++)
+        v = v * 10 + (s.p[i] - '0');
+    return v;
+}
+
+/* p2p.Group.alltoall and alltoall_count for a group of lines: 1 and (op, count) when it is an all-to-all. */
+static int group_alltoall(const Group *g, const char **op, int64_t *count) {
+    int64_t n = g->n;
+    const IntSet *peers = &g->sends;
+    if (n < 2 || peers->used != g->recvs.used)
+        return 0;
+    for (size_t i = 0; i <= peers->mask; i++) {
+        int64_t k = peers->keys[i];
+        if (k == NO_PEER)
+            continue;
+        if (!intset_has(&g->recvs, k) || k < 0 || k >= n)
+            return 0;
+    }
+    if (peers->used == 0)
+        return 0; /* both empty cannot happen: a group has a line */
+    if (!((int64_t)peers->used == n || (n >= 3 && (int64_t)peers->used == n - 1)))
+        return 0;
+    const Item *items = g->items;
+    for (size_t i = 1; i < g->n_items; i++)
+        if (items[i].dtype != items[0].dtype)
+            return 0;
+    *op = "AlltoAll";
+    int all_equal = 1, leading_zero = 0;
+    Span first = item_span(g, &items[0], 1);
+    for (size_t i = 0; i < g->n_items; i++) {
+        Span c = item_span(g, &items[i], 1);
+        if (c.n > 17) {
+            *count = OUT_OF_RANGE;
+            return 1;
+        }
+        if (c.n != first.n || memcmp(c.p, first.p, (size_t)c.n) != 0)
+            all_equal = 0;
+        if (c.p[0] == '0')
+            leading_zero = 1;
+    }
+    int64_t v0 = parse_u64(first);
+    if (all_equal) {
+        *count = v0;
+        return 1;
+    }
+    if (leading_zero) {
+        int same = 1;
+        for (size_t i = 1; i < g->n_items && same; i++)
+            same = parse_u64(item_span(g, &items[i], 1)) == v0;
+        if (same) {
+            *count = v0;
+            return 1;
+        }
+    }
+    unsigned __int128 sent = 0;
+    for (size_t i = 0; i < g->n_items; i++)
+        if (items[i].send)
+            sent += (unsigned __int128)parse_u64(item_span(g, &items[i], 1));
+    *op = "AlltoAllv";
+    *count = (int64_t)((sent + (unsigned __int128)n - 1) / (unsigned __int128)n);
+    return 1;
+}
+
+static PyObject *item_key(const Group *g, const Item *it) {
+    /* the LineKey the Python reader would have made: (who, Send|Recv, opCount, b"", count, rest, grank, b"") */
+    Span who = item_span(g, it, 0), count = item_span(g, it, 1), rest = item_span(g, it, 2),
+         grank = item_span(g, it, 3);
+    return Py_BuildValue("(y#y#y#y#y#y#y#y#)", who.p, who.n, it->send ? "Send" : "Recv", (Py_ssize_t)4, g->arena,
+                         g->opcount_n, "", (Py_ssize_t)0, count.p, count.n, rest.p, rest.n, grank.p, grank.n, "",
+                         (Py_ssize_t)0);
+}
+
+/* A finished group: counted here when it is lines only (analyze._Tally._emit's rules), else handed to Python. */
+static int group_emit(Engine *self, Group *g) {
+    int rc = 0;
+    if (g->records) {
+        PyObject *items = PyList_New((Py_ssize_t)g->n_items), *sends = NULL, *recvs = NULL, *res = NULL;
+        if (items == NULL)
+            return -1;
+        for (size_t i = 0; i < g->n_items; i++) {
+            PyObject *o = g->items[i].rec;
+            if (o != NULL)
+                Py_INCREF(o);
+            else if ((o = item_key(g, &g->items[i])) == NULL) {
+                rc = -1;
+                goto done;
+            }
+            PyList_SET_ITEM(items, (Py_ssize_t)i, o);
+        }
+        if ((sends = intset_to_py(&g->sends)) == NULL || (recvs = intset_to_py(&g->recvs)) == NULL) {
+            rc = -1;
+            goto done;
+        }
+        res = PyObject_CallFunction(self->emit, "y#LOOO", g->arena, g->opcount_n, (long long)g->n, items, sends,
+                                    recvs);
+        rc = res == NULL ? -1 : 0;
+    done:
+        Py_XDECREF(res);
+        Py_XDECREF(sends);
+        Py_XDECREF(recvs);
+        Py_DECREF(items);
+        group_close(g);
+        return rc;
+    }
+    const char *op;
+    int64_t count;
+    if (group_alltoall(g, &op, &count)) {
+        char digits[32];
+        int len = snprintf(digits, sizeof digits, "%lld", (long long)count);
+        const Item *it = &g->items[0];
+        rc = tally_add(self, &self->merged, item_span(g, it, 0), (Span){op, (Py_ssize_t)strlen(op)},
+                       (Span){digits, len}, item_span(g, it, 2), item_span(g, it, 3), 1);
+    } else {
+        for (size_t i = 0; i < g->n_items && rc == 0; i++) {
+            const Item *it = &g->items[i];
+            rc = tally_add(self, &self->raw, item_span(g, it, 0), it->send ? SEND : RECV, item_span(g, it, 1),
+                           item_span(g, it, 2), item_span(g, it, 3), 1);
+        }
+    }
+    group_close(g);
+    return rc;
+}
+
+/* p2p.P2pGrouper._feed: one Send/Recv in log order. Spans who..grank are copied (the block goes away). */
+/* The Group of stream sid (process id + communicator id), made on first use; NULL with an exception set. */
+static Group *group_of(Engine *self, int64_t sid) {
+    int created;
+    Slot *slot = table_get(&self->streams, (const char *)&sid, sizeof sid, mix((uint64_t)sid), &created);
+    if (slot == NULL)
+        return NULL;
+    Group *g = (Group *)(intptr_t)slot->v[0];
+    if (g == NULL) {
+        g = PyMem_Calloc(1, sizeof(Group));
+        if (g == NULL) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        slot->v[0] = (int64_t)(intptr_t)g;
+    }
+    return g;
+}
+
+static int feed(Engine *self, Group *g, int64_t n, Span opcount, int64_t peer, int send, int64_t dtype, Span who,
+                Span count, Span rest, Span grank, PyObject *rec) {
+    if (g->open) {
+        int64_t limit = n < 0 ? -1 : 4 * n + 8;
+        if (g->opcount_n != opcount.n || memcmp(g->arena, opcount.p, (size_t)opcount.n) != 0 ||
+            intset_has(send ? &g->sends : &g->recvs, peer) || (int64_t)g->n_items >= limit) {
+            if (group_emit(self, g) < 0)
+                return -1;
+        }
+    }
+    if (!g->open) {
+        if (intset_reset(&g->sends) < 0 || intset_reset(&g->recvs) < 0 || arena_put(g, opcount.p, opcount.n) < 0)
+            return -1;
+        g->opcount_n = opcount.n;
+        g->n = n;
+        g->open = 1;
+    }
+    if (g->n_items == g->cap_items) {
+        size_t cap = g->cap_items ? g->cap_items * 2 : 16;
+        Item *items = PyMem_Realloc(g->items, cap * sizeof(Item));
+        if (items == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        g->items = items;
+        g->cap_items = cap;
+    }
+    Item *it = &g->items[g->n_items];
+    it->peer = peer;
+    it->dtype = dtype;
+    it->send = send;
+    it->rec = NULL;
+    it->off = g->arena_len;
+    it->who_n = who.n;
+    it->count_n = count.n;
+    it->rest_n = rest.n;
+    it->grank_n = grank.n;
+    if (arena_put(g, who.p, who.n) < 0 || arena_put(g, count.p, count.n) < 0 || arena_put(g, rest.p, rest.n) < 0 ||
+        arena_put(g, grank.p, grank.n) < 0)
+        return -1;
+    if (rec != NULL) {
+        Py_INCREF(rec);
+        it->rec = rec;
+        g->records = 1;
+    }
+    g->n_items++;
+    if (intset_add(send ? &g->sends : &g->recvs, peer) < 0)
+        return -1;
+    if ((int64_t)g->sends.used == n && (int64_t)g->recvs.used == n)
+        return group_emit(self, g);
+    return 0;
+}
+
+/* A cached callback result for a span: who -> v[0] = process id; rest -> v[0..3] = comm id, nranks, dtype, peer. */
+static Slot *cached(Engine *self, Table *t, PyObject *fn, Span key, int nvalues) {
+    uint64_t h = hash_bytes(key.p, key.n, 0);
+    int created;
+    if (t->used >= CACHE_LIMIT) {
+        Slot *probe = NULL;
+        size_t i = h & t->mask;
+        while (t->slots[i].key != NULL) {
+            Slot *s = &t->slots[i];
+            if (s->hash == h && s->len == key.n && memcmp(s->key, key.p, (size_t)key.n) == 0) {
+                probe = s;
+                break;
+            }
+            i = (i + 1) & t->mask;
+        }
+        if (probe != NULL)
+            return probe;
+        table_clear(t); /* per-line junk in these spans: the cache stays bounded */
+    }
+    Slot *s = table_get(t, key.p, key.n, h, &created);
+    if (s == NULL || !created)
+        return s;
+    PyObject *res = PyObject_CallFunction(fn, "y#", key.p, key.n);
+    if (res == NULL)
+        goto fail;
+    if (nvalues == 1) {
+        s->v[0] = PyLong_AsLongLong(res);
+    } else {
+        if (!PyTuple_Check(res) || PyTuple_GET_SIZE(res) != nvalues) {
+            PyErr_SetString(PyExc_TypeError, "rest_of must return a 4-tuple of ints");
+            Py_DECREF(res);
+            goto fail;
+        }
+        for (int i = 0; i < nvalues; i++)
+            s->v[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(res, i));
+    }
+    Py_DECREF(res);
+    if (PyErr_Occurred())
+        goto fail;
+    return s;
+fail:
+    table_clear(t); /* no half-made entry stays */
+    return NULL;
+}
+
+/* A Send/Recv line: its stream, communicator size, datatype and peer come from one lookup of (who, rest) in
+ * stream_cache (filled from the who and rest caches, which call Python once per distinct span). */
+static int feed_p2p(Engine *self, Span who, int send, Span opcount, Span count, Span rest, Span grank) {
+    size_t need = 4 + (size_t)who.n + (size_t)rest.n;
+    if (need > self->scratch_cap) {
+        char *sc = PyMem_Realloc(self->scratch, need * 2);
+        if (sc == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        self->scratch = sc;
+        self->scratch_cap = need * 2;
+    }
+    uint32_t who_n = (uint32_t)who.n;
+    memcpy(self->scratch, &who_n, 4);
+    memcpy(self->scratch + 4, who.p, (size_t)who.n);
+    memcpy(self->scratch + 4 + who.n, rest.p, (size_t)rest.n);
+    Table *t = &self->stream_cache;
+    if (t->used >= CACHE_LIMIT)
+        table_clear(t); /* per-line junk in these spans: the cache stays bounded (the Groups live in streams) */
+    int created;
+    Slot *s = table_get(t, self->scratch, (Py_ssize_t)need, hash_bytes(self->scratch, (Py_ssize_t)need, 0), &created);
+    if (s == NULL)
+        return -1;
+    if (created) {
+        Slot *w = cached(self, &self->who_cache, self->proc_of, who, 1), *r;
+        int64_t proc = w != NULL ? w->v[0] : 0;
+        Group *g;
+        if (w == NULL || (r = cached(self, &self->rest_cache, self->rest_of, rest, 4)) == NULL ||
+            (g = group_of(self, proc + r->v[0])) == NULL) {
+            table_clear(t); /* no half-made entry stays */
+            return -1;
+        }
+        s->v[0] = (int64_t)(intptr_t)g;
+        s->v[1] = r->v[1]; /* nranks */
+        s->v[2] = r->v[2]; /* datatype */
+        s->v[3] = r->v[3]; /* peer */
+    }
+    return feed(self, (Group *)(intptr_t)s->v[0], s->v[1], opcount, s->v[3], send, s->v[2], who, count, rest, grank,
+                NULL);
+}
+
+/* ---- one call line: parse.LINE's first alternative, within the line ------------------------------------ */
+
+typedef struct {
+    Span who, op, opcount, count, rest, grank;
+    int p2p, send;
+} Line;
+
+static inline int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+static inline int is_digit(char c) { return c >= '0' && c <= '9'; }
+static inline int is_alpha(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+static inline int is_alnum(char c) { return is_alpha(c) || is_digit(c); }
+static inline int is_hex(char c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+
+static inline int lit(const char **p, const char *end, const char *s, Py_ssize_t n) {
+    if (end - *p < n || memcmp(*p, s, (size_t)n) != 0)
+        return 0;
+    *p += n;
+    return 1;
+}
+#define LIT(p, end, s) lit(p, end, s, (Py_ssize_t)(sizeof(s) - 1))
+
+static inline int digits(const char **p, const char *end) { /* \d++ */
+    const char *s = *p;
+    while (*p < end && is_digit(**p))
+        (*p)++;
+    return *p > s;
+}
+
+static inline int token(const char **p, const char *end) { /* [^ ]++ within the line */
+    const char *s = *p;
+    while (*p < end && **p != ' ')
+        (*p)++;
+    return *p > s;
+}
+
+/* ls: the line's first byte; oc: its first "opCount "; le: its end (the newline or the block's end). 1 and L filled
+ * when LINE reads the line as a call; 0 when the Python reader must decide. */
+static int parse_line(const char *ls, const char *oc, const char *le, Line *L) {
+    /* backwards from "opCount ": "<who> [<dev>] [<timestamp> ]NCCL INFO <op>: " */
+    if (oc - ls < 2 || oc[-1] != ' ' || oc[-2] != ':')
+        return 0;
+    const char *oe = oc - 2, *os = oe;
+    while (os > ls && is_alnum(os[-1]))
+        os--;
+    if (os == oe || !is_alpha(*os) || os - ls < 11 || memcmp(os - 10, "NCCL INFO ", 10) != 0 || os[-11] != ' ')
+        return 0;
+    const char *t = os - 11; /* the space before NCCL */
+    if (t == ls)
+        return 0;
+    if (t[-1] != ']') { /* a timestamp: [0-9.]++ */
+        const char *u = t;
+        while (u > ls && (is_digit(u[-1]) || u[-1] == '.'))
+            u--;
+        if (u == t || u - ls < 2 || u[-1] != ' ' || u[-2] != ']')
+            return 0;
+        t = u - 1;
+    }
+    const char *close = t - 1, *ds = close; /* "[-?\d++]" */
+    while (ds > ls && is_digit(ds[-1]))
+        ds--;
+    if (ds == close)
+        return 0;
+    if (ds > ls && ds[-1] == '-')
+        ds--;
+    if (ds - ls < 2 || ds[-1] != '[' || ds[-2] != ' ')
+        return 0;
+    const char *we = ds - 2, *ws = we;
+    while (ws > ls && !is_ws(ws[-1]))
+        ws--;
+    if (ws == we)
+        return 0;
+    for (const char *c = ls; c < ws; c++) /* tokens separated by single spaces before the who token */
+        if (is_ws(*c) && *c != ' ')
+            return 0;
+    L->who = (Span){ws, close + 1 - ws};
+    L->op = (Span){os, oe - os};
+    L->p2p = L->op.n == 4 && (memcmp(os, "Send", 4) == 0 || memcmp(os, "Recv", 4) == 0);
+    L->send = L->p2p && os[0] == 'S';
+
+    /* forwards */
+    const char *p = oc + 8, *s = p;
+    while (p < le && is_hex(*p))
+        p++;
+    if (p == s)
+        return 0;
+    L->opcount = (Span){s, p - s};
+    if (!LIT(&p, le, " sendbuff ") || !token(&p, le) || !LIT(&p, le, " recvbuff ") || !token(&p, le) ||
+        !LIT(&p, le, " "))
+        return 0;
+    const char *save = p;
+    if (!(LIT(&p, le, "acc ") && token(&p, le) && LIT(&p, le, " ")))
+        p = save;
+    if (!LIT(&p, le, "count "))
+        return 0;
+    s = p;
+    if (!digits(&p, le))
+        return 0;
+    L->count = (Span){s, p - s};
+    if (!LIT(&p, le, " "))
+        return 0;
+    s = p;
+    if (!LIT(&p, le, "datatype ") || !digits(&p, le) || !LIT(&p, le, " op ") || !digits(&p, le) ||
+        !LIT(&p, le, " root "))
+        return 0;
+    if (p < le && *p == '-')
+        p++;
+    if (!digits(&p, le) || !LIT(&p, le, " comm ") || !token(&p, le) || !LIT(&p, le, " [nranks=") || !digits(&p, le) ||
+        !LIT(&p, le, "]"))
+        return 0;
+    L->rest = (Span){s, p - s};
+    if (!LIT(&p, le, " stream "))
+        return 0;
+    s = p;
+    while (p < le && !is_ws(*p))
+        p++;
+    if (p == s)
+        return 0;
+    L->grank = EMPTY;
+    save = p;
+    if (LIT(&p, le, " task ")) {
+        if (p < le && *p == '-')
+            p++;
+        if (digits(&p, le) && LIT(&p, le, " globalrank ")) {
+            s = p;
+            if (p < le && *p == '-')
+                p++;
+            if (digits(&p, le))
+                L->grank = (Span){s, p - s};
+        }
+    }
+    if (L->grank.n == 0)
+        p = save;
+    if (le - p >= 8 && memmem(p, (size_t)(le - p), "opCount ", 8) != NULL)
+        return 0; /* a torn line */
+    return 1;
+}
+
+/* The last newline in [p, end); p is one. */
+static inline const char *last_newline(const char *p, const char *end) {
+#ifdef __GLIBC__
+    return memrchr(p, '\n', (size_t)(end - p));
+#else
+    while (*--end != '\n')
+        ;
+    return end;
+#endif
+}
+
+static Py_ssize_t count_newlines(const char *p, const char *end) {
+    Py_ssize_t n = 0;
+    while (p < end && (p = memchr(p, '\n', (size_t)(end - p))) != NULL) {
+        n++;
+        p++;
+    }
+    return n;
+}
+
+/* The offset of the newline before the first line of [p, end) that holds "Init COMPLETE" (p: a newline), or -1:
+ * the Python reader reads those lines (LINE hands them over). */
+static Py_ssize_t init_line(const char *b, const char *p, const char *end) {
+    const char *hit = end - p >= 13 ? memmem(p, (size_t)(end - p), "Init COMPLETE", 13) : NULL;
+    if (hit == NULL)
+        return -1;
+    return last_newline(p, hit) - b;
+}
+
+/* Engine.scan(block, pos) -> (calls, stop, newlines): read the call lines of block from pos (a newline's offset)
+ * on. stop is the offset of the newline that starts a line left to the Python reader (a torn line, a call LINE
+ * would not read, an Init COMPLETE line), or -1 at the block's end; newlines counts the newlines of
+ * block[pos:stop] (block[pos:] at the end). Each call line read holds exactly one "opCount ". */
+static PyObject *Engine_scan(Engine *self, PyObject *args) {
+    Py_buffer buf;
+    Py_ssize_t pos;
+    if (!PyArg_ParseTuple(args, "y*n", &buf, &pos))
+        return NULL;
+    const char *b = buf.buf, *end = b + buf.len, *p = b + (pos < 0 ? 0 : pos);
+    Py_ssize_t calls = 0, stop = -1, newlines = 0;
+    int failed = 0;
+    if (p < end && *p != '\n') {
+        PyBuffer_Release(&buf);
+        PyErr_SetString(PyExc_ValueError, "scan: pos must be the offset of a newline");
+        return NULL;
+    }
+    while (p < end) {
+        const char *oc = memmem(p, (size_t)(end - p), "opCount ", 8);
+        if (oc == NULL) {
+            stop = init_line(b, p, end);
+            break;
+        }
+        const char *nl = last_newline(p, oc);
+        if (nl > p && (stop = init_line(b, p, nl)) >= 0)
+            break;
+        const char *le = memchr(oc, '\n', (size_t)(end - oc));
+        if (le == NULL)
+            le = end;
+        Line L;
+        if (!parse_line(nl + 1, oc, le, &L)) {
+            stop = nl - b;
+            break;
+        }
+        int rc;
+        if (L.p2p && self->group_p2p)
+            rc = feed_p2p(self, L.who, L.send, L.opcount, L.count, L.rest, L.grank);
+        else
+            rc = tally_add(self, &self->raw, L.who, L.op, L.count, L.rest, L.grank, 1);
+        if (rc < 0) {
+            failed = 1;
+            break;
+        }
+        calls++;
+        newlines += count_newlines(p, nl + 1);
+        p = le;
+    }
+    newlines += count_newlines(p, stop >= 0 ? b + stop : end);
+    PyBuffer_Release(&buf);
+    if (failed)
+        return NULL;
+    return Py_BuildValue("nnn", calls, stop, newlines);
+}
+
+static int span_of(PyObject *tuple, Py_ssize_t i, Span *s) {
+    PyObject *o = PyTuple_GET_ITEM(tuple, i);
+    if (!PyBytes_Check(o)) {
+        PyErr_SetString(PyExc_TypeError, "LineKey fields must be bytes");
+        return -1;
+    }
+    s->p = PyBytes_AS_STRING(o);
+    s->n = PyBytes_GET_SIZE(o);
+    return 0;
+}
+
+/* Engine.feed_keys(keys): Send/Recv LineKeys (parse.LineKey) read by the Python reader, in log order. */
+static PyObject *Engine_feed_keys(Engine *self, PyObject *keys) {
+    PyObject *seq = PySequence_Fast(keys, "feed_keys takes a list of LineKeys");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *k = PySequence_Fast_GET_ITEM(seq, i);
+        Span who, p2p, opcount, count, rest, grank;
+        if (!PyTuple_Check(k) || PyTuple_GET_SIZE(k) != 8) {
+            PyErr_SetString(PyExc_TypeError, "a LineKey is an 8-tuple");
+            goto fail;
+        }
+        if (span_of(k, 0, &who) < 0 || span_of(k, 1, &p2p) < 0 || span_of(k, 2, &opcount) < 0 ||
+            span_of(k, 4, &count) < 0 || span_of(k, 5, &rest) < 0 || span_of(k, 6, &grank) < 0)
+            goto fail;
+        if (feed_p2p(self, who, p2p.n == 4 && memcmp(p2p.p, "Send", 4) == 0, opcount, count, rest, grank) < 0)
+            goto fail;
+    }
+    Py_DECREF(seq);
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(seq);
+    return NULL;
+}
+
+/* Engine.feed_record(sid, nranks, opcount, peer, is_send, record): one Send/Recv CallRecord, in log order. */
+static PyObject *Engine_feed_record(Engine *self, PyObject *args) {
+    long long sid, n, peer;
+    const char *op;
+    Py_ssize_t op_n;
+    int send;
+    PyObject *rec;
+    if (!PyArg_ParseTuple(args, "LLy#LpO", &sid, &n, &op, &op_n, &peer, &send, &rec))
+        return NULL;
+    Group *g = group_of(self, sid);
+    if (g == NULL || feed(self, g, n, (Span){op, op_n}, peer, send, 0, EMPTY, EMPTY, EMPTY, EMPTY, rec) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* Engine.finish(): end every open group (p2p.P2pGrouper.finish). */
+static PyObject *Engine_finish(Engine *self, PyObject *Py_UNUSED(ignored)) {
+    Table *t = &self->streams;
+    for (size_t i = 0; i <= t->mask; i++) {
+        if (t->slots[i].key == NULL)
+            continue;
+        Group *g = (Group *)(intptr_t)t->slots[i].v[0];
+        if (g != NULL && g->open && group_emit(self, g) < 0)
+            return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *counts_of(const Table *t) {
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    for (size_t i = 0; i <= t->mask; i++) {
+        const Slot *s = &t->slots[i];
+        if (s->key == NULL)
+            continue;
+        Span f[5];
+        const char *p = s->key;
+        for (int j = 0; j < 5; j++) {
+            uint32_t len;
+            memcpy(&len, p, 4);
+            f[j] = (Span){p + 4, (Py_ssize_t)len};
+            p += 4 + len;
+        }
+        PyObject *item = Py_BuildValue("((y#y#y#y#y#y#y#y#)L)", f[0].p, f[0].n, "", (Py_ssize_t)0, "", (Py_ssize_t)0,
+                                       f[1].p, f[1].n, f[2].p, f[2].n, f[3].p, f[3].n, f[4].p, f[4].n, "",
+                                       (Py_ssize_t)0, (long long)s->v[0]);
+        if (item == NULL || PyList_Append(out, item) < 0) {
+            Py_XDECREF(item);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(item);
+    }
+    return out;
+}
+
+/* Engine.counts() -> (raw, merged): [(LineKey with opCount blank, calls)] of analyze._Tally.raw and .merged. */
+static PyObject *Engine_counts(Engine *self, PyObject *Py_UNUSED(ignored)) {
+    PyObject *raw = counts_of(&self->raw), *merged = raw ? counts_of(&self->merged) : NULL;
+    if (merged == NULL) {
+        Py_XDECREF(raw);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", raw, merged);
+}
+
+static int Engine_init(Engine *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"proc_of", "rest_of", "emit", "group_p2p", NULL};
+    PyObject *proc_of, *rest_of, *emit;
+    int group_p2p = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|p", kwlist, &proc_of, &rest_of, &emit, &group_p2p))
+        return -1;
+    Py_INCREF(proc_of);
+    Py_INCREF(rest_of);
+    Py_INCREF(emit);
+    Py_XSETREF(self->proc_of, proc_of);
+    Py_XSETREF(self->rest_of, rest_of);
+    Py_XSETREF(self->emit, emit);
+    self->group_p2p = group_p2p;
+    Table *tables[] = {&self->who_cache, &self->rest_cache, &self->stream_cache, &self->streams, &self->raw,
+                       &self->merged};
+    for (int i = 0; i < 6; i++)
+        if (tables[i]->slots == NULL && table_init(tables[i], 64) < 0)
+            return -1;
+    return 0;
+}
+
+static void Engine_dealloc(Engine *self) {
+    Table *t = &self->streams;
+    if (t->slots != NULL)
+        for (size_t i = 0; i <= t->mask; i++)
+            if (t->slots[i].key != NULL && t->slots[i].v[0] != 0)
+                group_free((Group *)(intptr_t)t->slots[i].v[0]);
+    table_free(&self->who_cache);
+    table_free(&self->rest_cache);
+    table_free(&self->stream_cache);
+    table_free(&self->streams);
+    table_free(&self->raw);
+    table_free(&self->merged);
+    PyMem_Free(self->scratch);
+    Py_XDECREF(self->proc_of);
+    Py_XDECREF(self->rest_of);
+    Py_XDECREF(self->emit);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef Engine_methods[] = {
+    {"scan", (PyCFunction)Engine_scan, METH_VARARGS, "scan(block, pos) -> (calls, stop, newlines)"},
+    {"feed_keys", (PyCFunction)Engine_feed_keys, METH_O, "feed_keys(send_recv_line_keys)"},
+    {"feed_record", (PyCFunction)Engine_feed_record, METH_VARARGS,
+     "feed_record(sid, nranks, opcount, peer, is_send, record)"},
+    {"finish", (PyCFunction)Engine_finish, METH_NOARGS, "end every open group"},
+    {"counts", (PyCFunction)Engine_counts, METH_NOARGS, "counts() -> (raw, merged)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject EngineType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "opbench.trace._scan.Engine",
+    .tp_basicsize = sizeof(Engine),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Reads NCCL COLL call lines and groups Send/Recv (opbench.trace._scan).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Engine_init,
+    .tp_dealloc = (destructor)Engine_dealloc,
+    .tp_methods = Engine_methods,
+};
+
+static struct PyModuleDef scan_module = {
+    PyModuleDef_HEAD_INIT, "_scan", "Native reader of NCCL COLL call lines (docs/trace.md, \"Native reader\").", -1,
+    NULL,
+};
+
+PyMODINIT_FUNC PyInit__scan(void) {
+    if (PyType_Ready(&EngineType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&scan_module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&EngineType);
+    if (PyModule_AddObject(m, "Engine", (PyObject *)&EngineType) < 0) {
+        Py_DECREF(&EngineType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
