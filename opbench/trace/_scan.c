@@ -294,21 +294,28 @@ typedef struct {
     size_t scratch_cap;
 } Engine;
 
+/* The engine's scratch buffer (a key being built) holds at least need bytes; -1 with an exception set. */
+static int scratch_reserve(Engine *self, size_t need) {
+    if (need <= self->scratch_cap)
+        return 0;
+    char *scratch = PyMem_Realloc(self->scratch, need * 2);
+    if (scratch == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->scratch = scratch;
+    self->scratch_cap = need * 2;
+    return 0;
+}
+
 /* A tally key: the five spans of (who, b"", b"", op, count, rest, grank, b"") with their lengths. */
 static int tally_add(Engine *self, Table *t, Span who, Span op, Span count, Span rest, Span grank, int64_t n) {
     Span parts[5] = {who, op, count, rest, grank};
     size_t need = 0;
     for (int i = 0; i < 5; i++)
         need += 4 + (size_t)parts[i].n;
-    if (need > self->scratch_cap) {
-        char *s = PyMem_Realloc(self->scratch, need * 2);
-        if (s == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        self->scratch = s;
-        self->scratch_cap = need * 2;
-    }
+    if (scratch_reserve(self, need) < 0)
+        return -1;
     char *w = self->scratch;
     for (int i = 0; i < 5; i++) {
         uint32_t len = (uint32_t)parts[i].n;
@@ -580,15 +587,8 @@ fail:
  * stream_cache (filled from the who and rest caches, which call Python once per distinct span). */
 static int feed_p2p(Engine *self, Span who, int send, Span opcount, Span count, Span rest, Span grank) {
     size_t need = 4 + (size_t)who.n + (size_t)rest.n;
-    if (need > self->scratch_cap) {
-        char *sc = PyMem_Realloc(self->scratch, need * 2);
-        if (sc == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        self->scratch = sc;
-        self->scratch_cap = need * 2;
-    }
+    if (scratch_reserve(self, need) < 0)
+        return -1;
     uint32_t who_n = (uint32_t)who.n;
     memcpy(self->scratch, &who_n, 4);
     memcpy(self->scratch + 4, who.p, (size_t)who.n);
