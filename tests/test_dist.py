@@ -195,22 +195,28 @@ def _port_in_use():
     return s
 
 
-def test_launch_and_rendezvous_problems_are_one_line(run):
+def test_launch_and_rendezvous_problems_are_one_line(run, capsys):
     import socket
 
-    bad_flags = (
+    from opbench.comm.__main__ import main as comm_main
+    from opbench.core.errors import run_cli
+
+    bad_flags = (  # refused before any rank starts: in this process (run_cli is console_main's error handling)
         (["--master-port", "99999"], "field '--master-port': a TCP port is 1-65535, got 99999"),
         (["--master-port", "-1"], "field '--master-port': a TCP port is 1-65535, got -1"),
         (["--node-rank", "-3"], "field '--node-rank': must not be negative, got -3"),
         (["--nnodes", "2", "--node-rank", "2"], "field '--node-rank': node 2 does not exist in a job of 2 node(s)"),
         (["--backend", "bogus"], "field '--backend': unknown backend 'bogus'"),
         (["--timeout", "inf"], "field '--timeout': must be a positive, finite number of seconds, got inf"),
-        (["--backend", "nccl", "-b", "1K"], "field '--backend': NCCL runs on GPUs and this rank's device is cpu"),
     )
     for argv, needle in bad_flags:
-        proc = run("opbench", "comm", *argv)
-        assert proc.returncode == 2 and needle in proc.stderr, (argv, proc.stderr)
-        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        rc = run_cli(comm_main, argv, prog="opbench comm")
+        err = capsys.readouterr().err
+        assert rc == 2 and needle in err, (argv, err)
+        assert len(err.strip().splitlines()) == 1, err
+    proc = run("opbench", "comm", "--backend", "nccl", "-b", "1K")  # refused by the rank, in a process of its own
+    needle = "field '--backend': NCCL runs on GPUs and this rank's device is cpu"
+    assert proc.returncode == 2 and needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     env = {"RANK": "3", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
     proc = run("opbench", "cluster", "--quick", env=env)
     assert proc.returncode == 2 and "field 'RANK': RANK=3 is outside a world of 2" in proc.stderr, proc.stderr
@@ -226,7 +232,7 @@ def test_launch_and_rendezvous_problems_are_one_line(run):
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
     env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-    proc = run("opbench", "comm", "-b", "1K", "--timeout", "3", env=env, timeout=120)
+    proc = run("opbench", "comm", "-b", "1K", "--timeout", "1", env=env, timeout=120)
     assert proc.returncode == 2 and f"rendezvous at 127.0.0.1:{port}" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 

@@ -350,14 +350,17 @@ def test_a_short_seqlen_gets_a_default_batch_it_can_simulate_and_names_are_one_m
     assert r.returncode == 0 and len(shown) > 10, r.stdout  # --top 0 = all (it showed 10)
 
 
-def test_validate_refuses_an_unbuildable_model_and_a_killed_rank_is_one_line(tmp_path):
+def test_validate_refuses_an_unbuildable_model_and_a_killed_rank_is_one_line(tmp_path, capsys, tiny_llama_rates):
     """--validate builds the transformers model first (meta device): gpt-oss, which transformers cannot train with
     SDPA, is one line (exit 2) before anything is measured (it was a traceback after 20 s of measuring). With two
     ranks, a rank killed during training ends the run in one line, exit 1 (a traceback; a hung rank waited 30
-    minutes: now --timeout)."""
+    minutes: now --timeout). Rates from --results measured on another machine are one line too."""
     import signal
     import subprocess
     import time
+
+    from opbench.core.errors import run_cli
+    from opbench.project.__main__ import main
 
     oss = json.loads((EXAMPLES / "gpt-oss-20b" / "config.json").read_text())
     oss.update(num_hidden_layers=2, hidden_size=128, intermediate_size=128, num_attention_heads=4, head_dim=32,
@@ -370,8 +373,20 @@ def test_validate_refuses_an_unbuildable_model_and_a_killed_rank_is_one_line(tmp
                         "--report-dir-path", str(tmp_path / "a")], capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
     assert r.returncode == 2 and "field '--validate': transformers cannot build" in r.stderr, r.stderr
     assert not (tmp_path / "a").exists()  # nothing measured
-    cmd = [*base, "--model-config-path", str(EXAMPLES / "tiny-llama"), "--world-size", "2", "--nproc-per-node", "2",
-           "--fsdp", "--steps", "200", "--timeout", "20", "--report-dir-path", str(tmp_path / "b")]  # fmt: skip
+    other = tmp_path / "h100"  # one GEMM row whose sidecar names an H100: not this machine's rates
+    other.mkdir()
+    (other / "benchmark_gemm_x.csv").write_text("model,layer,pass,m,n,k,dtype,backend,time_s,status\n"
+                                                "x,qkv,fwd,64,64,64,fp32,torch,1e-05,ok\n")  # fmt: skip
+    (other / "benchmark_gemm_x.meta.json").write_text(json.dumps({"benchmark": "gemm", "device_name": "NVIDIA H100"}))
+    tiny = ["--model-config-path", str(EXAMPLES / "tiny-llama"), "--world-size", "2", "--nproc-per-node", "2", "--fsdp"]
+    argv = [*base[4:], *tiny, "--results", str(other), "--report-dir-path", str(tmp_path / "c")]
+    rc = run_cli(main, argv, prog="opbench project")
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("opbench project: error: ")]
+    assert rc == 2 and len(errors) == 1 and "field '--results': --validate trains on this machine (" in errors[0]
+    assert "measured on NVIDIA H100: leave out --results to measure here" in errors[0], errors
+    assert not (tmp_path / "c" / "project_validate.csv").exists()
+    cmd = [*base, *tiny, "--results", tiny_llama_rates, "--steps", "200", "--timeout", "20",
+           "--report-dir-path", str(tmp_path / "b")]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         from opbench.core.dist import _descendants
@@ -441,6 +456,26 @@ def test_validate_refuses_odd_tiny_configs_before_measuring(tmp_path, capsys, mo
 EXAMPLES = ROOT / "examples" / "configs"  # the README's small models: a Llama-style one and a Qwen3-MoE one
 
 
+@pytest.fixture(scope="module")
+def tiny_llama_rates(tmp_path_factory) -> str:
+    """tiny-llama's rates on this machine, measured once the way --validate measures them (its own function, one
+    thread per rank as the runs below train, the collectives of both sharded layouts over two ranks). The
+    --validate runs of tiny-llama reuse them with --results, as a user validating several layouts would; the MoE
+    case measures its own."""
+    import argparse
+
+    from opbench.project import validate
+
+    folder = tmp_path_factory.mktemp("tiny_llama_rates")
+    (cfg,) = load_model_configs(str(EXAMPLES / "tiny-llama"))
+    plan = Plan(world=2, seqlen=512, global_batch=8, mbs=2, dtype="fp32", sharding="fsdp")
+    args = argparse.Namespace(model_config_path=str(EXAMPLES / "tiny-llama"), model_name=None)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(validate, "threads_per_rank", lambda world: 1)  # OMP_NUM_THREADS=1 in the runs below
+        validate.measure_rates(cfg, plan, args, folder, "cpu", "all_gather,reduce_scatter,all_reduce,broadcast")
+    return str(folder)
+
+
 def _validate(run, tmp_path, config: str, *extra: str) -> dict[str, dict]:
     out = tmp_path / "validate"
     r = run(
@@ -473,9 +508,10 @@ def _validate(run, tmp_path, config: str, *extra: str) -> dict[str, dict]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["dense", "moe"])
-def test_projection_matches_a_real_single_process_step(run, tmp_path, record, kind):
+def test_projection_matches_a_real_single_process_step(run, tmp_path, record, kind, request):
     config = str(EXAMPLES / ("tiny-llama" if kind == "dense" else "tiny-qwen3-moe"))
-    rows = _validate(run, tmp_path, config, "--world-size", "1")
+    measured = ["--results", request.getfixturevalue("tiny_llama_rates")] if kind == "dense" else []  # MoE: measures
+    rows = _validate(run, tmp_path, config, "--world-size", "1", *measured)
     ratio = {k: float(v["ratio"]) for k, v in rows.items()}
     record(
         f"project --validate, {kind}, 1 rank: step time projected/measured {ratio['step_time_s']:.3f}, "
@@ -491,9 +527,9 @@ def test_projection_matches_a_real_single_process_step(run, tmp_path, record, ki
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sharding", ["--fsdp", "--zero"])
-def test_projection_matches_a_real_two_rank_step(run, tmp_path, record, sharding):
+def test_projection_matches_a_real_two_rank_step(run, tmp_path, record, sharding, tiny_llama_rates):
     config = str(EXAMPLES / "tiny-llama")
-    extra = [sharding] + (["1"] if sharding == "--zero" else [])
+    extra = [sharding] + (["1"] if sharding == "--zero" else []) + ["--results", tiny_llama_rates]
     rows = _validate(run, tmp_path, config, "--world-size", "2", "--nproc-per-node", "2", *extra)
     ratio = float(rows["step_time_s"]["ratio"])
     peak = float(rows["peak_memory_one_microbatch_bytes"]["ratio"]) if sharding == "--fsdp" else None

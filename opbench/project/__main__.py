@@ -152,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="extend",
         default=[],
         metavar="DIR",
-        help="folders of opbench CSVs from the target (the flag may be repeated: every folder named is read)",
+        help="folders of opbench CSVs from the target (the flag may be repeated: every folder named is read); "
+        "with --validate, rates this machine measured already, used instead of measuring again",
     )
     r.add_argument(
         "--device",

@@ -178,8 +178,12 @@ def check_router_groups(cfg: ModelConfig, hf_cfg: Any) -> None:
         raise UsageError(f"--validate cannot route {cfg.name}'s tokens: {why}", source=cfg.source or None, field=where)
 
 
-def measure_rates(cfg: ModelConfig, plan: Plan, args: argparse.Namespace, folder: Path, device: str) -> None:
-    """The rates of this model's step on this machine, by opbench's tools, into ``folder``."""
+def measure_rates(
+    cfg: ModelConfig, plan: Plan, args: argparse.Namespace, folder: Path, device: str, collectives: str | None = None
+) -> None:
+    """The rates of this model's step on this machine, by opbench's tools, into ``folder``: with more than one
+    rank, the collectives the plan's sharding sends (or ``collectives``, a comma list, for a folder that serves
+    several layouts' ``--validate --results``)."""
     model = ["--model", cfg.name] + (["--model-config-path", args.model_config_path] if args.model_config_path else [])
     if args.model_name:
         model += ["--model-name", args.model_name]
@@ -215,7 +219,7 @@ def measure_rates(cfg: ModelConfig, plan: Plan, args: argparse.Namespace, folder
         numels = [s.numel for s in parameter_shapes(cfg)]
         largest = max(sum(numels), 1) * 4 * plan.world
         top = 1 << max(20, (largest - 1).bit_length())
-        collectives = {"fsdp": "all_gather,reduce_scatter", "zero1": "all_reduce,broadcast"}.get(
+        collectives = collectives or {"fsdp": "all_gather,reduce_scatter", "zero1": "all_reduce,broadcast"}.get(
             plan.sharding, "all_reduce"
         )
         _tool(
@@ -243,6 +247,20 @@ def measure_rates(cfg: ModelConfig, plan: Plan, args: argparse.Namespace, folder
                 str(folder),
             ],
             "collectives",
+        )
+
+
+def check_same_machine(measured_on: str | None, device: str) -> None:
+    """--validate compares the projection with training here: rates from --results must be this machine's kind,
+    or the comparison measures the difference between two machines."""
+    from opbench.core.device import device_info
+
+    here = device_info(device).name
+    if measured_on != here:
+        raise UsageError(
+            f"--validate trains on this machine ({here}) and --results holds rates measured on "
+            f"{measured_on or 'an unnamed device'}: leave out --results to measure here",
+            field="--results",
         )
 
 
@@ -555,13 +573,18 @@ def validate(cfg: ModelConfig, plan: Plan, args: argparse.Namespace) -> int:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"cannot create the folder: {describe_os_error(exc)}", source=str(folder)) from None
-    t0 = time.perf_counter()
-    measure_rates(cfg, plan, args, folder, device)
-    print(f"measured this machine's rates for {cfg.name} into {folder} ({time.perf_counter() - t0:.0f} s)")
     stated = assumptions(args)
     if device == "cpu":  # gloo's collectives run on the same cores as the compute: nothing hides behind it
         stated = replace(stated, dp_overlap=False, cp_overlap=False)
-    rates = Rates([folder], None, plan.dtype, stated, plan.gpus_per_node)
+    if args.results:  # rates this machine already measured (another layout's --validate, or the tools themselves)
+        rates = Rates(args.results, None, plan.dtype, stated, plan.gpus_per_node)
+        check_same_machine(rates.device, device)
+        print(f"rates from --results {' '.join(args.results)} (not measured again)")
+    else:
+        t0 = time.perf_counter()
+        measure_rates(cfg, plan, args, folder, device)
+        print(f"measured this machine's rates for {cfg.name} into {folder} ({time.perf_counter() - t0:.0f} s)")
+        rates = Rates([folder], None, plan.dtype, stated, plan.gpus_per_node)
     for note in rates.notes:
         print(f"note: {note}", file=sys.stderr)
     projector = Projector(cfg, rates, profile="eager")
