@@ -620,7 +620,7 @@ def test_jobs_2_gives_what_jobs_1_gives(cli, tmp_path, monkeypatch):
 
     log = tmp_path / "mixed.log"
     write_log(str(log), 3_000_000, job="mixed")
-    monkeypatch.setenv(trace.READER_ENV, "python")  # --jobs is the Python reader's (the native one: 1 process)
+    monkeypatch.setenv(trace.READER_ENV, "python")  # the Python workers (test_trace_native.py: the native ones)
     monkeypatch.setattr(trace, "SPLIT_MIN", 0)
     monkeypatch.setattr(trace, "PIECE", 64 << 10)
     assert len(list(trace.split_pieces([str(log)], 2))) > 40

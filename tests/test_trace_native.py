@@ -78,9 +78,9 @@ def _write_log(path, hostile: bool) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def _read(path, reader: str, raw_p2p: bool, monkeypatch) -> tuple:
+def _read(path, reader: str, raw_p2p: bool, monkeypatch, jobs: int = 1) -> tuple:
     monkeypatch.setenv(A.READER_ENV, reader)
-    summary, parser = A.analyze([str(path)], raw_p2p=raw_p2p)
+    summary, parser = A.analyze([str(path)], raw_p2p=raw_p2p, jobs=jobs)
     assert summary.reader == reader
     return (summary.counts, summary.unknown_ops, summary.out_of_range, parser.stats.as_dict(), parser.inits)
 
@@ -88,12 +88,18 @@ def _read(path, reader: str, raw_p2p: bool, monkeypatch) -> tuple:
 @needs_native
 @pytest.mark.parametrize("hostile", [False, True], ids=["job", "hostile"])
 def test_both_readers_give_the_same_tables(tmp_path, monkeypatch, hostile):
+    """... in one process, and with --jobs 2 on pieces of 16 KiB: the native engine's piece mode hands the
+    parent the same head, tail and settled streams as the Python reader's workers."""
     log = tmp_path / "job.log"
     _write_log(log, hostile)
+    monkeypatch.setattr(A, "SPLIT_MIN", 0)
+    monkeypatch.setattr(A, "PIECE", 16 << 10)
+    assert len(list(A.split_pieces([str(log)], 2))) > 50
     for raw_p2p in (False, True):
         native = _read(log, "native", raw_p2p, monkeypatch)
         python = _read(log, "python", raw_p2p, monkeypatch)
         assert native == python
+        assert _read(log, "native", raw_p2p, monkeypatch, jobs=2) == python
         counts, _, _, stats, _ = native
         assert stats["calls"] > 1000 and stats["fragments"] > 0 and sum(counts.values()) > 100
     if hostile:

@@ -50,9 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=jobs_count,
         default=1,
         metavar="N",
-        help="read the logs in N processes with the Python reader (a plain log of 16 MB or more is cut into 8 MiB "
-        "pieces at line starts); the output is the same as with 1. Where the native reader is built (the default) "
-        "one process reads faster than many Python ones, and it is used instead",
+        help="read the logs in N processes (a plain log of 16 MB or more is cut into 8 MiB pieces at line starts, "
+        "a .gz or a smaller log is one piece); the output is the same as with 1",
     )
     add_action_args(p)
     cli.add_earlier_args(p)

@@ -243,6 +243,10 @@ typedef struct {
     Item *items;
     size_t n_items, cap_items;
     IntSet sends, recvs;
+    /* --jobs piece mode: the stream's opCount changed in this piece (settled), and its last opCount before */
+    int settled, has_last;
+    char *last;
+    Py_ssize_t last_n;
 } Group;
 
 static int arena_put(Group *g, const char *p, Py_ssize_t n) {
@@ -275,6 +279,7 @@ static void group_close(Group *g) {
 static void group_free(Group *g) {
     group_close(g);
     PyMem_Free(g->arena);
+    PyMem_Free(g->last);
     PyMem_Free(g->items);
     PyMem_Free(g->sends.keys);
     PyMem_Free(g->recvs.keys);
@@ -289,6 +294,8 @@ typedef struct {
     PyObject *rest_of; /* rest span -> (comm id, nranks, datatype, peer) */
     PyObject *emit;    /* a group holding CallRecords -> the Python tally (analyze._Tally) */
     int group_p2p;     /* 0: --raw-p2p, Send/Recv counted as logged */
+    int piece;         /* a --jobs worker's engine: head, settled and open groups go back to the parent */
+    PyObject *head, *settled; /* piece mode: lists (piece_end's docstring) */
     Table who_cache, rest_cache, stream_cache, streams, raw, merged;
     char *scratch;
     size_t scratch_cap;
@@ -406,13 +413,16 @@ static int group_alltoall(const Group *g, const char **op, int64_t *count) {
     return 1;
 }
 
-static PyObject *item_key(const Group *g, const Item *it) {
+static PyObject *line_key(Span who, int send, Span opcount, Span count, Span rest, Span grank) {
     /* the LineKey the Python reader would have made: (who, Send|Recv, opCount, b"", count, rest, grank, b"") */
-    Span who = item_span(g, it, 0), count = item_span(g, it, 1), rest = item_span(g, it, 2),
-         grank = item_span(g, it, 3);
-    return Py_BuildValue("(y#y#y#y#y#y#y#y#)", who.p, who.n, it->send ? "Send" : "Recv", (Py_ssize_t)4, g->arena,
-                         g->opcount_n, "", (Py_ssize_t)0, count.p, count.n, rest.p, rest.n, grank.p, grank.n, "",
+    return Py_BuildValue("(y#y#y#y#y#y#y#y#)", who.p, who.n, send ? "Send" : "Recv", (Py_ssize_t)4, opcount.p,
+                         opcount.n, "", (Py_ssize_t)0, count.p, count.n, rest.p, rest.n, grank.p, grank.n, "",
                          (Py_ssize_t)0);
+}
+
+static PyObject *item_key(const Group *g, const Item *it) {
+    return line_key(item_span(g, it, 0), it->send, (Span){g->arena, g->opcount_n}, item_span(g, it, 1),
+                    item_span(g, it, 2), item_span(g, it, 3));
 }
 
 /* A finished group: counted here when it is lines only (analyze._Tally._emit's rules), else handed to Python. */
@@ -485,8 +495,43 @@ static Group *group_of(Engine *self, int64_t sid) {
     return g;
 }
 
+/* Piece mode (analyze._PieceSink's rules): until its opCount changes in the piece, a stream's Send/Recv may
+ * continue a group of the piece before; they go to head, in log order, for the parent. 1: the item went to head;
+ * 0: the stream settles here (the item is grouped); -1 with an exception set. */
+static int piece_head(Engine *self, Group *g, Span opcount, int send, Span who, Span count, Span rest, Span grank,
+                      PyObject *rec) {
+    PyObject *o;
+    if (g->has_last && (g->last_n != opcount.n || memcmp(g->last, opcount.p, (size_t)opcount.n) != 0)) {
+        g->settled = 1; /* the stream, for the parent: its (who, rest) spans, or the CallRecord */
+        o = rec != NULL ? Py_NewRef(rec) : Py_BuildValue("(y#y#)", who.p, who.n, rest.p, rest.n);
+        int rc = o == NULL ? -1 : PyList_Append(self->settled, o);
+        Py_XDECREF(o);
+        return rc < 0 ? -1 : 0;
+    }
+    if (!g->has_last) {
+        char *last = PyMem_Malloc((size_t)opcount.n + 1);
+        if (last == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(last, opcount.p, (size_t)opcount.n);
+        g->last = last;
+        g->last_n = opcount.n;
+        g->has_last = 1;
+    }
+    o = rec != NULL ? Py_NewRef(rec) : line_key(who, send, opcount, count, rest, grank);
+    int rc = o == NULL ? -1 : PyList_Append(self->head, o);
+    Py_XDECREF(o);
+    return rc < 0 ? -1 : 1;
+}
+
 static int feed(Engine *self, Group *g, int64_t n, Span opcount, int64_t peer, int send, int64_t dtype, Span who,
                 Span count, Span rest, Span grank, PyObject *rec) {
+    if (self->piece && !g->settled) {
+        int r = piece_head(self, g, opcount, send, who, count, rest, grank, rec);
+        if (r != 0)
+            return r < 0 ? -1 : 0;
+    }
     if (g->open) {
         int64_t limit = n < 0 ? -1 : 4 * n + 8;
         if (g->opcount_n != opcount.n || memcmp(g->arena, opcount.p, (size_t)opcount.n) != 0 ||
@@ -903,6 +948,36 @@ static PyObject *Engine_finish(Engine *self, PyObject *Py_UNUSED(ignored)) {
     Py_RETURN_NONE;
 }
 
+/* Engine.piece_end() -> (head, tail, settled), piece mode's end: head (LineKeys and CallRecords in log order),
+ * the items of the groups still open, not counted here (tail), and the streams whose opCount changed (settled:
+ * a (who, rest) pair or a CallRecord each); analyze.read_piece turns them into a PieceResult. */
+static PyObject *Engine_piece_end(Engine *self, PyObject *Py_UNUSED(ignored)) {
+    if (!self->piece) {
+        PyErr_SetString(PyExc_RuntimeError, "piece_end: this engine was not made with piece=True");
+        return NULL;
+    }
+    PyObject *tail = PyList_New(0);
+    if (tail == NULL)
+        return NULL;
+    Table *t = &self->streams;
+    for (size_t i = 0; i <= t->mask; i++) {
+        Group *g = t->slots[i].key == NULL ? NULL : (Group *)(intptr_t)t->slots[i].v[0];
+        if (g == NULL || !g->open)
+            continue;
+        for (size_t j = 0; j < g->n_items; j++) {
+            PyObject *o = g->items[j].rec != NULL ? Py_NewRef(g->items[j].rec) : item_key(g, &g->items[j]);
+            int rc = o == NULL ? -1 : PyList_Append(tail, o);
+            Py_XDECREF(o);
+            if (rc < 0) {
+                Py_DECREF(tail);
+                return NULL;
+            }
+        }
+        group_close(g);
+    }
+    return Py_BuildValue("(ONO)", self->head, tail, self->settled);
+}
+
 static PyObject *counts_of(const Table *t) {
     PyObject *out = PyList_New(0);
     if (out == NULL)
@@ -943,11 +1018,18 @@ static PyObject *Engine_counts(Engine *self, PyObject *Py_UNUSED(ignored)) {
 }
 
 static int Engine_init(Engine *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"proc_of", "rest_of", "emit", "group_p2p", NULL};
+    static char *kwlist[] = {"proc_of", "rest_of", "emit", "group_p2p", "piece", NULL};
     PyObject *proc_of, *rest_of, *emit;
-    int group_p2p = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|p", kwlist, &proc_of, &rest_of, &emit, &group_p2p))
+    int group_p2p = 1, piece = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|pp", kwlist, &proc_of, &rest_of, &emit, &group_p2p, &piece))
         return -1;
+    if (piece && (self->head == NULL || self->settled == NULL)) {
+        Py_XSETREF(self->head, PyList_New(0));
+        Py_XSETREF(self->settled, PyList_New(0));
+        if (self->head == NULL || self->settled == NULL)
+            return -1;
+    }
+    self->piece = piece;
     Py_INCREF(proc_of);
     Py_INCREF(rest_of);
     Py_INCREF(emit);
@@ -979,6 +1061,8 @@ static void Engine_dealloc(Engine *self) {
     Py_XDECREF(self->proc_of);
     Py_XDECREF(self->rest_of);
     Py_XDECREF(self->emit);
+    Py_XDECREF(self->head);
+    Py_XDECREF(self->settled);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -989,6 +1073,7 @@ static PyMethodDef Engine_methods[] = {
      "feed_record(sid, nranks, opcount, peer, is_send, record)"},
     {"finish", (PyCFunction)Engine_finish, METH_NOARGS, "end every open group"},
     {"counts", (PyCFunction)Engine_counts, METH_NOARGS, "counts() -> (raw, merged)"},
+    {"piece_end", (PyCFunction)Engine_piece_end, METH_NOARGS, "piece_end() -> (head, tail, settled)"},
     {NULL, NULL, 0, NULL},
 };
 

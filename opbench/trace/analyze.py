@@ -125,7 +125,7 @@ class _Tally:
     processes and communicators (its ``_proc_id``/``_comm_id``) for the engine, so both readers use one set of
     ids and rules (p2p's module docstring)."""
 
-    def __init__(self, summary: TraceSummary, raw_p2p: bool, native: Any = None) -> None:
+    def __init__(self, summary: TraceSummary, raw_p2p: bool, native: Any = None, piece: bool = False) -> None:
         self.summary = summary
         self.raw: Counter[LineKey] = Counter()
         self.merged: Counter[LineKey] = Counter()
@@ -134,7 +134,9 @@ class _Tally:
         self.native: Any = None
         if native is not None:
             self._ids = self.grouper or P2pGrouper(self._emit)
-            self.native = native.Engine(self._proc_of, self._rest_of, self._emit_native, group_p2p=not raw_p2p)
+            self.native = native.Engine(
+                self._proc_of, self._rest_of, self._emit_native, group_p2p=not raw_p2p, piece=piece and not raw_p2p
+            )
 
     def _proc_of(self, who: bytes) -> int:
         return self._ids._proc_id(who_fields(who))
@@ -222,9 +224,8 @@ def analyze(paths: Sequence[str], raw_p2p: bool = False, jobs: int = 1) -> tuple
     (``analyze_parallel``); the result is the same."""
     paths = check_paths(paths)
     native = native_reader()  # checks OPBENCH_TRACE_READER in every mode
-    if jobs > 1 and "-" not in paths and native is None:
-        # workers use the Python reader; the native one in one process is faster (docs/trace.md, "--jobs")
-        return analyze_parallel(paths, raw_p2p, jobs)
+    if jobs > 1 and "-" not in paths:
+        return analyze_parallel(paths, raw_p2p, jobs, native is not None)
     parser, summary = LogParser(), TraceSummary()
     tally = _Tally(summary, raw_p2p, native)
     summary.reader = "python" if tally.native is None else "native"
@@ -385,18 +386,41 @@ def _as_items(items: list[LineKey | CallRecord]) -> list[list[LineKey] | CallRec
     return out
 
 
-def read_piece(piece: Piece, raw_p2p: bool) -> PieceResult:
-    """Worker: tally one Piece (LogParser.tally's road, on a byte range)."""
+def read_piece(piece: Piece, raw_p2p: bool, native: bool = False) -> PieceResult:
+    """Worker: tally one Piece (LogParser.tally's road, on a byte range), with the native reader where ``native``:
+    its engine in piece mode keeps the head, the settled streams and the open groups apart as _PieceSink does."""
     parser = LogParser()
     result = PieceResult(parser.stats, parser.inits, TraceSummary())
-    sink = _PieceSink(result, raw_p2p)
+    sink: _PieceSink | _Tally
+    sink = _Tally(result.summary, raw_p2p, native_reader(), piece=True) if native else _PieceSink(result, raw_p2p)
     with open_log(piece.path) as fh:
         if piece.start:
             fh.seek(piece.start)
         left = None if piece.end is None else piece.end - piece.start
         parser.tally_stream(_RangeReader(fh, left), sink)  # type: ignore[arg-type]
-    sink.finish()
+    if isinstance(sink, _PieceSink):
+        sink.finish()
+        return result
+    engine = sink.native
+    if sink.grouper is not None:
+        head, tail, settled = engine.piece_end()
+        result.head, result.tail = _as_items(head), _as_items(tail)
+        result.settled = {_settled_stream(s) for s in settled}
+    raw, merged = engine.counts()
+    result.raw.update(sink.raw)  # groups with CallRecords, decided by Python (_Tally._emit), and non-Send/Recv
+    result.raw.update(dict(raw))
+    result.merged.update(sink.merged)
+    result.merged.update(dict(merged))
     return result
+
+
+def _settled_stream(item: tuple[bytes, bytes] | CallRecord) -> StreamKey:
+    """The StreamKey of a stream the native engine settled: from a line's (who, rest) spans or a CallRecord."""
+    if isinstance(item, CallRecord):
+        return (item.host, item.pid, item.device, item.comm, item.nranks)
+    host, pid, dev = who_fields(item[0])
+    _, _, _, comm, nranks = rest_fields(item[1])
+    return (host, pid, dev, comm, nranks)
 
 
 def split_pieces(paths: Sequence[str], jobs: int) -> Iterator[Piece]:
@@ -445,12 +469,16 @@ def _close(tally: _Tally, streams: set[StreamKey]) -> None:
     tally._count_unmerged()
 
 
-def analyze_parallel(paths: Sequence[str], raw_p2p: bool, jobs: int) -> tuple[TraceSummary, LogParser]:
-    """``analyze`` across ``jobs`` processes: the workers read pieces (split_pieces) with the regex, the parent
-    merges their counts and feeds their Send/Recv, in log order, to one P2pGrouper (docs/trace.md, "--jobs")."""
+def analyze_parallel(
+    paths: Sequence[str], raw_p2p: bool, jobs: int, native: bool = False
+) -> tuple[TraceSummary, LogParser]:
+    """``analyze`` across ``jobs`` processes: the workers read pieces (split_pieces) with the native reader where
+    ``native``, else the regex; the parent merges their counts and feeds their Send/Recv, in log order, to one
+    P2pGrouper (docs/trace.md, "--jobs")."""
     from concurrent.futures import Future, ProcessPoolExecutor
 
     parser, summary = LogParser(), TraceSummary()
+    summary.reader = "native" if native else "python"
     tally = _Tally(summary, raw_p2p)
     stats = parser.stats
     stats.files.extend(paths)
@@ -462,7 +490,7 @@ def analyze_parallel(paths: Sequence[str], raw_p2p: bool, jobs: int) -> tuple[Tr
                 piece = next(pieces, None)
                 if piece is None:
                     break
-                in_flight.append(pool.submit(read_piece, piece, raw_p2p))
+                in_flight.append(pool.submit(read_piece, piece, raw_p2p, native))
             if not in_flight:
                 break
             res = in_flight.popleft().result()
