@@ -48,6 +48,25 @@ def test_rerun_keeps_the_earlier_csv_and_a_dry_run_never_touches_it(run, tmp_pat
     assert len(rows_of(measured)) == 2 and measured.read_bytes() != before
 
 
+def test_a_real_run_into_a_plan_name_is_refused_and_a_dry_run_writes_it(tmp_path, capsys):
+    """A real run's CSV named <x>.plan.csv would be skipped by opbench report as a plan: one line, exit 2, nothing
+    written; a dry run writes its plan there."""
+    from opbench.attention.__main__ import main as attention_main
+    from opbench.core.errors import run_cli
+    from opbench.trace.__main__ import main as trace_main
+
+    log = tmp_path / "job.log"
+    log.write_text("no calls here\n")
+    plan = tmp_path / "sizes.plan.csv"
+    assert run_cli(trace_main, [str(log), "--csv", str(plan)], prog="opbench trace") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "field '--report-csv-path': a name ending in .plan.csv is a dry run's plan" in err
+    assert not plan.exists()
+    attention = ["--model", "Qwen3_0.6B", "--seqlen", "64", "--report-csv-path", str(plan)]
+    assert run_cli(attention_main, [*attention, "--dry-run"], prog="opbench attention") == 0
+    assert {r["status"] for r in rows_of(plan)} == {"planned"}
+
+
 def test_overwrite_replaces_append_adds_and_both_at_once_is_refused(run, tmp_path):
     assert run("opbench.gemm", *TINY, "--report-dir-path", str(tmp_path)).returncode == 0
     measured = tmp_path / "benchmark_gemm_raw.csv"

@@ -367,10 +367,21 @@ def add_output_args(
         )
 
 
+PLAN_SUFFIX = ".plan.csv"  # core.outputs.PLAN_SUFFIX, here without importing the output layer into every parser
+
+
 def output_csv(args: argparse.Namespace, file_name: str) -> str | None:
-    """The CSV a single-CSV tool writes: --report-csv-path if given, else DIR/file_name, else None (console only)."""
+    """The CSV a single-CSV tool writes: --report-csv-path if given, else DIR/file_name, else None (console only).
+    A real run's CSV may not be named like a dry run's plan: ``opbench report`` skips those files."""
     if getattr(args, "report_csv_path", None):
-        return str(args.report_csv_path)
+        path = str(args.report_csv_path)
+        if path.endswith(PLAN_SUFFIX) and not getattr(args, "dry_run", False):
+            raise UsageError(
+                f"a name ending in {PLAN_SUFFIX} is a dry run's plan, which opbench report skips: name this run's "
+                "CSV otherwise",
+                field="--report-csv-path",
+            )
+        return path
     if args.report_dir_path:
         return os.path.join(args.report_dir_path, file_name)
     return None

@@ -35,7 +35,7 @@ from .redact import redact_text
 
 KEEP, OVERWRITE, APPEND = "keep", "overwrite", "append"  # what a run does to an earlier CSV at its path
 EARLIER_DIR = "earlier"
-PLAN_SUFFIX = ".plan.csv"
+PLAN_SUFFIX = ".plan.csv"  # core.cli.PLAN_SUFFIX: one value
 LOCK_SUFFIX = ".lock"
 PLANNED = "planned"  # core.sweep.STATUS_PLANNED (sweep imports this package's results module, not the reverse)
 
