@@ -163,6 +163,47 @@ def test_a_ring_collective_across_nodes_drives_one_nic_per_rank_on_the_node(tmp_
     assert at1.source == "interpolated" and at1.seconds == pytest.approx(8 * at8.seconds) and "1 rank(s)" in at1.note
 
 
+@pytest.mark.parametrize("seqlen,group", [(100, 3), (128, 1)])
+def test_gated_deltanet_keeps_what_transformers_keeps(tmp_path, seqlen, group):
+    """The eager profile's gated DeltaNet against transformers' own torch_chunk_gated_delta_rule in bf16: every
+    distinct storage its forward saves for backward (saved_tensors_hooks), less the block's input and out_proj's
+    input (counted as the norm output and the linear_out GEMM's input), is the formula's to the byte, with and
+    without grouped value heads, padded and whole chunks. And the fused term grows with the micro-batch as its
+    tokens do (its per-chunk states were counted mbs² times)."""
+    import torch
+    from transformers import Qwen3NextConfig
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
+
+    from opbench.models.architectures import decoder_layers
+    from opbench.models.layout import LINEAR
+    from opbench.project.memory import eager_delta_rule_bytes, layer_activation_bytes
+
+    hf = Qwen3NextConfig(hidden_size=160, linear_key_head_dim=16, linear_value_head_dim=24, linear_num_key_heads=2,
+                         linear_num_value_heads=2 * group, linear_conv_kernel_dim=3, num_hidden_layers=1,
+                         layer_types=["linear_attention"], vocab_size=256)  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(hf.to_dict()))
+    block = Qwen3NextGatedDeltaNet(hf, 0).to(torch.bfloat16)
+    x = torch.randn(3, seqlen, 160, dtype=torch.bfloat16, requires_grad=True)
+    skip = {p.untyped_storage().data_ptr() for p in block.parameters()} | {x.untyped_storage().data_ptr()}
+    kept: dict[int, int] = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in skip:
+            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        block(x)
+    (cfg,) = load_model_configs(str(tmp_path))
+    lay = decoder_layers(cfg)[0]
+    (op,) = [a for a in lay.attention if a.kind == LINEAR]
+    plan = Plan(world=1, seqlen=seqlen, global_batch=3, mbs=3, dtype="bf16")
+    out_proj_input = 3 * seqlen * op.heads_q * op.head_dim_v * 2
+    assert sum(kept.values()) == eager_delta_rule_bytes(op, op.heads_q, op.heads_kv, plan, 3) + out_proj_input
+    one, two = (layer_activation_bytes(cfg, lay, replace(plan, mbs=m, global_batch=m)) for m in (1, 2))
+    assert two == 2 * one
+
+
 def test_recompute_op_keeps_what_torchtitans_per_op_policy_saves(run):
     """torchtitan's op-level selective checkpointing on a Llama-3.1-8B layer keeps, per token: the layer input
     (4096), q (4096) and v (1024) (matmuls 1 and 3), the attention output (4096) and its fp32 log-sum-exp (32

@@ -25,6 +25,7 @@ from opbench.models.layout import (
     REPLICATED,
     ROW,
     SPARSE,
+    Attention,
     Layer,
 )
 from opbench.models.params import ParamSpec, parameter_shapes
@@ -311,10 +312,13 @@ def layer_activation_bytes(cfg: ModelConfig, lay: Layer, plan: Plan, profile: st
         hq, hkv = max(1, op.heads_q // tp), max(1, op.heads_kv // tp)
         if op.kind == INDEXER:
             total += t * (op.heads_q * op.head_dim_qk + op.head_dim_qk + op.heads_q) * e
+        elif op.kind == LINEAR and eager:
+            total += eager_delta_rule_bytes(op, hq, hkv, plan, cfg.raw.get("linear_conv_kernel_dim", 4))
         elif op.kind == LINEAR:
             conv = 2 * hkv * op.head_dim_qk + hq * op.head_dim_v
             total += t * (2 * conv + 3 * hq * op.head_dim_v + 2 * hq) * e
-            total += math.ceil(t / LINEAR_CHUNK) * hq * op.head_dim_qk * op.head_dim_v * 4 * plan.mbs
+            chunks = plan.mbs * math.ceil(plan.seqlen // plan.cp / LINEAR_CHUNK)  # per sequence, not per token
+            total += chunks * hq * op.head_dim_qk * op.head_dim_v * 4
         else:
             total += t * (hq * op.head_dim_qk + hkv * (op.head_dim_qk + op.head_dim_v) + hq * op.head_dim_v) * e
             total += t * hq * 4  # log-sum-exp
@@ -340,6 +344,34 @@ def layer_activation_bytes(cfg: ModelConfig, lay: Layer, plan: Plan, profile: st
     if plan.fp8 == "te":
         total += te_saved_delta(cfg, lay, plan)
     return total
+
+
+def eager_delta_rule_bytes(op: Attention, hv: int, hk: int, plan: Plan, conv_kernel: object) -> int:
+    """What a gated DeltaNet layer keeps for backward in PyTorch eager, as transformers' ``torch_chunk_gated_delta_rule``
+    (no flash-linear-attention) runs it in 16 bits (docs/project.md, "Activations"), beside the block's norm output
+    (in_proj's input) and the gated norm's output (out_proj's input, the ``linear_out`` GEMM's): the convolution's
+    padded input and output, the gate and the gated norm's input; in fp32 the per-head q, k, v, decays and beta, and
+    per chunk of 64 tokens (the sequence padded to whole chunks) its 64×64 decay, UT-system and attention matrices,
+    the solved values and keys, and the recurrent state each chunk starts from."""
+    e = element_size(plan.dtype)
+    seqs, seq = plan.mbs, plan.seqlen // plan.cp
+    dk, dv, chunk = op.head_dim_qk, op.head_dim_v, LINEAR_CHUNK
+    chunks = math.ceil(seq / chunk)
+    padded = chunks * chunk
+    kernel = conv_kernel if isinstance(conv_kernel, int) and 0 < conv_kernel <= 64 else 4
+    conv = 2 * hk * dk + hv * dv
+    per_seq = (
+        5 * hv * padded * chunk * 4  # pairwise decays, UT system, intra-chunk attention, their products
+        + (6 * padded + 2 * seq) * hv * dk * 4  # q, k (scaled, decayed, chunked), k·beta, solved keys
+        + (3 * padded + 3 * seq) * hv * dv * 4  # v, v·beta, solved values, each chunk's corrected values
+        + 2 * seq * hv * dv * e  # the gate and the gated norm's input (its output is linear_out's input)
+        + (2 * seq + kernel - 1) * conv * e  # the convolution's padded input and its output
+        + chunks * hv * dk * dv * 4  # the recurrent state each chunk starts from
+        + (4 * padded + 5 * seq) * hv * 4  # decays and beta, per token, in fp32
+        + seq * hv * e  # beta before the cast
+        + chunks * hv * 4
+    )
+    return seqs * per_seq + chunk * chunk + 2 * hv * 4  # the causal mask; A_log and dt_bias in fp32
 
 
 def te_saved_delta(cfg: ModelConfig, lay: Layer, plan: Plan) -> int:
