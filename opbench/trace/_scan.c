@@ -495,18 +495,22 @@ static Group *group_of(Engine *self, int64_t sid) {
     return g;
 }
 
+/* Append o (a new reference, or NULL with an exception set) to list, dropping the reference: 0, or -1. */
+static int append_new(PyObject *list, PyObject *o) {
+    int rc = o == NULL ? -1 : PyList_Append(list, o);
+    Py_XDECREF(o);
+    return rc;
+}
+
 /* Piece mode (analyze._PieceSink's rules): until its opCount changes in the piece, a stream's Send/Recv may
  * continue a group of the piece before; they go to head, in log order, for the parent. 1: the item went to head;
  * 0: the stream settles here (the item is grouped); -1 with an exception set. */
 static int piece_head(Engine *self, Group *g, Span opcount, int send, Span who, Span count, Span rest, Span grank,
                       PyObject *rec) {
-    PyObject *o;
     if (g->has_last && (g->last_n != opcount.n || memcmp(g->last, opcount.p, (size_t)opcount.n) != 0)) {
         g->settled = 1; /* the stream, for the parent: its (who, rest) spans, or the CallRecord */
-        o = rec != NULL ? Py_NewRef(rec) : Py_BuildValue("(y#y#)", who.p, who.n, rest.p, rest.n);
-        int rc = o == NULL ? -1 : PyList_Append(self->settled, o);
-        Py_XDECREF(o);
-        return rc < 0 ? -1 : 0;
+        return append_new(self->settled,
+                          rec != NULL ? Py_NewRef(rec) : Py_BuildValue("(y#y#)", who.p, who.n, rest.p, rest.n));
     }
     if (!g->has_last) {
         char *last = PyMem_Malloc((size_t)opcount.n + 1);
@@ -519,10 +523,8 @@ static int piece_head(Engine *self, Group *g, Span opcount, int send, Span who, 
         g->last_n = opcount.n;
         g->has_last = 1;
     }
-    o = rec != NULL ? Py_NewRef(rec) : line_key(who, send, opcount, count, rest, grank);
-    int rc = o == NULL ? -1 : PyList_Append(self->head, o);
-    Py_XDECREF(o);
-    return rc < 0 ? -1 : 1;
+    PyObject *o = rec != NULL ? Py_NewRef(rec) : line_key(who, send, opcount, count, rest, grank);
+    return append_new(self->head, o) < 0 ? -1 : 1;
 }
 
 static int feed(Engine *self, Group *g, int64_t n, Span opcount, int64_t peer, int send, int64_t dtype, Span who,
@@ -966,9 +968,7 @@ static PyObject *Engine_piece_end(Engine *self, PyObject *Py_UNUSED(ignored)) {
             continue;
         for (size_t j = 0; j < g->n_items; j++) {
             PyObject *o = g->items[j].rec != NULL ? Py_NewRef(g->items[j].rec) : item_key(g, &g->items[j]);
-            int rc = o == NULL ? -1 : PyList_Append(tail, o);
-            Py_XDECREF(o);
-            if (rc < 0) {
+            if (append_new(tail, o) < 0) {
                 Py_DECREF(tail);
                 return NULL;
             }
@@ -997,12 +997,10 @@ static PyObject *counts_of(const Table *t) {
         PyObject *item = Py_BuildValue("((y#y#y#y#y#y#y#y#)L)", f[0].p, f[0].n, "", (Py_ssize_t)0, "", (Py_ssize_t)0,
                                        f[1].p, f[1].n, f[2].p, f[2].n, f[3].p, f[3].n, f[4].p, f[4].n, "",
                                        (Py_ssize_t)0, (long long)s->v[0]);
-        if (item == NULL || PyList_Append(out, item) < 0) {
-            Py_XDECREF(item);
+        if (append_new(out, item) < 0) {
             Py_DECREF(out);
             return NULL;
         }
-        Py_DECREF(item);
     }
     return out;
 }
