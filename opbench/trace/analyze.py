@@ -291,14 +291,19 @@ class _RangeReader:
         return data
 
 
+def _stream_of(who: bytes, rest: bytes) -> StreamKey:
+    """The StreamKey of a call line, from its who and rest spans."""
+    host, pid, dev = who_fields(who)
+    _, _, _, comm, nranks = rest_fields(rest)
+    return (host, pid, dev, comm, nranks)
+
+
 def _line_stream(key: LineKey, cache: dict[tuple[bytes, bytes], StreamKey]) -> StreamKey:
     found = cache.get((key[0], key[5]))
     if found is None:
         if len(cache) > 1 << 16:
             cache.clear()
-        host, pid, dev = who_fields(key[0])
-        _, _, _, comm, nranks = rest_fields(key[5])
-        found = cache[(key[0], key[5])] = (host, pid, dev, comm, nranks)
+        found = cache[(key[0], key[5])] = _stream_of(key[0], key[5])
     return found
 
 
@@ -418,9 +423,7 @@ def _settled_stream(item: tuple[bytes, bytes] | CallRecord) -> StreamKey:
     """The StreamKey of a stream the native engine settled: from a line's (who, rest) spans or a CallRecord."""
     if isinstance(item, CallRecord):
         return (item.host, item.pid, item.device, item.comm, item.nranks)
-    host, pid, dev = who_fields(item[0])
-    _, _, _, comm, nranks = rest_fields(item[1])
-    return (host, pid, dev, comm, nranks)
+    return _stream_of(*item)
 
 
 def split_pieces(paths: Sequence[str], jobs: int) -> Iterator[Piece]:
