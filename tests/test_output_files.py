@@ -104,6 +104,19 @@ def test_a_plan_only_csv_is_replaced_without_keeping_it(tmp_path):
     assert outputs.kept_aside("gemm/benchmark_gemm_x.csv") is None
 
 
+def test_a_csv_path_without_csv_keeps_a_sidecar_of_its_own(tmp_path):
+    """``llama3.1`` and ``llama3.2`` once shared ``llama3.meta.json`` (each run's environment replaced the other's);
+    ``run`` beside ``run.csv`` would share ``run.meta.json``, so it is refused in one line."""
+    for name in ("run.csv", "llama3.1", "llama3.2"):
+        with CsvReport(tmp_path / name, GEMM, {"command": name}) as report:
+            report.append({"model": name, "status": "ok"})
+    sidecars = {p.name: json.loads(p.read_text())["command"] for p in tmp_path.glob("*.meta.json")}
+    assert sidecars == {"run.meta.json": "run.csv", "llama3.1.meta.json": "llama3.1", "llama3.2.meta.json": "llama3.2"}
+    with pytest.raises(UsageError, match=r"run\.csv beside it has the same sidecar \(run\.meta\.json\)"):
+        CsvReport(tmp_path / "run", GEMM)
+    assert not (tmp_path / "run").exists()
+
+
 HOLDER = """
 import sys, time
 from opbench.core.results import CsvReport

@@ -66,11 +66,19 @@ def plan_path(csv_path: str | os.PathLike) -> Path:
     path = Path(csv_path)
     if path.name.endswith(PLAN_SUFFIX):
         return path
-    return path.with_name(path.stem + PLAN_SUFFIX if path.suffix == ".csv" else path.name + PLAN_SUFFIX)
+    return beside(path, PLAN_SUFFIX)
+
+
+def beside(csv_path: Path, suffix: str) -> Path:
+    """The file named ``suffix`` that belongs to the CSV at ``csv_path``: ``x.csv`` -> ``x<suffix>``; a name not
+    ending in ``.csv`` keeps all of it (``llama3.1`` -> ``llama3.1<suffix>``, not ``llama3<suffix>``, which
+    ``llama3.2`` would share). ``x`` and ``x.csv`` would share one: ``refuse_reserved`` refuses ``x`` then."""
+    name = csv_path.name
+    return csv_path.with_name((name[: -len(".csv")] if name.endswith(".csv") else name) + suffix)
 
 
 def sidecar_of(csv_path: Path) -> Path:
-    return csv_path.with_suffix(".meta.json")
+    return beside(csv_path, ".meta.json")
 
 
 COMPANION_SUFFIXES = (".meta.json", ".errors.log")  # files of one run beside its CSV: kept aside with it
@@ -78,7 +86,7 @@ COMPANION_SUFFIXES = (".meta.json", ".errors.log")  # files of one run beside it
 
 def companions_of(csv_path: Path) -> list[Path]:
     """The sidecar and the errors log (ckpt's tracebacks) that belong to the CSV at ``csv_path``."""
-    return [csv_path.with_suffix(suffix) for suffix in COMPANION_SUFFIXES]
+    return [beside(csv_path, suffix) for suffix in COMPANION_SUFFIXES]
 
 
 def kept_aside(rel_path: str) -> str | None:
@@ -307,15 +315,23 @@ RESERVED_SUFFIXES = (*COMPANION_SUFFIXES, LOCK_SUFFIX)  # names of the files opb
 
 def refuse_reserved(csv_path: str | os.PathLike) -> None:
     """A CSV named like the files kept beside another CSV (``x.meta.json``, ``x.errors.log``, ``x.csv.lock``)
-    would write its rows over that CSV's sidecar, or over a lock that its holder removes when it ends."""
-    name = Path(csv_path).name
+    would write its rows over that CSV's sidecar, or over a lock that its holder removes when it ends; a CSV
+    named ``x`` beside an ``x.csv`` would share its sidecar ``x.meta.json``."""
+    path = Path(csv_path)
     for suffix in RESERVED_SUFFIXES:
-        if name.endswith(suffix):
+        if path.name.endswith(suffix):
             raise UsageError(
                 f"a name ending in {suffix} is one opbench gives the files beside a CSV (sidecar, errors log, "
                 "lock); give a --report-csv-path ending in .csv",
                 source=str(csv_path),
             )
+    twin = path.with_name(path.name + ".csv")
+    if not path.name.endswith(".csv") and twin.is_file():
+        raise UsageError(
+            f"{twin.name} beside it has the same sidecar ({sidecar_of(twin).name}); give a --report-csv-path "
+            "ending in .csv",
+            source=str(csv_path),
+        )
 
 
 def hold(csv_path: str | os.PathLike) -> None:
@@ -395,7 +411,7 @@ def prepare(csv_path: Path, earlier: str) -> tuple[bool, Path | None]:
     if earlier == APPEND:
         return False, None
     if earlier == OVERWRITE and not again:
-        stale = csv_path.with_suffix(".errors.log")  # the replaced rows' tracebacks: they would describe nothing
+        stale = beside(csv_path, ".errors.log")  # the replaced rows' tracebacks: they would describe nothing
         if stale.is_file():
             stale.unlink()
     if earlier == OVERWRITE or again or not holds_measurements(csv_path):
