@@ -35,10 +35,21 @@ def _first(out: Path, pattern: str) -> Path | None:
     return found[0] if found else None
 
 
+def _missing(out: Path, what: str, step: str) -> tuple[str, str]:
+    """The verdict on a step that left no output: FAIL, naming the step log's last line (a timeout, the deadline,
+    the error)."""
+    try:
+        lines = (out / f"{step}.log").read_text(errors="replace").strip().splitlines()
+    except OSError:
+        lines = []
+    last = lines[-1].strip()[:160] if lines else "no log"
+    return FAIL, f"no {what} ({step}.log: {last})"
+
+
 def check_selftest(out: Path) -> tuple[str, str]:
     path = _first(out, "selftest/selftest.csv")
     if path is None:
-        return FAIL, "no selftest.csv (see selftest.log)"
+        return _missing(out, "selftest.csv", "selftest")
     rows = _rows(path)
     wrong = [f"{r['area']} {r['backend']}" for r in rows if r.get("status") == "error"]
     ok = sum(r.get("status") == "ok" for r in rows)
@@ -49,7 +60,7 @@ def check_selftest(out: Path) -> tuple[str, str]:
 def check_harness(out: Path) -> tuple[str, str]:
     path = out / "harness.json"
     if not path.exists():
-        return FAIL, "no harness.json (see harness.log)"
+        return _missing(out, "harness.json", "harness")
     sizes = json.loads(path.read_text())["sizes"]
     ratios = {int(n): times["graph"] / times["harness"] for n, times in sizes.items() if "graph" in times}
     judged = {n: r for n, r in ratios.items() if n >= HARNESS_FROM}
@@ -62,7 +73,7 @@ def check_harness(out: Path) -> tuple[str, str]:
 def check_attention(out: Path) -> tuple[str, str]:
     path = out / "attention_vs_dobench.json"
     if not path.exists():
-        return FAIL, "no attention_vs_dobench.json (see attention_ref.log)"
+        return _missing(out, "attention_vs_dobench.json", "attention_ref")
     data = json.loads(path.read_text())
     results = data["results"]
     if not results:
@@ -76,7 +87,7 @@ def check_attention(out: Path) -> tuple[str, str]:
 def check_ckpt(out: Path) -> tuple[str, str]:
     path = _first(out, "ckpt/ckpt_benchmark.csv")
     if path is None:
-        return FAIL, "no ckpt_benchmark.csv (see ckpt.log)"
+        return _missing(out, "ckpt_benchmark.csv", "ckpt")
     rows = _rows(path)
     bad = [
         f"{r.get('method')}: {r.get('status')} {r.get('error') or ''}".strip() for r in rows if r.get("status") != "ok"
@@ -92,7 +103,7 @@ def check_comm(out: Path, gpus: int) -> tuple[str, str]:
         return SKIP, f"{gpus} GPU: no link to measure"
     path = _first(out, "comm/*.csv")
     if path is None:
-        return FAIL, "no comm CSV (see comm.log)"
+        return _missing(out, "comm CSV", "comm")
     rows = _rows(path)
     bad = [r for r in rows if r.get("status", "ok") != "ok" or (r.get("wrong") or "0") not in ("0", "")]
     if not rows:
