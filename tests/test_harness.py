@@ -2,6 +2,7 @@
 
 import csv
 import json
+import random
 import time
 from dataclasses import replace
 
@@ -123,3 +124,62 @@ def test_peaks_match_the_part_torch_names():
     assert lookup_peak("NVIDIA H200 NVL").bf16_tflops == 835.0 and lookup_peak("NVIDIA H200").bf16_tflops == 989.0
     assert lookup_peak("AMD Instinct MI300A").bf16_tflops == 980.6
     assert lookup_peak("NVIDIA GH200 480GB") is None and lookup_peak("AMD EPYC 9654") is None
+
+
+class _FakeGpu:
+    """The GPU side of ``measure`` on a fake clock: every call
+    takes ``per_call`` seconds of GPU time, a graph replay ``calls`` of them; what ``measure`` schedules and how it
+    divides the times is the real code."""
+
+    def __init__(self, monkeypatch, per_call: float, capture_fails: bool):
+        import opbench.core.device as device_mod
+        import opbench.core.timing as timing
+
+        self.per_call, self.gpu_s, self.batches, self.jitter = per_call, 0.0, 0, random.Random(0)
+        monkeypatch.setattr(timing, "_run_batch", self.run_batch)
+        monkeypatch.setattr(timing, "capture_graph", self.capture)
+        monkeypatch.setattr(device_mod, "synchronize", self.synchronize)
+        self.capture_fails = capture_fails
+        self.warm_calls = self.warm_syncs = 0  # before the first timed batch
+
+    def synchronize(self, device):
+        self.warm_syncs += self.gpu_s == 0
+
+    def call(self):  # the warm-up's wall time per call sizes the batches: 7 µs, as a synchronised GPU call takes
+        self.warm_calls += self.gpu_s == 0
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < self.per_call:
+            pass
+
+    def capture(self, fn, before, calls, device):
+        if self.capture_fails:
+            return None, "RuntimeError: operation not permitted when stream is capturing"
+        graph = type("Graph", (), {"calls": calls, "replay": lambda self: None})()
+        return graph, ""
+
+    def run_batch(self, fn, n, device, before, hold_s=0.0, calls_per_sample=1):
+        graph = getattr(fn, "__self__", None)
+        sample = self.per_call * calls_per_sample * getattr(graph, "calls", 1)
+        self.gpu_s += n * sample
+        self.batches += 1  # each batch a little slower than all before: the median never repeats, so only the
+        drift = 1 + 1e-3 * self.batches  # budget (or the cap) can stop the measurement
+        return [sample / calls_per_sample * drift * self.jitter.uniform(0.9996, 1.0004) for _ in range(n)], 1e-6
+
+
+@pytest.mark.parametrize("capture_fails", [False, True])
+def test_a_small_gpu_call_is_timed_per_call_and_its_budget_counts_every_call(monkeypatch, capture_fails):
+    """A 7 µs call: timed as replays of a graph (or, where capture fails, in groups between one event pair, with
+    the reason), per call, and the budget binds on the GPU time of every call timed, not of one call per sample
+    (which let a --budget 0.3 run go on to the iteration cap); the warm-up waits for each call, where a GPU would
+    queue up to its cap of 1000 before its clock moved."""
+    gpu = _FakeGpu(monkeypatch, per_call=7e-6, capture_fails=capture_fails)
+    config = TimingConfig(min_iters=5, max_iters=100_000, rel_tol=0.0, budget_s=0.3)
+    stats = measure(gpu.call, torch.device("cuda"), config)
+    assert 0.3 <= gpu.gpu_s < 0.3 + 0.1  # the budget, and at most one batch past it
+    assert stats.median == pytest.approx(7e-6, rel=0.1)
+    if capture_fails:
+        assert stats.timed_as.startswith("events around groups of 8 calls (CUDA graph capture failed: RuntimeError")
+    else:
+        assert stats.timed_as == "CUDA graph of 143 calls"  # ~1 ms of calls per replay
+    assert stats.iters == pytest.approx(0.3 / 7e-6, rel=0.3)
+    assert gpu.warm_syncs > gpu.warm_calls >= 2  # every warm-up call waited for (a GPU queues them otherwise)

@@ -149,35 +149,51 @@ def hold_stream(device: torch.device, seconds: float) -> None:
         torch.cuda._sleep(int(min(seconds, MAX_HOLD_S) * rate))
 
 
+_capture_broken = ""  # why capture is off for the rest of the process (an earlier capture failed), else ""
+
+
 def capture_graph(
     fn: Callable[[], Any], before: Callable[[], Any] | None, calls: int, device: torch.device
 ) -> tuple[Any, str]:
     """A CUDA graph of ``calls`` calls (each after its ``before``), or None and why capture failed: a call that
     synchronises, reads a value back to the host or changes shapes cannot be captured, and is timed with events.
-    Warm-up runs on a side stream first, as torch.cuda.graphs' documentation requires."""
+    Warm-up runs on a side stream first, as torch.cuda.graphs' documentation requires.
+
+    A failed capture leaves torch's graph state behind: ``torch.cuda.graph`` skips restoring the caller's stream
+    when ``capture_end`` raises (so the capture runs inside our own ``torch.cuda.stream``, which restores it), and
+    the caching allocator may still count the capture as under way (torch 2.11). So after one failure no call of
+    this process is captured again."""
+    global _capture_broken
     import torch
 
+    if _capture_broken:
+        return None, f"off after an earlier failure ({_capture_broken})"
+    side = torch.cuda.Stream(device)
     try:
-        side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             for _ in range(2):
                 if before is not None:
                     before()
                 fn()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=side):
+                for _ in range(calls):
+                    if before is not None:
+                        before()
+                    fn()
         torch.cuda.current_stream(device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(calls):
-                if before is not None:
-                    before()
-                fn()
         graph.replay()
         torch.cuda.synchronize(device)
         return graph, ""
     except Exception as exc:  # noqa: BLE001 - any capture failure means: time it the other way
-        torch.cuda.synchronize(device)
-        return None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:160]
+        why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:160]
+        _capture_broken = why
+        try:
+            torch.cuda.synchronize(device)
+        except RuntimeError:
+            pass  # the error the capture left is reported by the next call that meets it
+        return None, why
 
 
 def _run_batch(
@@ -232,7 +248,8 @@ def measure(
     device work in ``before`` would then be timed with them."""
     from .device import synchronize
 
-    # Warm-up: compile/autotune/allocate; also gives the first estimate of the per-call time.
+    # Warm-up: compile/autotune/allocate; also gives the first estimate of the per-call time. Each call is waited
+    # for: on a GPU the host would otherwise queue up to the cap before the clock moved (1000 × a 5 ms GEMM: 5 s).
     synchronize(device)
     t0 = time.perf_counter()
     n_warm = 0
@@ -240,10 +257,10 @@ def measure(
         if before is not None:
             before()
         fn()
+        synchronize(device)
         n_warm += 1
         if n_warm >= 1000:
             break
-    synchronize(device)
     est = max((time.perf_counter() - t0) / max(1, n_warm), 1e-7)
 
     samples: list[float] = []
@@ -296,7 +313,7 @@ def measure(
                 batch = max(config.min_iters, batch // group)
             continue
         samples.extend(got)
-        spent += sum(got)
+        spent += sum(got) * group * per_sample  # got is per call; each sample timed group × per_sample calls
         median = statistics.median(samples)
         if len(samples) >= config.max_iters:
             break
