@@ -15,7 +15,7 @@ from tabulate import tabulate
 from opbench.attention.backends import BACKENDS, to_layout
 from opbench.attention.runner import make_problem, time_passes
 from opbench.attention.shapes import AttentionShape
-from opbench.core.device import default_dtype_name, device_info, resolve_device
+from opbench.core.device import default_dtype_name, device_info, use_device
 from opbench.core.timing import TimingConfig
 
 
@@ -26,7 +26,7 @@ def main() -> None:
     p.add_argument("--seqlen", type=int, default=256)
     p.add_argument("--budget", type=float, default=1.0)
     args = p.parse_args()
-    device = resolve_device(args.device)
+    device = use_device(args.device)
     dtype = default_dtype_name(device)
     config = replace(TimingConfig(), budget_s=args.budget)
     s = args.seqlen

@@ -21,7 +21,7 @@ import time
 import torch
 import torch.utils.benchmark as tub
 
-from opbench.core.device import default_dtype_name, device_info, resolve_device, synchronize, torch_dtype
+from opbench.core.device import default_dtype_name, device_info, synchronize, torch_dtype, use_device
 from opbench.core.timing import TimingConfig, measure
 from opbench.gemm.runner import GemmCase, run_case
 from opbench.gemm.shapes import GemmShape
@@ -78,7 +78,7 @@ def main() -> None:
     p.add_argument("--json", help="write each size's median seconds per GEMM by method here (gpu_acceptance.py)")
     args = p.parse_args()
     medians: dict[int, dict[str, float]] = {}
-    device = resolve_device(args.device)
+    device = use_device(args.device)
     info = device_info(device)
     dtype = args.dtype or default_dtype_name(device)
     print(f"device: {info.name}  dtype: {dtype}  torch {torch.__version__}  threads {torch.get_num_threads()}")

@@ -171,3 +171,12 @@ def test_missing_seqlen(tmp_path):
     (cfg,) = load_model_configs(p)
     with pytest.raises(UsageError, match="pass --seqlen"):
         gemm_shapes(cfg, [1])
+
+
+def test_an_fp8_gemm_moves_its_operands_in_one_byte_and_writes_c_in_bf16():
+    """torch._scaled_mm's out_dtype is bf16: C's bytes are 2 per element (they were counted at fp8's 1)."""
+    from opbench.gemm.shapes import gemm_bytes
+
+    m, n, k = 4096, 1024, 8192
+    assert gemm_bytes(m, n, k, 1, "fp8") == m * k + k * n + 2 * m * n
+    assert gemm_bytes(m, n, k, 8, "bf16") == 8 * 2 * (m * k + k * n + m * n)

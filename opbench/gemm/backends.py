@@ -66,7 +66,9 @@ def _torch_grouped(a: torch.Tensor, b: torch.Tensor, dtype: str) -> tuple[GemmFn
             reason = " ".join(str(exc).split())[:120]
         else:
             # _grouped_mm has no out=: its output allocation (caching allocator on GPU) is inside the timing.
-            return (lambda: torch._grouped_mm(a, b)), "torch._grouped_mm (allocates its output)"
+            return (
+                lambda: torch._grouped_mm(a, b)
+            ), f"torch._grouped_mm ({grouped_mm_kernel(a)}, allocates its output)"
     else:
         reason = "torch._grouped_mm absent in this build"
     c = _out(a, b)
@@ -79,6 +81,18 @@ def _torch_grouped(a: torch.Tensor, b: torch.Tensor, dtype: str) -> tuple[GemmFn
     return loop, f"loop over experts ({reason})"
 
 
+def grouped_mm_kernel(a: torch.Tensor) -> str:
+    """What torch._grouped_mm runs for these operands (aten GroupedBlas.cpp): on CUDA, a CUTLASS grouped kernel for
+    bf16 on compute capability 9.x/10.x, else a fallback that is torch.bmm for 3-D operands; on ROCm the build
+    decides (a CK kernel or the same fallback)."""
+    if a.device.type != "cuda":
+        return "CPU: bmm fallback"
+    if gpu_backend() == "rocm":
+        return "ROCm: CK kernel or bmm fallback, by build"
+    major = torch.cuda.get_device_capability(a.device)[0]
+    return "CUTLASS grouped kernel" if a.dtype == torch.bfloat16 and major in (9, 10) else "bmm fallback"
+
+
 def fp8_supported() -> str | None:
     """None when this device can run torch._scaled_mm, else the reason it cannot."""
     if not torch.cuda.is_available():
@@ -87,9 +101,23 @@ def fp8_supported() -> str | None:
         return "torch._scaled_mm is absent in this torch build"
     if gpu_backend() == "rocm":
         arch = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "gcnArchName", "")
-        return None if any(g in arch for g in ("gfx94", "gfx95", "gfx12")) else f"no fp8 matrix cores on {arch}"
+        return rocm_fp8_unsupported(arch.split(":")[0], str(torch.version.hip))
     major, minor = torch.cuda.get_device_capability()
     return None if (major, minor) >= (8, 9) else f"fp8 needs compute capability 8.9+, this GPU is {major}.{minor}"
+
+
+def rocm_fp8_unsupported(arch: str, hip: str) -> str | None:
+    """torch._scaled_mm's own ROCm rule: gfx942 (MI300X/MI325X) always; gfx950 (MI355X) and gfx1200/gfx1201 from
+    ROCm 6.5; nothing else (gfx940/941 and older ROCm fail inside torch, as an error row rather than a reason)."""
+    if arch == "gfx942":
+        return None
+    if arch in ("gfx950", "gfx1200", "gfx1201"):
+        try:
+            version = tuple(int(x) for x in hip.split(".")[:2])
+        except ValueError:
+            version = (0, 0)
+        return None if version >= (6, 5) else f"torch._scaled_mm supports {arch} from ROCm 6.5 (this torch: {hip})"
+    return f"torch._scaled_mm has no fp8 path on {arch or 'this GPU'} (gfx942, gfx950, gfx1200/1201)"
 
 
 @register("fp8", input_dtype="fp8")
@@ -108,9 +136,10 @@ def _fp8(a: torch.Tensor, b: torch.Tensor, dtype: str) -> tuple[GemmFn, str]:
     a2 = a.contiguous()
     b2 = b.t().contiguous().t()
     one = torch.ones((), dtype=torch.float32, device=a.device)
+    c = _out(a2, b2, torch.bfloat16)
     # use_fast_accum stays off (torch's default): H100's fast mode accumulates in lower precision and runs faster
     impl = "torch._scaled_mm, use_fast_accum=False" + (" (operands re-laid out as TN)" if relaid else "")
-    return (lambda: torch._scaled_mm(a2, b2, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)), impl
+    return (lambda: torch._scaled_mm(a2, b2, scale_a=one, scale_b=one, out_dtype=torch.bfloat16, out=c)), impl
 
 
 @register("triton")

@@ -9,7 +9,6 @@ from typing import Any
 import torch
 
 from opbench.core.device import DeviceInfo, torch_dtype
-from opbench.core.dtypes import element_size
 from opbench.core.sweep import STATUS_OK, Unsupported
 from opbench.core.timing import TimingConfig, measure, rotation_count, timing_note
 
@@ -92,8 +91,7 @@ def run_case(case: GemmCase, info: DeviceInfo, timing: TimingConfig, cold: bool 
     gen = torch.Generator().manual_seed(
         zlib.crc32(f"{shape.layer}/{shape.pass_}/{shape.m}/{shape.n}/{shape.k}".encode())
     )
-    elt = element_size(dtype)
-    per_set = shape.bytes_moved(elt)
+    per_set = shape.bytes_moved(dtype)
     n_sets = rotation_count(per_set, info.device) if cold else 1
     dev_gen = torch.Generator(device=info.device).manual_seed(gen.initial_seed())
     operands = [make_operands(shape, dtype, info.device, dev_gen) for _ in range(n_sets)]
@@ -133,7 +131,7 @@ def run_case(case: GemmCase, info: DeviceInfo, timing: TimingConfig, cold: bool 
         "time_iqr_rel": stats.iqr_rel,
         "iters": stats.iters,
         "tflops": tflops,
-        "bandwidth_gbs": shape.bytes_moved(elt) / stats.median / 1e9,
+        "bandwidth_gbs": per_set / stats.median / 1e9,
         "pct_of_peak": 100.0 * tflops / peak if peak else None,
         "max_rel_err": err,
         "status": STATUS_OK,

@@ -11,6 +11,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
+from opbench.core.dtypes import element_size
 from opbench.core.errors import UsageError
 from opbench.models import ModelConfig
 from opbench.models.architectures import decoder_layers
@@ -70,8 +71,8 @@ class GemmShape:
     def flops(self) -> int:
         return gemm_flops(self.m, self.n, self.k, self.groups)
 
-    def bytes_moved(self, element_size: int) -> int:
-        return gemm_bytes(self.m, self.n, self.k, self.groups, element_size)
+    def bytes_moved(self, dtype: str) -> int:
+        return gemm_bytes(self.m, self.n, self.k, self.groups, dtype)
 
     def as_row(self) -> dict:
         d = asdict(self)
@@ -86,9 +87,12 @@ def gemm_flops(m: int, n: int, k: int, groups: int = 1) -> int:
     return 2 * m * n * k * groups
 
 
-def gemm_bytes(m: int, n: int, k: int, groups: int, element_size: int) -> int:
-    """Minimum traffic: read A and B once, write C once (docs/conventions.md, "GEMM shapes of a training step")."""
-    return (m * k + k * n + m * n) * groups * element_size
+def gemm_bytes(m: int, n: int, k: int, groups: int, dtype: str) -> int:
+    """Minimum traffic: read A and B once, write C once (docs/conventions.md, "GEMM shapes of a training step");
+    an fp8 GEMM writes C in bf16 (the fp8 backend's ``out_dtype``, as FP8 training recipes do)."""
+    ab = element_size(dtype)
+    c = element_size("bf16") if dtype == "fp8" else ab
+    return ((m * k + k * n) * ab + m * n * c) * groups
 
 
 def pass_shape(pass_: str, tokens: int, n: int, k: int) -> tuple[int, int, int, bool, bool]:

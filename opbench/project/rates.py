@@ -19,7 +19,6 @@ from opbench.attention.shapes import AttentionShape
 from opbench.cluster.links import intra_link
 from opbench.core.cli import MAX_MIB, MAX_WORLD
 from opbench.core.collectives import COLLECTIVES
-from opbench.core.dtypes import element_size
 from opbench.core.errors import UsageError
 from opbench.core.outputs import kept_aside
 from opbench.core.peaks import Peak, lookup_peak
@@ -354,7 +353,7 @@ class Rates:
         dtype = "fp8" if fp8 else self.dtype
         name = f"the {m}x{n}x{k}" + (f"x{groups}" if groups > 1 else "") + f" {dtype} GEMM"
         peak = self._peak_tflops(name, "gemm", dtype) * 1e12 * self.a.gemm_efficiency
-        moved = gemm_bytes(m, n, k, groups, element_size(dtype))
+        moved = gemm_bytes(m, n, k, groups, dtype)
         return Timed(max(flops / peak, moved / self.memory_bandwidth().seconds), ESTIMATED, "roofline")
 
     def attention_time(self, shape: AttentionShape, batch: int, pass_: str) -> Timed:
