@@ -58,7 +58,7 @@ step harness 150 $PY bench/gemm_harness_overhead.py --size 1024 2048 4096 8192 -
 step attention_ref 180 $PY bench/attention_vs_dobench.py --seqlen 4096 --rounds 3 --json "$OUT/attention_vs_dobench.json"
 step ckpt 150 $PY -m opbench ckpt --size-mb 1024 --nproc-per-node 1 --methods torch_save,dcp,dcp_async \
     --iterations 2 --report-dir-path "$OUT/ckpt" --storage /tmp/opbench_ckpt
-multi_gpu_step comm 120 $PY -m opbench comm --nproc-per-node "$NPROC" -b 8 -e 1G -f 8 -n 20 -w 5 --check --report-dir-path "$OUT/comm"
+multi_gpu_step comm 120 $PY -m opbench comm --nproc-per-node "$NPROC" -b 64 -e 1G -f 8 -n 20 -w 5 --check --report-dir-path "$OUT/comm"
 step gemm 200 $PY -m opbench gemm --model Llama3.1_8B --seqlen 4096 --tp 8 --dtype bf16 \
     --backends torch,torch_grouped,triton,fp8 --budget 0.3 --report-dir-path "$OUT/gemm"
 step grouped 150 $PY -m opbench gemm --model DeepSeek_V2_Lite --seqlen 4096 --ep 8 --dtype bf16 \
