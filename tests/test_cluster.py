@@ -184,6 +184,19 @@ def test_amd_smi_readings_keep_what_is_reported_and_flag_thermal_limits(monkeypa
     monkeypatch.setitem(sys.modules, "amdsmi", _fake_amdsmi(older, None, throttle_status=True))
     r = read("rocm", pci_bus_id="0000:1B:00.0")
     assert (r.error, r.power_w, r.power_limit_w, r.flagged) == ("", 300.0, None, ["amd_throttle"])
+    # MI200: an unsupported value is UINT32_MAX (the binding turns only 0xFFFF into "N/A"); a sensor the part lacks
+    # empties its own cell and is named, the other readings stay
+    mi200 = {"current_socket_power": 0xFFFFFFFF, "average_socket_power": 300, "power_limit": 0xFFFFFFFF}
+    fake = _fake_amdsmi(mi200, None)
+
+    def no_hotspot(h, kind, metric):
+        raise RuntimeError("AMDSMI_STATUS_NOT_SUPPORTED")
+
+    fake.amdsmi_get_temp_metric = no_hotspot
+    monkeypatch.setitem(sys.modules, "amdsmi", fake)
+    r = read("rocm", pci_bus_id="0000:1B:00.0")
+    assert (r.power_w, r.power_limit_w, r.temperature_c, r.sm_clock_mhz) == (300.0, None, None, 2100.0)
+    assert r.error == "temperature_c: RuntimeError: AMDSMI_STATUS_NOT_SUPPORTED"
 
 
 def test_nvml_falls_back_to_the_bus_id_when_the_uuid_is_unknown(monkeypatch):
@@ -210,6 +223,19 @@ def test_nvml_falls_back_to_the_bus_id_when_the_uuid_is_unknown(monkeypatch):
     r = read("cuda", uuid="4a1b", pci_bus_id="00000000:19:00.0", index=0)
     assert (r.error, r.sm_clock_mhz, r.power_w, r.power_limit_w) == ("", 1980.0, 650.0, 700.0)
     assert r.throttle == ["sw_power_cap"] and r.flagged == []
+
+    def not_in_this_driver(h):  # a driver before R535: the binding has the name, the library not the symbol
+        raise NVMLError("Function Not Found")
+
+    m.nvmlDeviceGetCurrentClocksEventReasons = not_in_this_driver
+    m.nvmlDeviceGetCurrentClocksThrottleReasons = lambda h: 0x40
+    r = read("cuda", uuid="4a1b", pci_bus_id="00000000:19:00.0", index=0)
+    assert (r.error, r.sm_clock_mhz, r.throttle, r.flagged) == (
+        "",
+        1980.0,
+        ["hw_thermal_slowdown"],
+        ["hw_thermal_slowdown"],
+    )
     # neither known to NVML: an error, not GPU 0 by torch's index (NVML's numbering differs under
     # CUDA_VISIBLE_DEVICES)
     m.nvmlDeviceGetHandleByPciBusId = by_uuid

@@ -9,7 +9,8 @@ is how a loaded H100 normally runs, so it is reported but not flagged. AMD SMI's
 later, ``amdsmi_get_violation_status``) says which limit is active: a thermal one (PROCHOT, socket, voltage
 regulator, HBM) is flagged, the package power cap (PPT) is reported like NVIDIA's power cap. Where it is missing,
 the GPU metrics table's ``throttle_status`` (true/false, or a bit field on older firmware) is reported and flagged
-when set. AMD SMI writes "N/A" for values a part does not report; those stay empty.
+when set. AMD SMI writes "N/A" (or UINT_MAX) for values a part does not report; those stay empty. Each metric is
+read on its own: one the driver lacks leaves its cell empty, named in ``error``, and the others are kept.
 """
 
 from __future__ import annotations
@@ -86,11 +87,29 @@ def decode_nvml_reasons(bits: int) -> list[str]:
     return names + ([f"other=0x{unknown:x}"] if unknown else [])
 
 
+# What AMD SMI's structures hold for a value the part does not report (UINT16/32/64_MAX): its Python binding turns
+# only 0xFFFF into "N/A", so MI200's unsupported current_socket_power read 4,294,967,295 W.
+AMD_UNSUPPORTED = (0xFFFF, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF)
+
+
 def _number(value: Any) -> float | None:
-    """A reading as a float; None for AMD SMI's "N/A" and anything else that is not a number."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    """A reading as a float; None for AMD SMI's "N/A" or "not supported" values and anything that is not a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value in AMD_UNSUPPORTED:
         return None
     return float(value)
+
+
+def _fields(r: Reading, reads: dict[str, Any]) -> Reading:
+    """Each field of ``r`` read on its own: a metric the driver or part does not offer (an NVML call older drivers
+    lack, an AMD sensor a part has not) leaves that cell empty and is named in ``error``, never the others."""
+    missed = []
+    for name, read_one in reads.items():
+        try:
+            setattr(r, name, read_one())
+        except Exception as exc:  # noqa: BLE001 - a library refusal is one empty cell
+            missed.append(f"{name}: {type(exc).__name__}: {' '.join(str(exc).split())[:80]}")
+    r.error = "; ".join(missed)
+    return r
 
 
 def _nvml_handle(pynvml: Any, uuid: str, pci_bus_id: str, index: int | None) -> Any:
@@ -124,16 +143,25 @@ def _nvml(uuid: str, pci_bus_id: str, index: int | None) -> Reading:
         handle = _nvml_handle(pynvml, uuid, pci_bus_id, index)
         if handle is None:
             return Reading("nvml", error="no way to find this GPU in NVML (no UUID, bus id or index)")
-        r = Reading("nvml")
-        r.sm_clock_mhz = float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
-        r.mem_clock_mhz = float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM))
-        r.temperature_c = float(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU))
-        r.power_w = pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
-        r.power_limit_w = pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0
-        reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)  # NVML 12+; older name below
-        reasons = reasons or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
-        r.throttle = decode_nvml_reasons(int(reasons(handle)))
-        return r
+
+        def throttle() -> list[str]:
+            try:  # NVML 12+ (driver R535+); the binding has the name either way, an older driver not the symbol
+                bits = pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle)
+            except (AttributeError, pynvml.NVMLError):
+                bits = pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle)
+            return decode_nvml_reasons(int(bits))
+
+        return _fields(
+            Reading("nvml"),
+            {
+                "sm_clock_mhz": lambda: float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
+                "mem_clock_mhz": lambda: float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM)),
+                "temperature_c": lambda: float(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)),
+                "power_w": lambda: pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
+                "power_limit_w": lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0,
+                "throttle": throttle,
+            },
+        )
     finally:
         pynvml.nvmlShutdown()
 
@@ -148,21 +176,36 @@ def _amdsmi(pci_bus_id: str) -> Reading:
         handle = next((h for h in handles if amdsmi.amdsmi_get_gpu_device_bdf(h).lower() == want), None)
         if handle is None:
             return Reading("amdsmi", error=f"no GPU with bus id {pci_bus_id} in AMD SMI")
-        r = Reading("amdsmi")
-        r.sm_clock_mhz = _number(amdsmi.amdsmi_get_clock_info(handle, amdsmi.AmdSmiClkType.GFX).get("clk"))
-        r.mem_clock_mhz = _number(amdsmi.amdsmi_get_clock_info(handle, amdsmi.AmdSmiClkType.MEM).get("clk"))
-        r.temperature_c = _number(
-            amdsmi.amdsmi_get_temp_metric(
-                handle, amdsmi.AmdSmiTemperatureType.HOTSPOT, amdsmi.AmdSmiTemperatureMetric.CURRENT
-            )
+        power: dict[str, Any] = {}
+
+        def power_w() -> float | None:
+            power.update(amdsmi.amdsmi_get_power_info(handle))
+            watts = [_number(power.get(k)) for k in ("current_socket_power", "average_socket_power")]
+            return next((w for w in watts if w), None)  # MI300X reports the current, older parts the average
+
+        def power_limit_w() -> float | None:
+            limit = _number(power.get("power_limit"))
+            return limit / (1e6 if limit > 1e5 else 1) if limit else None  # µW (hwmon) or W
+
+        return _fields(
+            Reading("amdsmi"),
+            {
+                "sm_clock_mhz": lambda: _number(
+                    amdsmi.amdsmi_get_clock_info(handle, amdsmi.AmdSmiClkType.GFX).get("clk")
+                ),
+                "mem_clock_mhz": lambda: _number(
+                    amdsmi.amdsmi_get_clock_info(handle, amdsmi.AmdSmiClkType.MEM).get("clk")
+                ),
+                "temperature_c": lambda: _number(
+                    amdsmi.amdsmi_get_temp_metric(
+                        handle, amdsmi.AmdSmiTemperatureType.HOTSPOT, amdsmi.AmdSmiTemperatureMetric.CURRENT
+                    )
+                ),
+                "power_w": power_w,
+                "power_limit_w": power_limit_w,
+                "throttle": lambda: _amd_throttle(amdsmi, handle),
+            },
         )
-        power = amdsmi.amdsmi_get_power_info(handle)
-        watts = [_number(power.get(k)) for k in ("current_socket_power", "average_socket_power")]
-        r.power_w = next((w for w in watts if w), None)  # MI300X reports the current, older parts the average
-        limit = _number(power.get("power_limit"))
-        r.power_limit_w = limit / (1e6 if limit > 1e5 else 1) if limit else None  # µW (hwmon) or W
-        r.throttle = _amd_throttle(amdsmi, handle)
-        return r
     finally:
         amdsmi.amdsmi_shut_down()
 
