@@ -388,6 +388,10 @@ class DcpAsync(Dcp):
 
         stager = self._stager_for_state(state)
         writer = self.writer(storage, path, opts)
+        if stager is not None and hasattr(writer, "per_thread_copy_ahead"):
+            # the state it writes is in host memory already: what FileSystemWriter.stage sets when DCP stages (its
+            # copy-ahead loader would otherwise wait on CUDA streams from the writer thread)
+            writer.per_thread_copy_ahead = 0
         marks = None
         if self.async_type == "thread":  # process mode writes in a daemon: its writer is pickled, not wrapped
             marks = SaveMarks()
