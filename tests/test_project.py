@@ -583,3 +583,22 @@ def test_projection_matches_a_real_two_rank_step(run, tmp_path, record, sharding
         assert 0.98 <= peak <= 1.02
     for exact in ("params_bytes", "grads_bytes", "optimizer_bytes"):  # rank 0's real tensors, padding included
         assert rows[exact]["projected"] == rows[exact]["measured"], exact
+
+
+@pytest.mark.parametrize("world, sharding", [(1, "none"), (2, "zero1")])
+def test_a_16_bit_validation_trains_the_recipe_the_projection_counts(world, sharding):
+    """On a GPU --validate trains in bf16, and must keep what the projection counts for that layout: Megatron's
+    16-bit weights, fp32 main gradients and fp32 master + moments (ZeRO-1: this rank's share), not a plain AdamW on
+    16-bit weights (2 + 2 + 4 bytes per parameter: the gradients read 2x, the optimizer 3x). The same training code
+    runs here in bf16, rank 0's real tensors against the projection's bytes."""
+    from opbench.project import validate
+    from opbench.project.memory import stage_params, state_bytes
+
+    (cfg,) = load_model_configs(str(EXAMPLES / "tiny-llama"))
+    plan = Plan(world=world, seqlen=64, global_batch=2 * world, mbs=1, dtype="bf16", sharding=sharding)
+    if world == 1:
+        measured = validate.train(cfg, plan, 1, "cpu")
+    else:
+        measured = validate.train_distributed(cfg, plan, 1, "cpu", timeout_s=120)
+    assert (measured.params, measured.grads, measured.optimizer) == state_bytes(stage_params(cfg, plan, 0), plan)
+    assert measured.grads == 2 * measured.params and measured.optimizer > 3 * measured.params // world

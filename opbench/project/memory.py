@@ -199,19 +199,30 @@ def fp8_weights(cfg: ModelConfig, plan: Plan, stage: int, layers: Sequence[Layer
     return total, largest
 
 
+def zero1_owners(numels: Sequence[int], shard: int) -> list[int]:
+    """The rank that keeps each parameter's optimizer state when a sharded optimizer assigns whole parameters as
+    torch's ZeroRedundancyOptimizer does: largest first (ties in order), each to the rank with the fewest elements
+    so far (ties to the lowest rank)."""
+    heap = [(0, r) for r in range(shard)]  # (elements, rank): the emptiest (lowest rank on ties) first
+    owners = [0] * len(numels)
+    for i in sorted(range(len(numels)), key=lambda j: -numels[j]):
+        size, r = heapq.heappop(heap)
+        owners[i] = r
+        heapq.heappush(heap, (size + numels[i], r))
+    return owners
+
+
 def zero1_partition(numels: Sequence[int], shard: int) -> tuple[int, int]:
-    """(elements, tensors) of the fullest rank when a sharded optimizer assigns whole parameters to ranks as
-    torch's ZeroRedundancyOptimizer does: largest first, each to the rank with the fewest elements so far (ties
-    to the lowest rank). Megatron's distributed optimizer splits a flat buffer evenly instead: the same to within
-    one parameter."""
+    """(elements, tensors) of the fullest rank under ``zero1_owners``. Megatron's distributed optimizer splits a
+    flat buffer evenly instead: the same to within one parameter."""
     if shard >= len(numels):  # a rank per parameter: the fullest holds the largest
         return (max(numels), 1) if numels else (0, 0)
-    heap = [(0, r, 0) for r in range(shard)]  # (elements, rank, tensors): the emptiest (lowest rank on ties) first
-    for n in sorted(numels, reverse=True):
-        size, r, count = heapq.heappop(heap)
-        heapq.heappush(heap, (size + n, r, count + 1))
-    size, _, count = max(heap, key=lambda item: (item[0], -item[1]))
-    return size, count
+    size, count = [0] * shard, [0] * shard
+    for n, r in zip(numels, zero1_owners(numels, shard)):
+        size[r] += n
+        count[r] += 1
+    fullest = max(range(shard), key=lambda r: (size[r], -r))
+    return size[fullest], count[fullest]
 
 
 def grad_bytes_per_param(plan: Plan) -> int:

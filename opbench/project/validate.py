@@ -283,6 +283,76 @@ def _saved_bytes(model: Any, batch: Any) -> int:
     return sum(seen.values())
 
 
+class MainGradAdamW:
+    """Megatron-Core's mixed-precision recipe, the one the projection's state bytes assume for layouts without FSDP
+    (docs/project.md, "Memory"), for a model whose parameters are 16-bit: each 16-bit gradient is added, as
+    backward produces it, into a main gradient (fp32, or bf16 with ``--grad-dtype bf16``) held in one contiguous
+    buffer, and freed; the rank keeps an fp32 master copy and AdamW's two moments for the parameters it updates
+    (all of them, or under ZeRO-1 its share, whole parameters as ``memory.zero1_owners`` assigns them); a step
+    averages the buffer over the ranks, updates the masters, copies them into the 16-bit weights and broadcasts each
+    weight from the rank that updated it. A plain AdamW on 16-bit parameters would keep 2 + 2 + 4 bytes per
+    parameter where Megatron keeps 2 + 4 + 12."""
+
+    def __init__(self, model: Any, plan: Plan, rank: int, world: int) -> None:
+        import torch
+
+        from .memory import grad_bytes_per_param, zero1_owners
+
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.world = world
+        grad_dtype = torch.float32 if grad_bytes_per_param(plan) == 4 else torch.bfloat16
+        self.buffer = torch.zeros(sum(p.numel() for p in self.params), dtype=grad_dtype, device=self.params[0].device)
+        self.main_grads = []
+        offset = 0
+        for p in self.params:
+            main = self.buffer[offset : offset + p.numel()].view_as(p)
+            offset += p.numel()
+            self.main_grads.append(main)
+            p.register_post_accumulate_grad_hook(self._accumulate_into(main))
+        shard = world if plan.sharding == "zero1" else 1
+        self.owners = zero1_owners([p.numel() for p in self.params], shard)
+        self.mine = [i for i, owner in enumerate(self.owners) if owner == rank]
+        self.masters = [self.params[i].detach().float() for i in self.mine]  # a copy: the parameters are 16-bit
+        self.optim = torch.optim.AdamW(self.masters, lr=1e-4, foreach=False)
+
+    @staticmethod
+    def _accumulate_into(main: Any) -> Any:
+        def hook(p: Any) -> None:
+            main.add_(p.grad)
+            p.grad = None
+
+        return hook
+
+    def step(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        if self.world > 1:
+            dist.all_reduce(self.buffer)
+            self.buffer.div_(self.world)
+        for master, i in zip(self.masters, self.mine):
+            grad = self.main_grads[i]
+            master.grad = grad if grad.dtype == torch.float32 else grad.float()
+        self.optim.step()
+        with torch.no_grad():
+            for master, i in zip(self.masters, self.mine):
+                self.params[i].copy_(master)
+                master.grad = None
+            if self.world > 1 and len(self.mine) < len(self.params):  # ZeRO-1: each weight from its updater
+                for p, owner in zip(self.params, self.owners):
+                    dist.broadcast(p, src=owner)
+
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        self.buffer.zero_()  # Megatron's persistent buffer: zeroed, never freed
+
+    def state_bytes(self) -> tuple[int, int]:
+        """(main gradients, masters + moments + step counters) bytes on this rank."""
+        opt = sum(m.numel() * 4 for m in self.masters) + sum(
+            v.numel() * v.element_size() for st in self.optim.state.values() for v in st.values() if hasattr(v, "numel")
+        )
+        return self.buffer.numel() * self.buffer.element_size(), opt
+
+
 def _state_bytes(model: Any, optimizer: Any) -> tuple[int, int, int]:
     """(params, grads, optimizer) bytes this rank holds, from the real tensors (local shards under FSDP)."""
 
@@ -290,6 +360,8 @@ def _state_bytes(model: Any, optimizer: Any) -> tuple[int, int, int]:
         return t.to_local() if hasattr(t, "to_local") else t
 
     params = sum(local(p).untyped_storage().nbytes() for p in model.parameters())
+    if isinstance(optimizer, MainGradAdamW):
+        return (params, *optimizer.state_bytes())
     grads = sum(local(p.grad).numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)
     inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps its rank's optimizer there
     opt = sum(
@@ -320,7 +392,10 @@ def _tracked_peak(model: Any, optimizer: Any, batch: Any, fsdp: bool) -> int | N
             from torch.distributed._tools.mem_tracker import MemTracker
 
             tracker = MemTracker()
-            tracker.track_external(model, optimizer, batch)
+            if isinstance(optimizer, MainGradAdamW):  # its state: the inner AdamW, the gradient buffer
+                tracker.track_external(model, optimizer.optim, optimizer.buffer, batch)
+            else:
+                tracker.track_external(model, optimizer, batch)
         with tracker:
             model(input_ids=batch, labels=batch).loss.backward()
             optimizer.step()
@@ -339,27 +414,43 @@ def train(cfg: ModelConfig, plan: Plan, steps: int, device: str, rank: int = 0, 
 
     dev = torch.device(device if device != "cuda" else f"cuda:{rank}")
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[plan.dtype]
+    mixed = dtype != torch.float32
+    fsdp = world > 1 and plan.sharding == "fsdp"
     # SDPA attention and grouped-GEMM experts: the kernels opbench attention / gemm time (sdpa, torch._grouped_mm)
     experts = "grouped_mm" if cfg.is_moe else "eager"  # dense models take no experts implementation but eager
-    model = build_model(cfg, device=str(dev), dtype=dtype, attn_implementation="sdpa", experts_implementation=experts)
+    model = build_model(
+        cfg,
+        device=str(dev),
+        dtype=torch.float32 if fsdp else dtype,  # FSDP2 keeps fp32 shards and computes in param_dtype
+        attn_implementation="sdpa",
+        experts_implementation=experts,
+    )
     model.train()
     optimizer: Any
-    if world > 1 and plan.sharding == "fsdp":
-        from torch.distributed.fsdp import fully_shard
+    if fsdp:  # the recipe the projection assumes for FSDP: param_dtype 16-bit, reduce_dtype fp32 (torchtitan's)
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
         for layer in decoder_layer_list(model, cfg):
-            fully_shard(layer)
-        fully_shard(model)
+            fully_shard(layer, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+    elif mixed:  # Megatron's: 16-bit weights, fp32 main gradients, master copy and moments
+        optimizer = MainGradAdamW(model, plan, rank, world)
     elif world > 1:
         from torch.nn.parallel import DistributedDataParallel
 
         model = DistributedDataParallel(model)
-    if world > 1 and plan.sharding == "zero1":
-        from torch.distributed.optim import ZeroRedundancyOptimizer
+        if plan.sharding == "zero1":
+            from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-4)
+            optimizer = ZeroRedundancyOptimizer(
+                model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-4, foreach=False
+            )
+        else:
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
     else:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
     gen = torch.Generator(device="cpu").manual_seed(rank)
     batches = [
         torch.randint(0, cfg.vocab_size, (plan.mbs, plan.seqlen), generator=gen).to(dev)
@@ -367,10 +458,13 @@ def train(cfg: ModelConfig, plan: Plan, steps: int, device: str, rank: int = 0, 
     ]
 
     def step() -> None:
+        # FSDP with one micro-batch: gradients freed before the forward, as the projection assumes (torchtitan's
+        # zero_grad); otherwise zeroed and kept, as Megatron's persistent gradient buffers are. At the start, so the
+        # last step's gradients are there to be counted.
+        optimizer.zero_grad(set_to_none=fsdp and plan.microbatches == 1)
         for batch in batches:
             (model(input_ids=batch, labels=batch).loss / len(batches)).backward()
         optimizer.step()
-        optimizer.zero_grad(set_to_none=False)
 
     def sync() -> None:
         if dev.type == "cuda":
@@ -424,10 +518,15 @@ def _worker(
     torch.set_num_threads(threads_per_rank(world))
     # --timeout bounds every collective: a rank that died or hangs ends the survivor's wait with an error
     timeout = datetime.timedelta(seconds=timeout_s)
-    dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank, world_size=world, timeout=timeout)
+    gpu = torch.device("cuda", rank) if device == "cuda" else None
+    if gpu is not None:  # this rank's GPU, current before NCCL starts: FSDP2 and NCCL take the current device
+        torch.cuda.set_device(gpu)
+    dist.init_process_group(
+        "nccl" if gpu is not None else "gloo", rank=rank, world_size=world, timeout=timeout, device_id=gpu
+    )
     try:
         m = train(cfg, plan, steps, device, rank, world)
-        times = torch.tensor(m.step_s)
+        times = torch.tensor(m.step_s, device=gpu)  # NCCL reduces GPU tensors only
         dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a step ends when the slowest rank's does
         if rank == 0:
             Path(out).write_text(json.dumps({**m.__dict__, "step_s": times.tolist()}))
@@ -497,6 +596,23 @@ def check_plan(cfg: ModelConfig, plan: Plan, args: argparse.Namespace, device: s
         raise UsageError(
             f"{cfg.name} has {n / 1e9:.2f} B parameters; --validate trains models up to {limit / 1e9:g} B here "
             "(pass --num-layers-like smaller configs, or project without --validate)",
+            field="--validate",
+        )
+
+
+def check_fits(projection: Projection, reserve_gib: float, device: str) -> None:
+    """A layout whose projected peak does not fit this GPU is one line before training, not an out-of-memory
+    traceback from a rank."""
+    if device != "cuda":
+        return
+    import torch
+
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    need = projection.memory.total + reserve_gib * GIB
+    if need > total:
+        raise UsageError(
+            f"the projected peak, {projection.memory.total / GIB:.1f} GiB + {reserve_gib:g} GiB reserve, does not "
+            f"fit this GPU's {total / GIB:.1f} GiB: validate a smaller model, --seqlen or --mbs",
             field="--validate",
         )
 
@@ -576,6 +692,8 @@ def validate(cfg: ModelConfig, plan: Plan, args: argparse.Namespace) -> int:
     stated = assumptions(args)
     if device == "cpu":  # gloo's collectives run on the same cores as the compute: nothing hides behind it
         stated = replace(stated, dp_overlap=False, cp_overlap=False)
+    elif plan.dtype != "fp32" and plan.sharding != "fsdp":  # MainGradAdamW reduces its buffer after backward
+        stated = replace(stated, dp_overlap=False)
     if args.results:  # rates this machine already measured (another layout's --validate, or the tools themselves)
         rates = Rates(args.results, None, plan.dtype, stated, plan.gpus_per_node)
         check_same_machine(rates.device, device)
@@ -590,6 +708,7 @@ def validate(cfg: ModelConfig, plan: Plan, args: argparse.Namespace) -> int:
     projector = Projector(cfg, rates, profile="eager")
     projection = projector.project(plan)
     print(breakdown(cfg, projection, rates.device, None))
+    check_fits(projection, args.memory_reserve_gib, device)
     t0 = time.perf_counter()
     if plan.world > 1:
         try:
