@@ -13,9 +13,10 @@ import torch
 from tabulate import tabulate
 
 from opbench.attention.backends import BACKENDS, to_layout
-from opbench.attention.runner import make_problem, time_passes
+from opbench.attention.runner import time_passes
 from opbench.attention.shapes import AttentionShape
-from opbench.core.device import default_dtype_name, device_info, use_device
+from opbench.core.device import default_dtype_name, device_info, torch_dtype, use_device
+from opbench.core.sweep import Unsupported
 from opbench.core.timing import TimingConfig
 
 
@@ -39,10 +40,29 @@ def main() -> None:
     for shape in shapes:
         for name in args.backends.split(","):
             backend = BACKENDS[name]
-            prepared = backend.build(shape, device, dtype)
-            problem = make_problem(shape, 1, dtype, device, with_grads=False)
-            q, k, v = (to_layout(t, backend.layout).detach().requires_grad_() for t in problem.inputs)
-            st = time_passes(prepared.fn, (q, k, v), ["fwd", "bwd", "fwdbwd"], device, config)
+            try:
+                prepared = backend.build(shape, device, dtype)
+            except Unsupported as exc:
+                print(f"{shape.model} {name}: not run ({exc})")
+                continue
+            if prepared.untimed_reason:
+                print(f"{shape.model} {name}: not run ({prepared.untimed_reason})")
+                continue
+            # random inputs as the runner makes them (bshd, then the backend's layout); no oracle: nothing is checked
+            sizes = [
+                (shape.seqlen_q, shape.num_head_q, shape.head_dim_qk),
+                (shape.seqlen_kv, shape.num_head_kv, shape.head_dim_qk),
+            ]
+            sizes.append((shape.seqlen_kv, shape.num_head_kv, shape.head_dim_v))
+            inputs = tuple(
+                to_layout(torch.randn(1, *n, device=device, dtype=torch_dtype(dtype)), backend.layout) for n in sizes
+            )
+            with (
+                torch.no_grad()
+            ):  # what the kernel is handed, as the runner does (K/V expanded for kernels without GQA)
+                inputs = prepared.adapt_inputs(inputs) if prepared.adapt_inputs else inputs
+            inputs = tuple(t.detach().requires_grad_() for t in inputs)
+            st = time_passes(prepared.fn, inputs, ["fwd", "bwd", "fwdbwd"], device, config)
             fwd, bwd, both = st["fwd"].median, st["bwd"].median, st["fwdbwd"].median
             rows.append(
                 [

@@ -181,6 +181,7 @@ def test_every_attention_kind_runs_checked_and_timed(shape, backends):
         if shape.attn_kind == "chunked":
             assert ("timed as causal attention over 3 blocks of 16" in note) == (shape.seqlen_q == 48)
         assert ("attention sinks not applied" in note) == shape.sinks
+        assert ("torch's dispatch runs SDPA " in note) == (name == "sdpa")  # which kernel the default picked
 
 
 def test_masked_kinds_refused_where_a_kernel_has_no_such_mask():
@@ -354,3 +355,30 @@ def test_kernel_without_gqa_gets_expanded_kv_outside_the_timed_region(monkeypatc
     monkeypatch.setattr(B, "KV_EXPANDED_KERNELS", set())  # native GQA again: no note, K/V handed as they are
     row = run_case(AttentionCase(shape, 2, "sdpa_math", "fp32"), torch.device("cpu"), ["fwd"], FAST, ProblemCache())
     assert row["status"] == "ok" and "expanded" not in (row["note"] or "") and (2, 2, 24, 16) in seen
+
+
+@pytest.mark.parametrize("shape", [KIND_CASES[4][0], KIND_CASES[5][0]], ids=["gdn", "indexer"])
+def test_a_long_causal_operator_is_checked_on_a_prefix_the_oracle_gets_exactly(monkeypatch, shape):
+    """Gated DeltaNet's and the indexer's oracles do not fit a GPU at training lengths (16 GiB and more at 4k): past
+    CHECK_PREFIX tokens they run on the prefix, with the output gradient zero past it. That is exact for a causal
+    operator: the full-length oracle, given the same output gradient, agrees on the prefix's output and on every
+    input's gradient (zero past the prefix)."""
+    import opbench.attention.runner as R
+
+    monkeypatch.setattr(R, "CHECK_PREFIX", 24)
+    cpu = torch.device("cpu")
+    short = R.make_problem(shape, 2, "fp32", cpu, with_grads=True)
+    assert short.out_part is not None and short.ref[0].shape[1] == 24
+    monkeypatch.setattr(R, "CHECK_PREFIX", 10**6)
+    whole = R.make_problem(shape, 2, "fp32", cpu, with_grads=True)
+    full = R.partial_reference(R.indexer_reference if shape.attn_kind == "indexer" else R.recurrent_gated_delta_rule)(
+        *whole.inputs, short.grad_out
+    )
+    assert torch.allclose(full[0][short.out_part], short.ref[0], atol=1e-12)
+    for got, want in zip(short.ref[1:], full[1:]):
+        assert got.shape == want.shape and torch.allclose(got, want, atol=1e-12)
+    monkeypatch.setattr(R, "CHECK_PREFIX", 24)
+    backend = "gdn_torch" if shape.attn_kind == "linear" else "indexer_torch"
+    row = run_case(AttentionCase(shape, 2, backend, "fp32"), cpu, ["fwd", "bwd"], FAST, R.ProblemCache())
+    assert row["status"] == "ok" and row["grad_max_rel_err"] < 1e-3, row
+    assert "checked on the first 24 tokens" in row["note"]

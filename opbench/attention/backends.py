@@ -42,6 +42,9 @@ class Prepared:
     # Applied to the inputs (in the backend's layout) before the timed region: a kernel without GQA gets K and V
     # with every query head's copy, as the models that call it build them. None: inputs as they are.
     adapt_inputs: Callable[[tuple[torch.Tensor, ...]], tuple[torch.Tensor, ...]] | None = None
+    # What the row should say once the inputs are known (the kernel torch's default SDPA dispatch picks); "" if
+    # nothing.
+    describe: Callable[[tuple[torch.Tensor, ...]], str] | None = None
 
 
 def expand_kv_heads(layout: str, groups: int) -> Callable[[tuple[torch.Tensor, ...]], tuple[torch.Tensor, ...]]:
@@ -165,7 +168,26 @@ def _build_sdpa(kernel: str | None, shape: AttentionShape, device: torch.device,
                 raise Unsupported("this torch's SDPA has no enable_gqa (needs torch ≥ 2.5)") from None
             raise
 
-    return Prepared(fn, "; ".join(notes), adapt_inputs=adapt)
+    # The default dispatch's choice, in the row; a CausalBias (``variant``) dispatches itself: torch's selector
+    # would not say what it runs
+    default = chosen is None and not hasattr(kwargs.get("attn_mask"), "variant")
+    describe = partial(sdpa_choice, kwargs) if default else None
+    return Prepared(fn, "; ".join(notes), adapt_inputs=adapt, describe=describe)
+
+
+def sdpa_choice(kwargs: dict[str, Any], inputs: tuple[torch.Tensor, ...]) -> str:
+    """Which kernel torch's default SDPA dispatch runs on these inputs (cuDNN first on Hopper with cuDNN > 9.15 in
+    recent torch, flash or efficient otherwise), from torch's own selector; "" where torch has none to ask."""
+    from torch.nn.attention import SDPBackend
+
+    choose = getattr(torch, "_fused_sdp_choice", None)
+    if choose is None:
+        return ""
+    try:
+        picked = SDPBackend(choose(*inputs[:3], **kwargs)).name
+    except (RuntimeError, TypeError, ValueError):
+        return ""
+    return f"torch's dispatch runs SDPA {picked}"
 
 
 # --- flash-attn (FlashAttention-2, or FlashAttention-3's interface when installed) ------------------------
