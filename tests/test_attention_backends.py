@@ -208,6 +208,27 @@ def test_flash_attn_adapter_unwraps_fa3_tuple():
     assert errs["max_rel_err"] < 1e-5
 
 
+def test_flash_attn_4_is_found_where_only_its_wheel_is_installed(monkeypatch):
+    """flash-attn-4 installs flash_attn.cute alone (flash_attn is then a namespace package without flash_attn_func):
+    on Hopper/Blackwell it is taken, behind FA3; on other GPUs FA2 or a message naming every module looked at."""
+    import sys
+    import types
+
+    fa4 = types.ModuleType("flash_attn.cute")
+    fa4.flash_attn_func = lambda *a, **k: None
+    monkeypatch.setitem(sys.modules, "flash_attn_interface", None)  # None in sys.modules: ImportError
+    monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", fa4)
+    monkeypatch.setattr(torch.version, "hip", None)
+    gpu = torch.device("cuda", 0)
+    for major, flavour in ((9, "fa4"), (10, "fa4")):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device, m=major: (m, 0))
+        assert B.load_flash_attn(gpu) == (fa4.flash_attn_func, flavour)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (8, 0))
+    with pytest.raises(Unsupported, match="flash_attn has no flash_attn_func.*flash-attn-4 on Hopper"):
+        B.load_flash_attn(gpu)
+
+
 def test_backward_timing_never_reruns_forward():
     shape = mk(32, 32, 4, 2, 32, 32)
     calls = {"n": 0}

@@ -11,6 +11,7 @@ backend DeepSeek-V3.2's index scores on (q, k, w) (operators.py).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -219,26 +220,34 @@ def flash_attn_adapter(flash_attn_func: Callable[..., Any], shape: AttentionShap
     return Prepared(fn, note)
 
 
-def load_flash_attn(device: torch.device) -> tuple[Callable[..., Any], str]:
-    """(flash_attn_func, 'fa3'|'fa2'); FA3's interface only on Hopper (sm90), where it is built for."""
-    if (
-        device.type == "cuda"
-        and not getattr(torch.version, "hip", None)
-        and torch.cuda.get_device_capability(device)[0] == 9
-    ):
-        try:
-            from flash_attn_interface import flash_attn_func  # FlashAttention-3 (hopper/)
+# Where each FlashAttention generation's flash_attn_func lives, and the compute capabilities it is built for (None:
+# any GPU the package was built for, ROCm's CK/Triton builds included): FA3 is the hopper/ build's module, FA4 the
+# flash-attn-4 wheel (CuTe DSL, Hopper and Blackwell), which installs flash_attn.cute only.
+FLASH_ATTN_MODULES = (
+    ("flash_attn_interface", "fa3", (9,)),
+    ("flash_attn.cute", "fa4", (9, 10)),
+    ("flash_attn", "fa2", None),
+)
 
-            return flash_attn_func, "fa3"
-        except ImportError:
-            pass
-    try:
-        from flash_attn import flash_attn_func
-    except ImportError as exc:
-        raise Unsupported(
-            f"flash_attn is not installed ({exc.msg}); pip install flash-attn (on ROCm: the CK or Triton build)"
-        ) from None
-    return flash_attn_func, "fa2"
+
+def load_flash_attn(device: torch.device) -> tuple[Callable[..., Any], str]:
+    """(flash_attn_func, 'fa3'|'fa4'|'fa2'): the newest generation installed that runs on this GPU."""
+    hip = bool(getattr(torch.version, "hip", None))
+    major = torch.cuda.get_device_capability(device)[0] if device.type == "cuda" and not hip else None
+    missing = []
+    for module, flavour, majors in FLASH_ATTN_MODULES:
+        if majors is not None and major not in majors:
+            continue
+        try:
+            return importlib.import_module(module).flash_attn_func, flavour
+        except ImportError as exc:
+            missing.append(f"{module}: {exc.msg}")
+        except AttributeError:
+            missing.append(f"{module} has no flash_attn_func")
+    raise Unsupported(
+        f"flash_attn is not installed ({'; '.join(missing)}); pip install flash-attn, or flash-attn-4 on Hopper/"
+        "Blackwell (on ROCm: flash-attn's CK or Triton build)"
+    )
 
 
 def _build_flash_attn(shape: AttentionShape, device: torch.device, dtype: str) -> Prepared:
