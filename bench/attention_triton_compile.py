@@ -28,14 +28,20 @@ def main() -> None:
     p.add_argument("--targets", default="cuda:90,hip:gfx942")
     p.add_argument("--dtypes", default="bf16,fp16,fp32")
     p.add_argument("--causal", default="true,false", help="mask variants to compile")
+    p.add_argument("--windows", default="0,128", help="sliding windows to compile (0: none; causal kernels only)")
     args = p.parse_args()
     rows, failures = [], 0
     causals = [c.strip() == "true" for c in args.causal.split(",")]
     for target_name in args.targets.split(","):
-        for dtype, (d_qk, d_v), causal, kind in itertools.product(args.dtypes.split(","), HEAD_DIMS, causals, KERNELS):
+        windows = [int(w) for w in args.windows.split(",")]
+        for dtype, (d_qk, d_v), causal, window, kind in itertools.product(
+            args.dtypes.split(","), HEAD_DIMS, causals, windows, KERNELS
+        ):
+            if window and not causal:
+                continue  # a sliding window is a causal mask's
             t0 = time.perf_counter()
             try:
-                c = compile_kernel(target_name, kind, dtype, d_qk, d_v, causal)
+                c = compile_kernel(target_name, kind, dtype, d_qk, d_v, causal, window)
                 tiles = [c.block_m, c.block_n, c.num_warps, c.num_stages, c.shared_bytes]
                 verdict = "fits" if c.fits(target_name) else "TOO BIG"
             except Exception as exc:  # noqa: BLE001 - report every configuration
@@ -43,7 +49,17 @@ def main() -> None:
                 verdict = f"FAILED {type(exc).__name__}: {str(exc)[:120]}"
             failures += verdict != "fits"
             rows.append(
-                [target_name, dtype, f"{d_qk}/{d_v}", causal, kind, *tiles, verdict, f"{time.perf_counter() - t0:.1f}"]
+                [
+                    target_name,
+                    dtype,
+                    f"{d_qk}/{d_v}",
+                    causal,
+                    window,
+                    kind,
+                    *tiles,
+                    verdict,
+                    f"{time.perf_counter() - t0:.1f}",
+                ]
             )
     print(f"triton {triton.__version__}")
     print(
@@ -54,6 +70,7 @@ def main() -> None:
                 "dtype",
                 "dqk/dv",
                 "causal",
+                "window",
                 "kernel",
                 "BM",
                 "BN",

@@ -97,20 +97,20 @@ def test_cli_checks_triton_on_cpu_but_never_times_it(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "target,kind,causal",
+    "target,kind,causal,window",
     [
-        ("cuda:90", "fwd", True),
-        ("cuda:90", "fwd", False),
-        ("cuda:90", "dkdv", True),
-        ("cuda:90", "dq", False),
-        ("hip:gfx942", "dq", True),
+        ("cuda:90", "fwd", True, 0),
+        ("cuda:90", "fwd", False, 0),
+        ("cuda:90", "dkdv", True, 128),  # a sliding window (gpt-oss, Gemma): its own specialisation
+        ("cuda:90", "dq", False, 0),
+        ("hip:gfx942", "dq", True, 0),
     ],
 )
-def test_kernels_compile_for_gpu_targets(target, kind, causal):
+def test_kernels_compile_for_gpu_targets(target, kind, causal, window):
     """The interpreter does no type checking, so compile the kernels for real targets (MLA head dims; the bench
     script compiles every configuration). A helper whose two returns differed in integer width passed the
     interpreter and failed on an H100."""
     from opbench.attention.triton_aot import compile_kernel
 
-    compiled = compile_kernel(target, kind, "bf16", 192, 128, causal)
+    compiled = compile_kernel(target, kind, "bf16", 192, 128, causal, window)
     assert compiled.fits(target), compiled

@@ -61,9 +61,11 @@ def _signature(fn, dtype: str, ptrs: set[str], fp32_ptrs: set[str], constexprs: 
     return sig
 
 
-def compile_kernel(target_name: str, kind: str, dtype: str, d_qk: int, d_v: int, causal: bool) -> Compiled:
-    """Compile one kernel (``fwd``, ``dkdv`` or ``dq``) with the tiles opbench would pick on that target.
-    Raises triton's CompilationError when the kernel does not compile."""
+def compile_kernel(
+    target_name: str, kind: str, dtype: str, d_qk: int, d_v: int, causal: bool, window: int = 0
+) -> Compiled:
+    """Compile one kernel (``fwd``, ``dkdv`` or ``dq``) with the tiles opbench would pick on that target, for a
+    sliding window of ``window`` keys (0: none). Raises triton's CompilationError when the kernel does not compile."""
     backend, arch = target_name.split(":")
     target = GPUTarget(backend, int(arch) if backend == "cuda" else arch, 32 if backend == "cuda" else 64)
     fn, ptrs, fp32_ptrs = KERNELS[kind]
@@ -78,6 +80,7 @@ def compile_kernel(target_name: str, kind: str, dtype: str, d_qk: int, d_v: int,
         "BLOCK_M": cfg["BLOCK_M"],
         "BLOCK_N": cfg["BLOCK_N"],
         "CAUSAL": causal,
+        "WINDOW": window,  # a constexpr as at run time: each value is its own kernel
     }
     src = ASTSource(
         fn=fn,
