@@ -111,6 +111,10 @@ def main() -> int:
         ours, bare = [], []
         for _ in range(args.rounds):
             row = bench.run_variant(case, OPS["all_reduce"], True)
+            if row.get("status", "ok") != "ok" or row.get("time_us") is None:  # every rank has the same row
+                print(f"comm_allreduce_overhead: {text}: {row.get('status')}: {row.get('error')}", file=sys.stderr)
+                dist.destroy_process_group()
+                return 1
             ours.append(float(row["time_us"]))
             bare.append(bare_all_reduce_us(numel, dtype_of(dtype_name), device, args.iters, args.warmup))
         if dist.get_rank() == 0:
