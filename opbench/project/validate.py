@@ -41,6 +41,9 @@ from .step import Projection, Projector
 
 MAX_PARAMS = {"cpu": 1_500_000_000, "cuda": 8_000_000_000}  # validation trains the whole model on one machine
 MAX_WHY = 400  # characters of transformers' reason shown when it cannot build a model
+# Every --validate optimizer: AdamW's per-parameter loop. Its default on a GPU, foreach, holds a copy of the second
+# moments during the step, which no projection counts (docs/project.md, "Validation").
+ADAMW: dict[str, Any] = {"lr": 1e-4, "foreach": False}
 
 
 @dataclass
@@ -313,7 +316,7 @@ class MainGradAdamW:
         self.owners = zero1_owners([p.numel() for p in self.params], shard)
         self.mine = [i for i, owner in enumerate(self.owners) if owner == rank]
         self.masters = [self.params[i].detach().float() for i in self.mine]  # a copy: the parameters are 16-bit
-        self.optim = torch.optim.AdamW(self.masters, lr=1e-4, foreach=False)
+        self.optim = torch.optim.AdamW(self.masters, **ADAMW)
 
     @staticmethod
     def _accumulate_into(main: Any) -> Any:
@@ -434,23 +437,20 @@ def train(cfg: ModelConfig, plan: Plan, steps: int, device: str, rank: int = 0, 
         for layer in decoder_layer_list(model, cfg):
             fully_shard(layer, mp_policy=policy)
         fully_shard(model, mp_policy=policy)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+        optimizer = torch.optim.AdamW(model.parameters(), **ADAMW)
     elif mixed:  # Megatron's: 16-bit weights, fp32 main gradients, master copy and moments
         optimizer = MainGradAdamW(model, plan, rank, world)
-    elif world > 1:
+    elif world > 1 and plan.sharding == "zero1":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
         from torch.nn.parallel import DistributedDataParallel
 
         model = DistributedDataParallel(model)
-        if plan.sharding == "zero1":
-            from torch.distributed.optim import ZeroRedundancyOptimizer
-
-            optimizer = ZeroRedundancyOptimizer(
-                model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-4, foreach=False
-            )
-        else:
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+        optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, **ADAMW)
     else:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(model) if world > 1 else model
+        optimizer = torch.optim.AdamW(model.parameters(), **ADAMW)
     gen = torch.Generator(device="cpu").manual_seed(rank)
     batches = [
         torch.randint(0, cfg.vocab_size, (plan.mbs, plan.seqlen), generator=gen).to(dev)
