@@ -104,6 +104,8 @@ def test_layout_rules(llama70b):
         (["--search", "--report-dir-path", "/etc/passwd/d"], "/etc/passwd/d/project.csv: cannot write report"),
         (["--fp8", "te", "--dtype", "fp32"], "field '--fp8': FP8 GEMMs run inside bf16/fp16 mixed precision"),
         (["--fp8", "torchao", "--validate"], "field '--fp8': --validate trains in 16 or 32 bits here"),
+        (["--fp8-param-gather"], "field '--fp8-param-gather': FP8 parameters are Transformer Engine's: give --fp8 te"),
+        (["--fp8", "te", "--fp8-param-gather", "--fsdp"], "FP8 parameters under FSDP are not modelled"),
     ],
 )
 def test_bad_input_is_one_line(run, args, message):
@@ -280,6 +282,41 @@ def test_fp8_runs_the_decoder_gemms_from_fp8_rows_and_pays_for_casts_and_weight_
     assert problems(cfg, replace(base, fp8="te", dtype="fp32")) == [
         ("--fp8", "FP8 GEMMs run inside bf16/fp16 mixed precision, not --dtype fp32")
     ]
+
+
+def test_fp8_param_gather_keeps_fp8_weights_as_the_parameters_and_gathers_them_at_one_byte():
+    """--fp8 te --fp8-param-gather (NeMo's fp8_params): the FP8 weight and its transpose are the parameter, no
+    16-bit copy beside them (2 bytes per FP8 weight, where te without it keeps 2 + 2); the distributed optimizer's
+    all-gather moves FP8 weights at 1 byte; only the weight's transpose is cast per step (the optimizer writes
+    the FP8 weight)."""
+    from opbench.models.architectures import decoder_layers
+    from opbench.project import memory as mem
+    from opbench.project.workload import fp8_cast_bytes
+
+    (cfg,) = select_models(load_model_configs(), "Llama3.1_8B")
+    projector = Projector(cfg, Rates([], "H100", "bf16", Assumptions(), 8), memory_gib=80)
+    te = Plan(world=16, seqlen=8192, global_batch=32, tp=2, sharding="zero1", fp8="te")
+    gather = replace(te, fp8_param_gather=True)
+    assert not problems(cfg, gather) and gather.label().endswith("fp8-te-param-gather")
+    fp8_weights = mem.fp8_weights(cfg, te, 0)[0]
+    none_mem, te_mem, gather_mem = (projector.memory(p, (1,))[0] for p in (replace(te, fp8="none"), te, gather))
+    assert te_mem.params - gather_mem.params == 2 * fp8_weights and gather_mem.params == none_mem.params
+    assert (gather_mem.grads, gather_mem.optimizer) == (te_mem.grads, te_mem.optimizer)
+    gathered = []  # the bytes of every DP all-gather the projection asks a time for
+    collective_time = projector.rates.collective_time
+
+    def recording(name, size, *args):
+        if name == "all_gather" and args[0] == 8:  # the 8 DP ranks (TP's gathers span 2)
+            gathered.append(size)
+        return collective_time(name, size, *args)
+
+    projector.rates.collective_time = recording  # type: ignore[method-assign]
+    for plan in (te, gather):
+        projector.project(plan)
+    numel = projector.stage_params(te, 0).numel
+    assert gathered == [2 * numel, 2 * numel - fp8_weights]
+    qkv = next(g for g in mem.layer_gemms(decoder_layers(cfg)[0], 8192, 8192, te.model_parallel()) if g.name == "qkv")
+    assert fp8_cast_bytes(te, qkv)[0] == 2 * fp8_cast_bytes(gather, qkv)[0]  # after a norm: the weight's cast only
 
 
 def test_fp8_leaves_the_router_and_torchao_leaves_routed_experts_in_bf16():

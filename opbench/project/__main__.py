@@ -131,6 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
         "NeMo and Primus run it; torchao = torchtitan's float8 (tensorwise, FP8 FSDP all-gathers)",
     )
     lay.add_argument(
+        "--fp8-param-gather",
+        action="store_true",
+        help="with --fp8 te: the FP8 weights are the parameters (Megatron's --fp8-param-gather, NeMo's fp8_params): "
+        "no 16-bit copy beside them, and the distributed optimizer all-gathers them in FP8",
+    )
+    lay.add_argument(
         "--grad-dtype",
         choices=("fp32", "bf16"),
         default="fp32",
@@ -260,6 +266,7 @@ def base_plan(cfg: ModelConfig, args: argparse.Namespace) -> Plan:
         sequence_parallel=not args.no_sequence_parallel,
         grad_dtype=args.grad_dtype,
         fp8=args.fp8,
+        fp8_param_gather=args.fp8_param_gather,
         first_layers=args.decoder_first_pipeline_num_layers,
         last_layers=args.decoder_last_pipeline_num_layers,
         embedding_as_layer=args.account_for_embedding_in_pipeline_split,

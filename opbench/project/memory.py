@@ -482,8 +482,9 @@ def memory(
     params, grads, opt = state_bytes(sp, plan)
     acts, buffers = activation_bytes(cfg, plan, stage, in_flight, profile, layers)
     fp8_total, fp8_largest = fp8_weights(cfg, plan, stage, layers)
-    if plan.fp8 == "te":  # FP8 copies of the weights and their transposes, kept across micro-batches and steps
-        params += TE_WEIGHT_CACHE_BYTES * fp8_total
+    if plan.fp8 == "te" and not plan.fp8_param_gather:  # FP8 copies of the weights and their transposes, kept
+        params += TE_WEIGHT_CACHE_BYTES * fp8_total  # across micro-batches and steps
+    # --fp8-param-gather: the weight is its FP8 copy (1 B) and keeps its transpose (1 B): the 16-bit bytes, no more
     if plan.sharding == "fsdp":
         e = element_size(plan.dtype)
         # FSDP2 keeps the root unit gathered from its forward to the end of backward (it does not reshard the

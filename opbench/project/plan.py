@@ -57,6 +57,9 @@ class Plan:
     embedding_as_layer: bool = False
     loss_as_layer: bool = False
     fp8: str = "none"  # FP8_RECIPES: the decoder layers' GEMMs in FP8
+    fp8_param_gather: bool = (
+        False  # te: FP8 weights are the parameters (Megatron's --fp8-param-gather, NeMo's fp8_params)
+    )
 
     @property
     def dp(self) -> int:
@@ -138,7 +141,7 @@ class Plan:
         parts += [f"last{self.last_layers}"] if self.last_layers is not None else []
         parts += ["emb-as-layer"] if self.embedding_as_layer else []
         parts += ["loss-as-layer"] if self.loss_as_layer else []
-        parts += [f"fp8-{self.fp8}"] if self.fp8 != "none" else []
+        parts += [f"fp8-{self.fp8}" + ("-param-gather" if self.fp8_param_gather else "")] if self.fp8 != "none" else []
         return " ".join(parts)
 
 
@@ -205,6 +208,10 @@ def problems(cfg: ModelConfig, plan: Plan, layers: Sequence[Layer] | None = None
         out.append(("--fsdp", "FSDP with pipeline parallelism is not modelled (use --zero 1)"))
     if plan.fp8 != "none" and plan.dtype not in ("bf16", "fp16"):
         out.append(("--fp8", f"FP8 GEMMs run inside bf16/fp16 mixed precision, not --dtype {plan.dtype}"))
+    if plan.fp8_param_gather and plan.fp8 != "te":
+        out.append(("--fp8-param-gather", "FP8 parameters are Transformer Engine's: give --fp8 te"))
+    if plan.fp8_param_gather and plan.sharding == "fsdp":
+        out.append(("--fp8-param-gather", "FP8 parameters under FSDP are not modelled (Megatron's: --zero 1)"))
     try:
         check_parallel(cfg, plan.tokens, plan.model_parallel(), layers if layers is not None else decoder_layers(cfg))
     except UsageError as exc:  # its text names the field already ("field '--tp': …")

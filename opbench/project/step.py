@@ -95,7 +95,7 @@ class Projector:
     def _layer(self, lay, plan: Plan) -> Work:
         te_microbatches = plan.microbatches if plan.fp8 == "te" else 0  # te casts its weights once per step
         key: tuple = (_layer_key(lay), plan.tp, plan.cp, plan.ep, plan.expert_tp, plan.mbs, plan.sp, plan.recompute)
-        key += (plan.fp8, te_microbatches)
+        key += (plan.fp8, plan.fp8_param_gather, te_microbatches)
         if key not in self._work:
             self._work[key] = layer_work(self.cfg, lay, plan, self.rates)
         return self._work[key]
@@ -166,7 +166,10 @@ class Projector:
                 grads = sp.numel * mem.grad_bytes_per_param(plan)
                 if plan.sharding == "zero1":
                     rs = rates.collective_time("reduce_scatter", grads, shard, dp_inter, dp_share)
-                    ag = rates.collective_time("all_gather", sp.numel * e, shard, dp_inter, dp_share)
+                    gathered = sp.numel * e
+                    if plan.fp8_param_gather:  # FP8 parameters are gathered at 1 byte
+                        gathered -= (e - 1) * self.fp8_weights(plan, s)[0]
+                    ag = rates.collective_time("all_gather", gathered, shard, dp_inter, dp_share)
                     hidden_rs = last_bwd if rates.a.dp_overlap else 0.0
                     exposed = max(0.0, rs.seconds - hidden_rs) + max(0.0, ag.seconds - first_fwd)
                     dp_items += [Item("dp_comm", "DP reduce-scatter", rs, max(0.0, rs.seconds - hidden_rs))]

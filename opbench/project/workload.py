@@ -78,8 +78,8 @@ def fp8_cast_bytes(plan: Plan, g: LinearLayer) -> tuple[float, float]:
     micro-batch casts W in forward and again transposed in backward, X is cast again transposed for the weight
     gradient, and dY twice (as is and transposed)."""
     x, w, dy = g.tokens * g.k * g.groups, g.n * g.k * g.groups, g.tokens * g.n * g.groups  # groups: experts' rows
-    if plan.fp8 == "te":
-        weights = 4 * w / max(1, plan.microbatches)
+    if plan.fp8 == "te":  # --fp8-param-gather: the optimizer writes the FP8 weight, only its transpose is made here
+        weights = (2 if plan.fp8_param_gather else 4) * w / max(1, plan.microbatches)
         if g.name in TE_NORM_FUSED:
             return weights, 4 * dy + (2 * x if plan.sp else 0)
         return 4 * x + weights, 4 * dy
