@@ -66,9 +66,8 @@ def _torch_grouped(a: torch.Tensor, b: torch.Tensor, dtype: str) -> tuple[GemmFn
             reason = " ".join(str(exc).split())[:120]
         else:
             # _grouped_mm has no out=: its output allocation (caching allocator on GPU) is inside the timing.
-            return (
-                lambda: torch._grouped_mm(a, b)
-            ), f"torch._grouped_mm ({grouped_mm_kernel(a)}, allocates its output)"
+            impl = f"torch._grouped_mm ({grouped_mm_kernel(a)}, allocates its output)"
+            return (lambda: torch._grouped_mm(a, b)), impl
     else:
         reason = "torch._grouped_mm absent in this build"
     c = _out(a, b)
