@@ -112,3 +112,15 @@ def test_a_bare_gemm_is_a_quick_look_and_says_so(run, tmp_path):
         rows = list(csv.DictReader(fh))
     assert plan.name == "benchmark_gemm_Qwen3_0.6B.plan.csv" and len(rows) == 15
     assert {r["seqlen"] for r in rows} == {"128"} and {r["model"] for r in rows} == {"Qwen3_0.6B"}
+
+
+def test_a_reader_that_goes_away_ends_the_help_quietly():
+    """`opbench --help | head -1`: the pipe closes before opbench writes; exit 0 and no traceback."""
+    for argv in (["--help"], ["project", "--help"]):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "opbench", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT
+        )
+        assert proc.stdout is not None
+        proc.stdout.close()  # the reader is gone before the first write
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and b"Traceback" not in err, err.decode()
