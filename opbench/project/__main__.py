@@ -181,7 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
         ("--nic-gbs", a.nic_gbs, "network GB/s per GPU per direction", positive_float),
         ("--latency-us-intra", a.latency_us_intra, "a collective's fixed cost inside a node, µs", positive_float),
         ("--latency-us-inter", a.latency_us_inter, "... across nodes, µs", positive_float),
-        ("--tp-overlap", a.tp_overlap, "share of TP collectives hidden behind GEMMs", fraction),
+        (
+            "--tp-overlap",
+            a.tp_overlap,
+            "share of the exposed TP collectives hidden (TE userbuffers, async TP)",
+            fraction,
+        ),
         ("--ep-overlap", a.ep_overlap, "share of the EP all-to-all hidden", fraction),
     ):
         r.add_argument(flag, type=kind, default=default, help=f"{what} (default: {default:g})")

@@ -306,7 +306,8 @@ def layer_activation_bytes(cfg: ModelConfig, lay: Layer, plan: Plan, profile: st
     output-norm input and per-chunk fp32 states; the DSA indexer's q, k, weights and the chosen keys), the MLP's
     activation input and output, and for MoE the router's fp32 probabilities and the permuted tokens.
     ``profile='eager'`` is PyTorch eager as transformers runs it: RMSNorm keeps its normalised output too, SwiGLU
-    keeps silu's output as well. Full recomputation keeps the layer's input only."""
+    keeps silu's output as well, and under tensor parallelism the gathered sequence. Full recomputation keeps the
+    layer's input only."""
     e = element_size(plan.dtype)
     t, h, tp = plan.tokens, cfg.hidden_size, plan.tp
     t_seq = t // tp if plan.sp else t
@@ -316,7 +317,9 @@ def layer_activation_bytes(cfg: ModelConfig, lay: Layer, plan: Plan, profile: st
     if plan.recompute == "op":
         return op_sac_bytes(cfg, lay, plan)
     qk_norm = any(name.endswith(("q_norm.weight", "k_norm.weight")) for name, _ in lay.params)
-    total = 2 * 2 * t_seq * h * e  # two blocks' norm input and output
+    # two blocks' norm input and output (the GEMMs' input); under sequence parallelism PyTorch's DTensor keeps
+    # the all-gathered output, Megatron the local shard (it gathers again in backward, workload.tp_comm_items)
+    total = 2 * (t_seq + (t if eager else t_seq)) * h * e
     if eager:
         total += 2 * t_seq * h * e  # RMSNorm keeps x·rsqrt besides its input and output
     for op in lay.attention:

@@ -97,7 +97,7 @@ class Projector:
         key: tuple = (_layer_key(lay), plan.tp, plan.cp, plan.ep, plan.expert_tp, plan.mbs, plan.sp, plan.recompute)
         key += (plan.fp8, plan.fp8_param_gather, te_microbatches)
         if key not in self._work:
-            self._work[key] = layer_work(self.cfg, lay, plan, self.rates)
+            self._work[key] = layer_work(self.cfg, lay, plan, self.rates, self.profile)
         return self._work[key]
 
     def stage_work(self, plan: Plan) -> list[list[Work]]:

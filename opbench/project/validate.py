@@ -14,6 +14,7 @@ micro-batch (torch's MemTracker; FSDPMemTracker under FSDP). (docs/project.md, "
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import socket
 import statistics
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -639,15 +641,42 @@ def comparison(
     return rows
 
 
-def calibration(projection: Projection, measured_s: float, scale: float = 1.0) -> float | None:
+def calibration(
+    projection: Projection,
+    measured_s: float,
+    scale: float = 1.0,
+    reproject: Callable[[float], Projection] | None = None,
+) -> float | None:
     """The --compute-scale that makes ``projection``'s step ``measured_s``: compute (already × ``scale``) takes what
-    the measured step leaves after the projected communication, bubble and optimizer. None when the rest alone
-    outlasts the measured step, or the factor is beyond the flag's bounds (0.01 to 100)."""
+    the measured step leaves after the projected communication, bubble and optimizer. What communication leaves
+    exposed shrinks as compute grows (it hides behind GEMMs and attention), so with ``reproject`` (the same layout
+    projected at a given scale) the factor is refined until the projected step is the measured one. None when the
+    rest alone outlasts the measured step, or the factor is beyond the flag's bounds (0.01 to 100)."""
+    factor = _calibration_step(projection, measured_s, scale)
+    for _ in range(20 if reproject else 0):
+        if factor is None:
+            return None
+        assert reproject is not None  # the loop runs only with it
+        again = reproject(factor)
+        if abs(again.step_s - measured_s) <= 1e-9 * measured_s:
+            break
+        factor = _calibration_step(again, measured_s, factor)
+    return factor
+
+
+def _calibration_step(projection: Projection, measured_s: float, scale: float) -> float | None:
     other = projection.step_s - projection.compute_s
     if projection.compute_s <= 0 or measured_s <= other:
         return None
     factor = scale * (measured_s - other) / projection.compute_s
     return factor if 0.01 <= factor <= 100 else None
+
+
+def rates_scaled(rates: Rates, scale: float) -> Rates:
+    """The same measured rates with another --compute-scale (nothing read again)."""
+    scaled = copy.copy(rates)
+    scaled.a = replace(rates.a, compute_scale=scale)
+    return scaled
 
 
 LABELS = {
@@ -722,7 +751,12 @@ def validate(cfg: ModelConfig, plan: Plan, args: argparse.Namespace) -> int:
     one = projector.project(replace(plan, global_batch=plan.mbs * plan.dp)).memory.total if device == "cpu" else None
     rows = comparison(projection, measured, device == "cuda", one)
     print(report(rows, measured))
-    scale = calibration(projection, measured.median_s, rates.a.compute_scale)
+    scale = calibration(
+        projection,
+        measured.median_s,
+        rates.a.compute_scale,
+        lambda k: Projector(cfg, rates_scaled(rates, k), profile="eager").project(plan),
+    )
     if scale is not None:
         print(
             f"calibration: --compute-scale {scale:.3g} makes this layout's projected step the measured one (the "

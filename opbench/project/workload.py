@@ -13,7 +13,7 @@ from opbench.attention.shapes import AttentionShape, operator_shape
 from opbench.core.dtypes import element_size
 from opbench.gemm.shapes import LinearLayer, layer_gemms, lm_head_gemm, pass_shape
 from opbench.models import ModelConfig
-from opbench.models.layout import LINEAR, Layer
+from opbench.models.layout import ALL, COLUMN, LINEAR, REPLICATED, Layer
 
 from .memory import op_matmuls
 from .plan import Plan, fp8_gemm
@@ -126,8 +126,9 @@ def memory_bytes(cfg: ModelConfig, lay: Layer, plan: Plan) -> float:
     return total
 
 
-def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates) -> Work:
-    """Forward and backward of decoder layer ``lay`` for one micro-batch on one rank, recomputation included."""
+def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: str = "fused") -> Work:
+    """Forward and backward of decoder layer ``lay`` for one micro-batch on one rank, recomputation included;
+    ``profile`` says whose tensor parallelism runs it (``tp_comm_items``)."""
     par = plan.model_parallel()
     t, e, h = plan.tokens, element_size(plan.dtype), cfg.hidden_size
     local = t // plan.tp if cfg.is_moe else t
@@ -156,26 +157,10 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates) -> Work:
         fwd.append(_compute(MEMORY, "FP8 casts", rates.memory_time(cast_fwd)))
         bwd.append(_compute(MEMORY, "FP8 casts", rates.memory_time(cast_bwd)))
 
-    # Tensor parallelism: with sequence parallelism each of the two blocks all-gathers its input and
-    # reduce-scatters its output; backward reduce-scatters the input gradient, all-gathers the output gradient and
-    # all-gathers the input again for the weight gradient. Without it: one all-reduce per block each way.
-    tp_inter = plan.spans_nodes(plan.tp, 1)
-    tp_share = plan.node_share(plan.tp, 1)
-    act = t * h * e
-    keep = 1 - rates.a.tp_overlap
     if plan.tp > 1:
-        blocks = 2
-        if plan.sp:
-            ag = rates.collective_time("all_gather", act, plan.tp, tp_inter, tp_share)
-            rs = rates.collective_time("reduce_scatter", act, plan.tp, tp_inter, tp_share)
-            fwd += [Item(TP_COMM, "TP all-gather", ag, ag.seconds * keep)] * blocks
-            fwd += [Item(TP_COMM, "TP reduce-scatter", rs, rs.seconds * keep)] * blocks
-            bwd += [Item(TP_COMM, "TP all-gather", ag, ag.seconds * keep)] * (2 * blocks)
-            bwd += [Item(TP_COMM, "TP reduce-scatter", rs, rs.seconds * keep)] * blocks
-        else:
-            ar = rates.collective_time("all_reduce", act, plan.tp, tp_inter, tp_share)
-            fwd += [Item(TP_COMM, "TP all-reduce", ar, ar.seconds * keep)] * blocks
-            bwd += [Item(TP_COMM, "TP all-reduce", ar, ar.seconds * keep)] * blocks
+        fwd_tp, bwd_tp = tp_comm_items(cfg, lay, plan, rates, bwd, profile)
+        fwd += fwd_tp
+        bwd += bwd_tp
 
     # Expert parallelism: the all-to-all dispatcher sends a rank's T/tp tokens, top_k copies each, out and back.
     if lay.moe and plan.ep > 1:
@@ -215,8 +200,67 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates) -> Work:
                 redo.append(Item(GEMM, f"recompute {i.name}", replace(i.timed, seconds=i.timed.seconds * share), 0))
             elif i.category == MEMORY:
                 redo.append(replace(i, name=f"recompute {i.name}"))
-        bwd = [replace(i, exposed=i.timed.seconds) for i in redo] + bwd
+        if plan.sp and profile == "eager":  # the all-gathers are not in the policy's save list: run again
+            redo += [replace(i, name=f"recompute {i.name}") for i in fwd if i.name == TP_ALL_GATHER]
+        bwd = [replace(i, exposed=i.exposed if i.category == TP_COMM else i.timed.seconds) for i in redo] + bwd
     return Work(tuple(fwd), tuple(bwd))
+
+
+TP_ALL_GATHER = "TP all-gather"
+
+
+def _column_gemm_time(items: list[Item], column: set[str], suffix: str) -> dict[str, float]:
+    """Seconds of ``column``'s GEMMs of one backward pass (``suffix``: " dgrad" or " wgrad"), by block."""
+    out = {"attention": 0.0, "mlp": 0.0}
+    for i in items:
+        gemm = i.name.removesuffix(suffix)
+        if i.category == GEMM and gemm != i.name and gemm in column:
+            out["mlp" if gemm.startswith(("mlp_", "shared_")) else "attention"] += i.timed.seconds
+    return out
+
+
+def tp_comm_items(
+    cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, bwd: list[Item], profile: str
+) -> tuple[list[Item], list[Item]]:
+    """The tensor-parallel collectives of one layer's two blocks (attention, MLP) and what each leaves exposed
+    (docs/project.md, "A step"). With sequence parallelism each block all-gathers its input and reduce-scatters
+    its output in forward; backward reduce-scatters the input gradient and all-gathers the output gradient.
+    Megatron-Core and Transformer Engine (``fused``) save the local shard and all-gather the input again for the
+    weight gradient, started before the data-gradient GEMM and waited for after it; the input gradient's
+    reduce-scatter is started before the weight-gradient GEMM: those two hide behind the block's
+    column-parallel GEMMs. PyTorch's DTensor (``eager``: torchtitan) saves the gathered input and overlaps
+    nothing. Without sequence parallelism one all-reduce per block each way; Megatron's backward one is started
+    before the weight gradient as well. Every exposed share is then × (1 − ``--tp-overlap``)."""
+    e = element_size(plan.dtype)
+    act = plan.tokens * cfg.hidden_size * e
+    inter, share = plan.spans_nodes(plan.tp, 1), plan.node_share(plan.tp, 1)
+    keep = 1 - rates.a.tp_overlap
+    # the GEMMs that read a block's gathered input (qkv, MLA's down projections, gate/up)
+    column = {
+        g.layer for g in lay.gemms if g.split in (COLUMN, REPLICATED) and g.rows == ALL and g.k == cfg.hidden_size
+    }
+    dgrad = _column_gemm_time(bwd, column, " dgrad")
+    wgrad = _column_gemm_time(bwd, column, " wgrad")
+    fused = profile != "eager"
+
+    def item(name: str, t: Timed, hidden_by: float = 0.0) -> Item:
+        return Item(TP_COMM, name, t, keep * max(0.0, t.seconds - hidden_by))
+
+    blocks = ("attention", "mlp")
+    if plan.sp:
+        ag = rates.collective_time("all_gather", act, plan.tp, inter, share)
+        rs = rates.collective_time("reduce_scatter", act, plan.tp, inter, share)
+        fwd_tp = [item(TP_ALL_GATHER, ag) for _ in blocks] + [item("TP reduce-scatter", rs) for _ in blocks]
+        bwd_tp = [item(TP_ALL_GATHER, ag) for _ in blocks]  # the output gradient (row-parallel's input)
+        for b in blocks:
+            bwd_tp.append(item("TP reduce-scatter", rs, wgrad[b] if fused else 0.0))
+            if fused:
+                bwd_tp.append(item("TP all-gather (input again)", ag, dgrad[b]))
+        return fwd_tp, bwd_tp
+    ar = rates.collective_time("all_reduce", act, plan.tp, inter, share)
+    return [item("TP all-reduce", ar) for _ in blocks], [
+        item("TP all-reduce", ar, wgrad[b] if fused else 0) for b in blocks
+    ]
 
 
 def head_work(cfg: ModelConfig, plan: Plan, rates: Rates) -> Work:
