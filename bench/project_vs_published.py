@@ -1,0 +1,177 @@
+"""How close is `opbench project` to training runs people measured and published? Projects each published run's
+layout (no measured rates: every rate estimated from the peak table, as a user without `--results` gets it) and
+compares its step time with the published one, twice:
+
+  uncalibrated  the projection as is (`--compute-scale 1`)
+  calibrated    each framework's first run sets `--compute-scale` (what `--validate` on one node of the cluster
+                would print; re-projected until exact), and every other run of that framework is projected with it
+
+A calibrated ratio within ±10 % is the target (Primus' projection claims ±10 %). The numbers below are the
+published ones, copied with their sources; the layouts are those the sources state (settings they leave out are
+the framework's defaults at that version, named in `note`). Usage: python bench/project_vs_published.py
+"""
+
+from __future__ import annotations
+
+import shlex
+import statistics
+from dataclasses import dataclass
+
+from tabulate import tabulate
+
+from opbench.models import load_model_configs, select_models
+from opbench.project.__main__ import assumptions, base_plan, build_parser
+from opbench.project.rates import Rates
+from opbench.project.step import Projection, Projector
+from opbench.project.validate import calibration, rates_scaled
+
+DGXC = "github.com/NVIDIA/dgxc-benchmarking tag v25.04, llama3.1/README.md (NeMo 25.02.01, DGX H100)"
+TITAN_2412 = "github.com/pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md (H100 96 GB HBM2e, 500 W)"
+TITAN_2506 = "github.com/pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md (same H100s)"
+NEMO = "--zero 1 --grad-dtype bf16 --mbs 1 --recompute none --seqlen 8192"  # NeMo perf recipes: dist. optimizer
+TITAN = "--fsdp --activation-profile eager --seqlen 8192 --microbatches 1"  # FSDP2, no gradient accumulation
+
+
+@dataclass(frozen=True)
+class Published:
+    framework: str
+    name: str
+    flags: str  # opbench project flags for the published layout
+    step_s: float  # the published step time (or local tokens / published tokens per second per GPU)
+    source: str
+    note: str = ""
+
+
+RUNS = [
+    Published(
+        "NeMo",
+        "Llama-3.1-8B bf16, 8 GPUs, cp2",
+        f"--model Llama3.1_8B --world-size 8 --cp 2 --global-batch 128 {NEMO}",
+        12.27,
+        DGXC,
+    ),
+    Published(
+        "NeMo",
+        "Llama-3.1-70B bf16, 64 GPUs, tp4 pp4 cp2 vp5",
+        f"--model Llama3.1_70B --world-size 64 --tp 4 --pp 4 --cp 2 --vpp 5 --schedule interleaved --global-batch 128 {NEMO}",
+        14.66,
+        DGXC,
+        "TE userbuffers TP overlap on (not modelled: --tp-overlap 0)",
+    ),
+    Published(
+        "NeMo",
+        "Llama-3.1-405B bf16, 512 GPUs, tp8 pp8 cp2 vp8",
+        f"--model Llama3.1_405B --world-size 512 --tp 8 --pp 8 --cp 2 --vpp 8 --schedule interleaved --global-batch 256 --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split {NEMO}",
+        19.78,
+        DGXC,
+        "TE userbuffers TP overlap on",
+    ),
+    Published(
+        "NeMo",
+        "Llama-3.1-8B fp8, 8 GPUs, cp2",
+        f"--model Llama3.1_8B --world-size 8 --cp 2 --global-batch 128 --fp8 te --fp8-param-gather {NEMO}",
+        9.33,
+        DGXC,
+        "delayed scaling, fp8_params",
+    ),
+    Published(
+        "NeMo",
+        "Llama-3.1-70B fp8, 64 GPUs, tp4 pp8 vp5",
+        f"--model Llama3.1_70B --world-size 64 --tp 4 --pp 8 --vpp 5 --schedule interleaved --global-batch 128 --fp8 te --fp8-param-gather {NEMO}",
+        9.86,
+        DGXC,
+        "TE userbuffers TP overlap on",
+    ),
+    Published(
+        "NeMo",
+        "Llama-3.1-405B fp8, 512 GPUs, tp8 pp8 cp2 vp8",
+        f"--model Llama3.1_405B --world-size 512 --tp 8 --pp 8 --cp 2 --vpp 8 --schedule interleaved --global-batch 256 --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split --fp8 te --fp8-param-gather {NEMO}",
+        12.37,
+        DGXC,
+        "TE userbuffers TP overlap on",
+    ),
+    # torchtitan publishes tokens/s per GPU: step = local batch · seqlen / (tps · tp)
+    Published(
+        "torchtitan",
+        "Llama-3.1-8B, 8 GPUs, FSDP, compile",
+        f"--model Llama3.1_8B --world-size 8 --mbs 2 --recompute op {TITAN}",
+        2 * 8192 / 6667,
+        TITAN_2412,
+        "6,667 tokens/s/GPU, selective (op) AC",
+    ),
+    Published(
+        "torchtitan",
+        "Llama-3.1-8B, 128 GPUs, FSDP, compile",
+        f"--model Llama3.1_8B --world-size 128 --mbs 2 --recompute op {TITAN}",
+        2 * 8192 / 6514,
+        TITAN_2412,
+        "6,514 tokens/s/GPU",
+    ),
+    Published(
+        "torchtitan",
+        "Llama-3-8B, 64 GPUs, FSDP 8 tp8",
+        f"--model Llama3.1_8B --world-size 64 --tp 8 --mbs 12 --recompute op {TITAN}",
+        12 * 8192 / (4378 * 8),
+        TITAN_2506,
+        "4,378 tokens/s/GPU, torch of 2025-06",
+    ),
+    Published(
+        "torchtitan",
+        "Llama-3-70B, 256 GPUs, FSDP 32 tp8, full AC",
+        f"--model Llama3.1_70B --world-size 256 --tp 8 --mbs 16 --recompute full {TITAN}",
+        16 * 8192 / (597.3 * 8),
+        TITAN_2506,
+        "597.3 tokens/s/GPU, torch of 2025-06",
+    ),
+]
+
+
+def project(flags: str, scale: float | None = None) -> tuple[Projection, Projector, object]:
+    args = build_parser().parse_args(shlex.split(f"{flags} --device H100"))
+    (cfg,) = select_models(load_model_configs(args.model_config_path, args.model_name), args.model)
+    plan = base_plan(cfg, args)
+    rates = Rates([], "H100", args.dtype, assumptions(args), args.gpus_per_node)
+    if scale is not None:
+        rates = rates_scaled(rates, scale)
+    projector = Projector(cfg, rates, args.activation_profile)
+    return projector.project(plan), projector, plan
+
+
+def main() -> None:
+    rows, errors = [], {}
+    scale: dict[str, float] = {}
+    for run in RUNS:
+        base, projector, plan = project(run.flags)
+        if run.framework not in scale:  # the framework's first run calibrates the rest
+            factor = calibration(base, run.step_s, 1.0, lambda k, f=run.flags: project(f, k)[0])
+            assert factor is not None, run.name
+            scale[run.framework] = factor
+            calibrated = None
+        else:
+            calibrated = project(run.flags, scale[run.framework])[0].step_s / run.step_s
+            errors.setdefault(run.framework, []).append(calibrated - 1)
+        rows.append(
+            [
+                run.framework,
+                run.name,
+                f"{run.step_s:.3g}",
+                f"{base.step_s / run.step_s:.3f}",
+                "(calibrates: ×" + f"{scale[run.framework]:.3f})" if calibrated is None else f"{calibrated:.3f}",
+                f"{base.memory.total / 2**30:.1f}",
+                run.note,
+            ]
+        )
+    headers = ["framework", "published run", "step s", "projected / published", "calibrated", "memory GiB", "note"]
+    print(tabulate(rows, headers, tablefmt="github"))
+    print()
+    for framework, errs in errors.items():
+        worst = max(errs, key=abs)
+        print(
+            f"{framework}: calibrated on its first run (--compute-scale {scale[framework]:.3f}); the other "
+            f"{len(errs)} within {abs(worst):.1%} (median |error| {statistics.median(abs(e) for e in errs):.1%})"
+        )
+    print(f"sources: {DGXC}; {TITAN_2412}; {TITAN_2506}")
+
+
+if __name__ == "__main__":
+    main()
