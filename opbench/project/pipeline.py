@@ -137,13 +137,14 @@ def simulate(
 
 def estimate(stages: list[list[StageTimes]], microbatches: int, p2p_s: float = 0.0) -> ScheduleResult:
     """A closed form of ``simulate`` for screening many layouts: the slowest stage's pace for all but one
-    micro-batch (chunk round), plus one pass through every stage, plus the sends of filling and draining. Exact
+    chunk round, plus one chunk round through every stage, plus the sends of filling and draining. Exact
     for equal stages and free sends ((m + p − 1)·(F + B) for 1F1B, (v·m + p − 1)·(F + B)/v interleaved);
     in-flight counts are Megatron's (1F1B: p − s; interleaved: 2·(p − s − 1) + (v − 1)·p + 1)."""
     p, m, v = len(stages), microbatches, len(stages[0])
-    per_chunk = [max(c.fwd + c.bwd for c in s) for s in stages]
-    busy = tuple(m * sum(c.fwd + c.bwd for c in s) for s in stages)
-    total = (m * v - 1) * max(per_chunk) + sum(per_chunk) + 2 * (p - 1) * p2p_s
+    per_stage = [sum(c.fwd + c.bwd for c in s) for s in stages]  # one micro-batch through all of a stage's chunks
+    busy = tuple(m * t for t in per_stage)
+    # the slowest stage sets the pace; filling and draining pass each stage's work once, a chunk (1/v) at a time
+    total = (m - 1 / v) * max(per_stage) + sum(per_stage) / v + 2 * (p - 1) * p2p_s
     return ScheduleResult(total, busy, total - max(busy), in_flight(p, m, v))
 
 

@@ -231,6 +231,16 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _model_chunks(cfg: ModelConfig, pp: int) -> list[int]:
+    """The vpp values worth trying with ``pp`` stages: 2 and 4, and every other count up to 8 that splits each
+    stage's layers evenly (Megatron's recipes use 5 for 80 layers on 4 stages)."""
+    if pp == 1:
+        return [1]
+    layers = cfg.num_hidden_layers or 0
+    per_stage = layers // pp if layers % pp == 0 else 0
+    return sorted({1, 2, 4} | {v for v in range(3, 9) if per_stage and per_stage % v == 0})
+
+
 def layouts(cfg: ModelConfig, base: Plan, max_tp: int | None = None) -> Iterator[Plan]:
     """Every layout of ``base.world`` GPUs worth trying: tp up to a node (TP across nodes is never faster), pp,
     cp, ep (MoE), vpp, mbs, sharding and recompute, each combination yielded once (validity is checked later,
@@ -246,7 +256,7 @@ def layouts(cfg: ModelConfig, base: Plan, max_tp: int | None = None) -> Iterator
                 for ep in eps:
                     if ep > 1 and (cfg.n_routed_experts % ep or ep > cfg.n_routed_experts):
                         continue
-                    for vpp in [1, 2, 4] if pp > 1 else [1]:
+                    for vpp in _model_chunks(cfg, pp):
                         for mbs in (1, 2, 4):
                             for sharding in SHARDINGS:
                                 for recompute in RECOMPUTE:
