@@ -124,6 +124,7 @@ def test_layout_rules(llama70b):
         (["--fp8", "torchao", "--validate"], "field '--fp8': --validate trains in 16 or 32 bits here"),
         (["--fp8-param-gather"], "field '--fp8-param-gather': FP8 parameters are Transformer Engine's: give --fp8 te"),
         (["--fp8", "te", "--fp8-param-gather", "--fsdp"], "FP8 parameters under FSDP are not modelled"),
+        (["--hidden-dropout", "-0.1"], "field '--hidden-dropout': must be between 0 and 1, got -0.1"),
     ],
 )
 def test_bad_input_is_one_line(run, args, message):
@@ -424,6 +425,29 @@ def test_tp_backward_hides_megatrons_regather_and_reduce_scatter_and_dtensor_kee
     # input and output; eager the norm's input and x·rsqrt, the gathered output staying whole
     for profile in ("fused", "eager"):
         assert saved(profile, False) - saved(profile, True) == 2 * 2 * (t - t // 8) * h * 2
+
+
+def test_hidden_dropout_keeps_a_one_byte_mask_per_block_output_and_the_embedding(llama70b):
+    """--hidden-dropout (Megatron's flag; its default 0.1 is what Megatron's own GPT runs keep): each block's output
+    dropout keeps a 1-byte mask of T/tp·h (sequence parallel), the embedding's one on the first stage per micro-batch
+    in flight; full recomputation regenerates them from the saved RNG state."""
+    from opbench.models.architectures import decoder_layers
+    from opbench.project.memory import activation_bytes, layer_activation_bytes
+
+    lay = decoder_layers(llama70b)[0]
+    plan = Plan(world=64, seqlen=8192, global_batch=64, tp=8, pp=4, sharding="zero1")
+    drop = replace(plan, hidden_dropout=0.1)
+    t_seq = plan.tokens // 8
+    assert layer_activation_bytes(llama70b, lay, drop) - layer_activation_bytes(llama70b, lay, plan) == 2 * t_seq * 8192
+    full = replace(plan, recompute="full")
+    assert layer_activation_bytes(llama70b, lay, replace(full, hidden_dropout=0.1)) == layer_activation_bytes(
+        llama70b, lay, full
+    )
+    layers_per_stage = 80 // 4
+    kept = [activation_bytes(llama70b, p, s, 4)[0] for p in (plan, drop) for s in (0, 1)]
+    assert kept[3] - kept[1] == 4 * layers_per_stage * 2 * t_seq * 8192  # 4 micro-batches in flight
+    assert kept[2] - kept[0] == kept[3] - kept[1] + 4 * t_seq * 8192  # and the embedding's mask on stage 0
+    assert drop.label().endswith("dropout0.1") and "dropout" not in plan.label()
 
 
 @pytest.mark.parametrize(

@@ -143,6 +143,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="main gradients and their data-parallel reduction without --fsdp (default fp32: Megatron's "
         "--accumulate-allreduce-grads-in-fp32 under bf16; bf16: NeMo's grad_reduce_in_fp32=False)",
     )
+    lay.add_argument(
+        "--hidden-dropout",
+        type=fraction,
+        default=0.0,
+        metavar="P",
+        help="dropout on the embedding and each block's output, as Megatron's flag (default 0, as LLM recipes "
+        "train; Megatron's own default is 0.1): each keeps a 1-byte mask for backward",
+    )
     lay.add_argument("--memory-gib", type=positive_float, default=None, help="memory per GPU (default: the device's)")
     lay.add_argument(
         "--memory-reserve-gib",
@@ -272,6 +280,7 @@ def base_plan(cfg: ModelConfig, args: argparse.Namespace) -> Plan:
         grad_dtype=args.grad_dtype,
         fp8=args.fp8,
         fp8_param_gather=args.fp8_param_gather,
+        hidden_dropout=args.hidden_dropout,
         first_layers=args.decoder_first_pipeline_num_layers,
         last_layers=args.decoder_last_pipeline_num_layers,
         embedding_as_layer=args.account_for_embedding_in_pipeline_split,

@@ -357,6 +357,8 @@ def layer_activation_bytes(cfg: ModelConfig, lay: Layer, plan: Plan, profile: st
             total += t * g.k * e  # a second GEMM input inside the block (compressed q / kv, gated-norm output)
     if plan.fp8 == "te":
         total += te_saved_delta(cfg, lay, plan)
+    if plan.hidden_dropout:  # the two blocks' output dropouts keep a 1-byte mask each (T/tp under SP)
+        total += 2 * t_seq * h
     return total
 
 
@@ -443,6 +445,8 @@ def activation_bytes(
     first = {(lay.gemms, lay.attention): lay for _, lay in reversed(layers)}
     per_chunk = sum(n * layer_activation_bytes(cfg, first[k], plan, profile) for k, n in kinds.items())
     kept = per_chunk // max(1, plan.vpp) * in_flight
+    if stage == 0 and plan.hidden_dropout:  # the embedding's dropout mask, one per micro-batch of the first chunk
+        kept += plan.tokens // (plan.tp if plan.sp else 1) * cfg.hidden_size * -(-in_flight // max(1, plan.vpp))
     e = element_size(plan.dtype)
     buffers = 0
     if plan.recompute in ("full", "op") and layers:  # one layer's recomputed activations during its backward

@@ -60,6 +60,7 @@ class Plan:
     fp8_param_gather: bool = (
         False  # te: FP8 weights are the parameters (Megatron's --fp8-param-gather, NeMo's fp8_params)
     )
+    hidden_dropout: float = 0.0  # Megatron's --hidden-dropout: the embedding's and each block's output dropout
 
     @property
     def dp(self) -> int:
@@ -142,6 +143,7 @@ class Plan:
         parts += ["emb-as-layer"] if self.embedding_as_layer else []
         parts += ["loss-as-layer"] if self.loss_as_layer else []
         parts += [f"fp8-{self.fp8}" + ("-param-gather" if self.fp8_param_gather else "")] if self.fp8 != "none" else []
+        parts += [f"dropout{self.hidden_dropout:g}"] if self.hidden_dropout else []
         return " ".join(parts)
 
 

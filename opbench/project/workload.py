@@ -109,6 +109,8 @@ def memory_bytes(cfg: ModelConfig, lay: Layer, plan: Plan) -> float:
     t, h, tp = plan.tokens, cfg.hidden_size, plan.tp
     t_seq = t // tp if plan.sp else t
     total = (2 + 2 + 3 + 3) * t_seq * h * e  # norms read+write, residual adds read 2 write 1
+    if plan.hidden_dropout:
+        total += 2 * t_seq * h  # the output dropouts' 1-byte masks (fused into the residual adds)
     for op in lay.attention:
         if op.kind not in (LINEAR, "indexer"):
             total += 2 * t * (op.heads_q + op.heads_kv) // tp * op.head_dim_qk * e  # rotary on q and k
