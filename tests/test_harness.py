@@ -117,6 +117,13 @@ def test_peaks_match_the_part_torch_names():
         "AMD Instinct MI300X": 5.3,
         "AMD Instinct MI300A": 5.3,
         "AMD Instinct MI325X": 6.0,
+        "AMD Instinct MI350X": 8.0,
+        "AMD Instinct MI355X": 8.0,
+        "NVIDIA B200": 8.0,
+        "NVIDIA GB200": 8.0,
+        "NVIDIA A100-SXM4-80GB": 2.039,
+        "NVIDIA A100-SXM4-40GB": 1.555,
+        "NVIDIA A100 80GB PCIe": 1.935,
     }
     for name, hbm in names.items():
         peak = lookup_peak(name)
@@ -124,6 +131,13 @@ def test_peaks_match_the_part_torch_names():
     assert lookup_peak("NVIDIA H200 NVL").bf16_tflops == 835.0 and lookup_peak("NVIDIA H200").bf16_tflops == 989.0
     assert lookup_peak("AMD Instinct MI300A").bf16_tflops == 980.6
     assert lookup_peak("NVIDIA GH200 480GB") is None and lookup_peak("AMD EPYC 9654") is None
+    assert lookup_peak("NVIDIA GB200").bf16_tflops == 2500.0 and lookup_peak("NVIDIA B200").bf16_tflops == 2250.0
+    assert lookup_peak("NVIDIA A100-SXM4-80GB").tflops("fp8") is None  # no FP8 tensor cores: no FP8 peak
+    from opbench.cluster.links import intra_link
+    from opbench.project.__main__ import _device_memory_gib
+
+    assert intra_link("AMD Instinct MI355X").pair_gbs == 76.8 and intra_link("NVIDIA GB200").intra_gbs == 900.0
+    assert [_device_memory_gib(n) for n in ("NVIDIA B200", "NVIDIA GB200", "AMD Instinct MI355X")] == [178, 185, 288]
 
 
 class _FakeGpu:

@@ -42,6 +42,19 @@ LINKS: list[tuple[str, Link]] = [
     ),
     (r"h100.*nvl|h200.*nvl", Link("NVLink bridge", 300.0, 300.0, "NVIDIA H100 NVL / H200 NVL data sheets: 600 GB/s")),
     (r"h100|h200", Link("NVLink 4 via NVSwitch, 18 links", 450.0, 450.0, "NVIDIA H100/H200 SXM data sheets: 900 GB/s")),
+    # AMD Instinct MI350X / MI355X: 7 Infinity Fabric links of 76.8 GB/s per direction (153.6 bidirectional),
+    # 1,075.2 GB/s aggregate bidirectional (CDNA 4 architecture).
+    (
+        r"mi35",
+        Link("xGMI (Infinity Fabric), 7 × 76.8 GB/s", 537.6, 76.8, "AMD Instinct MI350X/MI355X: 1,075.2 GB/s"),
+    ),
+    # NVIDIA B200 / GB200: NVLink 5, 1.8 TB/s bidirectional per GPU through NVSwitch (HGX B200, GB200 NVL72).
+    (r"b200", Link("NVLink 5 via NVSwitch, 18 links", 900.0, 900.0, "NVIDIA HGX B200 / GB200 NVL72: 1.8 TB/s")),
+    (
+        r"a100.*pcie",
+        Link("PCIe Gen4 x16 (no NVLink bridge assumed)", 32.0, 32.0, "PCIe 4.0 x16: 32 GB/s per direction"),
+    ),
+    (r"a100", Link("NVLink 3 via NVSwitch, 12 links", 300.0, 300.0, "NVIDIA A100 SXM data sheet: 600 GB/s")),
 ]
 
 

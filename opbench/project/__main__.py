@@ -517,11 +517,14 @@ def _project(
 
 def _device_memory_gib(device: str | None) -> float | None:
     """The memory of the GPUs the peak table knows, by name (datasheets; HBM stacks come in binary sizes): H100
-    80 GiB (NVL 94), H200 141, MI300X 192, MI325X 256."""
+    80 GiB (NVL 94), H200 141, MI300X 192, MI325X 256, MI350X/MI355X 288, A100 80 (40), and what torch reports
+    for B200 (178) and GB200 (185, nvidia-smi's)."""
     import re
 
     low = (device or "").lower()
-    for pattern, gib in ((r"mi325", 256), (r"mi300", 192), (r"h200", 141), (r"h100.*nvl", 94), (r"h100", 80)):
+    sizes = [(r"mi35", 288), (r"mi325", 256), (r"mi300", 192), (r"h200", 141), (r"h100.*nvl", 94), (r"h100", 80)]
+    sizes += [(r"gb200", 185), (r"b200", 178), (r"a100.*40gb", 40), (r"a100", 80)]
+    for pattern, gib in sizes:
         if re.search(pattern, low):
             return float(gib)
     return None
