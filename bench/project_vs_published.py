@@ -35,6 +35,10 @@ DGXC = "github.com/NVIDIA/dgxc-benchmarking tag v25.04, llama3.1/README.md (NeMo
 TITAN_2412 = "github.com/pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md (H100 96 GB HBM2e, 500 W)"
 TITAN_2506 = "github.com/pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md (same H100s)"
 NEMO = "--zero 1 --grad-dtype bf16 --mbs 1 --recompute none --seqlen 8192"  # NeMo perf recipes: dist. optimizer
+NEMO_B200 = (
+    "docs.nvidia.com/nemo-framework performance summary, NeMo 25.02, DGX B200 (FP8: delayed scaling, fp8_params)"
+)
+NEMO_FP8 = "--zero 1 --grad-dtype bf16 --recompute none --seqlen 8192 --fp8 te --fp8-param-gather"
 TITAN = "--fsdp --activation-profile eager --seqlen 8192 --microbatches 1"  # FSDP2, no gradient accumulation
 
 
@@ -46,6 +50,7 @@ class Published:
     step_s: float  # the published step time (or local tokens / published tokens per second per GPU)
     source: str
     note: str = ""
+    device: str = "H100"
 
 
 RUNS = [
@@ -95,6 +100,36 @@ RUNS = [
         12.37,
         DGXC,
         "TE userbuffers TP overlap on",
+    ),
+    # NeMo's table gives tokens/s per GPU: step = global batch · seqlen / (tps · GPUs)
+    Published(
+        "NeMo B200",
+        "Llama-3-8B fp8, 8 B200, mbs 2",
+        f"--model Llama3.1_8B --world-size 8 --mbs 2 --global-batch 128 {NEMO_FP8}",
+        128 * 8192 / (26006 * 8),
+        NEMO_B200,
+        "26,006 tokens/s/GPU",
+        "B200",
+    ),
+    Published(
+        "NeMo B200",
+        "Llama-3-70B fp8, 64 B200, tp2 pp4 cp2 vp5",
+        f"--model Llama3.1_70B --world-size 64 --tp 2 --pp 4 --cp 2 --vpp 5 --schedule interleaved --global-batch 128 "
+        f"{NEMO_FP8}",
+        128 * 8192 / (3062 * 64),
+        NEMO_B200,
+        "3,062 tokens/s/GPU",
+        "B200",
+    ),
+    Published(
+        "NeMo B200",
+        "Llama-3-405B fp8, 128 B200, tp4 pp8 cp2 vp8",
+        f"--model Llama3.1_405B --world-size 128 --tp 4 --pp 8 --cp 2 --vpp 8 --schedule interleaved --global-batch 64 "
+        f"--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split {NEMO_FP8}",
+        64 * 8192 / (625 * 128),
+        NEMO_B200,
+        "625 tokens/s/GPU",
+        "B200",
     ),
     # torchtitan publishes tokens/s per GPU: step = local batch · seqlen / (tps · tp)
     Published(
@@ -204,11 +239,11 @@ def projected_memory(run: PublishedMemory) -> int:
     return mem.memory(cfg, plan, run.stage, flight, projector.profile, stage_params, projector.layers).total
 
 
-def project(flags: str, scale: float | None = None) -> tuple[Projection, Projector, object]:
-    args = build_parser().parse_args(shlex.split(f"{flags} --device H100"))
+def project(flags: str, scale: float | None = None, device: str = "H100") -> tuple[Projection, Projector, object]:
+    args = build_parser().parse_args(shlex.split(f"{flags} --device {device}"))
     (cfg,) = select_models(load_model_configs(args.model_config_path, args.model_name), args.model)
     plan = base_plan(cfg, args)
-    rates = Rates([], "H100", args.dtype, assumptions(args), args.gpus_per_node)
+    rates = Rates([], device, args.dtype, assumptions(args), args.gpus_per_node)
     if scale is not None:
         rates = rates_scaled(rates, scale)
     projector = Projector(cfg, rates, args.activation_profile)
@@ -219,14 +254,14 @@ def main() -> None:
     rows, errors = [], {}
     scale: dict[str, float] = {}
     for run in RUNS:
-        base, projector, plan = project(run.flags)
+        base, projector, plan = project(run.flags, device=run.device)
         if run.framework not in scale:  # the framework's first run calibrates the rest
-            factor = calibration(base, run.step_s, 1.0, lambda k, f=run.flags: project(f, k)[0])
+            factor = calibration(base, run.step_s, 1.0, lambda k, r=run: project(r.flags, k, r.device)[0])
             assert factor is not None, run.name
             scale[run.framework] = factor
             calibrated = None
         else:
-            calibrated = project(run.flags, scale[run.framework])[0].step_s / run.step_s
+            calibrated = project(run.flags, scale[run.framework], run.device)[0].step_s / run.step_s
             errors.setdefault(run.framework, []).append(calibrated - 1)
         rows.append(
             [
@@ -248,7 +283,7 @@ def main() -> None:
             f"{framework}: calibrated on its first run (--compute-scale {scale[framework]:.3f}); the other "
             f"{len(errs)} within {abs(worst):.1%} (median |error| {statistics.median(abs(e) for e in errs):.1%})"
         )
-    print(f"sources: {DGXC}; {TITAN_2412}; {TITAN_2506}")
+    print(f"sources: {DGXC}; {NEMO_B200}; {TITAN_2412}; {TITAN_2506}")
     print()
     rows = []
     for m in MEMORY:
