@@ -38,6 +38,10 @@ NEMO = "--zero 1 --grad-dtype bf16 --mbs 1 --recompute none --seqlen 8192"  # Ne
 NEMO_B200 = (
     "docs.nvidia.com/nemo-framework performance summary, NeMo 25.02, DGX B200 (FP8: delayed scaling, fp8_params)"
 )
+DGXC_DSV3 = "github.com/NVIDIA/dgxc-benchmarking tag v25.05.04, deepseek_v3/pretraining/README.md (NeMo 25.04.01, H100)"
+DSV3 = (
+    "--model DeepSeek_V3 --tp 2 --ep 64 --etp 1 --mbs 1 --seqlen 4096 --zero 1 --grad-dtype bf16 --recompute selective"
+)
 NEMO_FP8 = "--zero 1 --grad-dtype bf16 --recompute none --seqlen 8192 --fp8 te --fp8-param-gather"
 TITAN = "--fsdp --activation-profile eager --seqlen 8192 --microbatches 1"  # FSDP2, no gradient accumulation
 
@@ -100,6 +104,26 @@ RUNS = [
         12.37,
         DGXC,
         "TE userbuffers TP overlap on",
+    ),
+    # DeepSeek-V3's 61 layers: the sources do not give the pipeline split (the first/last pieces here are a guess),
+    # and NeMo recomputes MLA's up projections where opbench's "selective" recomputes core attention
+    Published(
+        "NeMo DeepSeek-V3",
+        "DeepSeek-V3 bf16, 512 GPUs, tp2 pp8 ep64",
+        f"{DSV3} --world-size 512 --pp 8 --global-batch 4096 --decoder-first-pipeline-num-layers 7 "
+        "--decoder-last-pipeline-num-layers 6",
+        48.948,
+        DGXC_DSV3,
+        "pipeline split guessed",
+    ),
+    Published(
+        "NeMo DeepSeek-V3",
+        "DeepSeek-V3 bf16, 1024 GPUs, tp2 pp16 ep64",
+        f"{DSV3} --world-size 1024 --pp 16 --global-batch 8192 --decoder-first-pipeline-num-layers 3 "
+        "--decoder-last-pipeline-num-layers 2",
+        52.04,
+        DGXC_DSV3,
+        "pipeline split guessed",
     ),
     # NeMo's table gives tokens/s per GPU: step = global batch · seqlen / (tps · GPUs)
     Published(
@@ -283,7 +307,7 @@ def main() -> None:
             f"{framework}: calibrated on its first run (--compute-scale {scale[framework]:.3f}); the other "
             f"{len(errs)} within {abs(worst):.1%} (median |error| {statistics.median(abs(e) for e in errs):.1%})"
         )
-    print(f"sources: {DGXC}; {NEMO_B200}; {TITAN_2412}; {TITAN_2506}")
+    print(f"sources: {DGXC}; {DGXC_DSV3}; {NEMO_B200}; {TITAN_2412}; {TITAN_2506}")
     print()
     rows = []
     for m in MEMORY:
