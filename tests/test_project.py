@@ -450,6 +450,19 @@ def test_hidden_dropout_keeps_a_one_byte_mask_per_block_output_and_the_embedding
     assert drop.label().endswith("dropout0.1") and "dropout" not in plan.label()
 
 
+def test_a_config_with_dropout_says_how_to_count_its_masks(run, tmp_path):
+    """A GPT-2 config trains with resid_pdrop: the projection (dropout 0 unless told) says so in one note."""
+    config = {"model_type": "gpt2", "n_embd": 256, "n_layer": 2, "n_head": 4, "vocab_size": 1000, "n_positions": 512}
+    (tmp_path / "config.json").write_text(json.dumps({**config, "resid_pdrop": 0.1}))
+    base = ["opbench", "project", "--model-config-path", str(tmp_path), "--world-size", "1", "--seqlen", "512"]
+    base += ["--device", "H100"]
+    quiet = ["--report-dir-path", str(tmp_path / "out"), "--overwrite"]
+    told, given = run(*base, *quiet), run(*base, *quiet, "--hidden-dropout", "0.1")
+    assert told.returncode == given.returncode == 0, told.stderr + given.stderr
+    assert "note: the config's resid_pdrop is 0.1; --hidden-dropout" in told.stderr
+    assert "resid_pdrop" not in given.stderr and "dropout0.1" in given.stdout
+
+
 @pytest.mark.parametrize(
     "split, counts",
     [

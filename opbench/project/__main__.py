@@ -37,6 +37,14 @@ DEFAULT_GLOBAL_BATCH_TOKENS = 4 << 20  # 4 Mi tokens per step when neither --glo
 DEFAULT_RESERVE_GIB = 4.0
 
 
+# Hugging Face config fields of a residual (hidden) dropout, as architectures name it
+DROPOUT_FIELDS = ("hidden_dropout", "resid_pdrop", "residual_dropout", "hidden_dropout_prob")
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
 def fraction(text: str) -> float:
     value = finite_float(text)
     if not 0 <= value <= 1:
@@ -454,6 +462,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise UsageError(f"projects one model at a time, got {len(configs)}", field="--model")
     (cfg,) = configs
     plan = base_plan(cfg, args)
+    config_dropout = next((k for k in DROPOUT_FIELDS if _positive(cfg.raw.get(k))), None)
+    if config_dropout and not plan.hidden_dropout and not args.validate:
+        print(
+            f"note: the config's {config_dropout} is {cfg.raw[config_dropout]}; --hidden-dropout (default 0) counts "
+            "the dropout masks a run with it keeps",
+            file=sys.stderr,
+        )
     if args.validate:
         if plan.fp8 != "none":
             raise UsageError(
