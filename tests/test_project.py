@@ -416,6 +416,12 @@ def test_tp_backward_hides_megatrons_regather_and_reduce_scatter_and_dtensor_kee
     assert fused.bwd_s < eager.bwd_s
     op = layer_work(llama70b, lay, replace(plan, recompute="op"), rates, "eager")
     assert sum(i.name == "recompute TP all-gather" for i in op.bwd) == 2
+    # FP8: a block whose first GEMM is FP8 gathers its input at 1 byte (TE quantizes before the all-gather); the
+    # output gradient's all-gather stays 16-bit
+    ag8 = rates.collective_time("all_gather", plan.tokens * 8192, 8, False, 8).seconds
+    fp8 = layer_work(llama70b, lay, replace(plan, fp8="te"), rates, "fused")
+    gathers = [round(i.timed.seconds / ag, 6) for i in (*fp8.fwd, *fp8.bwd) if i.name.startswith("TP all-gather")]
+    assert sorted(gathers) == sorted([round(ag8 / ag, 6)] * 4 + [1.0] * 2) and ag8 < 0.6 * ag
     t, h = plan.tokens, 8192
 
     def saved(profile, sp):

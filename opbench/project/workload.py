@@ -6,6 +6,7 @@ and collectives (nccl-tests sizes), each with what part of it overlaps with comp
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 
 from opbench.attention.flops import attention_flops
@@ -137,8 +138,10 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
     fwd: list[Item] = []
     bwd: list[Item] = []
     cast_fwd = cast_bwd = 0.0
+    in_fp8: set[str] = set()
     for g in layer_gemms(lay, t, local, par):
         fp8 = fp8_gemm(plan, g.name, g.n, g.k, g.groups)
+        in_fp8 |= {g.name} if fp8 else set()
         f, b = _gemm_items(rates, g, fp8)
         fwd += f
         bwd += b
@@ -160,7 +163,7 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
         bwd.append(_compute(MEMORY, "FP8 casts", rates.memory_time(cast_bwd)))
 
     if plan.tp > 1:
-        fwd_tp, bwd_tp = tp_comm_items(cfg, lay, plan, rates, bwd, profile)
+        fwd_tp, bwd_tp = tp_comm_items(cfg, lay, plan, rates, bwd, profile, in_fp8)
         fwd += fwd_tp
         bwd += bwd_tp
 
@@ -211,18 +214,28 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
 TP_ALL_GATHER = "TP all-gather"
 
 
+def _block(gemm: str) -> str:
+    return "mlp" if gemm.startswith(("mlp_", "shared_")) else "attention"
+
+
 def _column_gemm_time(items: list[Item], column: set[str], suffix: str) -> dict[str, float]:
     """Seconds of ``column``'s GEMMs of one backward pass (``suffix``: " dgrad" or " wgrad"), by block."""
     out = {"attention": 0.0, "mlp": 0.0}
     for i in items:
         gemm = i.name.removesuffix(suffix)
         if i.category == GEMM and gemm != i.name and gemm in column:
-            out["mlp" if gemm.startswith(("mlp_", "shared_")) else "attention"] += i.timed.seconds
+            out[_block(gemm)] += i.timed.seconds
     return out
 
 
 def tp_comm_items(
-    cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, bwd: list[Item], profile: str
+    cfg: ModelConfig,
+    lay: Layer,
+    plan: Plan,
+    rates: Rates,
+    bwd: list[Item],
+    profile: str,
+    in_fp8: AbstractSet[str] = frozenset(),
 ) -> tuple[list[Item], list[Item]]:
     """The tensor-parallel collectives of one layer's two blocks (attention, MLP) and what each leaves exposed
     (docs/project.md, "A step"). With sequence parallelism each block all-gathers its input and reduce-scatters
@@ -232,7 +245,10 @@ def tp_comm_items(
     reduce-scatter is started before the weight-gradient GEMM: those two hide behind the block's
     column-parallel GEMMs. PyTorch's DTensor (``eager``: torchtitan) saves the gathered input and overlaps
     nothing. Without sequence parallelism one all-reduce per block each way; Megatron's backward one is started
-    before the weight gradient as well. Every exposed share is then × (1 − ``--tp-overlap``)."""
+    before the weight gradient as well. Every exposed share is then × (1 − ``--tp-overlap``). Under FP8
+    (``in_fp8``: the layer's GEMMs that run in FP8) a block whose first GEMM is FP8 gathers its input in FP8, 1
+    byte an element: Transformer Engine quantizes the norm's output before the all-gather, torchao's float8 TP
+    casts before it too."""
     e = element_size(plan.dtype)
     act = plan.tokens * cfg.hidden_size * e
     inter, share = plan.spans_nodes(plan.tp, 1), plan.node_share(plan.tp, 1)
@@ -252,12 +268,15 @@ def tp_comm_items(
     if plan.sp:
         ag = rates.collective_time("all_gather", act, plan.tp, inter, share)
         rs = rates.collective_time("reduce_scatter", act, plan.tp, inter, share)
-        fwd_tp = [item(TP_ALL_GATHER, ag) for _ in blocks] + [item("TP reduce-scatter", rs) for _ in blocks]
+        fp8_blocks = {_block(name) for name in in_fp8 & set(TE_NORM_FUSED)}
+        ag_fp8 = rates.collective_time("all_gather", act // e, plan.tp, inter, share) if fp8_blocks else ag
+        ag_in = {b: ag_fp8 if b in fp8_blocks else ag for b in blocks}  # each block's input
+        fwd_tp = [item(TP_ALL_GATHER, ag_in[b]) for b in blocks] + [item("TP reduce-scatter", rs) for _ in blocks]
         bwd_tp = [item(TP_ALL_GATHER, ag) for _ in blocks]  # the output gradient (row-parallel's input)
         for b in blocks:
             bwd_tp.append(item("TP reduce-scatter", rs, wgrad[b] if fused else 0.0))
             if fused:
-                bwd_tp.append(item("TP all-gather (input again)", ag, dgrad[b]))
+                bwd_tp.append(item("TP all-gather (input again)", ag_in[b], dgrad[b]))
         return fwd_tp, bwd_tp
     ar = rates.collective_time("all_reduce", act, plan.tp, inter, share)
     return [item("TP all-reduce", ar) for _ in blocks], [
