@@ -43,18 +43,14 @@ def test_interleaved_bubble_is_p_minus_1_over_vm_plus_p_minus_1(p, m, v):
 def test_the_screening_closed_form_follows_the_simulation_when_one_chunk_carries_the_head(llama70b):
     """--search screens with ``estimate``: with the lm_head and loss on the last model chunk, the slowest chunk is
     not the pace of every chunk (that put interleaved layouts 14 % too slow, so 70B's tp4 pp4 cp2 vpp5, NeMo's
-    recipe, never reached the re-projected best); the slowest stage is."""
+    recipe, never reached the re-projected best: test_search_70b_on_64_h100s_ranks_only_fitting_layouts); the
+    slowest stage is."""
     projector = Projector(llama70b, Rates([], "H100", "bf16", Assumptions(), 8))
     for tp, pp, cp, vpp in [(4, 4, 2, 5), (2, 4, 1, 4), (4, 8, 1, 5), (2, 8, 4, 2), (8, 4, 1, 1)]:
         plan = Plan(world=64, seqlen=8192, global_batch=128, tp=tp, pp=pp, cp=cp, vpp=vpp, sharding="zero1")
         plan = replace(plan, schedule="interleaved" if vpp > 1 else "1f1b")
         ratio = projector.project(plan, exact=False).step_s / projector.project(plan).step_s
         assert 0.97 <= ratio <= 1.001, (plan.label(), ratio)
-    from opbench.project.__main__ import search
-
-    fitting = Projector(llama70b, projector.rates, memory_gib=80, reserve_gib=4)
-    best, _, _ = search(llama70b, Plan(world=64, seqlen=8192, global_batch=128), fitting, 3, True)
-    assert "tp4 pp4 dp2 cp2 vpp5 mbs1 zero1 rc-none" in [r.plan.label() for r in best]  # vpp 5: 80 layers / 4 / 4
 
 
 def test_unequal_stages_go_at_the_slowest_stage_pace():
@@ -81,8 +77,8 @@ def test_search_70b_on_64_h100s_ranks_only_fitting_layouts(llama70b):
     from opbench.project.__main__ import search
 
     rates = Rates([], "H100", "bf16", Assumptions(), 8)
-    projector = Projector(llama70b, rates, memory_gib=80)
-    base = Plan(world=64, seqlen=8192, global_batch=256)
+    projector = Projector(llama70b, rates, memory_gib=80, reserve_gib=4)
+    base = Plan(world=64, seqlen=8192, global_batch=128)
     pure_dp = projector.project(base)  # tp = pp = 1, dp = 64, optimizer not sharded
     assert not pure_dp.fits and pure_dp.memory.total > 1000 * 2**30  # 70 B × 18 bytes of state
     best, rejected, seen = search(llama70b, base, projector, 5, True)
@@ -93,6 +89,8 @@ def test_search_70b_on_64_h100s_ranks_only_fitting_layouts(llama70b):
     speeds = [r.tokens_per_s for r in best]
     assert speeds == sorted(speeds, reverse=True)
     assert all(r.estimated_share == 1.0 for r in best)  # no --results: every rate from the peak table
+    # vpp 5 (80 layers / 4 / 4) is tried, and the screening closed form keeps it: NeMo's recipe ranks high
+    assert "tp4 pp4 dp2 cp2 vpp5 mbs1 zero1 rc-none" in [r.plan.label() for r in best[:3]]
 
 
 def test_layout_rules(llama70b):
