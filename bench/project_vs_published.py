@@ -191,6 +191,22 @@ RUNS = [
 ]
 
 
+# Two layouts of one model on one cluster, published: does the projection order them as measured?
+TITAN_405B = (
+    "--model Llama3.1_405B --world-size 512 --fsdp --tp 8 --pp 8 --mbs 4 --microbatches 8 --recompute full "
+    "--fp8 torchao --activation-profile eager --seqlen 8192 --account-for-embedding-in-pipeline-split "
+    "--account-for-loss-in-pipeline-split"
+)
+ORDER = [
+    (
+        "torchtitan Llama-3.1-405B, 512 GPUs, FSDP 8 tp8 pp8, float8: interleaved (2 chunks) over 1F1B",
+        TITAN_405B + " --schedule 1f1b",
+        TITAN_405B + " --schedule interleaved --vpp 2",
+        128 / 100,  # tokens/s per GPU, published: 100 (1F1B), 128 (interleaved 1F1B)
+        TITAN_2412,
+    ),
+]
+
 MEGATRON_CI = "github.com/NVIDIA/Megatron-LM tests/functional_tests/test_cases/gpt/{}/golden_values_dev_dgx_h100.json"
 # Megatron's GPT test model: GELU MLP of 4h, LayerNorm, biases, untied embeddings, 8 query groups, vocabulary 131,073
 # (NullTokenizer + end of document, padded by Megatron and here to 128·tp). Starcoder2's layout is that but for the
@@ -318,6 +334,10 @@ def main() -> None:
     headers = ["published run", "max_memory_allocated GiB", "projected GiB", "projected / published", "note"]
     print(tabulate(rows, headers, tablefmt="github"))
     print("sources: " + "; ".join(m.source for m in MEMORY))
+    print()
+    for name, first, second, published, source in ORDER:
+        projected = project(first)[0].step_s / project(second)[0].step_s
+        print(f"{name}: published {published:.2f}×, projected {projected:.2f}× ({source})")
 
 
 if __name__ == "__main__":

@@ -86,6 +86,8 @@ def test_search_70b_on_64_h100s_ranks_only_fitting_layouts(llama70b):
     assert all(r.fits and r.memory.total <= 80 * 2**30 for r in best)
     assert all(r.plan.label() != base.label() for r in best)
     assert rejected["does not fit in 80 GiB"] > 0 and rejected["layers do not split over pp·vpp"] > 0
+    # under a pipeline FSDP (torchtitan's) projects as ZeRO-1 (Megatron's) does: the fused profile ranks ZeRO-1 only
+    assert rejected["pipeline sharding of the other framework (zero1: fused, fsdp: eager)"] > 0
     speeds = [r.tokens_per_s for r in best]
     assert speeds == sorted(speeds, reverse=True)
     assert all(r.estimated_share == 1.0 for r in best)  # no --results: every rate from the peak table
@@ -429,6 +431,24 @@ def test_tp_backward_hides_megatrons_regather_and_reduce_scatter_and_dtensor_kee
     # input and output; eager the norm's input and x·rsqrt, the gathered output staying whole
     for profile in ("fused", "eager"):
         assert saved(profile, False) - saved(profile, True) == 2 * 2 * (t - t // 8) * h * 2
+
+
+def test_fsdp_under_a_pipeline_keeps_the_stage_gathered_and_its_gradients_whole(llama70b):
+    """FSDP2 under torch's pipeline schedules (torchtitan's FSDP + PP): the stage's 16-bit parameters stay
+    gathered all step and its gradients are accumulated whole in fp32 until the reduce-scatter after the last
+    micro-batch, so the state is the distributed optimizer's (16-bit whole, fp32 whole gradients, sharded fp32
+    master and moments), and the data-parallel collectives run once a step, not once per micro-batch."""
+    from opbench.project.memory import stage_params, state_bytes
+
+    plan = Plan(world=512, seqlen=8192, global_batch=256, tp=8, pp=8, sharding="fsdp", recompute="full")
+    assert not problems(llama70b, plan)
+    sp = stage_params(llama70b, plan, 1)
+    params, grads, opt = state_bytes(sp, plan)
+    assert (params, grads) == (2 * sp.numel + 4 * sp.fsdp_padded, 4 * sp.numel)
+    assert opt == state_bytes(sp, replace(plan, pp=1))[2]  # the moments stay sharded
+    projector = Projector(llama70b, Rates([], "H100", "bf16", Assumptions(dp_overlap=False), 8))
+    once = [projector.project(replace(plan, global_batch=b)).exposed_comm_s["dp_comm"] for b in (256, 512)]
+    assert once[0] == pytest.approx(once[1])  # twice the micro-batches, the same gathers and reduce-scatters
 
 
 def test_hidden_dropout_keeps_a_one_byte_mask_per_block_output_and_the_embedding(llama70b):

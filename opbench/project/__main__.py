@@ -410,6 +410,10 @@ def search(
             per_step = plan.mbs * plan.dp
             plan = replace(plan, global_batch=per_step * max(1, min(base.global_batch // per_step, MAX_MICROBATCHES)))
         found = problems(cfg, plan, projector.layers)
+        if plan.pp > 1 and plan.sharding == ("zero1" if projector.profile == "eager" else "fsdp"):
+            # under a pipeline ZeRO-1 (Megatron-Core's, the fused profile) and FSDP (torchtitan's, eager) project
+            # the same: one row, the profile's framework's
+            found = [("--zero", "under a pipeline, ZeRO-1 is the fused profile's sharding and FSDP the eager one's")]
         if found:
             rejected[_reason_class(found[0])] += 1
             continue
@@ -435,7 +439,7 @@ def _reason_class(found: tuple[str, str]) -> str:
         "--global-batch": "global batch does not split over mbs·dp",
         "--microbatches": "interleaving needs micro-batches a multiple of pp",
         "--cp": "seqlen does not split over 2·cp",
-        "--fsdp": "FSDP with pipeline parallelism not modelled",
+        "--zero": "pipeline sharding of the other framework (zero1: fused, fsdp: eager)",
     }.get(flag, why)
 
 

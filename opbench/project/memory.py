@@ -235,11 +235,18 @@ def state_bytes(sp: StageParams, plan: Plan) -> tuple[int, int, int]:
     """(params, grads, optimizer) bytes on one rank (docs/project.md, "Memory"). Mixed precision (bf16/fp16)
     follows Megatron-Core for none/zero1 (16-bit parameters, fp32 main gradients, fp32 master copy and Adam
     moments; zero1 shards the last over data parallel) and FSDP2 with param_dtype 16-bit / reduce fp32 for fsdp
-    (fp32 sharded parameters, gradients and moments). fp32: 4-byte parameters and gradients, Adam's two moments;
+    (fp32 sharded parameters, gradients and moments; with pipeline parallelism also the whole 16-bit parameters
+    and fp32 gradients, which a pipeline schedule keeps across micro-batches). fp32: 4-byte parameters and gradients, Adam's two moments;
     the optimizer also keeps torch's per-tensor step counter."""
     mixed = plan.dtype in ("bf16", "fp16")
     shard = plan.dp * plan.cp
     steps = ADAM_STEP_BYTES * sp.tensors
+    if plan.sharding == "fsdp" and plan.pp > 1:
+        # FSDP2 under a pipeline schedule (torchtitan): the stage's parameters are gathered at its first forward
+        # and stay gathered all step (no reshard after forward, nor after backward until the last micro-batch),
+        # and each gradient is kept whole, accumulated in the reduce dtype (fp32) across micro-batches until the
+        # reduce-scatter after the last: 16-bit whole + fp32 shard, fp32 whole gradients, sharded moments
+        return element_size(plan.dtype) * sp.numel + 4 * sp.fsdp_padded, 4 * sp.numel, 8 * sp.fsdp_local + steps
     if plan.sharding == "fsdp":
         return 4 * sp.fsdp_padded, 4 * sp.fsdp_local, 8 * sp.fsdp_local + steps
     p_bytes = (2 if mixed else 4) * sp.numel
@@ -492,7 +499,7 @@ def memory(
     if plan.fp8 == "te" and not plan.fp8_param_gather:  # FP8 copies of the weights and their transposes, kept
         params += TE_WEIGHT_CACHE_BYTES * fp8_total  # across micro-batches and steps
     # --fp8-param-gather: the weight is its FP8 copy (1 B) and keeps its transpose (1 B): the 16-bit bytes, no more
-    if plan.sharding == "fsdp":
+    if plan.sharding == "fsdp" and plan.pp == 1:  # under a pipeline all is gathered already (state_bytes)
         e = element_size(plan.dtype)
         # FSDP2 keeps the root unit gathered from its forward to the end of backward (it does not reshard the
         # root after forward); at the peak, the loss's backward, the last decoder layer is gathered too (prefetched

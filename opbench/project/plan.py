@@ -206,8 +206,6 @@ def problems(cfg: ModelConfig, plan: Plan, layers: Sequence[Layer] | None = None
                     f"{cfg.name} has {', '.join(sorted(kinds - set(OP_SAC_GEMMS)))}",
                 )
             )
-    if plan.sharding == "fsdp" and plan.pp > 1:
-        out.append(("--fsdp", "FSDP with pipeline parallelism is not modelled (use --zero 1)"))
     if plan.fp8 != "none" and plan.dtype not in ("bf16", "fp16"):
         out.append(("--fp8", f"FP8 GEMMs run inside bf16/fp16 mixed precision, not --dtype {plan.dtype}"))
     if plan.fp8_param_gather and plan.fp8 != "te":

@@ -157,7 +157,19 @@ class Projector:
             last_bwd = sum(w.bwd_s for w in work[s])
             first_fwd = sum(w.fwd_s for w in work[s])
             exposed = 0.0
-            if shard > 1 and plan.sharding == "fsdp":
+            if shard > 1 and plan.sharding == "fsdp" and plan.pp > 1:
+                # a pipeline schedule gathers the stage's parameters once (its first forward) and reduce-scatters
+                # the fp32 gradients once (after the last backward): the distributed optimizer's pattern
+                gathered = sp.numel * e
+                if plan.fp8 == "torchao":  # its FP8 weights are all-gathered in FP8
+                    gathered -= (e - 1) * self.fp8_weights(plan, s)[0]
+                rs = rates.collective_time("reduce_scatter", sp.numel * 4, shard, dp_inter, dp_share)
+                ag = rates.collective_time("all_gather", gathered, shard, dp_inter, dp_share)
+                hidden_rs = last_bwd if rates.a.dp_overlap else 0.0
+                exposed = max(0.0, rs.seconds - hidden_rs) + max(0.0, ag.seconds - first_fwd)
+                dp_items += [Item("dp_comm", "FSDP reduce-scatter", rs, max(0.0, rs.seconds - hidden_rs))]
+                dp_items += [Item("dp_comm", "FSDP all-gather", ag, max(0.0, ag.seconds - first_fwd))]
+            elif shard > 1 and plan.sharding == "fsdp":
                 for w in work[s]:
                     fsdp = self._fsdp(plan, s, sp, w, m, dp_inter, dp_share)
                     exposed += fsdp[1]
