@@ -647,6 +647,7 @@ TINY = {
         ("deepseek_v3", {"n_group": 2, "topk_group": 3}, [], "field 'topk_group'"),
         ("gpt2", {"intermediate_size": 128}, [], "mlp.c_fc.weight [64, 256] where opbench reads the config as"),
         ("gpt2", {"n_positions": 16}, [], "--seqlen 32 is longer than the 16 positions"),
+        ("llama", {}, ["--world-size", "2", "--nproc-per-node", "2", "--pp", "2"], "field '--pp': --validate runs"),
     ],
 )
 def test_validate_refuses_odd_tiny_configs_before_measuring(tmp_path, capsys, model, change, args, message):

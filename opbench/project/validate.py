@@ -576,8 +576,16 @@ def check_plan(cfg: ModelConfig, plan: Plan, args: argparse.Namespace, device: s
         )
     if plan.world > 2:
         raise UsageError("--validate runs one or two ranks", field="--nproc-per-node")
-    if (plan.tp, plan.pp, plan.cp, plan.ep) != (1, 1, 1, 1):
-        raise UsageError("--validate runs data parallelism only (tp = pp = cp = ep = 1)", field="--tp")
+    split = next(
+        (
+            flag
+            for flag, size in (("--tp", plan.tp), ("--pp", plan.pp), ("--cp", plan.cp), ("--ep", plan.ep))
+            if size > 1
+        ),
+        None,
+    )
+    if split:
+        raise UsageError("--validate runs data parallelism only (tp = pp = cp = ep = 1)", field=split)
     if plan.seqlen < 2:  # the loss of token t is its prediction of token t + 1: one token has none (NaN loss)
         raise UsageError(
             f"--validate trains a causal language model: at --seqlen {plan.seqlen} no token has a next one to "
