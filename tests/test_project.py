@@ -451,6 +451,56 @@ def test_fsdp_under_a_pipeline_keeps_the_stage_gathered_and_its_gradients_whole(
     assert once[0] == pytest.approx(once[1])  # twice the micro-batches, the same gathers and reduce-scatters
 
 
+def test_real_fsdp2_under_a_pipelines_calls_keeps_what_the_projection_counts(tmp_path):
+    """Real FSDP2 (one gloo rank, bf16 compute, fp32 reduce), driven between micro-batches as torch's pipeline stage
+    drives it (``backward_maybe_with_nosync``: no reshard after backward, no gradient sync) and reshard-after-
+    forward off as torchtitan sets it under PP: mid-step it holds the 16-bit parameters whole, the fp32 gradients
+    whole and the fp32 shard, the bytes ``state_bytes`` counts for --fsdp with pp > 1; after the last
+    micro-batch the gathered copies are gone."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp._fully_shard._fsdp_state import _get_module_fsdp_state
+
+    from opbench.project.memory import StageParams, state_bytes
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(3)])
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        mesh = init_device_mesh("cpu", (1,))
+        for module in [*model, model]:
+            fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+        states = [st for m in model.modules() if (st := _get_module_fsdp_state(m))]
+        groups = [g for st in states for g in getattr(st, "_fsdp_param_groups", None) or [st._fsdp_param_group] if g]
+        params = [fp for g in groups for fp in g.fsdp_params]
+
+        def held(attr: str) -> int:
+            return sum(t.untyped_storage().nbytes() for fp in params if (t := getattr(fp, attr, None)) is not None)
+
+        x = torch.randn(8, 64)
+        model.set_is_last_backward(False)
+        model.set_reshard_after_backward(False)
+        model.set_requires_gradient_sync(False)
+        model(x).sum().backward()  # a micro-batch before the last
+        numel = sum(p.numel() for p in model.parameters())
+        sp = StageParams(numel, len(params), numel, numel, numel, numel, len(params))
+        plan = Plan(world=2, seqlen=8, global_batch=2, pp=2, sharding="fsdp")
+        projected_params, projected_grads, _ = state_bytes(sp, plan)
+        sharded = sum(fp.sharded_param.to_local().untyped_storage().nbytes() for fp in params)
+        assert held("_unsharded_param") + sharded == projected_params  # 2 B whole + 4 B shard
+        assert held("unsharded_accumulated_grad") == projected_grads == 4 * numel  # fp32, whole
+        model.set_is_last_backward(True)
+        model.set_reshard_after_backward(True)
+        model.set_requires_gradient_sync(True)
+        model(x).sum().backward()  # the last: reduce-scatter, reshard
+        assert held("_unsharded_param") == held("unsharded_accumulated_grad") == 0
+        assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters())
+    finally:
+        dist.destroy_process_group()
+
+
 def test_hidden_dropout_keeps_a_one_byte_mask_per_block_output_and_the_embedding(llama70b):
     """--hidden-dropout (Megatron's flag; its default 0.1 is what Megatron's own GPT runs keep): each block's output
     dropout keeps a 1-byte mask of T/tp·h (sequence parallel), the embedding's one on the first stage per micro-batch
