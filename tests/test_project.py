@@ -609,8 +609,9 @@ def test_a_short_seqlen_gets_a_default_batch_it_can_simulate_and_names_are_one_m
     assert r.returncode == 0, r.stderr
     assert "16384 micro-batch(es)" in r.stdout and "SECRETX" not in r.stdout, r.stdout
     assert "\nINJECTED" not in r.stdout and "token=***" in r.stdout.splitlines()[0], r.stdout
+    # a global batch of 64: few micro-batches to simulate (2 s; 11 s at the default batch)
     r = run("opbench", "project", "--model", "Qwen3_0.6B", "--world-size", "8", "--device", "H100",
-            "--search", "--top", "0")  # fmt: skip
+            "--search", "--top", "0", "--global-batch", "64")  # fmt: skip
     shown = [line for line in r.stdout.splitlines() if line.strip()[:1].isdigit() and " tp" in line]
     assert r.returncode == 0 and len(shown) > 10, r.stdout  # --top 0 = all (it showed 10)
 
