@@ -157,39 +157,33 @@ class Projector:
             last_bwd = sum(w.bwd_s for w in work[s])
             first_fwd = sum(w.fwd_s for w in work[s])
             exposed = 0.0
-            if shard > 1 and plan.sharding == "fsdp" and plan.pp > 1:
-                # a pipeline schedule gathers the stage's parameters once (its first forward) and reduce-scatters
-                # the fp32 gradients once (after the last backward): the distributed optimizer's pattern
+            once_a_step = plan.sharding == "zero1" or (plan.sharding == "fsdp" and plan.pp > 1)
+            if shard > 1 and once_a_step:
+                # ZeRO-1, and FSDP under a pipeline schedule: the gradients are reduce-scattered once (after the
+                # last backward) and the parameters all-gathered once (FSDP: at the first forward), FP8 weights at
+                # 1 byte where they are the parameters (--fp8-param-gather) or torchao gathers them in FP8
+                fsdp = plan.sharding == "fsdp"
                 gathered = sp.numel * e
-                if plan.fp8 == "torchao":  # its FP8 weights are all-gathered in FP8
+                if plan.fp8_param_gather or (fsdp and plan.fp8 == "torchao"):
                     gathered -= (e - 1) * self.fp8_weights(plan, s)[0]
-                rs = rates.collective_time("reduce_scatter", sp.numel * 4, shard, dp_inter, dp_share)
+                grads = sp.numel * (4 if fsdp else mem.grad_bytes_per_param(plan))  # FSDP reduces in fp32
+                rs = rates.collective_time("reduce_scatter", grads, shard, dp_inter, dp_share)
                 ag = rates.collective_time("all_gather", gathered, shard, dp_inter, dp_share)
                 hidden_rs = last_bwd if rates.a.dp_overlap else 0.0
                 exposed = max(0.0, rs.seconds - hidden_rs) + max(0.0, ag.seconds - first_fwd)
-                dp_items += [Item("dp_comm", "FSDP reduce-scatter", rs, max(0.0, rs.seconds - hidden_rs))]
-                dp_items += [Item("dp_comm", "FSDP all-gather", ag, max(0.0, ag.seconds - first_fwd))]
+                who = "FSDP" if fsdp else "DP"
+                dp_items += [Item("dp_comm", f"{who} reduce-scatter", rs, max(0.0, rs.seconds - hidden_rs))]
+                dp_items += [Item("dp_comm", f"{who} all-gather", ag, max(0.0, ag.seconds - first_fwd))]
             elif shard > 1 and plan.sharding == "fsdp":
                 for w in work[s]:
-                    fsdp = self._fsdp(plan, s, sp, w, m, dp_inter, dp_share)
-                    exposed += fsdp[1]
-                    dp_items.append(Item("dp_comm", "FSDP gathers and reduce-scatters", fsdp[0], fsdp[1]))
+                    fsdp_comm = self._fsdp(plan, s, sp, w, m, dp_inter, dp_share)
+                    exposed += fsdp_comm[1]
+                    dp_items.append(Item("dp_comm", "FSDP gathers and reduce-scatters", fsdp_comm[0], fsdp_comm[1]))
             elif shard > 1:
                 grads = sp.numel * mem.grad_bytes_per_param(plan)
-                if plan.sharding == "zero1":
-                    rs = rates.collective_time("reduce_scatter", grads, shard, dp_inter, dp_share)
-                    gathered = sp.numel * e
-                    if plan.fp8_param_gather:  # FP8 parameters are gathered at 1 byte
-                        gathered -= (e - 1) * self.fp8_weights(plan, s)[0]
-                    ag = rates.collective_time("all_gather", gathered, shard, dp_inter, dp_share)
-                    hidden_rs = last_bwd if rates.a.dp_overlap else 0.0
-                    exposed = max(0.0, rs.seconds - hidden_rs) + max(0.0, ag.seconds - first_fwd)
-                    dp_items += [Item("dp_comm", "DP reduce-scatter", rs, max(0.0, rs.seconds - hidden_rs))]
-                    dp_items += [Item("dp_comm", "DP all-gather", ag, max(0.0, ag.seconds - first_fwd))]
-                else:
-                    ar = rates.collective_time("all_reduce", grads, shard, dp_inter, dp_share)
-                    exposed = max(0.0, ar.seconds - (last_bwd if rates.a.dp_overlap else 0.0))
-                    dp_items.append(Item("dp_comm", "DP all-reduce", ar, exposed))
+                ar = rates.collective_time("all_reduce", grads, shard, dp_inter, dp_share)
+                exposed = max(0.0, ar.seconds - (last_bwd if rates.a.dp_overlap else 0.0))
+                dp_items.append(Item("dp_comm", "DP all-reduce", ar, exposed))
             opt_numel = {"fsdp": sp.fsdp_local, "zero1": sp.zero1_numel}.get(plan.sharding, sp.numel)
             opt = opt_numel * per_param / bw.seconds
             dp_exposed.append(exposed)
