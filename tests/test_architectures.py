@@ -32,8 +32,9 @@ from opbench.models.config import ALIASES  # noqa: E402
 from opbench.models.layout import FULL, LINEAR  # noqa: E402
 from opbench.models.params import parameter_shapes  # noqa: E402
 
-# transformers' default DeepSeek-V2 config routes to None experts per token; its released models use 6
-DEFAULT_FIXES = {"deepseek_v2": {"num_experts_per_tok": 6}}
+# transformers' default DeepSeek-V2 config routes to None experts per token; its released models use 6. Its
+# default Nemotron config leaves num_key_value_heads None, which its attention cannot build (5.x): one per head
+DEFAULT_FIXES = {"deepseek_v2": {"num_experts_per_tok": 6}, "nemotron": {"num_key_value_heads": 48}}
 # Per-layer lists transformers derives from other fields; a config.json from before 5.x does not carry them
 DERIVED_LISTS = ("layer_types", "mlp_layer_types", "moe_layers", "no_rope_layers")
 # What those older configs say instead, which transformers consumes without keeping (Qwen3-Next's interval)
@@ -54,6 +55,10 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "starcoder2_sliding": (
         "starcoder2",
         dict(_SMALL, intermediate_size=96, use_bias=False, sliding_window=16, num_hidden_layers=2),
+    ),
+    "nemotron_biases": (
+        "nemotron",
+        dict(_SMALL, intermediate_size=96, attention_bias=True, mlp_bias=True, num_hidden_layers=2),
     ),
     "olmo2_bias": ("olmo2", dict(_SMALL, intermediate_size=96, attention_bias=True, num_hidden_layers=2)),
     "phi3_gqa": (

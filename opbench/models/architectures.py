@@ -767,6 +767,20 @@ def _starcoder2_layer(cfg: ModelConfig, i: int) -> Layer:
     return L.layer(i, blk, False)
 
 
+def _read_nemotron(r: FieldReader, f: dict[str, Any]) -> None:
+    _read_llama(r, f)
+
+
+def _nemotron_layer(cfg: ModelConfig, i: int) -> Layer:
+    """Nemotron-4 / Minitron: squared-ReLU MLP of two matrices (``up_proj``, ``down_proj``), LayerNorm1p with
+    biases (shifted weight: same parameters as a LayerNorm)."""
+    h, b = cfg.hidden_size, cfg.attention_bias
+    blk = standard_attention(cfg, i, qkv_bias=b, o_bias=b)
+    blk += L.plain_mlp("mlp.up_proj", "mlp.down_proj", h, cfg.intermediate_size, cfg.extra.get("mlp_bias", False))
+    blk += norms("input_layernorm", "post_attention_layernorm", size=h, bias=True)
+    return L.layer(i, blk, False)
+
+
 def _layer_norm_final(name: str) -> Callable[[ModelConfig], Named]:
     return lambda c: L.norm(name, c.hidden_size, bias=True)
 
@@ -987,6 +1001,13 @@ _ARCHS: Sequence[Architecture] = (
         embeddings=_embedding("transformer.word_embeddings.weight"),
         layers_prefix="transformer.h",
         final=_layer_norm_final("transformer.ln_f"),
+    ),
+    Architecture(
+        "nemotron",
+        "Nemotron-4, Minitron",
+        _nemotron_layer,
+        _read_nemotron,
+        final=_layer_norm_final("model.norm"),
     ),
     Architecture(
         "starcoder2",

@@ -144,7 +144,7 @@ def gated_mlp(prefix: str, hidden: int, ffn: int, bias: bool = False, fused: boo
 
 
 def plain_mlp(up: str, down: str, hidden: int, ffn: int, bias: bool, transposed: bool = False) -> Block:
-    """A two-matrix MLP (GELU between them): GPT-2, GPT-NeoX, Falcon, StarCoder2."""
+    """A two-matrix MLP (GELU, or squared ReLU, between them): GPT-2, GPT-NeoX, Falcon, StarCoder2, Nemotron."""
     return Block(
         weight(up, ffn, hidden, bias, transposed) + weight(down, hidden, ffn, bias, transposed),
         (Gemm("mlp_up", ffn, hidden, COLUMN), Gemm("mlp_down", hidden, ffn, ROW)),
