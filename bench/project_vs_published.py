@@ -55,6 +55,31 @@ class Published:
     source: str
     note: str = ""
     device: str = "H100"
+    config: dict | None = None  # a config.json for a model opbench's table lacks (--model-config-path)
+
+
+DGXC_2411 = "github.com/NVIDIA/dgxc-benchmarking tag v24.11.1, {}/README*.md (NeMo 24.09 / 24.11, DGX H100)"
+# Models of the v24.11.1 recipes that opbench's model table lacks, as config.json (the recipes' YAMLs give them):
+# GPT-3 175B (NeMo's GPT: LayerNorm, GELU MLP of 4h, biases, learned positions, tied embeddings; the GPT-2 BPE
+# vocabulary padded to 128·tp), Nemotron-4 (squared ReLU, 8 KV groups, untied), Grok-1 (8 gated experts, top 2)
+GPT3_175B = {
+    "model_type": "gpt2", "n_embd": 12288, "n_head": 96, "n_layer": 96, "n_inner": 49152, "n_positions": 2048,
+    "vocab_size": 50688,
+}  # fmt: skip
+NEMOTRON4_15B = {
+    "model_type": "nemotron", "hidden_size": 6144, "intermediate_size": 24576, "num_attention_heads": 48,
+    "num_key_value_heads": 8, "num_hidden_layers": 32, "vocab_size": 256000,
+}  # fmt: skip
+NEMOTRON4_340B = {
+    "model_type": "nemotron", "hidden_size": 18432, "intermediate_size": 73728, "num_attention_heads": 96,
+    "num_key_value_heads": 8, "num_hidden_layers": 96, "vocab_size": 256000,
+}  # fmt: skip
+GROK1 = {
+    "model_type": "mixtral", "hidden_size": 6144, "intermediate_size": 32768, "num_attention_heads": 48,
+    "num_key_value_heads": 8, "num_hidden_layers": 64, "vocab_size": 131072, "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+}  # fmt: skip
+NEMO_2409 = "--zero 1 --grad-dtype bf16 --mbs 1 --recompute none"  # the v24.11.1 recipes: dist. optimizer
 
 
 RUNS = [
@@ -104,6 +129,127 @@ RUNS = [
         12.37,
         DGXC,
         "TE userbuffers TP overlap on",
+    ),
+    # An older NeMo on the same DGX H100s, with three architectures beyond Llama: its own group, calibrated on its 8B
+    Published(
+        "NeMo 24.09",
+        "Llama-3.1-8B bf16, 8 GPUs, cp2",
+        f"--model Llama3.1_8B --world-size 8 --cp 2 --global-batch 128 --seqlen 8192 {NEMO_2409}",
+        12.91,
+        DGXC_2411.format("llama3.1"),
+    ),
+    Published(
+        "NeMo 24.09",
+        "Llama-3.1-70B bf16, 64 GPUs, tp4 pp4 cp2 vp5",
+        f"--model Llama3.1_70B --world-size 64 --tp 4 --pp 4 --cp 2 --vpp 5 --global-batch 128 --seqlen 8192 {NEMO_2409}",
+        14.72,
+        DGXC_2411.format("llama3.1"),
+        "TE userbuffers TP overlap on",
+    ),
+    Published(
+        "NeMo 24.09",
+        "Llama-3.1-405B bf16, 576 GPUs, tp8 pp9 cp2 vp7",
+        f"--model Llama3.1_405B --world-size 576 --tp 8 --pp 9 --cp 2 --vpp 7 --global-batch 252 --seqlen 8192 "
+        f"{NEMO_2409}",
+        17.20,
+        DGXC_2411.format("llama3.1"),
+        "TE userbuffers TP overlap on",
+    ),
+    Published(
+        "NeMo 24.09",
+        "GPT-3 175B bf16, 128 GPUs, tp4 pp8 vp12, seq 2048",
+        f"--world-size 128 --tp 4 --pp 8 --vpp 12 --global-batch 256 --seqlen 2048 --hidden-dropout 0.1 {NEMO_2409}",
+        8.91,
+        DGXC_2411.format("nemo_megatron"),
+        "NeMo 24.11; attention dropout 0.1 not modelled",
+        config=GPT3_175B,
+    ),
+    Published(
+        "NeMo 24.09",
+        "Nemotron-4 15B bf16, 16 GPUs, tp4, mbs 4",
+        f"--world-size 16 --tp 4 --global-batch 64 --seqlen 4096 {NEMO_2409} --mbs 4",
+        2.83,
+        DGXC_2411.format("nemotron"),
+        "NeMo 24.11; TP overlap on",
+        config=NEMOTRON4_15B,
+    ),
+    Published(
+        "NeMo 24.09",
+        "Nemotron-4 340B bf16, 128 GPUs, tp8 pp8 vp12",
+        f"--world-size 128 --tp 8 --pp 8 --vpp 12 --global-batch 32 --seqlen 4096 {NEMO_2409} --recompute selective",
+        4.61,
+        DGXC_2411.format("nemotron"),
+        "NeMo 24.11; selective recompute; sends not overlapped",
+        config=NEMOTRON4_340B,
+    ),
+    Published(
+        "NeMo 24.09",
+        "Grok-1 314B bf16, 512 GPUs, tp4 pp8 cp2 vp8 ep8",
+        f"--world-size 512 --tp 4 --pp 8 --cp 2 --vpp 8 --ep 8 --global-batch 1024 --seqlen 8192 {NEMO_2409}",
+        20.83,
+        DGXC_2411.format("grok1"),
+        "experts split over tp (MCore 0.9), one GEMM per expert",
+        config=GROK1,
+    ),
+    Published(
+        "NeMo 24.09",
+        "Llama-3.1-8B fp8, 8 GPUs, cp2",
+        f"--model Llama3.1_8B --world-size 8 --cp 2 --global-batch 128 --seqlen 8192 --fp8 te {NEMO_2409}",
+        9.67,
+        DGXC_2411.format("llama3.1"),
+        "FP8 hybrid, delayed scaling",
+    ),
+    Published(
+        "NeMo 24.09",
+        "Llama-3.1-70B fp8, 64 GPUs, tp4 pp4 cp2 vp5",
+        f"--model Llama3.1_70B --world-size 64 --tp 4 --pp 4 --cp 2 --vpp 5 --global-batch 128 --seqlen 8192 "
+        f"--fp8 te {NEMO_2409}",
+        11.01,
+        DGXC_2411.format("llama3.1"),
+    ),
+    Published(
+        "NeMo 24.09",
+        "Llama-3.1-405B fp8, 576 GPUs, tp8 pp9 cp2 vp7",
+        f"--model Llama3.1_405B --world-size 576 --tp 8 --pp 9 --cp 2 --vpp 7 --global-batch 252 --seqlen 8192 "
+        f"--fp8 te {NEMO_2409}",
+        11.24,
+        DGXC_2411.format("llama3.1"),
+    ),
+    Published(
+        "NeMo 24.09",
+        "GPT-3 175B fp8, 128 GPUs, tp4 pp8 vp12, seq 2048",
+        f"--world-size 128 --tp 4 --pp 8 --vpp 12 --global-batch 256 --seqlen 2048 --hidden-dropout 0.1 --fp8 te "
+        f"--fp8-param-gather {NEMO_2409}",
+        5.92,
+        DGXC_2411.format("nemo_megatron"),
+        "fp8 parameter gather",
+        config=GPT3_175B,
+    ),
+    Published(
+        "NeMo 24.09",
+        "Nemotron-4 15B fp8, 16 GPUs, tp4, mbs 4",
+        f"--world-size 16 --tp 4 --global-batch 64 --seqlen 4096 --fp8 te {NEMO_2409} --mbs 4",
+        2.08,
+        DGXC_2411.format("nemotron"),
+        config=NEMOTRON4_15B,
+    ),
+    Published(
+        "NeMo 24.09",
+        "Nemotron-4 340B fp8, 128 GPUs, tp8 pp8 vp12",
+        f"--world-size 128 --tp 8 --pp 8 --vpp 12 --global-batch 32 --seqlen 4096 --fp8 te {NEMO_2409} "
+        "--recompute selective",
+        3.16,
+        DGXC_2411.format("nemotron"),
+        config=NEMOTRON4_340B,
+    ),
+    Published(
+        "NeMo 24.09",
+        "Grok-1 314B fp8, 512 GPUs, tp4 pp8 cp2 vp8 ep8",
+        f"--world-size 512 --tp 4 --pp 8 --cp 2 --vpp 8 --ep 8 --global-batch 1024 --seqlen 8192 --fp8 te "
+        f"{NEMO_2409}",
+        16.69,
+        DGXC_2411.format("grok1"),
+        config=GROK1,
     ),
     # DeepSeek-V3's 61 layers: the sources do not give the pipeline split (the first/last pieces here are a guess),
     # and NeMo recomputes MLA's up projections where opbench's "selective" recomputes core attention
@@ -279,9 +425,17 @@ def projected_memory(run: PublishedMemory) -> int:
     return mem.memory(cfg, plan, run.stage, flight, projector.profile, stage_params, projector.layers).total
 
 
-def project(flags: str, scale: float | None = None, device: str = "H100") -> tuple[Projection, Projector, object]:
-    args = build_parser().parse_args(shlex.split(f"{flags} --device {device}"))
-    (cfg,) = select_models(load_model_configs(args.model_config_path, args.model_name), args.model)
+def project(
+    flags: str, scale: float | None = None, device: str = "H100", config: dict | None = None
+) -> tuple[Projection, Projector, object]:
+    if config is None:
+        args = build_parser().parse_args(shlex.split(f"{flags} --device {device}"))
+        (cfg,) = select_models(load_model_configs(args.model_config_path, args.model_name), args.model)
+    else:
+        with tempfile.TemporaryDirectory() as folder:
+            Path(folder, "config.json").write_text(json.dumps(config))
+            args = build_parser().parse_args(shlex.split(f"--model-config-path {folder} {flags} --device {device}"))
+            (cfg,) = load_model_configs(folder)
     plan = base_plan(cfg, args)
     rates = Rates([], device, args.dtype, assumptions(args), args.gpus_per_node)
     if scale is not None:
@@ -294,14 +448,14 @@ def main() -> None:
     rows, errors = [], {}
     scale: dict[str, float] = {}
     for run in RUNS:
-        base, projector, plan = project(run.flags, device=run.device)
+        base, projector, plan = project(run.flags, device=run.device, config=run.config)
         if run.framework not in scale:  # the framework's first run calibrates the rest
-            factor = calibration(base, run.step_s, 1.0, lambda k, r=run: project(r.flags, k, r.device)[0])
+            factor = calibration(base, run.step_s, 1.0, lambda k, r=run: project(r.flags, k, r.device, r.config)[0])
             assert factor is not None, run.name
             scale[run.framework] = factor
             calibrated = None
         else:
-            calibrated = project(run.flags, scale[run.framework], run.device)[0].step_s / run.step_s
+            calibrated = project(run.flags, scale[run.framework], run.device, run.config)[0].step_s / run.step_s
             errors.setdefault(run.framework, []).append(calibrated - 1)
         rows.append(
             [
@@ -323,7 +477,7 @@ def main() -> None:
             f"{framework}: calibrated on its first run (--compute-scale {scale[framework]:.3f}); the other "
             f"{len(errs)} within {abs(worst):.1%} (median |error| {statistics.median(abs(e) for e in errs):.1%})"
         )
-    print(f"sources: {DGXC}; {DGXC_DSV3}; {NEMO_B200}; {TITAN_2412}; {TITAN_2506}")
+    print(f"sources: {DGXC}; {DGXC_2411.format('*')}; {DGXC_DSV3}; {NEMO_B200}; {TITAN_2412}; {TITAN_2506}")
     print()
     rows = []
     for m in MEMORY:
