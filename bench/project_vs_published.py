@@ -245,8 +245,7 @@ RUNS = [
     Published(
         "NeMo 24.09",
         "Grok-1 314B fp8, 512 GPUs, tp4 pp8 cp2 vp8 ep8",
-        f"--world-size 512 --tp 4 --pp 8 --cp 2 --vpp 8 --ep 8 --global-batch 1024 --seqlen 8192 --fp8 te "
-        f"{NEMO_2409}",
+        f"--world-size 512 --tp 4 --pp 8 --cp 2 --vpp 8 --ep 8 --global-batch 1024 --seqlen 8192 --fp8 te {NEMO_2409}",
         16.69,
         DGXC_2411.format("grok1"),
         config=GROK1,
