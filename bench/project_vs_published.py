@@ -342,6 +342,10 @@ TITAN_405B = (
     "--fp8 torchao --activation-profile eager --seqlen 8192 --account-for-embedding-in-pipeline-split "
     "--account-for-loss-in-pipeline-split"
 )
+# Primus' pipeline-schedule blog measured one model under each schedule; it does not publish the batch, micro-batch or
+# sequence: 32 micro-batches of 1 × 4,096 tokens are assumed (Primus' Megatron defaults: distributed optimizer)
+PRIMUS_PP = "--model Llama2_7B --world-size 8 --pp 8 --global-batch 32 --mbs 1 --seqlen 4096 --zero 1"
+PRIMUS_BLOG = "github.com/AMD-AGI/Primus docs_deprecated/tech_blogs/primus_pipeline/primus_pipeline.md"
 ORDER = [
     (
         "torchtitan Llama-3.1-405B, 512 GPUs, FSDP 8 tp8 pp8, float8: interleaved (2 chunks) over 1F1B",
@@ -349,6 +353,23 @@ ORDER = [
         TITAN_405B + " --schedule interleaved --vpp 2",
         128 / 100,  # tokens/s per GPU, published: 100 (1F1B), 128 (interleaved 1F1B)
         TITAN_2412,
+        "H100",
+    ),
+    (
+        "Primus Llama-2-7B, 8 MI300X, pp8: interleaved (2 chunks) over 1F1B",
+        PRIMUS_PP + " --schedule 1f1b",
+        PRIMUS_PP + " --schedule interleaved --vpp 2",
+        10974 / 10057,  # tokens/s per device, published
+        PRIMUS_BLOG,
+        "MI300X",
+    ),
+    (
+        "Primus Llama-2-7B, 8 MI300X, pp8: zero bubble over 1F1B",
+        PRIMUS_PP + " --schedule 1f1b",
+        PRIMUS_PP + " --schedule zero-bubble",
+        11411 / 10057,  # "zbb"; its ZB-V 11,347
+        PRIMUS_BLOG,
+        "MI300X",
     ),
 ]
 
@@ -488,8 +509,8 @@ def main() -> None:
     print(tabulate(rows, headers, tablefmt="github"))
     print("sources: " + "; ".join(m.source for m in MEMORY))
     print()
-    for name, first, second, published, source in ORDER:
-        projected = project(first)[0].step_s / project(second)[0].step_s
+    for name, first, second, published, source, device in ORDER:
+        projected = project(first, device=device)[0].step_s / project(second, device=device)[0].step_s
         print(f"{name}: published {published:.2f}×, projected {projected:.2f}× ({source})")
 
 

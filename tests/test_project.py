@@ -40,6 +40,23 @@ def test_interleaved_bubble_is_p_minus_1_over_vm_plus_p_minus_1(p, m, v):
     assert estimate([[StageTimes(1.0 / v, 2.0 / v)] * v for _ in range(p)], m).total_s == pytest.approx(r.total_s)
 
 
+@pytest.mark.parametrize("p,m,v", [(4, 8, 1), (8, 32, 1), (2, 3, 1), (8, 16, 2), (4, 8, 3)])
+def test_zero_bubble_defers_weight_gradients_into_the_bubble(p, m, v):
+    """ZB-H1 (Qi et al. 2023): with the weight gradient W split from the backward B, 1F1B's bubble (p − 1)·(F +
+    B + W) shrinks to (p − 1)·(F + B − W) at 1F1B's peak activations (p micro-batches, now on every stage); the
+    interleaved order the same per chunk. The closed form the search screens with agrees."""
+    f, b, w = 1.0 / v, 1.0 / v, 1.0 / v  # per chunk; B is the input gradient, the backward B + W
+    stages = [[StageTimes(f, b + w, w)] * v for _ in range(p)]
+    plain, deferred = ("interleaved", "interleaved-zero-bubble") if v > 1 else ("1f1b", "zero-bubble")
+    base, zb = simulate(stages, m, schedule=plain), simulate(stages, m, schedule=deferred)
+    assert zb.total_s == pytest.approx(m * v * (f + b + w) + (p - 1) * (f + b - w))
+    assert base.total_s - zb.total_s == pytest.approx(2 * (p - 1) * w)
+    assert zb.busy_s == pytest.approx(base.busy_s) and zb.in_flight == (max(base.in_flight),) * p
+    assert estimate(stages, m, schedule=deferred).total_s == pytest.approx(zb.total_s)
+    without_w = [[StageTimes(f, b + w)] * v for _ in range(p)]  # nothing to defer: the plain schedule
+    assert simulate(without_w, m, schedule=deferred).total_s == pytest.approx(base.total_s)
+
+
 def test_the_screening_closed_form_follows_the_simulation_when_one_chunk_carries_the_head(llama70b):
     """--search screens with ``estimate``: with the lm_head and loss on the last model chunk, the slowest chunk is
     not the pace of every chunk (that put interleaved layouts 14 % too slow, so 70B's tp4 pp4 cp2 vpp5, NeMo's
@@ -105,7 +122,8 @@ def test_layout_rules(llama70b):
     assert reason.startswith("80 layers do not split into pp·vpp = 3 equal chunks (uneven: --decoder-first")
     assert why(ep=2) == ["Llama3.1_70B has no experts"]
     assert why(cp=3, world=48) == ["seqlen 8192 is not a multiple of 2·cp (load-balanced causal context parallel)"]
-    assert why(pp=2, vpp=2, schedule="1f1b") == ["model chunks per stage need --schedule interleaved"]
+    chunks = ["model chunks per stage need --schedule interleaved or interleaved-zero-bubble"]
+    assert why(pp=2, vpp=2, schedule="1f1b") == chunks and why(pp=2, vpp=2, schedule="zero-bubble") == chunks
 
 
 @pytest.mark.parametrize(

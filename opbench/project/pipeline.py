@@ -18,10 +18,15 @@ from opbench.core.errors import UsageError
 
 @dataclass(frozen=True)
 class StageTimes:
-    """One stage's per-micro-batch times (seconds) for one model chunk: forward, backward (recompute included)."""
+    """One stage's per-micro-batch times (seconds) for one model chunk: forward, backward (recompute included),
+    and ``wgrad``, the share of ``bwd`` that is weight gradients (what a zero-bubble schedule defers)."""
 
     fwd: float
     bwd: float
+    wgrad: float = 0.0
+
+
+ZERO_BUBBLE = {"zero-bubble": "1f1b", "interleaved-zero-bubble": "interleaved"}  # schedule -> the order it defers
 
 
 @dataclass(frozen=True)
@@ -84,24 +89,43 @@ def simulate(
     ``v`` for interleaved); ``p2p_s`` is the time to send an activation (or its gradient) to the next stage.
 
     Chunk ``c`` of stage ``s`` is model piece ``c·p + s``: a forward flows s → s+1 and from the last stage's chunk
-    c to the first stage's chunk c+1; backwards the reverse."""
+    c to the first stage's chunk c+1; backwards the reverse.
+
+    Zero-bubble schedules (``ZERO_BUBBLE``, after Qi et al., "Zero Bubble Pipeline Parallelism", 2023: ZB-H1, and
+    torch's ScheduleInterleavedZeroBubble) run the same order, but a backward computes the input gradient only
+    (``bwd − wgrad``) and leaves its weight gradient pending. A stage runs its oldest pending weight gradient
+    where it fits in an idle gap before its next op, or first when the next forward would hold more micro-batches
+    than the underlying schedule's first stage does (so the activations peak as that schedule's), and the rest at the
+    end."""
     p, m = len(stages), microbatches
     v = len(stages[0])
     if any(len(s) != v for s in stages):
         raise ValueError("every stage needs the same number of model chunks")
-    if schedule == "interleaved" and v > 1 and m % p:
+    if schedule in ("interleaved", "interleaved-zero-bubble") and v > 1 and m % p:
         raise UsageError(
             f"the interleaved schedule needs micro-batches ({m}) to be a multiple of the pipeline size ({p})",
             field="--microbatches",
         )
+    deferred = schedule in ZERO_BUBBLE
     orders = [_order_interleaved(s, p, m, v) if v > 1 else _order_1f1b(s, p, m) for s in range(p)]
+    # a deferring stage may hold as many micro-batch chunks as the underlying schedule's first stage does (ZB-H1:
+    # the same peak as 1F1B's, reached on every stage)
+    limit = [max(in_flight(p, m, v))] * p
     last_piece = p * v - 1
     done: dict[tuple[str, int, int], float] = {}  # (direction, micro-batch, piece) -> end time
     free = [0.0] * p
     busy = [0.0] * p
     held, most = [0] * p, [0] * p
+    pending: list[list[float]] = [[] for _ in range(p)]  # per stage: weight gradients not yet run, oldest first
     nxt = [0] * p
     remaining = sum(len(o) for o in orders)
+
+    def run_pending(s: int) -> None:
+        t = pending[s].pop(0)
+        free[s] += t
+        busy[s] += t
+        held[s] -= 1
+
     while remaining:
         progressed = False
         for s in range(p):
@@ -119,33 +143,57 @@ def simulate(
                     ready += p2p_s
                 if kind == "B":
                     ready = max(ready, done[("F", mb, piece)])
+                if kind == "F":
+                    while pending[s] and held[s] >= limit[s]:  # keep the underlying schedule's activations
+                        run_pending(s)
+                while pending[s] and free[s] + pending[s][0] <= ready:  # fill the idle gap
+                    run_pending(s)
                 start = max(free[s], ready)
-                t = stages[s][chunk].fwd if kind == "F" else stages[s][chunk].bwd
+                times = stages[s][chunk]
+                t = times.fwd if kind == "F" else times.bwd - (times.wgrad if deferred else 0.0)
                 free[s] = start + t
                 busy[s] += t
                 done[(kind, mb, piece)] = free[s]
-                held[s] += 1 if kind == "F" else -1
+                if kind == "F":
+                    held[s] += 1
+                elif deferred:
+                    pending[s].append(times.wgrad)
+                else:
+                    held[s] -= 1
                 most[s] = max(most[s], held[s])
                 nxt[s] += 1
                 remaining -= 1
                 progressed = True
         if not progressed:
             raise RuntimeError("pipeline schedule deadlocked")  # an ordering bug, never an input problem
+    for s in range(p):
+        while pending[s]:
+            run_pending(s)
     total = max(free)
     return ScheduleResult(total, tuple(busy), total - max(busy), tuple(most))
 
 
-def estimate(stages: list[list[StageTimes]], microbatches: int, p2p_s: float = 0.0) -> ScheduleResult:
+def estimate(
+    stages: list[list[StageTimes]], microbatches: int, p2p_s: float = 0.0, schedule: str = "1f1b"
+) -> ScheduleResult:
     """A closed form of ``simulate`` for screening many layouts: the slowest stage's pace for all but one
     chunk round, plus one chunk round through every stage, plus the sends of filling and draining. Exact
-    for equal stages and free sends ((m + p − 1)·(F + B) for 1F1B, (v·m + p − 1)·(F + B)/v interleaved);
-    in-flight counts are Megatron's (1F1B: p − s; interleaved: 2·(p − s − 1) + (v − 1)·p + 1)."""
+    for equal stages and free sends ((m + p − 1)·(F + B) for 1F1B, (v·m + p − 1)·(F + B)/v interleaved; a
+    zero-bubble schedule fills 2·(p − 1)·W/v of that bubble with deferred weight gradients W, as ZB-H1's
+    (p − 1)·(F + B − W) bubble); in-flight counts are Megatron's (1F1B: p − s; interleaved: 2·(p − s − 1) +
+    (v − 1)·p + 1; zero-bubble: stage 0's on every stage)."""
     p, m, v = len(stages), microbatches, len(stages[0])
     per_stage = [sum(c.fwd + c.bwd for c in s) for s in stages]  # one micro-batch through all of a stage's chunks
     busy = tuple(m * t for t in per_stage)
     # the slowest stage sets the pace; filling and draining pass each stage's work once, a chunk (1/v) at a time
-    total = (m - 1 / v) * max(per_stage) + sum(per_stage) / v + 2 * (p - 1) * p2p_s
-    return ScheduleResult(total, busy, total - max(busy), in_flight(p, m, v))
+    bubble = (sum(per_stage) - max(per_stage)) / v
+    flight = in_flight(p, m, v)
+    if schedule in ZERO_BUBBLE:
+        slowest = max(range(p), key=lambda s: per_stage[s])
+        bubble = max(0.0, bubble - 2 * (p - 1) * sum(c.wgrad for c in stages[slowest]) / v)
+        flight = (max(flight),) * p
+    total = m * max(per_stage) + bubble + 2 * (p - 1) * p2p_s
+    return ScheduleResult(total, busy, total - max(busy), flight)
 
 
 def in_flight(p: int, m: int, v: int = 1) -> tuple[int, ...]:

@@ -23,7 +23,8 @@ RECOMPUTE = ("none", "selective", "full")  # what --search tries
 # layers only (docs/project.md, "Recomputation"); a flag value, not searched
 RECOMPUTE_CHOICES = (*RECOMPUTE, "op")
 OP_SAC_GEMMS = ("qkv", "attn_out", "mlp_gate_up", "mlp_up", "mlp_down")  # the layers "op" knows
-SCHEDULES = ("1f1b", "interleaved")
+SCHEDULES = ("1f1b", "interleaved", "zero-bubble", "interleaved-zero-bubble")
+INTERLEAVED = ("interleaved", "interleaved-zero-bubble")  # the schedules that take model chunks (--vpp)
 # FP8 training recipes (docs/project.md, "FP8"): "te" = Transformer Engine as Megatron-LM, NeMo and Primus run it
 # (delayed scaling, FP8 weight copies cached across micro-batches, GEMM inputs saved for backward in FP8);
 # "torchao" = torchtitan's float8 (dynamic tensorwise scaling, inputs saved in 16 bits, FP8 FSDP all-gathers)
@@ -173,8 +174,8 @@ def problems(cfg: ModelConfig, plan: Plan, layers: Sequence[Layer] | None = None
                     "--decoder-first/last-pipeline-num-layers, --account-for-embedding/loss-in-pipeline-split)",
                 )
             )
-    if plan.vpp > 1 and plan.schedule != "interleaved":
-        out.append(("--vpp", "model chunks per stage need --schedule interleaved"))
+    if plan.vpp > 1 and plan.schedule not in INTERLEAVED:
+        out.append(("--vpp", "model chunks per stage need --schedule interleaved or interleaved-zero-bubble"))
     if plan.global_batch % (plan.mbs * plan.dp):
         out.append(("--global-batch", f"{plan.global_batch} sequences do not split into mbs·dp = {plan.mbs}·{plan.dp}"))
     elif plan.microbatches > MAX_MICROBATCHES:
@@ -270,8 +271,16 @@ def layouts(cfg: ModelConfig, base: Plan, max_tp: int | None = None) -> Iterator
                                         mbs=mbs,
                                         sharding=sharding,
                                         recompute=recompute,
-                                        schedule="interleaved" if vpp > 1 else "1f1b",
+                                        schedule=_schedule(base.schedule, vpp),
                                     )
+
+
+def _schedule(asked: str, vpp: int) -> str:
+    """The search's schedule for ``vpp`` chunks: interleaved with more than one, zero-bubble where asked."""
+    zero_bubble = asked in ("zero-bubble", "interleaved-zero-bubble")
+    if vpp > 1:
+        return "interleaved-zero-bubble" if zero_bubble else "interleaved"
+    return "zero-bubble" if zero_bubble else "1f1b"
 
 
 def fp8_gemm(plan: Plan, name: str, n: int, k: int, groups: int = 1) -> bool:

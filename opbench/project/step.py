@@ -129,7 +129,7 @@ class Projector:
         check(self.cfg, plan, self.layers)
         cfg, rates, e = self.cfg, self.rates, element_size(plan.dtype)
         work = self.stage_work(plan)
-        times = [[StageTimes(w.fwd_s, w.bwd_s) for w in chunks] for chunks in work]
+        times = [[StageTimes(w.fwd_s, w.bwd_s, w.wgrad_s) for w in chunks] for chunks in work]
         act = plan.tokens // (plan.tp if plan.sp else 1) * cfg.hidden_size * e
         m = plan.microbatches
         send = 0.0
@@ -140,7 +140,7 @@ class Projector:
             # the sends' exposed cost: how much longer the schedule is than with free sends
             pp_exposed = sched.total_s - simulate(times, m, 0.0, plan.schedule).total_s if plan.pp > 1 else 0.0
         else:
-            sched = estimate(times, m, send)
+            sched = estimate(times, m, send, plan.schedule)
             pp_exposed = 2 * (plan.pp - 1) * send
 
         # per stage: data-parallel exposure and the optimizer, after the pipeline drains

@@ -50,6 +50,11 @@ class Work:
     def bwd_s(self) -> float:
         return sum(i.exposed for i in self.bwd)
 
+    @property
+    def wgrad_s(self) -> float:
+        """The weight-gradient GEMMs of the backward: what a zero-bubble schedule runs later."""
+        return sum(i.exposed for i in self.bwd if i.category == GEMM and i.name.endswith(" wgrad"))
+
     def __add__(self, other: Work) -> Work:
         return Work(self.fwd + other.fwd, self.bwd + other.bwd)
 
