@@ -137,6 +137,7 @@ class Plan:
         parts += [f"ep{self.ep}"] if self.ep > 1 else []
         parts += [f"etp{self.expert_tp}"] if self.ep > 1 and self.expert_tp != self.tp else []
         parts += [f"vpp{self.vpp}"] if self.vpp > 1 else []
+        parts += ["zero-bubble"] if self.pp > 1 and self.schedule in ("zero-bubble", "interleaved-zero-bubble") else []
         parts += [f"mbs{self.mbs}", self.sharding, f"rc-{self.recompute}"]
         parts += ["grads-bf16"] if self.grad_dtype == "bf16" and self.sharding != "fsdp" else []
         parts += [f"first{self.first_layers}"] if self.first_layers is not None else []
