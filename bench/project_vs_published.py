@@ -422,6 +422,15 @@ MEMORY = [
         "last rank; Megatron CI",
     ),
     PublishedMemory(
+        "Megatron GPT 15B (Nemotron-4 layout), tp8 SP mbs 4, seq 4096",
+        NEMOTRON4_15B,
+        "--world-size 128 --tp 8 --mbs 4 --global-batch 1152 --zero 1 --seqlen 4096",
+        0,
+        28160194560,
+        MEGATRON_CI.format("gpt3_15b_8t_release"),
+        "last rank; DP 16 back-solved from the published allocated bytes",
+    ),
+    PublishedMemory(
         "Llama-3.2-1B, 8 H100 DP, seq 1024, Megatron-Bridge",
         LLAMA_32_1B,
         "--world-size 8 --mbs 1 --global-batch 512 --zero 1 --seqlen 1024",
