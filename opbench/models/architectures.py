@@ -767,10 +767,6 @@ def _starcoder2_layer(cfg: ModelConfig, i: int) -> Layer:
     return L.layer(i, blk, False)
 
 
-def _read_nemotron(r: FieldReader, f: dict[str, Any]) -> None:
-    _read_llama(r, f)
-
-
 def _nemotron_layer(cfg: ModelConfig, i: int) -> Layer:
     """Nemotron-4 / Minitron: squared-ReLU MLP of two matrices (``up_proj``, ``down_proj``), LayerNorm1p with
     biases (shifted weight: same parameters as a LayerNorm)."""
@@ -1006,7 +1002,7 @@ _ARCHS: Sequence[Architecture] = (
         "nemotron",
         "Nemotron-4, Minitron",
         _nemotron_layer,
-        _read_nemotron,
+        _read_llama,  # the same attention_bias and mlp_bias flags
         final=_layer_norm_final("model.norm"),
     ),
     Architecture(

@@ -26,8 +26,8 @@ from opbench.core.units import one_line
 from opbench.models import ModelConfig, load_model_configs, select_models
 
 from .memory import GIB
-from .pipeline import in_flight
-from .plan import FP8_RECIPES, MAX_MICROBATCHES, RECOMPUTE_CHOICES, SCHEDULES, Plan, layouts, problems
+from .pipeline import SCHEDULES, in_flight
+from .plan import FP8_RECIPES, MAX_MICROBATCHES, RECOMPUTE_CHOICES, Plan, layouts, problems
 from .rates import Assumptions, Rates
 from .schema import COMM_KINDS, SCHEMA
 from .step import Projection, Projector

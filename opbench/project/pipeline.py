@@ -26,7 +26,9 @@ class StageTimes:
     wgrad: float = 0.0
 
 
-ZERO_BUBBLE = {"zero-bubble": "1f1b", "interleaved-zero-bubble": "interleaved"}  # schedule -> the order it defers
+SCHEDULES = ("1f1b", "interleaved", "zero-bubble", "interleaved-zero-bubble")
+INTERLEAVED = ("interleaved", "interleaved-zero-bubble")  # the schedules that take model chunks (--vpp)
+ZERO_BUBBLE = ("zero-bubble", "interleaved-zero-bubble")  # 1F1B's and the interleaved order, weight gradients deferred
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,7 @@ def simulate(
     v = len(stages[0])
     if any(len(s) != v for s in stages):
         raise ValueError("every stage needs the same number of model chunks")
-    if schedule in ("interleaved", "interleaved-zero-bubble") and v > 1 and m % p:
+    if schedule in INTERLEAVED and v > 1 and m % p:
         raise UsageError(
             f"the interleaved schedule needs micro-batches ({m}) to be a multiple of the pipeline size ({p})",
             field="--microbatches",

@@ -16,6 +16,8 @@ from opbench.models import ModelConfig
 from opbench.models.architectures import decoder_layers
 from opbench.models.layout import Layer
 
+from .pipeline import INTERLEAVED, ZERO_BUBBLE
+
 SHARDINGS = ("none", "zero1", "fsdp")  # DDP (replicated optimizer), sharded optimizer (ZeRO-1), FSDP2 / ZeRO-3
 MAX_MICROBATCHES = 1 << 14  # per step per DP rank (real jobs: at most a few thousand)
 RECOMPUTE = ("none", "selective", "full")  # what --search tries
@@ -23,8 +25,6 @@ RECOMPUTE = ("none", "selective", "full")  # what --search tries
 # layers only (docs/project.md, "Recomputation"); a flag value, not searched
 RECOMPUTE_CHOICES = (*RECOMPUTE, "op")
 OP_SAC_GEMMS = ("qkv", "attn_out", "mlp_gate_up", "mlp_up", "mlp_down")  # the layers "op" knows
-SCHEDULES = ("1f1b", "interleaved", "zero-bubble", "interleaved-zero-bubble")
-INTERLEAVED = ("interleaved", "interleaved-zero-bubble")  # the schedules that take model chunks (--vpp)
 # FP8 training recipes (docs/project.md, "FP8"): "te" = Transformer Engine as Megatron-LM, NeMo and Primus run it
 # (delayed scaling, FP8 weight copies cached across micro-batches, GEMM inputs saved for backward in FP8);
 # "torchao" = torchtitan's float8 (dynamic tensorwise scaling, inputs saved in 16 bits, FP8 FSDP all-gathers)
@@ -137,7 +137,7 @@ class Plan:
         parts += [f"ep{self.ep}"] if self.ep > 1 else []
         parts += [f"etp{self.expert_tp}"] if self.ep > 1 and self.expert_tp != self.tp else []
         parts += [f"vpp{self.vpp}"] if self.vpp > 1 else []
-        parts += ["zero-bubble"] if self.pp > 1 and self.schedule in ("zero-bubble", "interleaved-zero-bubble") else []
+        parts += ["zero-bubble"] if self.pp > 1 and self.schedule in ZERO_BUBBLE else []
         parts += [f"mbs{self.mbs}", self.sharding, f"rc-{self.recompute}"]
         parts += ["grads-bf16"] if self.grad_dtype == "bf16" and self.sharding != "fsdp" else []
         parts += [f"first{self.first_layers}"] if self.first_layers is not None else []
@@ -278,7 +278,7 @@ def layouts(cfg: ModelConfig, base: Plan, max_tp: int | None = None) -> Iterator
 
 def _schedule(asked: str, vpp: int) -> str:
     """The search's schedule for ``vpp`` chunks: interleaved with more than one, zero-bubble where asked."""
-    zero_bubble = asked in ("zero-bubble", "interleaved-zero-bubble")
+    zero_bubble = asked in ZERO_BUBBLE
     if vpp > 1:
         return "interleaved-zero-bubble" if zero_bubble else "interleaved"
     return "zero-bubble" if zero_bubble else "1f1b"
