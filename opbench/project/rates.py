@@ -334,7 +334,9 @@ class Rates:
 
     def _gemm_time(self, m: int, n: int, k: int, groups: int = 1, fp8: bool = False) -> Timed:
         """Exact (m, n, k, groups) row; else the measured row nearest in FLOPs (log scale), scaled by FLOPs; else
-        max(FLOPs / (peak · gemm_efficiency), bytes / memory bandwidth)."""
+        FLOPs / (peak · gemm_efficiency) + bytes / memory bandwidth: the operands' one pass through HBM counted
+        on top of the math, which makes a narrow GEMM (a TP-split weight, a small K) slower per FLOP than a large
+        square one (docs/project.md, "Rates")."""
         index, measured = (self._gemm_fp8_index, self.gemm_fp8) if fp8 else (self._gemm_index, self.gemm)
         hit = index.get((m, n, k, groups))
         if hit:
@@ -354,7 +356,7 @@ class Rates:
         name = f"the {m}x{n}x{k}" + (f"x{groups}" if groups > 1 else "") + f" {dtype} GEMM"
         peak = self._peak_tflops(name, "gemm", dtype) * 1e12 * self.a.gemm_efficiency
         moved = gemm_bytes(m, n, k, groups, dtype)
-        return Timed(max(flops / peak, moved / self.memory_bandwidth().seconds), ESTIMATED, "roofline")
+        return Timed(flops / peak + moved / self.memory_bandwidth().seconds, ESTIMATED, "compute + HBM traffic")
 
     def attention_time(self, shape: AttentionShape, batch: int, pass_: str) -> Timed:
         """The attention pass's time (``_attention_time``) × the calibration's compute scale."""
