@@ -367,7 +367,15 @@ ORDER = [
         "Primus Llama-2-7B, 8 MI300X, pp8: zero bubble over 1F1B",
         PRIMUS_PP + " --schedule 1f1b",
         PRIMUS_PP + " --schedule zero-bubble",
-        11411 / 10057,  # "zbb"; its ZB-V 11,347
+        11411 / 10057,  # "zbb"
+        PRIMUS_BLOG,
+        "MI300X",
+    ),
+    (
+        "Primus Llama-2-7B, 8 MI300X, pp8: ZB-V over 1F1B",
+        PRIMUS_PP + " --schedule 1f1b",
+        PRIMUS_PP + " --schedule zbv --vpp 2",
+        11347 / 10057,
         PRIMUS_BLOG,
         "MI300X",
     ),

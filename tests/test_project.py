@@ -57,6 +57,38 @@ def test_zero_bubble_defers_weight_gradients_into_the_bubble(p, m, v):
     assert simulate(without_w, m, schedule=deferred).total_s == pytest.approx(base.total_s)
 
 
+@pytest.mark.parametrize("p,m", [(2, 3), (4, 8), (8, 16), (8, 32)])
+def test_zbv_runs_a_v_of_two_chunks_at_the_fill_time_of_one_chunk(p, m):
+    """ZB-V (torch's ScheduleZBVZeroBubble order): stage s runs pieces s and 2p − 1 − s, weight gradients as ops of
+    their own. With equal chunk times and m ≥ 2p − 1 the only idle time left is the last stage waiting for its
+    first input, (p − 1) chunk forwards, below interleaved zero bubble's; each stage holds 2p chunks (p micro-batches,
+    1F1B's first stage)."""
+    f, b, w = 0.5, 0.5, 0.5
+    stages = [[StageTimes(f, b + w, w)] * 2 for _ in range(p)]
+    v = simulate(stages, m, schedule="zbv")
+    assert v.total_s == pytest.approx(m * 2 * (f + b + w) + (p - 1) * f)
+    assert v.in_flight == (2 * p,) * p
+    assert estimate(stages, m, schedule="zbv").total_s == pytest.approx(v.total_s)
+    if m % p == 0:
+        assert v.total_s <= simulate(stages, m, schedule="interleaved-zero-bubble").total_s + 1e-9
+    # a send between stages costs nothing between pieces p − 1 and p: both on the last stage
+    assert simulate(stages, m, p2p_s=0.1, schedule="zbv").total_s > v.total_s
+
+
+def test_zbv_puts_the_head_and_the_embedding_on_the_first_stage(llama70b):
+    plan = Plan(world=8, seqlen=4096, global_batch=16, pp=4, vpp=2, schedule="zbv", sharding="zero1")
+    assert [plan.piece(c, s) for s in range(4) for c in range(2)] == [0, 7, 1, 6, 2, 5, 3, 4]
+    assert plan.last_stage == 0
+    projector = Projector(llama70b, Rates([], "H100", "bf16", Assumptions(), 8))
+    first, last = projector.stage_params(plan, 0), projector.stage_params(plan, 3)
+    plain = replace(plan, schedule="interleaved")
+    # the first stage gains lm_head and the final norm, the last stage gives them up
+    head = 128256 * 8192 + 8192
+    assert first.numel - projector.stage_params(plain, 0).numel == head
+    assert projector.stage_params(plain, 3).numel - last.numel == head
+    assert projector.project(plan).memory_stage == 0
+
+
 def test_the_screening_closed_form_follows_the_simulation_when_one_chunk_carries_the_head(llama70b):
     """--search screens with ``estimate``: with the lm_head and loss on the last model chunk, the slowest chunk is
     not the pace of every chunk (that put interleaved layouts 14 % too slow, so 70B's tp4 pp4 cp2 vpp5, NeMo's
@@ -122,8 +154,9 @@ def test_layout_rules(llama70b):
     assert reason.startswith("80 layers do not split into pp·vpp = 3 equal chunks (uneven: --decoder-first")
     assert why(ep=2) == ["Llama3.1_70B has no experts"]
     assert why(cp=3, world=48) == ["seqlen 8192 is not a multiple of 2·cp (load-balanced causal context parallel)"]
-    chunks = ["model chunks per stage need --schedule interleaved or interleaved-zero-bubble"]
+    chunks = ["model chunks per stage need --schedule interleaved, interleaved-zero-bubble or zbv"]
     assert why(pp=2, vpp=2, schedule="1f1b") == chunks and why(pp=2, vpp=2, schedule="zero-bubble") == chunks
+    assert why(pp=2, vpp=4, schedule="zbv") == ["--schedule zbv runs two model chunks per stage: --vpp 2"]
 
 
 @pytest.mark.parametrize(

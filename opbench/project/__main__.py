@@ -417,7 +417,7 @@ def search(
         if found:
             rejected[_reason_class(found[0])] += 1
             continue
-        memory, _ = projector.memory(plan, in_flight(plan.pp, plan.microbatches, plan.vpp))
+        memory, _ = projector.memory(plan, in_flight(plan.pp, plan.microbatches, plan.vpp, plan.schedule))
         if not projector.fits(memory.total):
             rejected[f"does not fit in {projector.memory_gib:g} GiB"] += 1
             continue

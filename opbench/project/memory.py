@@ -100,7 +100,8 @@ def stage_layers(
     cfg: ModelConfig, plan: Plan, stage: int, layers: Sequence[Layer] | None = None
 ) -> list[tuple[int, Layer]]:
     """(chunk, layer) of every decoder layer pipeline stage ``stage`` holds: chunk c of stage s is the model's
-    piece c·pp + s, each of ``plan.piece_layers`` consecutive layers (layers / (pp·vpp) when even).
+    piece ``plan.piece(c, s)`` (c·pp + s; in a V, piece 2pp − 1 − s for c = 1), each of ``plan.piece_layers``
+    consecutive layers (layers / (pp·vpp) when even).
     ``layers``: decoder_layers(cfg), if known."""
     layers = layers if layers is not None else decoder_layers(cfg)
     counts = plan.piece_layers(len(layers))
@@ -108,7 +109,7 @@ def stage_layers(
     starts = [sum(counts[:piece]) for piece in range(len(counts))]
     out = []
     for chunk in range(plan.vpp):
-        piece = chunk * plan.pp + stage
+        piece = plan.piece(chunk, stage)
         out += [(chunk, lay) for lay in layers[starts[piece] : starts[piece] + counts[piece]]]
     return out
 
@@ -128,7 +129,7 @@ def stage_params(cfg: ModelConfig, plan: Plan, stage: int, layers: Sequence[Laye
     """The parameters stage ``stage`` holds on one rank. Without tensor or expert parallelism they are the real
     model's tensors (params.parameter_shapes: exact, FSDP padding included); with them, each GEMM weight is split
     as its GEMM is and the embedding and lm_head by vocabulary (padded to 128·tp, as Megatron)."""
-    first, last = stage == 0, stage == plan.pp - 1
+    first, last = stage == 0, stage == plan.last_stage
     shard = plan.dp * plan.cp
     if plan.tp == 1 and plan.ep == 1:
         specs = parameter_shapes(cfg)
@@ -144,7 +145,7 @@ def stage_params(cfg: ModelConfig, plan: Plan, stage: int, layers: Sequence[Laye
                 and (plan.pp == 1 or (first and s.name not in head_names) or (last and s.name in head_names))
             )
         ]
-        if plan.pp > 1 and last and cfg.tie_word_embeddings:  # the last stage keeps its own copy of a tied embedding
+        if last and not first and cfg.tie_word_embeddings:  # the last stage keeps its own copy of a tied embedding
             picked += [s for s in specs if s.name in {n for n, _ in root.embeddings(cfg)}][:1]
         padded, local = _shard_counts(picked, shard)
         units: dict[str, int] = {}
@@ -170,7 +171,7 @@ def stage_params(cfg: ModelConfig, plan: Plan, stage: int, layers: Sequence[Laye
         root_numel += vocab
         tensors += 1
     if last:
-        root_numel += vocab if (not cfg.tie_word_embeddings or plan.pp > 1) else 0
+        root_numel += vocab if (not cfg.tie_word_embeddings or not first) else 0
         root_numel += cfg.hidden_size
         tensors += 2
     numel += root_numel
@@ -462,7 +463,7 @@ def activation_bytes(
             layer_activation_bytes(cfg, lay, full, profile) - layer_activation_bytes(cfg, lay, plan, profile)
             for lay in first.values()
         )
-    if stage == plan.pp - 1:
+    if stage == plan.last_stage:
         kept += head_activation_bytes(cfg, plan, profile)
         vocab = padded_vocab(cfg.vocab_size, plan.tp) // plan.tp
         # eager (torch cross_entropy on .float() logits): the 16-bit logits and, in backward, their fp32 gradient

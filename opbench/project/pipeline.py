@@ -26,9 +26,19 @@ class StageTimes:
     wgrad: float = 0.0
 
 
-SCHEDULES = ("1f1b", "interleaved", "zero-bubble", "interleaved-zero-bubble")
-INTERLEAVED = ("interleaved", "interleaved-zero-bubble")  # the schedules that take model chunks (--vpp)
+SCHEDULES = ("1f1b", "interleaved", "zero-bubble", "interleaved-zero-bubble", "zbv")
+INTERLEAVED = ("interleaved", "interleaved-zero-bubble")  # model chunks (--vpp) as Megatron interleaves them
 ZERO_BUBBLE = ("zero-bubble", "interleaved-zero-bubble")  # 1F1B's and the interleaved order, weight gradients deferred
+V_SHAPED = ("zbv",)  # two chunks per stage in a V: stage s holds pieces s and 2p − 1 − s
+
+
+def piece_of(chunk: int, stage: int, p: int, schedule: str = "1f1b") -> int:
+    """The model piece that chunk ``chunk`` of stage ``stage`` runs: ``chunk·p + stage`` (1F1B, interleaved); in a
+    V, chunk 0 of stage s is piece s and chunk 1 is piece 2p − 1 − s (the last stage runs the two middle pieces,
+    the first stage the first and the last)."""
+    if schedule in V_SHAPED:
+        return stage if chunk == 0 else 2 * p - 1 - stage
+    return chunk * p + stage
 
 
 @dataclass(frozen=True)
@@ -55,6 +65,50 @@ def _order_1f1b(stage: int, p: int, m: int) -> list[tuple[str, int, int]]:
         b += 1
     ops += [("B", i, 0) for i in range(b, m)]
     return ops
+
+
+def _order_zbv(stage: int, p: int, m: int) -> list[tuple[str, int, int]]:
+    """ZB-V (Qi et al., "Zero Bubble Pipeline Parallelism", section 6; the order torch's ScheduleZBVZeroBubble
+    builds): ("F" forward, "B" input gradient, "W" weight gradient, micro-batch, chunk). Stage s runs 2(p − s) − 1
+    forwards of chunk 0, then s pairs of chunk-1 and chunk-0 forwards, then p − s rounds of a chunk-1 forward,
+    input and weight gradient; in the steady state a chunk-0 forward, its oldest B and W, then the same for chunk 1;
+    then it drains. Built for at least 2p − 1 micro-batches and cut to ``m``."""
+    n = max(2 * p - 1, m)
+    ops: list[tuple[str, int, int]] = []
+    count = {("F", 0): 0, ("F", 1): 0, ("B", 0): 0, ("B", 1): 0}
+
+    def run(kind: str, chunk: int, with_w: bool = False) -> None:
+        mb = count[(kind, chunk)]
+        count[(kind, chunk)] += 1
+        ops.append((kind, mb, chunk))
+        if with_w:
+            ops.append(("W", mb, chunk))
+
+    for _ in range(2 * (p - stage) - 1):
+        run("F", 0)
+    for _ in range(stage):
+        run("F", 1)
+        run("F", 0)
+    for _ in range(p - stage):
+        run("F", 1)
+        run("B", 1, with_w=True)
+    while count[("F", 1)] < count[("F", 0)] or count[("F", 0)] < n:
+        if count[("F", 0)] < n:
+            run("F", 0)
+        run("B", 0, with_w=True)
+        run("F", 1)
+        run("B", 1, with_w=True)
+    w0, w1 = count[("B", 0)], count[("B", 1)]
+    for _ in range(stage):
+        run("B", 0)
+        run("B", 1)
+    for _ in range(p - stage):
+        run("B", 0)
+        ops.append(("W", w0, 0))
+        w0 += 1
+    ops += [("W", mb, 1) for mb in range(w1, count[("B", 1)])]
+    ops += [("W", mb, 0) for mb in range(w0, count[("B", 0)])]
+    return [op for op in ops if op[1] < m]
 
 
 def _order_interleaved(stage: int, p: int, m: int, v: int) -> list[tuple[str, int, int]]:
@@ -108,11 +162,17 @@ def simulate(
             f"the interleaved schedule needs micro-batches ({m}) to be a multiple of the pipeline size ({p})",
             field="--microbatches",
         )
-    deferred = schedule in ZERO_BUBBLE
-    orders = [_order_interleaved(s, p, m, v) if v > 1 else _order_1f1b(s, p, m) for s in range(p)]
+    deferred, v_shaped = schedule in ZERO_BUBBLE, schedule in V_SHAPED
+    if v_shaped and v != 2:
+        raise ValueError("a V-shaped schedule runs two model chunks per stage")
+    if v_shaped:
+        orders = [_order_zbv(s, p, m) for s in range(p)]
+    else:
+        orders = [_order_interleaved(s, p, m, v) if v > 1 else _order_1f1b(s, p, m) for s in range(p)]
+    stage_of = {piece_of(c, s, p, schedule): s for s in range(p) for c in range(v)}
     # a deferring stage may hold as many micro-batch chunks as the underlying schedule's first stage does (ZB-H1:
     # the same peak as 1F1B's, reached on every stage)
-    limit = [max(in_flight(p, m, v))] * p
+    limit = in_flight(p, m, v, schedule)
     last_piece = p * v - 1
     done: dict[tuple[str, int, int], float] = {}  # (direction, micro-batch, piece) -> end time
     free = [0.0] * p
@@ -133,7 +193,16 @@ def simulate(
         for s in range(p):
             while nxt[s] < len(orders[s]):
                 kind, mb, chunk = orders[s][nxt[s]]
-                piece = chunk * p + s
+                times = stages[s][chunk]
+                if kind == "W":  # a V schedule's weight gradient: after its own input gradient, nothing waits on it
+                    free[s] += times.wgrad
+                    busy[s] += times.wgrad
+                    held[s] -= 1
+                    nxt[s] += 1
+                    remaining -= 1
+                    progressed = True
+                    continue
+                piece = piece_of(chunk, s, p, schedule)
                 if kind == "F":
                     dep = ("F", mb, piece - 1) if piece > 0 else None
                 else:
@@ -141,7 +210,7 @@ def simulate(
                 if dep is not None and dep not in done:
                     break
                 ready = done[dep] if dep is not None else 0.0
-                if dep is not None and dep[2] != piece:  # crossing to another stage costs a send
+                if dep is not None and stage_of[dep[2]] != s:  # crossing to another stage costs a send
                     ready += p2p_s
                 if kind == "B":
                     ready = max(ready, done[("F", mb, piece)])
@@ -151,8 +220,7 @@ def simulate(
                 while pending[s] and free[s] + pending[s][0] <= ready:  # fill the idle gap
                     run_pending(s)
                 start = max(free[s], ready)
-                times = stages[s][chunk]
-                t = times.fwd if kind == "F" else times.bwd - (times.wgrad if deferred else 0.0)
+                t = times.fwd if kind == "F" else times.bwd - (times.wgrad if deferred or v_shaped else 0.0)
                 free[s] = start + t
                 busy[s] += t
                 done[(kind, mb, piece)] = free[s]
@@ -160,7 +228,7 @@ def simulate(
                     held[s] += 1
                 elif deferred:
                     pending[s].append(times.wgrad)
-                else:
+                elif not v_shaped:  # (a V schedule frees the chunk at its W)
                     held[s] -= 1
                 most[s] = max(most[s], held[s])
                 nxt[s] += 1
@@ -184,22 +252,28 @@ def estimate(
     zero-bubble schedule fills 2·(p − 1)·W/v of that bubble with deferred weight gradients W, as ZB-H1's
     (p − 1)·(F + B − W) bubble); in-flight counts are Megatron's (1F1B: p − s; interleaved: 2·(p − s − 1) +
     (v − 1)·p + 1; zero-bubble: stage 0's on every stage)."""
+    if schedule in V_SHAPED:  # no closed form: simulated (the search does not try it)
+        return simulate(stages, microbatches, p2p_s, schedule)
     p, m, v = len(stages), microbatches, len(stages[0])
     per_stage = [sum(c.fwd + c.bwd for c in s) for s in stages]  # one micro-batch through all of a stage's chunks
     busy = tuple(m * t for t in per_stage)
     # the slowest stage sets the pace; filling and draining pass each stage's work once, a chunk (1/v) at a time
     bubble = (sum(per_stage) - max(per_stage)) / v
-    flight = in_flight(p, m, v)
     if schedule in ZERO_BUBBLE:
         slowest = max(range(p), key=lambda s: per_stage[s])
         bubble = max(0.0, bubble - 2 * (p - 1) * sum(c.wgrad for c in stages[slowest]) / v)
-        flight = (max(flight),) * p
     total = m * max(per_stage) + bubble + 2 * (p - 1) * p2p_s
-    return ScheduleResult(total, busy, total - max(busy), flight)
+    return ScheduleResult(total, busy, total - max(busy), in_flight(p, m, v, schedule))
 
 
-def in_flight(p: int, m: int, v: int = 1) -> tuple[int, ...]:
-    """Micro-batch chunks each stage holds activations for at its peak, by Megatron's warm-up counts."""
+def in_flight(p: int, m: int, v: int = 1, schedule: str = "1f1b") -> tuple[int, ...]:
+    """Micro-batch chunks each stage holds activations for at its peak, by Megatron's warm-up counts (1F1B:
+    p − s; interleaved: 2(p − s − 1) + (v − 1)p + 1); a zero-bubble schedule holds the first stage's count on every
+    stage, ZB-V 2p chunks (p micro-batches' worth, as 1F1B's first stage)."""
+    if schedule in V_SHAPED:
+        return (min(2 * p, 2 * m),) * p
     if v == 1:
-        return tuple(min(p - s, m) for s in range(p))
-    return tuple(min(2 * (p - s - 1) + (v - 1) * p + 1, m * v) for s in range(p))
+        counts = tuple(min(p - s, m) for s in range(p))
+    else:
+        counts = tuple(min(2 * (p - s - 1) + (v - 1) * p + 1, m * v) for s in range(p))
+    return (max(counts),) * p if schedule in ZERO_BUBBLE else counts

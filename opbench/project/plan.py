@@ -16,7 +16,7 @@ from opbench.models import ModelConfig
 from opbench.models.architectures import decoder_layers
 from opbench.models.layout import Layer
 
-from .pipeline import INTERLEAVED, ZERO_BUBBLE
+from .pipeline import INTERLEAVED, V_SHAPED, ZERO_BUBBLE, piece_of
 
 SHARDINGS = ("none", "zero1", "fsdp")  # DDP (replicated optimizer), sharded optimizer (ZeRO-1), FSDP2 / ZeRO-3
 MAX_MICROBATCHES = 1 << 14  # per step per DP rank (real jobs: at most a few thousand)
@@ -87,6 +87,19 @@ class Plan:
     def model_parallel(self) -> ModelParallel:
         return ModelParallel(tp=self.tp, ep=self.ep, cp=self.cp, etp=self.etp)
 
+    def piece(self, chunk: int, stage: int) -> int:
+        """The model piece chunk ``chunk`` of stage ``stage`` runs (pipeline.piece_of: a V puts the last piece on
+        the first stage)."""
+        return piece_of(chunk, stage, self.pp, self.schedule)
+
+    @property
+    def last_stage(self) -> int:
+        """The stage that runs the last piece: lm_head and the loss."""
+        return self.piece_stage(self.pp * self.vpp - 1)
+
+    def piece_stage(self, piece: int) -> int:
+        return next(s for s in range(self.pp) for c in range(self.vpp) if self.piece(c, s) == piece)
+
     def spans_nodes(self, group: int, stride: int) -> bool:
         """Whether a group of ``group`` ranks ``stride`` apart reaches past one node."""
         return group > 1 and group * stride > self.gpus_per_node
@@ -138,6 +151,7 @@ class Plan:
         parts += [f"etp{self.expert_tp}"] if self.ep > 1 and self.expert_tp != self.tp else []
         parts += [f"vpp{self.vpp}"] if self.vpp > 1 else []
         parts += ["zero-bubble"] if self.pp > 1 and self.schedule in ZERO_BUBBLE else []
+        parts += [self.schedule] if self.schedule in V_SHAPED else []
         parts += [f"mbs{self.mbs}", self.sharding, f"rc-{self.recompute}"]
         parts += ["grads-bf16"] if self.grad_dtype == "bf16" and self.sharding != "fsdp" else []
         parts += [f"first{self.first_layers}"] if self.first_layers is not None else []
@@ -175,8 +189,10 @@ def problems(cfg: ModelConfig, plan: Plan, layers: Sequence[Layer] | None = None
                     "--decoder-first/last-pipeline-num-layers, --account-for-embedding/loss-in-pipeline-split)",
                 )
             )
-    if plan.vpp > 1 and plan.schedule not in INTERLEAVED:
-        out.append(("--vpp", "model chunks per stage need --schedule interleaved or interleaved-zero-bubble"))
+    if plan.schedule in V_SHAPED and plan.vpp != 2:
+        out.append(("--vpp", f"--schedule {plan.schedule} runs two model chunks per stage: --vpp 2"))
+    elif plan.vpp > 1 and plan.schedule not in (*INTERLEAVED, *V_SHAPED):
+        out.append(("--vpp", "model chunks per stage need --schedule interleaved, interleaved-zero-bubble or zbv"))
     if plan.global_batch % (plan.mbs * plan.dp):
         out.append(("--global-batch", f"{plan.global_batch} sequences do not split into mbs·dp = {plan.mbs}·{plan.dp}"))
     elif plan.microbatches > MAX_MICROBATCHES:
@@ -277,8 +293,11 @@ def layouts(cfg: ModelConfig, base: Plan, max_tp: int | None = None) -> Iterator
 
 
 def _schedule(asked: str, vpp: int) -> str:
-    """The search's schedule for ``vpp`` chunks: interleaved with more than one, zero-bubble where asked."""
-    zero_bubble = asked in ZERO_BUBBLE
+    """The search's schedule for ``vpp`` chunks: interleaved with more than one, zero-bubble where asked (ZB-V: its
+    two chunks, the other counts the zero-bubble form of their schedule)."""
+    if asked in V_SHAPED and vpp == 2:
+        return asked
+    zero_bubble = asked in (*ZERO_BUBBLE, *V_SHAPED)
     if vpp > 1:
         return "interleaved-zero-bubble" if zero_bubble else "interleaved"
     return "zero-bubble" if zero_bubble else "1f1b"

@@ -78,7 +78,7 @@ class Projector:
         return self.memory_gib is None or total_bytes + self.reserve_gib * mem.GIB <= self.memory_gib * mem.GIB
 
     def stage_params(self, plan: Plan, stage: int) -> mem.StageParams:
-        split = (plan.first_layers, plan.last_layers, plan.embedding_as_layer, plan.loss_as_layer)
+        split = (plan.first_layers, plan.last_layers, plan.embedding_as_layer, plan.loss_as_layer, plan.last_stage)
         key = (plan.tp, plan.pp, plan.vpp, plan.ep, plan.expert_tp, plan.dp * plan.cp, stage, split)
         if key not in self._params:
             self._params[key] = mem.stage_params(self.cfg, plan, stage, self.layers)
@@ -86,7 +86,7 @@ class Projector:
 
     def fp8_weights(self, plan: Plan, stage: int) -> tuple[int, int]:
         """memory.fp8_weights, cached per layout."""
-        split = (plan.first_layers, plan.last_layers, plan.embedding_as_layer, plan.loss_as_layer)
+        split = (plan.first_layers, plan.last_layers, plan.embedding_as_layer, plan.loss_as_layer, plan.last_stage)
         key = (plan.fp8, plan.tp, plan.pp, plan.vpp, plan.ep, plan.expert_tp, plan.mbs, plan.cp, stage, split)
         if key not in self._fp8:
             self._fp8[key] = mem.fp8_weights(self.cfg, plan, stage, self.layers)
@@ -111,7 +111,7 @@ class Projector:
             if s == 0:
                 chunks[0] = embedding_work(self.cfg, plan, self.rates) + chunks[0]
             for c in range(plan.vpp):
-                if c * plan.pp + s == last_piece:
+                if plan.piece(c, s) == last_piece:
                     chunks[c] = chunks[c] + head_work(self.cfg, plan, self.rates)
             out.append(chunks)
         return out
