@@ -435,7 +435,8 @@ class Rates:
         from another collective's rows in that domain, else latency + size·factor / (link peak · efficiency).
         Across nodes a ring collective (all-reduce, all-gather, reduce-scatter, broadcast, reduce) runs one ring
         per NIC of the group on each node: its busbw scales with ``per_node``, the group's ranks on one node
-        (docs/project.md, "Rates"); measured rows are scaled from the ranks per node they ran with."""
+        (docs/project.md, "Rates"); measured rows are scaled from the ranks per node they ran with. An estimated
+        all-to-all sends only the share bound off the node through the network."""
         if nranks <= 1 or size_bytes <= 0:
             return Timed(0.0, MEASURED, "no peers")
         factor = COLLECTIVES[collective].busbw_factor(nranks) or 1.0
@@ -457,6 +458,16 @@ class Rates:
                 note = f"{use['file'].iloc[0]}: {what} busbw {busbw:.3g} GB/s{scaled}"
                 exact = (use["size_bytes"] == size_bytes).any() and not scaled
                 return Timed(size_bytes * factor / (busbw * 1e9), source if exact else INTERPOLATED, note)
+        if inter and collective == "all_to_all" and per_node > 1:
+            # each rank sends (n − k)/n of its buffer off the node through its NIC and (k − 1)/n over NVLink/xGMI
+            # to the group's k − 1 ranks on its node, at once
+            link = intra_link(self.device or "")
+            out_bw = self.a.nic_gbs * self.a.link_efficiency
+            in_bw = link.intra_gbs * self.a.link_efficiency if link is not None else out_bw
+            n, k = nranks, min(per_node, nranks)
+            seconds = max(size_bytes * (n - k) / n / (out_bw * 1e9), size_bytes * (k - 1) / n / (in_bw * 1e9))
+            note = f"network at {out_bw:.3g} GB/s for {n - k} of {n} peers, {k - 1} on the node"
+            return Timed(self.a.latency_us_inter * 1e-6 + seconds, ESTIMATED, note)
         if inter:
             nics = per_node if rails else 1
             bw, latency = self.a.nic_gbs * nics * self.a.link_efficiency, self.a.latency_us_inter

@@ -173,9 +173,17 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
         bwd += bwd_tp
 
     # Expert parallelism: the all-to-all dispatcher sends a rank's T/tp tokens, top_k copies each, out and back.
+    # Expert-parallel ranks sit expert_tp apart (Megatron-Core orders expert ranks etp, ep, dp, pp).
     if lay.moe and plan.ep > 1:
         top_k = next((g.top_k for g in lay.gemms if g.top_k), cfg.num_experts_per_tok)
-        a2a = rates.collective_time("all_to_all", local * top_k * h * e, plan.ep, plan.spans_nodes(plan.ep, plan.tp))
+        stride = plan.expert_tp
+        a2a = rates.collective_time(
+            "all_to_all",
+            local * top_k * h * e,
+            plan.ep,
+            plan.spans_nodes(plan.ep, stride),
+            plan.node_share(plan.ep, stride),
+        )
         keep_ep = 1 - rates.a.ep_overlap
         fwd += [Item(EP_COMM, "EP all-to-all", a2a, a2a.seconds * keep_ep)] * 2
         bwd += [Item(EP_COMM, "EP all-to-all", a2a, a2a.seconds * keep_ep)] * 2
@@ -269,7 +277,23 @@ def tp_comm_items(
     def item(name: str, t: Timed, hidden_by: float = 0.0) -> Item:
         return Item(TP_COMM, name, t, keep * max(0.0, t.seconds - hidden_by))
 
-    blocks = ("attention", "mlp")
+    blocks: tuple[str, ...] = ("attention", "mlp")
+    routed: list[Item] = []
+    if plan.sp and lay.moe:
+        # A MoE layer's router and all-to-all take the rank's own T/tp tokens: no gather before the block, only
+        # its shared experts' (a TP-split MLP). Experts split over expert_tp > 1 ranks gather the tokens the
+        # all-to-all brought (top_k copies of the group's tokens) over that group after it, and reduce-scatter
+        # their outputs before the return (Megatron-Core's all-to-all dispatcher); forward and backward alike.
+        shared = any(g.layer.startswith("shared_") for g in lay.gemms)
+        blocks = ("attention", "mlp") if shared else ("attention",)
+        top_k = next((g.top_k for g in lay.gemms if g.top_k), cfg.num_experts_per_tok)
+        etp = plan.expert_tp
+        if etp > 1:
+            size = act * top_k * etp // plan.tp
+            e_inter, e_share = plan.spans_nodes(etp, 1), plan.node_share(etp, 1)
+            r_ag = rates.collective_time("all_gather", size, etp, e_inter, e_share)
+            r_rs = rates.collective_time("reduce_scatter", size, etp, e_inter, e_share)
+            routed = [item("TP all-gather (routed tokens)", r_ag), item("TP reduce-scatter (routed tokens)", r_rs)]
     if plan.sp:
         ag = rates.collective_time("all_gather", act, plan.tp, inter, share)
         rs = rates.collective_time("reduce_scatter", act, plan.tp, inter, share)
@@ -282,7 +306,7 @@ def tp_comm_items(
             bwd_tp.append(item("TP reduce-scatter", rs, wgrad[b] if fused else 0.0))
             if fused:
                 bwd_tp.append(item("TP all-gather (input again)", ag_in[b], dgrad[b]))
-        return fwd_tp, bwd_tp
+        return fwd_tp + routed, bwd_tp + routed
     ar = rates.collective_time("all_reduce", act, plan.tp, inter, share)
     return [item("TP all-reduce", ar) for _ in blocks], [
         item("TP all-reduce", ar, wgrad[b] if fused else 0) for b in blocks
