@@ -80,6 +80,17 @@ GROK1 = {
     "num_experts_per_tok": 2,
 }  # fmt: skip
 NEMO_2409 = "--zero 1 --grad-dtype bf16 --mbs 1 --recompute none"  # the v24.11.1 recipes: dist. optimizer
+BRIDGE = (
+    "github.com/NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md (26.04.01 NeMo container, DGX H100)"
+)
+# Megatron-Bridge's table gives layout, batch and tokens/s per GPU; its FP8 is current scaling (opbench models delayed
+# scaling's casts) with FP8 parameter gather; the MoE dispatcher and any recomputation are not stated (none assumed)
+BRIDGE_FLAGS = "--zero 1 --grad-dtype bf16 --mbs 1 --recompute none"
+GPT_OSS_120B = {
+    "model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880, "num_attention_heads": 64,
+    "num_key_value_heads": 8, "head_dim": 64, "num_hidden_layers": 36, "vocab_size": 201088,
+    "num_local_experts": 128, "num_experts_per_tok": 4, "sliding_window": 128,
+}  # fmt: skip
 
 
 RUNS = [
@@ -249,6 +260,54 @@ RUNS = [
         16.69,
         DGXC_2411.format("grok1"),
         config=GROK1,
+    ),
+    # Megatron-Bridge (NeMo 26.04.01): tokens/s per GPU, step = global batch · seqlen / (tps · GPUs)
+    Published(
+        "Megatron-Bridge",
+        "Llama-3-70B fp8, 64 GPUs, tp4 pp8 vp5",
+        f"--model Llama3.1_70B --world-size 64 --tp 4 --pp 8 --vpp 5 --global-batch 256 --seqlen 8192 --fp8 te "
+        f"--fp8-param-gather {BRIDGE_FLAGS}",
+        256 * 8192 / (1664 * 64),
+        BRIDGE,
+        "1,664 tokens/s/GPU; FP8 current scaling",
+    ),
+    Published(
+        "Megatron-Bridge",
+        "Llama-3.1-405B fp8, 1024 GPUs, tp8 pp8 cp2 vp8",
+        f"--model Llama3.1_405B --world-size 1024 --tp 8 --pp 8 --cp 2 --vpp 8 --global-batch 1536 --seqlen 8192 "
+        f"--fp8 te --fp8-param-gather --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split "
+        f"{BRIDGE_FLAGS}",
+        1536 * 8192 / (328 * 1024),
+        BRIDGE,
+        "328 tokens/s/GPU",
+    ),
+    Published(
+        "Megatron-Bridge",
+        "Qwen3-30B-A3B fp8, 16 GPUs, ep16",
+        f"--model Qwen3_30B_A3B --world-size 16 --ep 16 --global-batch 1024 --seqlen 4096 --fp8 te --fp8-param-gather "
+        f"{BRIDGE_FLAGS}",
+        1024 * 4096 / (8960 * 16),
+        BRIDGE,
+        "8,960 tokens/s/GPU; dispatcher not stated",
+    ),
+    Published(
+        "Megatron-Bridge",
+        "Qwen3-235B-A22B fp8, 256 GPUs, tp2 pp8 vp4 ep32",
+        f"--model Qwen3_235B_A22B --world-size 256 --tp 2 --pp 8 --vpp 4 --ep 32 --etp 1 --global-batch 8192 "
+        f"--seqlen 4096 --fp8 te --fp8-param-gather --account-for-embedding-in-pipeline-split "
+        f"--account-for-loss-in-pipeline-split {BRIDGE_FLAGS}",
+        8192 * 4096 / (1712 * 256),
+        BRIDGE,
+        "1,712 tokens/s/GPU; etp 1 and the 94-layer split assumed",
+    ),
+    Published(
+        "Megatron-Bridge",
+        "gpt-oss-120b bf16, 64 GPUs, pp4 ep8",
+        f"--world-size 64 --pp 4 --ep 8 --global-batch 1280 --seqlen 4096 {BRIDGE_FLAGS}",
+        1280 * 4096 / (5824 * 64),
+        BRIDGE,
+        "5,824 tokens/s/GPU",
+        config=GPT_OSS_120B,
     ),
     # DeepSeek-V3's 61 layers: the sources do not give the pipeline split (the first/last pieces here are a guess),
     # and NeMo recomputes MLA's up projections where opbench's "selective" recomputes core attention
@@ -514,7 +573,7 @@ def main() -> None:
             f"{framework}: calibrated on its first run (--compute-scale {scale[framework]:.3f}); the other "
             f"{len(errs)} within {abs(worst):.1%} (median |error| {statistics.median(abs(e) for e in errs):.1%})"
         )
-    print(f"sources: {DGXC}; {DGXC_2411.format('*')}; {DGXC_DSV3}; {NEMO_B200}; {TITAN_2412}; {TITAN_2506}")
+    print(f"sources: {DGXC}; {DGXC_2411.format('*')}; {BRIDGE}; {DGXC_DSV3}; {NEMO_B200}; {TITAN_2412}; {TITAN_2506}")
     print()
     rows = []
     for m in MEMORY:
