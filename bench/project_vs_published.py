@@ -269,7 +269,7 @@ RUNS = [
         "Megatron-Bridge",
         "Llama-3-70B fp8, 64 GPUs, tp4 pp8 vp5",
         f"--model Llama3.1_70B --world-size 64 --tp 4 --pp 8 --vpp 5 --global-batch 256 --seqlen 8192 --fp8 te "
-        f"--fp8-param-gather {BRIDGE_FLAGS}",
+        f"--fp8-param-gather --fp8-recipe tensorwise {BRIDGE_FLAGS}",
         256 * 8192 / (1664 * 64),
         BRIDGE,
         "1,664 tokens/s/GPU; FP8 current scaling",
@@ -279,7 +279,7 @@ RUNS = [
         "Llama-3.1-405B fp8, 1024 GPUs, tp8 pp8 cp2 vp8",
         f"--model Llama3.1_405B --world-size 1024 --tp 8 --pp 8 --cp 2 --vpp 8 --global-batch 1536 --seqlen 8192 "
         f"--fp8 te --fp8-param-gather --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split "
-        f"{BRIDGE_FLAGS}",
+        f"--fp8-recipe tensorwise {BRIDGE_FLAGS}",
         1536 * 8192 / (328 * 1024),
         BRIDGE,
         "328 tokens/s/GPU",
@@ -288,7 +288,7 @@ RUNS = [
         "Megatron-Bridge",
         "Qwen3-30B-A3B fp8, 16 GPUs, ep16",
         f"--model Qwen3_30B_A3B --world-size 16 --ep 16 --global-batch 1024 --seqlen 4096 --fp8 te --fp8-param-gather "
-        f"{BRIDGE_FLAGS}",
+        f"--fp8-recipe tensorwise {BRIDGE_FLAGS}",
         1024 * 4096 / (8960 * 16),
         BRIDGE,
         "8,960 tokens/s/GPU; HybridEP dispatcher (not modelled)",
@@ -298,7 +298,7 @@ RUNS = [
         "Qwen3-235B-A22B fp8, 256 GPUs, tp2 pp8 vp4 ep32",
         f"--model Qwen3_235B_A22B --world-size 256 --tp 2 --pp 8 --vpp 4 --ep 32 --etp 1 --global-batch 8192 "
         f"--seqlen 4096 --fp8 te --fp8-param-gather --account-for-embedding-in-pipeline-split "
-        f"--account-for-loss-in-pipeline-split {BRIDGE_FLAGS}",
+        f"--account-for-loss-in-pipeline-split --fp8-recipe tensorwise {BRIDGE_FLAGS}",
         8192 * 4096 / (1712 * 256),
         BRIDGE,
         "1,712 tokens/s/GPU; moe_a2a_overlap (not modelled)",

@@ -174,6 +174,7 @@ def test_layout_rules(llama70b):
         (["--fp8", "te", "--dtype", "fp32"], "field '--fp8': FP8 GEMMs run inside bf16/fp16 mixed precision"),
         (["--fp8", "torchao", "--validate"], "field '--fp8': --validate trains in 16 or 32 bits here"),
         (["--fp8-param-gather"], "field '--fp8-param-gather': FP8 parameters are Transformer Engine's: give --fp8 te"),
+        (["--fp8", "torchao", "--fp8-recipe", "tensorwise"], "field '--fp8-recipe': a scaling recipe is Transformer"),
         (["--fp8", "te", "--fp8-param-gather", "--fsdp"], "FP8 parameters under FSDP are not modelled"),
         (["--hidden-dropout", "-0.1"], "field '--hidden-dropout': must be between 0 and 1, got -0.1"),
     ],
@@ -388,6 +389,13 @@ def test_fp8_param_gather_keeps_fp8_weights_as_the_parameters_and_gathers_them_a
     assert gathered == [2 * numel, 2 * numel - fp8_weights]
     qkv = next(g for g in mem.layer_gemms(decoder_layers(cfg)[0], 8192, 8192, te.model_parallel()) if g.name == "qkv")
     assert fp8_cast_bytes(te, qkv)[0] == 2 * fp8_cast_bytes(gather, qkv)[0]  # after a norm: the weight's cast only
+    # tensorwise (current) scaling: an amax pass before every activation and gradient cast, the norm's output too
+    current = replace(gather, fp8_recipe="tensorwise")
+    assert not problems(cfg, current) and current.label().endswith("fp8-te-tensorwise-param-gather")
+    x, dy = qkv.tokens * qkv.k, qkv.tokens * qkv.n
+    (f0, b0), (f1, b1) = fp8_cast_bytes(gather, qkv), fp8_cast_bytes(current, qkv)
+    assert (f1 - f0, b1 - b0) == (6 * x, 6 * dy - 4 * dy - 2 * x)
+    assert projector.project(current).step_s > projector.project(gather).step_s
 
 
 def test_fp8_leaves_the_router_and_torchao_leaves_routed_experts_in_bf16():

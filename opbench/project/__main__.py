@@ -27,7 +27,7 @@ from opbench.models import ModelConfig, load_model_configs, select_models
 
 from .memory import GIB
 from .pipeline import SCHEDULES, in_flight
-from .plan import FP8_RECIPES, MAX_MICROBATCHES, RECOMPUTE_CHOICES, Plan, layouts, problems
+from .plan import FP8_RECIPES, FP8_SCALINGS, MAX_MICROBATCHES, RECOMPUTE_CHOICES, Plan, layouts, problems
 from .rates import Assumptions, Rates
 from .schema import COMM_KINDS, SCHEMA
 from .step import Projection, Projector
@@ -137,6 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="none",
         help="the decoder layers' GEMMs in FP8 (docs/project.md, 'FP8'): te = Transformer Engine as Megatron-LM, "
         "NeMo and Primus run it; torchao = torchtitan's float8 (tensorwise, FP8 FSDP all-gathers)",
+    )
+    lay.add_argument(
+        "--fp8-recipe",
+        choices=FP8_SCALINGS,
+        default="delayed",
+        help="with --fp8 te, Megatron's --fp8-recipe: delayed scaling (default) or tensorwise current scaling "
+        "(Megatron-Bridge's FP8-CS), whose casts take each tensor's amax in a pass of their own",
     )
     lay.add_argument(
         "--fp8-param-gather",
@@ -288,6 +295,7 @@ def base_plan(cfg: ModelConfig, args: argparse.Namespace) -> Plan:
         grad_dtype=args.grad_dtype,
         fp8=args.fp8,
         fp8_param_gather=args.fp8_param_gather,
+        fp8_recipe=args.fp8_recipe,
         hidden_dropout=args.hidden_dropout,
         first_layers=args.decoder_first_pipeline_num_layers,
         last_layers=args.decoder_last_pipeline_num_layers,

@@ -29,6 +29,9 @@ OP_SAC_GEMMS = ("qkv", "attn_out", "mlp_gate_up", "mlp_up", "mlp_down")  # the l
 # (delayed scaling, FP8 weight copies cached across micro-batches, GEMM inputs saved for backward in FP8);
 # "torchao" = torchtitan's float8 (dynamic tensorwise scaling, inputs saved in 16 bits, FP8 FSDP all-gathers)
 FP8_RECIPES = ("none", "te", "torchao")
+# Transformer Engine's scaling (Megatron's --fp8-recipe): delayed = scales from an amax history, taken inside each
+# cast; tensorwise = current scaling, each tensor's amax taken in a pass of its own before its cast
+FP8_SCALINGS = ("delayed", "tensorwise")
 FP8_EXCLUDED = ("router",)  # GEMMs that stay 16-bit under FP8 (besides lm_head and any dimension not a multiple of 16)
 
 
@@ -61,6 +64,7 @@ class Plan:
     fp8_param_gather: bool = (
         False  # te: FP8 weights are the parameters (Megatron's --fp8-param-gather, NeMo's fp8_params)
     )
+    fp8_recipe: str = "delayed"  # FP8_SCALINGS, for fp8 == "te"
     hidden_dropout: float = 0.0  # Megatron's --hidden-dropout: the embedding's and each block's output dropout
 
     @property
@@ -158,7 +162,9 @@ class Plan:
         parts += [f"last{self.last_layers}"] if self.last_layers is not None else []
         parts += ["emb-as-layer"] if self.embedding_as_layer else []
         parts += ["loss-as-layer"] if self.loss_as_layer else []
-        parts += [f"fp8-{self.fp8}" + ("-param-gather" if self.fp8_param_gather else "")] if self.fp8 != "none" else []
+        if self.fp8 != "none":
+            recipe = "-tensorwise" if self.fp8 == "te" and self.fp8_recipe == "tensorwise" else ""
+            parts += [f"fp8-{self.fp8}{recipe}" + ("-param-gather" if self.fp8_param_gather else "")]
         parts += [f"dropout{self.hidden_dropout:g}"] if self.hidden_dropout else []
         return " ".join(parts)
 
@@ -226,6 +232,8 @@ def problems(cfg: ModelConfig, plan: Plan, layers: Sequence[Layer] | None = None
             )
     if plan.fp8 != "none" and plan.dtype not in ("bf16", "fp16"):
         out.append(("--fp8", f"FP8 GEMMs run inside bf16/fp16 mixed precision, not --dtype {plan.dtype}"))
+    if plan.fp8_recipe != "delayed" and plan.fp8 != "te":
+        out.append(("--fp8-recipe", "a scaling recipe is Transformer Engine's: give --fp8 te"))
     if plan.fp8_param_gather and plan.fp8 != "te":
         out.append(("--fp8-param-gather", "FP8 parameters are Transformer Engine's: give --fp8 te"))
     if plan.fp8_param_gather and plan.sharding == "fsdp":

@@ -82,10 +82,14 @@ def fp8_cast_bytes(plan: Plan, g: LinearLayer) -> tuple[float, float]:
     transposes the gathered FP8 input: read 1, write 1); the weight and its transpose once per step (first
     micro-batch). torchao (dynamic tensorwise): each cast reads its input once more for the amax (5 bytes), every
     micro-batch casts W in forward and again transposed in backward, X is cast again transposed for the weight
-    gradient, and dY twice (as is and transposed)."""
+    gradient, and dY twice (as is and transposed). te with tensorwise (current) scaling reads each activation and
+    output gradient once more for its amax before the cast (2 bytes), and the norm's output is cast in a pass of its
+    own (its scale is not known before the norm ends): X and dY 6 bytes each."""
     x, w, dy = g.tokens * g.k * g.groups, g.n * g.k * g.groups, g.tokens * g.n * g.groups  # groups: experts' rows
     if plan.fp8 == "te":  # --fp8-param-gather: the optimizer writes the FP8 weight, only its transpose is made here
         weights = (2 if plan.fp8_param_gather else 4) * w / max(1, plan.microbatches)
+        if plan.fp8_recipe == "tensorwise":
+            return 6 * x + weights, 6 * dy
         if g.name in TE_NORM_FUSED:
             return weights, 4 * dy + (2 * x if plan.sp else 0)
         return 4 * x + weights, 4 * dy
