@@ -102,7 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
     lay.add_argument("--etp", type=positive_int, default=None, help="expert tensor parallel (default: --tp)")
     lay.add_argument("--vpp", type=positive_int, default=1, help="model chunks per pipeline stage (interleaved)")
     lay.add_argument(
-        "--schedule", choices=SCHEDULES, default=None, help="pipeline schedule (default: interleaved when --vpp > 1)"
+        "--schedule",
+        choices=SCHEDULES,
+        default=None,
+        help="pipeline schedule (default: interleaved when --vpp > 1); zero-bubble = ZB-H1, "
+        "interleaved-zero-bubble, zbv = ZB-V with --vpp 2 (docs/project.md, 'A step')",
     )
     lay.add_argument("--fsdp", action="store_true", help="shard parameters, gradients and optimizer (FSDP2/ZeRO-3)")
     lay.add_argument("--zero", type=cli.integer, choices=[0, 1], default=0, help="1: shard the optimizer only (ZeRO-1)")
