@@ -252,7 +252,7 @@ def estimate(
     zero-bubble schedule fills 2·(p − 1)·W/v of that bubble with deferred weight gradients W, as ZB-H1's
     (p − 1)·(F + B − W) bubble); in-flight counts are Megatron's (1F1B: p − s; interleaved: 2·(p − s − 1) +
     (v − 1)·p + 1; zero-bubble: stage 0's on every stage)."""
-    if schedule in V_SHAPED:  # no closed form: simulated (the search does not try it)
+    if schedule in V_SHAPED:  # no closed form: simulated (the search tries it only when --schedule asks)
         return simulate(stages, microbatches, p2p_s, schedule)
     p, m, v = len(stages), microbatches, len(stages[0])
     per_stage = [sum(c.fwd + c.bwd for c in s) for s in stages]  # one micro-batch through all of a stage's chunks

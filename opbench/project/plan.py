@@ -98,11 +98,8 @@ class Plan:
 
     @property
     def last_stage(self) -> int:
-        """The stage that runs the last piece: lm_head and the loss."""
-        return self.piece_stage(self.pp * self.vpp - 1)
-
-    def piece_stage(self, piece: int) -> int:
-        return next(s for s in range(self.pp) for c in range(self.vpp) if self.piece(c, s) == piece)
+        """The stage that runs the last piece (lm_head and the loss): the first in a V."""
+        return 0 if self.schedule in V_SHAPED else self.pp - 1
 
     def spans_nodes(self, group: int, stride: int) -> bool:
         """Whether a group of ``group`` ranks ``stride`` apart reaches past one node."""
