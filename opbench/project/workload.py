@@ -138,6 +138,11 @@ def memory_bytes(cfg: ModelConfig, lay: Layer, plan: Plan) -> float:
     return total
 
 
+def routed_top_k(cfg: ModelConfig, lay: Layer) -> int:
+    """Experts per token of a MoE layer (its routed GEMMs say; else the config)."""
+    return next((g.top_k for g in lay.gemms if g.top_k), cfg.num_experts_per_tok)
+
+
 def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: str = "fused") -> Work:
     """Forward and backward of decoder layer ``lay`` for one micro-batch on one rank, recomputation included;
     ``profile`` says whose tensor parallelism runs it (``tp_comm_items``)."""
@@ -179,7 +184,7 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
     # Expert parallelism: the all-to-all dispatcher sends a rank's T/tp tokens, top_k copies each, out and back.
     # Expert-parallel ranks sit expert_tp apart (Megatron-Core orders expert ranks etp, ep, dp, pp).
     if lay.moe and plan.ep > 1:
-        top_k = next((g.top_k for g in lay.gemms if g.top_k), cfg.num_experts_per_tok)
+        top_k = routed_top_k(cfg, lay)
         stride = plan.expert_tp
         a2a = rates.collective_time(
             "all_to_all",
@@ -290,7 +295,7 @@ def tp_comm_items(
         # their outputs before the return (Megatron-Core's all-to-all dispatcher); forward and backward alike.
         shared = any(g.layer.startswith("shared_") for g in lay.gemms)
         blocks = ("attention", "mlp") if shared else ("attention",)
-        top_k = next((g.top_k for g in lay.gemms if g.top_k), cfg.num_experts_per_tok)
+        top_k = routed_top_k(cfg, lay)
         etp = plan.expert_tp
         if etp > 1:
             size = act * top_k * etp // plan.tp
