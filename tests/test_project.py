@@ -136,7 +136,7 @@ def test_search_70b_on_64_h100s_ranks_only_fitting_layouts(llama70b):
     assert all(r.plan.label() != base.label() for r in best)
     assert rejected["does not fit in 80 GiB"] > 0 and rejected["layers do not split over pp·vpp"] > 0
     # under a pipeline FSDP (torchtitan's) projects as ZeRO-1 (Megatron's) does: the fused profile ranks ZeRO-1 only
-    assert rejected["pipeline sharding of the other framework (zero1: fused, fsdp: eager)"] > 0
+    assert rejected["same layout, other pipeline sharding (--profile fused shards zero1, eager fsdp)"] > 0
     speeds = [r.tokens_per_s for r in best]
     assert speeds == sorted(speeds, reverse=True)
     assert all(r.estimated_share == 1.0 for r in best)  # no --results: every rate from the peak table
@@ -168,15 +168,15 @@ def test_layout_rules(llama70b):
         (["--fsdp", "--zero", "1"], "field '--zero': give --fsdp or --zero 1, not both"),
         (["--results", "/etc/passwd"], "field '--results': /etc/passwd: not a folder"),
         (["--global-batch", "100", "--tp", "8"], "field '--global-batch': 100 sequences do not split into mbs·dp"),
-        (["--gemm-efficiency", "1.5"], "must be between 0 and 1"),
+        (["--gemm-efficiency", "1.5"], "must be between 0.01 and 1"),
         (["--device", "a-gpu-nobody-knows"], "no peak for 'a-gpu-nobody-knows'"),
         (["--search", "--report-dir-path", "/etc/passwd/d"], "/etc/passwd/d/project.csv: cannot write report"),
         (["--fp8", "te", "--dtype", "fp32"], "field '--fp8': FP8 GEMMs run inside bf16/fp16 mixed precision"),
         (["--fp8", "torchao", "--validate"], "field '--fp8': --validate trains in 16 or 32 bits here"),
         (["--fp8-param-gather"], "field '--fp8-param-gather': FP8 parameters are Transformer Engine's: give --fp8 te"),
-        (["--fp8", "torchao", "--fp8-recipe", "tensorwise"], "field '--fp8-recipe': a scaling recipe is Transformer"),
+        (["--fp8", "torchao", "--fp8-recipe", "delayed"], "field '--fp8-recipe': a scaling recipe is Transformer"),
         (["--fp8", "te", "--fp8-param-gather", "--fsdp"], "FP8 parameters under FSDP are not modelled"),
-        (["--hidden-dropout", "-0.1"], "field '--hidden-dropout': must be between 0 and 1, got -0.1"),
+        (["--hidden-dropout", "-0.1"], "field '--hidden-dropout': must be at least 0 and below 1, got -0.1"),
     ],
 )
 def test_bad_input_is_one_line(run, args, message):
@@ -187,6 +187,74 @@ def test_bad_input_is_one_line(run, args, message):
     assert r.returncode == 2 and message in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert not r.stdout  # refused before a projection or search is printed
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--gemm-efficiency", "0"], "field '--gemm-efficiency': must be between 0.01 and 1, got 0"),
+        (["--nic-gbs", "1e-308"], "field '--nic-gbs': must be between 0.01 and 1e+06 GB/s"),
+        (["--optimizer-bytes-per-param", "1e308"], "field '--optimizer-bytes-per-param': must be between"),
+        (["--vpp", "1000000000", "--schedule", "interleaved"], "field '--vpp': 1000000000 model chunks per stage"),
+        (["--seqlen", "99999999999"], "field '--seqlen': 99999999999 tokens is more than 16,777,216"),
+        (["--memory-reserve-gib", "100"], "field '--memory-reserve-gib': 100 GiB kept free leaves nothing of 80"),
+        (["--gpus-per-node", "3"], "field '--world-size': 8 GPUs do not fill nodes of 3"),
+        (["--hidden-dropout", "1"], "field '--hidden-dropout': must be at least 0 and below 1, got 1"),
+        (["--pp", "1", "--vpp", "2", "--schedule", "zbv"], "field '--vpp': 2 model chunks per stage need a pipeline"),
+        (["--decoder-first-pipeline-num-layers", "30"], "field '--pp': --decoder-first/last-pipeline-num-layers"),
+        (["--pp", "2", "--decoder-last-pipeline-num-layers", "15", "--account-for-loss-in-pipeline-split"],
+         "field '--account-for-loss-in-pipeline-split': the last piece's layers are given"),
+        (["--dtype", "fp32", "--grad-dtype", "bf16"], "field '--grad-dtype': bf16 gradients are a 16-bit training's"),
+        (["--etp", "2"], "field '--etp': Llama3.1_8B has no experts"),
+        (["--fp8-recipe", "delayed"], "field '--fp8-recipe': a scaling recipe is Transformer Engine's"),
+        # --search: a flag every layout keeps is the user's to fix (it rejected all 1,323 and exited 0)
+        (["--search", "--fp8", "te", "--fp8-recipe", "tensorwise", "--dtype", "fp32"], "field '--fp8': FP8 GEMMs"),
+        (["--search", "--microbatches", "1"], "field '--microbatches': --search ranks every layout at one global"),
+    ],
+)  # fmt: skip
+def test_flags_a_projection_cannot_use_are_one_line_before_anything_is_printed(capsys, args, message):
+    """Zero efficiencies divided by zero, a billion model chunks ran out of memory, 1e308 bytes printed 'step inf
+    s', and flags that changed nothing still showed in the layout's label; each is now one line, exit 2."""
+    from opbench.core.errors import run_cli
+    from opbench.project.__main__ import main
+
+    argv = ["--model", "Llama3.1_8B", "--device", "H100", "--world-size", "8", *args]
+    rc = run_cli(main, argv, prog="opbench project")
+    out, err = capsys.readouterr()
+    assert rc == 2 and err.startswith(f"opbench project: error: {message}") and len(err.splitlines()) == 1, err
+    assert not out
+
+
+def test_odd_config_files_and_foreign_rates_are_named(tmp_path, capsys):
+    """A config integer of 5,000 digits (a ValueError traceback) and a Primus-style DeepSeek entry without MLA's
+    fields (GEMMs of width 0, projected without a word) are one line; rates measured on another device, or a
+    --results folder with no rows, are used or ignored with a note saying so."""
+    from opbench.core.errors import run_cli
+    from opbench.project.__main__ import main
+
+    big = tmp_path / "big.json"
+    tiny = json.loads((EXAMPLES / "tiny-llama" / "config.json").read_text())
+    big.write_text(json.dumps(tiny).replace('"num_hidden_layers": 2', '"num_hidden_layers": ' + "9" * 5000))
+    deepseek = tmp_path / "ds.json"
+    entry = {"model": "ds", "model_type": "deepseek_v3", "hidden_size": 1024, "num_attention_heads": 8,
+             "intermediate_size": 2048, "num_hidden_layers": 4, "vocab_size": 32000, "seqlen": 4096}  # fmt: skip
+    deepseek.write_text(json.dumps([entry]))
+    for path, message in ((big, "holds a number of more than 4,300 digits"), (deepseek, "field 'kv_lora_rank'")):
+        rc = run_cli(main, ["--model-config-path", str(path), "--world-size", "1"], prog="opbench project")
+        err = capsys.readouterr().err
+        assert rc == 2 and str(path) in err and message in err and len(err.splitlines()) == 1, err
+    cpu = tmp_path / "cpu"
+    cpu.mkdir()
+    (cpu / "benchmark_gemm_x.csv").write_text("model,layer,pass,m,n,k,dtype,backend,time_s,status\n"
+                                              "x,qkv,fwd,64,64,64,bf16,torch,1e-05,ok\n")  # fmt: skip
+    (cpu / "benchmark_gemm_x.meta.json").write_text(json.dumps({"benchmark": "gemm", "device_name": "AMD EPYC"}))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    base = ["--model", "Qwen3_0.6B", "--world-size", "1", "--seqlen", "512", "--microbatches", "1", "--device", "H100"]
+    assert run_cli(main, [*base, "--results", str(cpu)], prog="opbench project") == 0
+    assert "note: --results holds rows measured on AMD EPYC, not H100: they are used" in capsys.readouterr().err
+    assert run_cli(main, [*base, "--results", str(empty)], prog="opbench project") == 0
+    assert "note: --results holds no rows of an opbench benchmark: every rate is estimated" in capsys.readouterr().err
 
 
 def test_rates_from_results_are_looked_up_interpolated_and_named(tmp_path, run):
@@ -786,9 +854,8 @@ EXAMPLES = ROOT / "examples" / "configs"  # the README's small models: a Llama-s
 @pytest.fixture(scope="module")
 def tiny_llama_rates(tmp_path_factory) -> str:
     """tiny-llama's rates on this machine, measured once the way --validate measures them (its own function, one
-    thread per rank as the runs below train, the collectives of both sharded layouts over two ranks). The
-    --validate runs of tiny-llama reuse them with --results, as a user validating several layouts would; the MoE
-    case measures its own."""
+    thread per rank as the runs below train, FSDP's collectives over two ranks). The --validate runs of tiny-llama
+    reuse them with --results, as a user validating several layouts would; the MoE case measures its own."""
     import argparse
 
     from opbench.project import validate
@@ -799,7 +866,7 @@ def tiny_llama_rates(tmp_path_factory) -> str:
     args = argparse.Namespace(model_config_path=str(EXAMPLES / "tiny-llama"), model_name=None)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(validate, "threads_per_rank", lambda world: 1)  # OMP_NUM_THREADS=1 in the runs below
-        validate.measure_rates(cfg, plan, args, folder, "cpu", "all_gather,reduce_scatter,all_reduce,broadcast")
+        validate.measure_rates(cfg, plan, args, folder, "cpu", "all_gather,reduce_scatter")
     return str(folder)
 
 
@@ -858,21 +925,18 @@ def test_projection_matches_a_real_single_process_step(run, tmp_path, record, ki
         assert rows[exact]["projected"] == rows[exact]["measured"], exact
 
 
+# Two ranks under FSDP (ZeRO-1's two-rank training and its state bytes: the 16-bit test below; its step time was a
+# second 30 s run here that CI's 15 minutes could not keep)
 @pytest.mark.slow
-@pytest.mark.parametrize("sharding", ["--fsdp", "--zero"])
-def test_projection_matches_a_real_two_rank_step(run, tmp_path, record, sharding, tiny_llama_rates):
+def test_projection_matches_a_real_two_rank_step(run, tmp_path, record, tiny_llama_rates):
     config = str(EXAMPLES / "tiny-llama")
-    extra = [sharding] + (["1"] if sharding == "--zero" else []) + ["--results", tiny_llama_rates]
+    extra = ["--fsdp", "--results", tiny_llama_rates]
     rows = _validate(run, tmp_path, config, "--world-size", "2", "--nproc-per-node", "2", *extra)
     ratio = float(rows["step_time_s"]["ratio"])
-    peak = float(rows["peak_memory_one_microbatch_bytes"]["ratio"]) if sharding == "--fsdp" else None
-    record(
-        f"project --validate, 2 ranks {sharding.strip('-')}: step time projected/measured {ratio:.3f}"
-        + (f", peak memory {peak:.3f}" if peak is not None else "")
-    )
+    peak = float(rows["peak_memory_one_microbatch_bytes"]["ratio"])
+    record(f"project --validate, 2 ranks fsdp: step time projected/measured {ratio:.3f}, peak memory {peak:.3f}")
     assert STEP_TIME_BAND[0] <= ratio <= STEP_TIME_BAND[1]
-    if peak is not None:  # FSDPMemTracker: the root gathered through the step, a layer and the prefetched next
-        assert 0.98 <= peak <= 1.02
+    assert 0.98 <= peak <= 1.02  # FSDPMemTracker: the root gathered through the step, a layer and the prefetched next
     for exact in ("params_bytes", "grads_bytes", "optimizer_bytes"):  # rank 0's real tensors, padding included
         assert rows[exact]["projected"] == rows[exact]["measured"], exact
 

@@ -120,6 +120,8 @@ def parse_storage_options(text: str | None) -> dict[str, Any]:
         raise UsageError(f"not valid JSON ({exc.msg} at character {exc.pos})", field="--storage-options") from None
     except RecursionError:
         raise UsageError("JSON nested too deeply", field="--storage-options") from None
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise UsageError(f"not valid JSON ({str(exc)[:120]})", field="--storage-options") from None
     if not isinstance(value, dict):
         raise UsageError('must be a JSON object like {"default_block_size": 5242880}', field="--storage-options")
     return value

@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cli.add_model_args(g, model_help="add this model's three heaviest dense GEMMs to the compute check")
     g.add_argument(
-        "--seqlen", type=positive_int, default=None, help="sequence length for --model (default: the model's)"
+        "--seqlen", type=cli.sequence_length, default=None, help="sequence length for --model (default: the model's)"
     )
     g.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size for --model's GEMMs")
     g.add_argument(

@@ -111,7 +111,7 @@ def load_expect(path: str) -> dict[str, dict[str, list[Threshold]]]:
     text = read_small_text(path, 16 << 20, "a JSON file of thresholds", field="--expect")
     try:
         data = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # ValueError: malformed, or an integer too long to convert
         raise UsageError(f"not valid JSON ({str(exc)[:120]})", source=path, field="--expect") from None
     if not isinstance(data, dict):
         raise UsageError("must be a JSON object of checks", source=path, field="--expect")

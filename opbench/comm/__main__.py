@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ep", type=positive_int, default=None, help="expert-parallel size (default: world size)")
     g.add_argument("--pp", type=positive_int, default=None, help="pipeline-parallel size (default: world size)")
     cli.add_mbs_arg(g, help="micro-batch sizes for model-derived sizes, e.g. 1,2,4,8")
-    g.add_argument("--seqlen", type=positive_int, default=None, help="sequence length (default: the model's)")
+    g.add_argument("--seqlen", type=cli.sequence_length, default=None, help="sequence length (default: the model's)")
     g.add_argument(
         "--sizes-from-trace",
         type=flags.trace_paths,

@@ -183,6 +183,16 @@ def layer_count(text: str) -> int:
     return value
 
 
+MAX_SEQLEN = 1 << 24  # tokens per sequence: a config's seqlen meets the same bound (models.config.MAX_CONFIG_INT)
+
+
+def sequence_length(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_SEQLEN:
+        raise argparse.ArgumentTypeError(f"{value} tokens is more than {MAX_SEQLEN:,}; is that a typo?")
+    return value
+
+
 def world_size(text: str) -> int:
     value = positive_int(text)
     if value > MAX_WORLD:
@@ -328,7 +338,11 @@ def add_model_args(
     )
     parser.add_argument("--model", type=model_selection, default=model_default, help=model_help)
     if with_name:
-        parser.add_argument("--model-name", default=None, help="name for an HF config.json (default: the file's stem)")
+        parser.add_argument(
+            "--model-name",
+            default=None,
+            help="name for an HF config.json (default: its folder's name for a config.json, else the file's stem)",
+        )
 
 
 def add_mbs_arg(

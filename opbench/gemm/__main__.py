@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         "CPU, at its own on a GPU)",
     )
     cli.add_output_args(p, dir_default="out", dir_help="where benchmark_gemm_<model>.csv files go")
-    p.add_argument("--seqlen", type=positive_int, default=None, help="sequence length (default: the model's)")
+    p.add_argument("--seqlen", type=cli.sequence_length, default=None, help="sequence length (default: the model's)")
     cli.add_mbs_arg(p)
     p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size")
     p.add_argument("--ep", type=positive_int, default=1, help="expert-parallel size")

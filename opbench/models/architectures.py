@@ -463,6 +463,13 @@ def _read_deepseek(version: str) -> Callable[[FieldReader, dict[str, Any]], None
     def read(r: FieldReader, f: dict[str, Any]) -> None:
         f["attention_bias"] = r.flag("attention_bias", False)
         f["extra"]["mlp_bias"] = r.flag("mlp_bias", False) if version == "v2" else False
+        if f.get("kv_lora_rank") is None:  # a Primus-style entry has no transformers defaults to fall back on
+            raise UsageError(
+                "missing: DeepSeek's attention is multi-head latent attention (give kv_lora_rank, "
+                "qk_nope_head_dim, qk_rope_head_dim and v_head_dim)",
+                source=r.where,
+                field="kv_lora_rank",
+            )
         if version == "v32":
             x = f["extra"]
             for key, default in (("index_topk", 2048), ("index_head_dim", 128), ("index_n_heads", 64)):

@@ -381,6 +381,10 @@ def read_json(path: Path) -> Any:
         ) from None
     except RecursionError:
         raise UsageError("JSON nested too deeply to be a config", source=str(path)) from None
+    except ValueError:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise UsageError(
+            f"holds a number of more than {sys.get_int_max_str_digits():,} digits: not a config", source=str(path)
+        ) from None
 
 
 def config_file(path: Path) -> tuple[Path, str]:

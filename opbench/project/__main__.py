@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -33,6 +33,18 @@ from .schema import COMM_KINDS, SCHEMA
 from .step import Projection, Projector
 
 CSV_NAME = "project.csv"
+# Flags --search keeps as given in every layout it tries (the rest it varies)
+SEARCH_KEEPS = frozenset(
+    {
+        "--fp8",
+        "--fp8-recipe",
+        "--fp8-param-gather",
+        "--grad-dtype",
+        "--etp",
+        "--account-for-embedding-in-pipeline-split",
+        "--account-for-loss-in-pipeline-split",
+    }
+)
 DEFAULT_GLOBAL_BATCH_TOKENS = 4 << 20  # 4 Mi tokens per step when neither --global-batch nor --microbatches
 DEFAULT_RESERVE_GIB = 4.0
 
@@ -43,13 +55,6 @@ DROPOUT_FIELDS = ("hidden_dropout", "resid_pdrop", "residual_dropout", "hidden_d
 
 def _positive(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-
-
-def fraction(text: str) -> float:
-    value = finite_float(text)
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
-    return value
 
 
 def positive_float(text: str) -> float:
@@ -66,6 +71,39 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def dropout(text: str) -> float:
+    value = finite_float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1, got {text}")
+    return value
+
+
+def within(low: float, high: float, unit: str = "") -> Callable[[str], float]:
+    """A figure from ``low`` to ``high`` (a share, a rate, a latency, a size: beyond them a step's time or memory
+    divides by zero, overflows into inf or rounds to nothing)."""
+
+    def parse(text: str) -> float:
+        value = finite_float(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"must be between {low:g} and {high:g}{' ' + unit if unit else ''}, got {text}"
+            )
+        return value
+
+    return parse
+
+
+fraction = within(0, 1)
+efficiency = within(0.01, 1)  # a share of a peak a kernel reaches: below 1 % is a typo, and 0 a division by zero
+
+
+def model_chunks(text: str) -> int:
+    value = positive_int(text)
+    if value > cli.MAX_LAYERS:
+        raise argparse.ArgumentTypeError(f"{value} model chunks per stage is more than {cli.MAX_LAYERS:,} layers")
+    return value
+
+
 def scale_factor(text: str) -> float:
     """A calibration factor: 0.01 to 100 (a step cannot be 100 times faster or slower than its kernels say)."""
     value = positive_float(text)
@@ -78,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = cli.parser("opbench project", __doc__)
     m = p.add_argument_group("model and batch")
     cli.add_model_args(m, model_help="the model (one name from the configs)")
-    m.add_argument("--seqlen", type=positive_int, default=None, help="sequence length (default: the config's)")
+    m.add_argument("--seqlen", type=cli.sequence_length, default=None, help="sequence length (default: the config's)")
     m.add_argument("--mbs", type=positive_int, default=1, help="micro-batch size, sequences (default: 1)")
     m.add_argument(
         "--global-batch",
@@ -100,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         lay.add_argument(flag, type=positive_int, default=1, help=f"{what} size (default: 1)")
     lay.add_argument("--etp", type=positive_int, default=None, help="expert tensor parallel (default: --tp)")
-    lay.add_argument("--vpp", type=positive_int, default=1, help="model chunks per pipeline stage (interleaved)")
+    lay.add_argument("--vpp", type=model_chunks, default=1, help="model chunks per pipeline stage (interleaved)")
     lay.add_argument(
         "--schedule",
         choices=SCHEDULES,
@@ -145,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     lay.add_argument(
         "--fp8-recipe",
         choices=FP8_SCALINGS,
-        default="delayed",
+        default=None,
         help="with --fp8 te, Megatron's --fp8-recipe: delayed scaling (default) or tensorwise current scaling "
         "(Megatron-Bridge's FP8-CS), whose casts take each tensor's amax in a pass of their own",
     )
@@ -164,13 +202,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     lay.add_argument(
         "--hidden-dropout",
-        type=fraction,
+        type=dropout,
         default=0.0,
         metavar="P",
         help="dropout on the embedding and each block's output, as Megatron's flag (default 0, as LLM recipes "
         "train; Megatron's own default is 0.1): each keeps a 1-byte mask for backward",
     )
-    lay.add_argument("--memory-gib", type=positive_float, default=None, help="memory per GPU (default: the device's)")
+    lay.add_argument(
+        "--memory-gib", type=within(0.01, 1 << 20, "GiB"), default=None, help="memory per GPU (default: the device's)"
+    )
     lay.add_argument(
         "--memory-reserve-gib",
         type=non_negative_float,
@@ -196,18 +236,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a = Assumptions()
     for flag, default, what, kind in (
-        ("--gemm-efficiency", a.gemm_efficiency, "share of the dense peak a GEMM reaches without a row", fraction),
+        ("--gemm-efficiency", a.gemm_efficiency, "share of the dense peak a GEMM reaches without a row", efficiency),
         (
             "--attention-efficiency",
             a.attention_efficiency,
             "share of the peak attention reaches without a row",
-            fraction,
+            efficiency,
         ),
-        ("--memory-efficiency", a.memory_efficiency, "share of HBM bandwidth a streaming kernel reaches", fraction),
-        ("--link-efficiency", a.link_efficiency, "share of a link's peak a collective's busbw reaches", fraction),
-        ("--nic-gbs", a.nic_gbs, "network GB/s per GPU per direction", positive_float),
-        ("--latency-us-intra", a.latency_us_intra, "a collective's fixed cost inside a node, µs", positive_float),
-        ("--latency-us-inter", a.latency_us_inter, "... across nodes, µs", positive_float),
+        ("--memory-efficiency", a.memory_efficiency, "share of HBM bandwidth a streaming kernel reaches", efficiency),
+        ("--link-efficiency", a.link_efficiency, "share of a link's peak a collective's busbw reaches", efficiency),
+        ("--nic-gbs", a.nic_gbs, "network GB/s per GPU per direction", within(0.01, 1e6, "GB/s")),
+        (
+            "--latency-us-intra",
+            a.latency_us_intra,
+            "a collective's fixed cost inside a node, µs",
+            within(1e-3, 1e6, "µs"),
+        ),
+        ("--latency-us-inter", a.latency_us_inter, "... across nodes, µs", within(1e-3, 1e6, "µs")),
         (
             "--tp-overlap",
             a.tp_overlap,
@@ -217,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("--ep-overlap", a.ep_overlap, "share of the EP all-to-all hidden", fraction),
     ):
         r.add_argument(flag, type=kind, default=default, help=f"{what} (default: {default:g})")
-    r.add_argument("--memory-bandwidth-gbs", type=positive_float, default=None, help="memory bandwidth, GB/s")
+    r.add_argument("--memory-bandwidth-gbs", type=within(1, 1e6, "GB/s"), default=None, help="memory bandwidth, GB/s")
     r.add_argument(
         "--compute-scale",
         type=scale_factor,
@@ -227,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument(
         "--optimizer-bytes-per-param",
-        type=positive_float,
+        type=within(1e-3, 1024, "bytes"),
         default=None,
         help="bytes the optimizer moves per parameter (default: 30 fused mixed precision, 28 fp32, "
         "80 eager PyTorch AdamW)",
@@ -281,6 +326,8 @@ def base_plan(cfg: ModelConfig, args: argparse.Namespace) -> Plan:
         raise UsageError(f"{cfg.name} has no seqlen; pass --seqlen", field="--seqlen")
     if args.fsdp and args.zero:
         raise UsageError("give --fsdp or --zero 1, not both", field="--zero")
+    if args.fp8_recipe is not None and args.fp8 != "te":  # torchao's float8 is tensorwise, with no recipe to choose
+        raise UsageError("a scaling recipe is Transformer Engine's: give --fp8 te", field="--fp8-recipe")
     plan = Plan(
         world=args.world_size,
         seqlen=seqlen,
@@ -299,7 +346,7 @@ def base_plan(cfg: ModelConfig, args: argparse.Namespace) -> Plan:
         grad_dtype=args.grad_dtype,
         fp8=args.fp8,
         fp8_param_gather=args.fp8_param_gather,
-        fp8_recipe=args.fp8_recipe,
+        fp8_recipe=args.fp8_recipe or "delayed",
         hidden_dropout=args.hidden_dropout,
         first_layers=args.decoder_first_pipeline_num_layers,
         last_layers=args.decoder_last_pipeline_num_layers,
@@ -384,9 +431,12 @@ def breakdown(
         f"micro-batch(es) of {p.mbs} × {p.seqlen} tokens per DP rank, global batch {p.global_batch}",
         f"step {r.step_s:.4g} s   {r.tokens_per_s:,.0f} tokens/s"
         + (f"   MFU {100 * r.mfu:.1f} %" if r.mfu is not None else "")
+        + (f" (of the {p.dtype} peak)" if r.mfu is not None and p.fp8 != "none" else "")
         + f"   ({100 * r.estimated_share:.0f} % of the time from estimated rates)",
         "",
     ]
+    if r.mfu is not None and r.mfu > 1 and p.fp8 == "none":
+        lines.insert(2, "note: MFU above 100 %: --compute-scale or the rates put the step's FLOPs beyond the peak")
     parts = [("compute (GEMM, attention, memory-bound)", r.compute_s)]
     parts += [(f"exposed {k.replace('_', ' ')}", v) for k, v in r.exposed_comm_s.items() if v > 0]
     parts += [("pipeline bubble", r.bubble_s)] if p.pp > 1 else []
@@ -451,7 +501,7 @@ def _reason_class(found: tuple[str, str]) -> str:
         "--global-batch": "global batch does not split over mbs·dp",
         "--microbatches": "interleaving needs micro-batches a multiple of pp",
         "--cp": "seqlen does not split over 2·cp",
-        "--zero": "pipeline sharding of the other framework (zero1: fused, fsdp: eager)",
+        "--zero": "same layout, other pipeline sharding (--profile fused shards zero1, eager fsdp)",
     }.get(flag, why)
 
 
@@ -478,6 +528,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise UsageError(f"projects one model at a time, got {len(configs)}", field="--model")
     (cfg,) = configs
     plan = base_plan(cfg, args)
+    if args.search:
+        if args.microbatches:
+            raise UsageError(
+                "--search ranks every layout at one global batch (each layout's micro-batches follow from its "
+                "mbs·dp): give --global-batch",
+                field="--microbatches",
+            )
+        # a flag the search keeps for every layout: a problem with it would reject them all, and print nothing
+        fixed = [(flag, why) for flag, why in problems(cfg, plan) if flag in SEARCH_KEEPS]
+        if fixed:
+            raise UsageError(fixed[0][1], field=fixed[0][0])
+    splits = args.search or not plan.world % (plan.tp * plan.pp * plan.cp)  # else that is the first thing to say
+    if plan.gpus_per_node < plan.world and plan.world % plan.gpus_per_node and splits:
+        raise UsageError(
+            f"{plan.world} GPUs do not fill nodes of {plan.gpus_per_node} (--gpus-per-node)", field="--world-size"
+        )
     config_dropout = next((k for k in DROPOUT_FIELDS if _positive(cfg.raw.get(k))), None)
     if config_dropout and not plan.hidden_dropout and not args.validate:
         print(
@@ -500,6 +566,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(f"note: {one_line(note)}", file=sys.stderr)
     memory_gib: float | None = args.memory_gib or _device_memory_gib(rates.device)
+    if memory_gib is not None and args.memory_reserve_gib >= memory_gib:
+        raise UsageError(
+            f"{args.memory_reserve_gib:g} GiB kept free leaves nothing of {memory_gib:g} GiB for a step",
+            field="--memory-reserve-gib",
+        )
     projector = Projector(cfg, rates, args.activation_profile, memory_gib, args.memory_reserve_gib)
     csv_path = cli.output_csv(args, CSV_NAME)
     with outputs.claimed(*([csv_path] if csv_path else [])):  # a bad or busy output path stops before the search

@@ -459,10 +459,11 @@ def activation_bytes(
     buffers = 0
     if plan.recompute in ("full", "op") and layers:  # one layer's recomputed activations during its backward
         full = replace(plan, recompute="none")
-        buffers += max(
-            layer_activation_bytes(cfg, lay, full, profile) - layer_activation_bytes(cfg, lay, plan, profile)
-            for lay in first.values()
-        )
+        buffers += max(  # none (op under TP can keep more than no recomputation: matmul outputs, whole sequences)
+            0,
+            *(layer_activation_bytes(cfg, lay, full, profile) - layer_activation_bytes(cfg, lay, plan, profile)
+              for lay in first.values()),
+        )  # fmt: skip
     if stage == plan.last_stage:
         kept += head_activation_bytes(cfg, plan, profile)
         vocab = padded_vocab(cfg.vocab_size, plan.tp) // plan.tp

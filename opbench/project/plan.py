@@ -7,6 +7,7 @@ apart. Pure Python.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
@@ -110,6 +111,8 @@ class Plan:
         do not split: the first and last piece as given, the rest evenly over the other pieces, where the
         embedding and the loss may each count as one layer (docs/project.md, "Layouts")."""
         pieces = self.pp * self.vpp
+        if pieces > n_layers + 2:  # every piece but one holding the embedding or the loss needs a layer
+            return None
         counts = [0] * pieces
         inner = list(range(pieces))
         rest = n_layers
@@ -175,7 +178,9 @@ def problems(cfg: ModelConfig, plan: Plan, layers: Sequence[Layer] | None = None
     n_layers = cfg.num_hidden_layers
     if n_layers is None:
         return [("num_hidden_layers", "the config has no layer count; a step needs it")]
-    if plan.piece_layers(n_layers) is None:
+    if plan.pp == 1 and (plan.first_layers is not None or plan.last_layers is not None):
+        out.append(("--pp", "--decoder-first/last-pipeline-num-layers split a pipeline: give --pp 2 or more"))
+    elif plan.piece_layers(n_layers) is None:
         if plan.uneven:
             out.append(
                 (
@@ -196,6 +201,19 @@ def problems(cfg: ModelConfig, plan: Plan, layers: Sequence[Layer] | None = None
         out.append(("--vpp", f"--schedule {plan.schedule} runs two model chunks per stage: --vpp 2"))
     elif plan.vpp > 1 and plan.schedule not in (*INTERLEAVED, *V_SHAPED):
         out.append(("--vpp", "model chunks per stage need --schedule interleaved, interleaved-zero-bubble or zbv"))
+    elif plan.vpp > 1 and plan.pp == 1:
+        out.append(("--vpp", f"{plan.vpp} model chunks per stage need a pipeline: give --pp 2 or more"))
+    for given, flag, piece in ((plan.first_layers, "embedding", "first"), (plan.last_layers, "loss", "last")):
+        if given is not None and (plan.embedding_as_layer if flag == "embedding" else plan.loss_as_layer):
+            out.append(
+                (
+                    f"--account-for-{flag}-in-pipeline-split",
+                    f"the {piece} piece's layers are given (--decoder-{piece}-pipeline-num-layers): there is no even "
+                    f"split for the {flag} to count in",
+                )
+            )
+    if plan.grad_dtype == "bf16" and plan.dtype == "fp32":
+        out.append(("--grad-dtype", "bf16 gradients are a 16-bit training's (--dtype bf16 or fp16)"))
     if plan.global_batch % (plan.mbs * plan.dp):
         out.append(("--global-batch", f"{plan.global_batch} sequences do not split into mbs·dp = {plan.mbs}·{plan.dp}"))
     elif plan.microbatches > MAX_MICROBATCHES:
@@ -207,12 +225,14 @@ def problems(cfg: ModelConfig, plan: Plan, layers: Sequence[Layer] | None = None
                 "or a longer --seqlen",
             )
         )
-    elif plan.vpp > 1 and plan.microbatches % plan.pp:
+    elif plan.vpp > 1 and plan.schedule not in V_SHAPED and plan.microbatches % plan.pp:  # ZB-V takes any count
         out.append(("--microbatches", f"{plan.microbatches} micro-batches: interleaving needs a multiple of pp"))
     if plan.cp > 1 and plan.seqlen % (2 * plan.cp):
         out.append(("--cp", f"seqlen {plan.seqlen} is not a multiple of 2·cp (load-balanced causal context parallel)"))
     if plan.ep > 1 and not cfg.is_moe:
         out.append(("--ep", f"{cfg.name} has no experts"))
+    elif plan.etp is not None and not cfg.is_moe:
+        out.append(("--etp", f"{cfg.name} has no experts"))
     elif cfg.is_moe and (plan.tp * plan.cp * plan.dp) % (plan.ep * plan.expert_tp):
         out.append(
             ("--ep", f"ep·etp = {plan.ep * plan.expert_tp} does not divide tp·cp·dp = {plan.tp * plan.cp * plan.dp}")
@@ -251,7 +271,8 @@ def check(cfg: ModelConfig, plan: Plan, layers: Sequence[Layer] | None = None) -
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
 
 
 def _model_chunks(cfg: ModelConfig, pp: int) -> list[int]:

@@ -270,6 +270,11 @@ class Rates:
         self.gpus_per_node = gpus_per_node
         self.device = device or (names[0] if names else None)
         self.peak: Peak | None = lookup_peak(self.device) if self.device else None
+        self.asked = list(results)
+        self.read_any = bool(frames)
+        # devices --results were measured on that are not the projection's (by the peak table: 'H100' and 'NVIDIA
+        # H100 80GB HBM3' are one): their rows are used as measured, which the user should hear
+        self.other_devices = sorted({n for n in names if n != self.device and lookup_peak(n) != self.peak})
         self.gemm, self.gemm_fp8 = kind("gemm", (dtype, "fp8"))
         (self.attention,) = kind("attention")
         (self.comm,) = kind("comm")
@@ -290,6 +295,13 @@ class Rates:
         """What the user should know about --results: files not read and rows left out for bad numbers, counted,
         the first named."""
         out = []
+        if self.asked and not self.read_any:
+            out.append("--results holds no rows of an opbench benchmark: every rate is estimated from the peak table")
+        if self.other_devices:
+            out.append(
+                f"--results holds rows measured on {', '.join(self.other_devices)}, not {self.device}: they are used "
+                "as they are (give --results measured on the target)"
+            )
         if self.unread:
             files = "; ".join(f"{where}: {why}" for where, why in self.unread[:3])
             more = f"; and {len(self.unread) - 3} more" if len(self.unread) > 3 else ""
