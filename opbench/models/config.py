@@ -457,7 +457,8 @@ def select_models(configs: Sequence[ModelConfig], selection: str | Iterable[str]
                 f"unknown model {', '.join(repr(m) for m in missing)}; available: {', '.join(c.name for c in configs)}",
                 field="--model",
             )
-        chosen = [c for c in map(find, wanted) if c is not None]
+        found = [c for c in map(find, wanted) if c is not None]
+        chosen = [c for i, c in enumerate(found) if all(c is not d for d in found[:i])]  # a name given twice: once
     for cfg in chosen:
         for note in cfg.notes:
             print(f"warning: {note}", file=sys.stderr)

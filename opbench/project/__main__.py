@@ -365,9 +365,11 @@ def base_plan(cfg: ModelConfig, args: argparse.Namespace) -> Plan:
 
 
 def default_global_batch(plan: Plan) -> int:
-    """4 Mi tokens' worth of sequences, at most MAX_MICROBATCHES micro-batches per DP rank (a short --seqlen on
-    few GPUs would ask for hundreds of thousands)."""
-    return max(1, min(DEFAULT_GLOBAL_BATCH_TOKENS // plan.seqlen, MAX_MICROBATCHES * plan.mbs * max(1, plan.dp)))
+    """As near 4 Mi tokens' worth of sequences as whole micro-batches on every DP rank allow (24 DP ranks take 504
+    of 8,192 tokens, not 512, which no layout of them splits), at least one each and at most MAX_MICROBATCHES (a
+    short --seqlen on few GPUs would ask for hundreds of thousands)."""
+    per_step = plan.mbs * max(1, plan.dp)
+    return per_step * max(1, min(DEFAULT_GLOBAL_BATCH_TOKENS // plan.seqlen // per_step, MAX_MICROBATCHES))
 
 
 def row(
@@ -468,9 +470,8 @@ def search(
     seen = 0
     for plan in layouts(cfg, base):
         seen += 1
-        if not global_batch_set:  # the default: as near 4 Mi tokens as whole micro-batches on every DP rank allow
-            per_step = plan.mbs * plan.dp
-            plan = replace(plan, global_batch=per_step * max(1, min(base.global_batch // per_step, MAX_MICROBATCHES)))
+        if not global_batch_set:  # the default, for this layout's DP ranks and micro-batch
+            plan = replace(plan, global_batch=default_global_batch(plan))
         found = problems(cfg, plan, projector.layers)
         if plan.pp > 1 and plan.sharding == ("zero1" if projector.profile == "eager" else "fsdp"):
             # under a pipeline ZeRO-1 (Megatron-Core's, the fused profile) and FSDP (torchtitan's, eager) project
