@@ -362,6 +362,12 @@ def test_primus_dense_mistral_entry_warns_that_it_is_timed_dense(tmp_path, capsy
     (cfg,) = select_models(load_model_configs(str(path)), "Mistral_8x7B")
     err = capsys.readouterr().err.strip().splitlines()
     assert not cfg.is_moe and len(err) == 2 and f"{GUESSED}'mistral'" in err[0] and "timed as a dense model" in err[1]
+    # any MoE model_type left without its experts says so too (a Qwen3-MoE entry was timed dense without a word)
+    path.write_text(json.dumps([{**PRIMUS_LLAMA, "model": "q", "model_type": "qwen3_moe"}]))
+    (cfg,) = select_models(load_model_configs(str(path)), "q")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert not cfg.is_moe and err == [f"warning: {path}[0]: model 'q': no expert fields (n_routed_experts/"
+                                      "num_local_experts), so this qwen3_moe model is timed as a dense one"]  # fmt: skip
 
 
 # --- bad per-architecture fields: one line naming the file and the field, exit 2, in every tool ------------------

@@ -357,6 +357,11 @@ def parse_model_config(
             f"{where}: no expert fields (n_routed_experts/num_local_experts), so this Mixtral is timed as a dense "
             "model; the built-in config of the same name has its 8 experts (leave out --model-config-path)"
         )
+    elif not experts and arch.moe:  # a MoE model_type with no expert fields (a Primus-style entry: no defaults)
+        notes.append(
+            f"{where}: no expert fields (n_routed_experts/num_local_experts), so this {arch_name} model is timed as "
+            "a dense one"
+        )
     if experts and arch_name.startswith("deepseek") and "first_k_dense_replace" not in obj and not hf:
         # Primus' own model_configs.json has DeepSeek entries without it; DeepSeek's configs have 1 (V2, V2-Lite), 3 (V3)
         notes.append(
