@@ -452,6 +452,11 @@ GPT_7B = {
     "num_key_value_heads": 8, "num_hidden_layers": 32, "vocab_size": 131073, "max_position_embeddings": 8192,
     "use_bias": True, "tie_word_embeddings": False,
 }  # fmt: skip
+# Megatron's GPT test model of its functional tests: 12 layers of 512, 8 heads, GELU MLP of 4h, LayerNorm, biases,
+# learned positions, tied embeddings, GPT-2's vocabulary; Megatron's default dropouts (0.1) unless a test sets 0
+GPT_SMALL = {"model_type": "gpt2", "n_embd": 512, "n_head": 8, "n_layer": 12, "vocab_size": 50257, "n_positions": 1024}
+SMALL = "--mbs 4 --global-batch 32 --seqlen 1024 --world-size 8"
+DROPOUT = "--hidden-dropout 0.1 --attention-dropout 0.1"
 LLAMA_32_1B = {
     "model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192, "num_attention_heads": 32,
     "num_key_value_heads": 8, "num_hidden_layers": 16, "vocab_size": 128256, "head_dim": 64,
@@ -503,11 +508,96 @@ MEMORY = [
     PublishedMemory(
         "Llama-3.2-1B, 8 H100 DP, seq 1024, Megatron-Bridge",
         LLAMA_32_1B,
-        "--world-size 8 --mbs 1 --global-batch 512 --zero 1 --seqlen 1024",
+        "--world-size 8 --mbs 1 --global-batch 512 --zero 1 --seqlen 1024 --cross-entropy-loss-fusion",
         0,
         int(12003.60400390625 * 2**20),
         "github.com/verdimrc/playground-nemo-2.0-gh 05-byoc-te-mb/with-ngc-pytorch-25.06-cleanup.md (MCore 0.15)",
-        "rank 0 after 10 steps; fp32 gradients, distributed optimizer",
+        "rank 0 after 10 steps; fp32 gradients, distributed optimizer, CE fusion",
+    ),
+    *(
+        PublishedMemory(f"Megatron GPT 12×512, {name}", GPT_SMALL, flags, stage, peak, MEGATRON_CI.format(case), note)
+        for name, flags, stage, peak, case, note in (
+            (
+                "dist. optimizer",
+                f"{SMALL} --zero 1 {DROPOUT}",
+                0,
+                2691792384,
+                "gpt3_mcore_te_tp1_pp1_resume_torch_dist_dist_optimizer",
+                "TE, flash",
+            ),
+            (
+                "dist. optimizer, unfused attention",
+                f"{SMALL} --zero 1 {DROPOUT} --attention-backend unfused",
+                0,
+                4702430720,
+                "gpt3_mcore_te_tp1_pp1_dist_optimizer_no_mmap_bin_files",
+                "TE",
+            ),
+            (
+                "full recompute",
+                f"{SMALL} {DROPOUT} --recompute full",
+                0,
+                2561334272,
+                "gpt3_mcore_te_tp1_pp1_resume_torch_dist_uniform_full_recompute",
+                "TE, flash",
+            ),
+            (
+                "pp2, local",
+                f"{SMALL} --pp 2 {DROPOUT} --attention-backend local",
+                1,
+                3633177600,
+                "gpt3_mcore_tp1_pp2",
+                "last stage; Megatron's own layers",
+            ),
+            (
+                "pp4, local",
+                f"{SMALL} --pp 4 {DROPOUT} --attention-backend local",
+                3,
+                2746575872,
+                "gpt3_mcore_tp1_pp4",
+                "last stage; Megatron's own layers",
+            ),
+            (
+                "pp4 vpp3, unfused",
+                f"{SMALL} --pp 4 --vpp 3 {DROPOUT} --attention-backend unfused",
+                3,
+                4161191424,
+                "gpt3_mcore_te_tp1_pp4_vp1",
+                "last stage; TE",
+            ),
+            (
+                "pp4 vpp3, dist. optimizer, unfused",
+                f"{SMALL} --pp 4 --vpp 3 --zero 1 {DROPOUT} --attention-backend unfused",
+                3,
+                3942493696,
+                "gpt3_mcore_te_tp1_pp4_vp1_dist_optimizer_overlap_grad_reduce_param_gather_overlap_optimizer",
+                "last stage; TE",
+            ),
+            (
+                "tp2 pp2, CE fusion",
+                f"{SMALL} --tp 2 --pp 2 --no-sequence-parallel {DROPOUT} --cross-entropy-loss-fusion",
+                1,
+                1837640192,
+                "gpt3_mcore_te_tp2_pp2_cross_entropy_loss_fusion",
+                "last stage; TE, flash",
+            ),
+            (
+                "tp2 pp2 cp2 SP",
+                f"{SMALL} --tp 2 --pp 2 --cp 2",
+                1,
+                935253504,
+                "gpt3_mcore_te_tp2_pp2_cp2",
+                "last stage; TE, flash, no dropout",
+            ),
+            (
+                "tp4, dist. optimizer, unfused",
+                f"{SMALL} --tp 4 --no-sequence-parallel --zero 1 {DROPOUT} --attention-backend unfused",
+                0,
+                1543416320,
+                "gpt3_mcore_te_tp4_pp1_dist_optimizer_overlap_grad_reduce_param_gather",
+                "TE",
+            ),
+        )
     ),
 ]
 

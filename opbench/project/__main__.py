@@ -27,7 +27,16 @@ from opbench.models import ModelConfig, load_model_configs, select_models
 
 from .memory import GIB
 from .pipeline import SCHEDULES, in_flight
-from .plan import FP8_RECIPES, FP8_SCALINGS, MAX_MICROBATCHES, RECOMPUTE_CHOICES, Plan, layouts, problems
+from .plan import (
+    ATTENTION_BACKENDS,
+    FP8_RECIPES,
+    FP8_SCALINGS,
+    MAX_MICROBATCHES,
+    RECOMPUTE_CHOICES,
+    Plan,
+    layouts,
+    problems,
+)
 from .rates import Assumptions, Rates
 from .schema import COMM_KINDS, SCHEMA
 from .step import Projection, Projector
@@ -209,6 +218,28 @@ def build_parser() -> argparse.ArgumentParser:
         "train; Megatron's own default is 0.1): each keeps a 1-byte mask for backward",
     )
     lay.add_argument(
+        "--cross-entropy-loss-fusion",
+        action="store_true",
+        help="Megatron's flag of that name (native; Megatron-Bridge and NeMo 2 turn it on): its exponentials are a "
+        "second fp32 copy of the logits at the last stage's peak",
+    )
+    lay.add_argument(
+        "--attention-backend",
+        choices=ATTENTION_BACKENDS,
+        default="auto",
+        help="Megatron's flag: unfused (or local) keeps the softmax of every score for backward, a·s²·b elements "
+        "a layer; auto, flash and fused keep a log-sum-exp (default: auto). Memory only: the time is the "
+        "attention rates'",
+    )
+    lay.add_argument(
+        "--attention-dropout",
+        type=dropout,
+        default=0.0,
+        metavar="P",
+        help="Megatron's flag (default 0 here, as LLM recipes train; Megatron's own default is 0.1): with "
+        "--attention-backend unfused, a 1-byte mask and the dropped-out softmax kept per score",
+    )
+    lay.add_argument(
         "--memory-gib", type=within(0.01, 1 << 20, "GiB"), default=None, help="memory per GPU (default: the device's)"
     )
     lay.add_argument(
@@ -348,6 +379,9 @@ def base_plan(cfg: ModelConfig, args: argparse.Namespace) -> Plan:
         fp8_param_gather=args.fp8_param_gather,
         fp8_recipe=args.fp8_recipe or "delayed",
         hidden_dropout=args.hidden_dropout,
+        ce_fusion=args.cross_entropy_loss_fusion,
+        attention_backend=args.attention_backend,
+        attention_dropout=args.attention_dropout,
         first_layers=args.decoder_first_pipeline_num_layers,
         last_layers=args.decoder_last_pipeline_num_layers,
         embedding_as_layer=args.account_for_embedding_in_pipeline_split,
@@ -557,6 +591,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(
                 "--validate trains in 16 or 32 bits here; project --fp8 without it (docs/project.md, 'FP8')",
                 field="--fp8",
+            )
+        if plan.unfused_attention or plan.ce_fusion:
+            raise UsageError(
+                "--validate trains transformers' model with SDPA and torch's cross-entropy: project Megatron's "
+                "kernels without it",
+                field="--attention-backend" if plan.unfused_attention else "--cross-entropy-loss-fusion",
             )
         from .validate import validate
 

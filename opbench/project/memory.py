@@ -39,6 +39,13 @@ ADAM_STEP_BYTES = 4  # torch's Adam keeps a float32 'step' tensor per parameter 
 TE_WEIGHT_CACHE_BYTES = 2
 
 
+# The math libraries' workspaces a Megatron/Transformer Engine process allocates through PyTorch's caching allocator
+# (so max_memory_allocated counts them), 32 MiB each on Hopper: PyTorch's cuBLAS and cuBLASLt workspaces and
+# Transformer Engine's cuBLAS workspace. Megatron-LM's CI runs hold 96-106 MiB beyond their parameters, gradients
+# and optimizer state after a step (docs/project.md, "Memory")
+LIBRARY_WORKSPACE_BYTES = 3 * (32 << 20)
+
+
 @dataclass(frozen=True)
 class Memory:
     """Bytes one GPU holds at its peak: persistent state and the step's activations and transient buffers."""
@@ -47,7 +54,9 @@ class Memory:
     grads: int
     optimizer: int
     activations: int
-    buffers: int  # transient: unsharded FSDP units, logits and their gradient, a recomputed layer
+    # transient: unsharded FSDP units, logits and their gradient, a recomputed layer; and (fused profile) the math
+    # libraries' workspaces
+    buffers: int
     # Bytes of the sum above never held at once: FSDP with one micro-batch allocates its gradients during backward
     # (zero_grad sets them to None), as the activations are freed, so the peak holds one or the other
     not_at_peak: int = 0
@@ -67,9 +76,19 @@ class StageParams:
     fsdp_padded: int  # Σ ceil(d0 / shard) · rest: what FSDP2 keeps per rank (its sharded storage)
     fsdp_local: int  # Σ rank 0's rows · rest: the sharded gradient and optimizer state (unpadded)
     largest_unit: int  # the largest FSDP unit that is a decoder layer, elements on this rank
-    zero1_numel: int  # ZeRO-1: the parameters whose optimizer state the fullest rank keeps
+    zero1_numel: int  # ZeRO-1 (torch's ZeroRedundancyOptimizer): the parameters the fullest rank keeps state of
     zero1_tensors: int
     root_unit: int = 0  # the FSDP root unit (embedding, final norm, lm_head as this stage has them), on this rank
+    shard: int = 1  # the data-parallel ranks (dp·cp) a sharded optimizer splits over
+
+    def zero1(self, profile: str) -> tuple[int, int]:
+        """(elements, tensors) one rank keeps optimizer state for under ZeRO-1: Megatron-Core's distributed
+        optimizer (the fused profile) splits the flat gradient buffer evenly over the DP ranks; torch's
+        ZeroRedundancyOptimizer (eager) assigns whole parameters, so a large embedding lands on one rank
+        (docs/project.md, "Memory")."""
+        if profile == "eager":
+            return self.zero1_numel, self.zero1_tensors
+        return -(-self.numel // self.shard), -(-self.tensors // self.shard)
 
 
 def _gemm_weight(n: int, k: int, split: str, experts: int, tp: int, ep: int, etp: int) -> tuple[int, int]:
@@ -156,7 +175,7 @@ def stage_params(cfg: ModelConfig, plan: Plan, stage: int, layers: Sequence[Laye
         total = sum(s.numel for s in picked)
         root_unit = units.pop("root", 0)
         return StageParams(
-            total, len(picked), padded, local, max(units.values(), default=0), z_numel, z_tensors, root_unit
+            total, len(picked), padded, local, max(units.values(), default=0), z_numel, z_tensors, root_unit, shard
         )
     vocab = padded_vocab(cfg.vocab_size, plan.tp) // plan.tp * cfg.hidden_size
     numel = tensors = 0
@@ -177,7 +196,15 @@ def stage_params(cfg: ModelConfig, plan: Plan, stage: int, layers: Sequence[Laye
     numel += root_numel
     padded = -(-numel // shard)
     return StageParams(
-        numel, tensors, padded, padded, -(-largest // shard), padded, -(-tensors // shard), -(-root_numel // shard)
+        numel,
+        tensors,
+        padded,
+        padded,
+        -(-largest // shard),
+        padded,
+        -(-tensors // shard),
+        -(-root_numel // shard),
+        shard,
     )
 
 
@@ -214,8 +241,8 @@ def zero1_owners(numels: Sequence[int], shard: int) -> list[int]:
 
 
 def zero1_partition(numels: Sequence[int], shard: int) -> tuple[int, int]:
-    """(elements, tensors) of the fullest rank under ``zero1_owners``. Megatron's distributed optimizer splits a
-    flat buffer evenly instead: the same to within one parameter."""
+    """(elements, tensors) of the fullest rank under ``zero1_owners`` (Megatron's distributed optimizer splits a
+    flat buffer evenly instead: StageParams.zero1)."""
     if shard >= len(numels):  # a rank per parameter: the fullest holds the largest
         return (max(numels), 1) if numels else (0, 0)
     size, count = [0] * shard, [0] * shard
@@ -232,7 +259,7 @@ def grad_bytes_per_param(plan: Plan) -> int:
     return 2 if plan.grad_dtype == "bf16" and plan.dtype in ("bf16", "fp16") else 4
 
 
-def state_bytes(sp: StageParams, plan: Plan) -> tuple[int, int, int]:
+def state_bytes(sp: StageParams, plan: Plan, profile: str = "fused") -> tuple[int, int, int]:
     """(params, grads, optimizer) bytes on one rank (docs/project.md, "Memory"). Mixed precision (bf16/fp16)
     follows Megatron-Core for none/zero1 (16-bit parameters, fp32 main gradients, fp32 master copy and Adam
     moments; zero1 shards the last over data parallel) and FSDP2 with param_dtype 16-bit / reduce fp32 for fsdp
@@ -254,7 +281,8 @@ def state_bytes(sp: StageParams, plan: Plan) -> tuple[int, int, int]:
     g_bytes = grad_bytes_per_param(plan) * sp.numel
     per_param = 12 if mixed else 8
     if plan.sharding == "zero1" and shard > 1:
-        return p_bytes, g_bytes, per_param * sp.zero1_numel + ADAM_STEP_BYTES * sp.zero1_tensors
+        numel, tensors = sp.zero1(profile)
+        return p_bytes, g_bytes, per_param * numel + ADAM_STEP_BYTES * tensors
     return p_bytes, g_bytes, per_param * sp.numel + steps
 
 
@@ -341,6 +369,13 @@ def layer_activation_bytes(cfg: ModelConfig, lay: Layer, plan: Plan, profile: st
             total += t * (2 * conv + 3 * hq * op.head_dim_v + 2 * hq) * e
             chunks = plan.mbs * math.ceil(plan.seqlen // plan.cp / LINEAR_CHUNK)  # per sequence, not per token
             total += chunks * hq * op.head_dim_qk * op.head_dim_v * 4
+        elif plan.unfused_attention and op.kind != SPARSE:
+            # Megatron's unfused core attention: q, k and v (GQA's expanded to every query head) for its two
+            # matmuls, the context, and over the whole score matrix the softmax's output and, with attention
+            # dropout, its 1-byte mask and output (5·a·s²·b in Korthikanti et al.'s count)
+            total += t * (2 * hq * op.head_dim_qk + 2 * hq * op.head_dim_v) * e
+            scores = plan.mbs * hq * (plan.seqlen // plan.cp) * plan.seqlen
+            total += scores * (e + (1 + e if plan.attention_dropout else 0))
         else:
             total += t * (hq * op.head_dim_qk + hkv * (op.head_dim_qk + op.head_dim_v) + hq * op.head_dim_v) * e
             total += t * hq * 4  # log-sum-exp
@@ -469,8 +504,10 @@ def activation_bytes(
         vocab = padded_vocab(cfg.vocab_size, plan.tp) // plan.tp
         # eager (torch cross_entropy on .float() logits): the 16-bit logits and, in backward, their fp32 gradient
         # beside the saved fp32 log-probabilities; fused (Megatron's vocab-parallel cross-entropy): the fp32
-        # softmax it saves becomes the gradient in place, beside the 16-bit logits (forward) or their gradient
-        buffers += plan.tokens * vocab * (e + 4 if profile == "eager" else e)
+        # softmax it saves becomes the gradient in place, beside the 16-bit logits (forward) or their gradient;
+        # Megatron's --cross-entropy-loss-fusion (native) takes the exponentials out of place: one more fp32 copy
+        # beside the 16-bit logits in forward
+        buffers += plan.tokens * vocab * (e + 4 if profile == "eager" or plan.ce_fusion else e)
     return kept, buffers
 
 
@@ -495,8 +532,9 @@ def memory(
 ) -> Memory:
     """Stage ``stage``'s memory per GPU at its peak, holding ``in_flight`` micro-batch chunks."""
     sp = known or stage_params(cfg, plan, stage, layers)
-    params, grads, opt = state_bytes(sp, plan)
+    params, grads, opt = state_bytes(sp, plan, profile)
     acts, buffers = activation_bytes(cfg, plan, stage, in_flight, profile, layers)
+    workspace = LIBRARY_WORKSPACE_BYTES if profile == "fused" else 0
     fp8_total, fp8_largest = fp8_weights(cfg, plan, stage, layers)
     if plan.fp8 == "te" and not plan.fp8_param_gather:  # FP8 copies of the weights and their transposes, kept
         params += TE_WEIGHT_CACHE_BYTES * fp8_total  # across micro-batches and steps
@@ -516,6 +554,7 @@ def memory(
             # gradient; the root's unsharded gradient and its fp32 copy for the reduce-scatter, no activation).
             start = acts + buffers + gathered
             end = grads + sp.root_unit * shard * (2 * e + 4)
-            return Memory(params, grads, opt, acts, buffers + gathered, not_at_peak=start + grads - max(start, end))
+            not_at_peak = start + grads - max(start, end)  # the workspaces are held at both
+            return Memory(params, grads, opt, acts, buffers + gathered + workspace, not_at_peak=not_at_peak)
         buffers += gathered
-    return Memory(params, grads, opt, acts, buffers)
+    return Memory(params, grads, opt, acts, buffers + workspace)

@@ -33,6 +33,9 @@ FP8_RECIPES = ("none", "te", "torchao")
 # Transformer Engine's scaling (Megatron's --fp8-recipe): delayed = scales from an amax history, taken inside each
 # cast; tensorwise = current scaling, each tensor's amax taken in a pass of its own before its cast
 FP8_SCALINGS = ("delayed", "tensorwise")
+# Megatron-Core's --attention-backend values (local: the unfused attention of --transformer-impl local)
+ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
+UNFUSED_ATTENTION = ("unfused", "local")
 FP8_EXCLUDED = ("router",)  # GEMMs that stay 16-bit under FP8 (besides lm_head and any dimension not a multiple of 16)
 
 
@@ -67,6 +70,15 @@ class Plan:
     )
     fp8_recipe: str = "delayed"  # FP8_SCALINGS, for fp8 == "te"
     hidden_dropout: float = 0.0  # Megatron's --hidden-dropout: the embedding's and each block's output dropout
+    ce_fusion: bool = False  # Megatron's --cross-entropy-loss-fusion (native): one more fp32 copy of the logits
+    # Megatron's --attention-backend: flash/fused kernels (auto, the default) or the unfused core attention, which
+    # keeps the softmax of the whole score matrix (and with --attention-dropout its mask and output) for backward
+    attention_backend: str = "auto"
+    attention_dropout: float = 0.0
+
+    @property
+    def unfused_attention(self) -> bool:
+        return self.attention_backend in UNFUSED_ATTENTION
 
     @property
     def dp(self) -> int:
@@ -166,6 +178,11 @@ class Plan:
             recipe = "-tensorwise" if self.fp8 == "te" and self.fp8_recipe == "tensorwise" else ""
             parts += [f"fp8-{self.fp8}{recipe}" + ("-param-gather" if self.fp8_param_gather else "")]
         parts += [f"dropout{self.hidden_dropout:g}"] if self.hidden_dropout else []
+        parts += ["ce-fusion"] if self.ce_fusion else []
+        parts += ["attn-unfused"] if self.unfused_attention else []
+        parts += (
+            [f"attn-dropout{self.attention_dropout:g}"] if self.unfused_attention and self.attention_dropout else []
+        )
         return " ".join(parts)
 
 

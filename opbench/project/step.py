@@ -184,7 +184,7 @@ class Projector:
                 ar = rates.collective_time("all_reduce", grads, shard, dp_inter, dp_share)
                 exposed = max(0.0, ar.seconds - (last_bwd if rates.a.dp_overlap else 0.0))
                 dp_items.append(Item("dp_comm", "DP all-reduce", ar, exposed))
-            opt_numel = {"fsdp": sp.fsdp_local, "zero1": sp.zero1_numel}.get(plan.sharding, sp.numel)
+            opt_numel = {"fsdp": sp.fsdp_local, "zero1": sp.zero1(self.profile)[0]}.get(plan.sharding, sp.numel)
             opt = opt_numel * per_param / bw.seconds
             dp_exposed.append(exposed)
             opt_time.append(opt)
