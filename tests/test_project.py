@@ -207,6 +207,8 @@ def test_bad_input_is_one_line(run, args, message):
         (["--dtype", "fp32", "--grad-dtype", "bf16"], "field '--grad-dtype': bf16 gradients are a 16-bit training's"),
         (["--etp", "2"], "field '--etp': Llama3.1_8B has no experts"),
         (["--fp8-recipe", "delayed"], "field '--fp8-recipe': a scaling recipe is Transformer Engine's"),
+        (["--validate", "--world-size", "1", "--attention-backend", "unfused"],
+         "field '--attention-backend': --validate trains transformers' model with SDPA"),
         # --search: a flag every layout keeps is the user's to fix (it rejected all 1,323 and exited 0)
         (["--search", "--fp8", "te", "--fp8-recipe", "tensorwise", "--dtype", "fp32"], "field '--fp8': FP8 GEMMs"),
         (["--search", "--microbatches", "1"], "field '--microbatches': --search ranks every layout at one global"),
