@@ -25,7 +25,6 @@ from pathlib import Path
 from tabulate import tabulate
 
 from opbench.models import load_model_configs, select_models
-from opbench.project import memory as mem
 from opbench.project.__main__ import assumptions, base_plan, build_parser
 from opbench.project.rates import Rates
 from opbench.project.step import Projection, Projector
@@ -457,6 +456,10 @@ GPT_7B = {
 GPT_SMALL = {"model_type": "gpt2", "n_embd": 512, "n_head": 8, "n_layer": 12, "vocab_size": 50257, "n_positions": 1024}
 SMALL = "--mbs 4 --global-batch 32 --seqlen 1024 --world-size 8"
 DROPOUT = "--hidden-dropout 0.1 --attention-dropout 0.1"
+FP8_SMALL = (
+    "--mbs 2 --global-batch 128 --seqlen 1024 --world-size 8 --zero 1 --hidden-dropout 0.1 --fp8 te "
+    "--fp8-recipe tensorwise --fp8-param-gather"
+)
 LLAMA_32_1B = {
     "model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192, "num_attention_heads": 32,
     "num_key_value_heads": 8, "num_hidden_layers": 16, "vocab_size": 128256, "head_dim": 64,
@@ -597,6 +600,22 @@ MEMORY = [
                 "gpt3_mcore_te_tp4_pp1_dist_optimizer_overlap_grad_reduce_param_gather",
                 "TE",
             ),
+            (
+                "tp2 pp2 SP, FP8, TP overlap",
+                f"{FP8_SMALL} --tp 2 --pp 2 --tp-overlap 0.8",
+                1,
+                883747328,
+                "gpt3_weekly_mcore_tp2_pp2_current_scaling_native_fp8_tp_pp_sp_tp_overlap",
+                "last stage; FP8 current scaling, FP8 parameters, userbuffers; RMSNorm (LayerNorm here)",
+            ),
+            (
+                "tp4 cp2 SP, FP8",
+                f"{FP8_SMALL} --tp 4 --cp 2",
+                0,
+                425122816,
+                "gpt3_weekly_mcore_tp4_cp2_current_scaling_native_fp8_tp_sp_cp_tp_overlap",
+                "FP8 current scaling, FP8 parameters; RMSNorm (LayerNorm here)",
+            ),
         )
     ),
 ]
@@ -610,8 +629,7 @@ def projected_memory(run: PublishedMemory) -> int:
     plan = base_plan(cfg, args)
     projector = Projector(cfg, Rates([], "H100", args.dtype, assumptions(args), args.gpus_per_node))
     flight = projector.project(plan).schedule.in_flight[run.stage]
-    stage_params = projector.stage_params(plan, run.stage)
-    return mem.memory(cfg, plan, run.stage, flight, projector.profile, stage_params, projector.layers).total
+    return projector.stage_memory(plan, run.stage, flight).total
 
 
 def project(

@@ -44,6 +44,10 @@ TE_WEIGHT_CACHE_BYTES = 2
 # Transformer Engine's cuBLAS workspace. Megatron-LM's CI runs hold 96-106 MiB beyond their parameters, gradients
 # and optimizer state after a step (docs/project.md, "Memory")
 LIBRARY_WORKSPACE_BYTES = 3 * (32 << 20)
+# ... and with TP communication overlapped by its userbuffers (--tp-overlap), a cuBLAS workspace for each of the
+# three streams those GEMMs run on: Megatron's CI tp2 pp2 FP8 run with --tp-comm-overlap holds 106 MiB more than
+# the same model's runs without (one run: an inference from it, docs/project.md)
+UB_WORKSPACE_BYTES = 3 * (32 << 20)
 
 
 @dataclass(frozen=True)
@@ -529,12 +533,14 @@ def memory(
     profile: str = "fused",
     known: StageParams | None = None,
     layers: Sequence[Layer] | None = None,
+    tp_overlap: bool = False,
 ) -> Memory:
-    """Stage ``stage``'s memory per GPU at its peak, holding ``in_flight`` micro-batch chunks."""
+    """Stage ``stage``'s memory per GPU at its peak, holding ``in_flight`` micro-batch chunks (``tp_overlap``:
+    Transformer Engine's userbuffers overlap TP communication, on streams with workspaces of their own)."""
     sp = known or stage_params(cfg, plan, stage, layers)
     params, grads, opt = state_bytes(sp, plan, profile)
     acts, buffers = activation_bytes(cfg, plan, stage, in_flight, profile, layers)
-    workspace = LIBRARY_WORKSPACE_BYTES if profile == "fused" else 0
+    workspace = LIBRARY_WORKSPACE_BYTES + (UB_WORKSPACE_BYTES if tp_overlap else 0) if profile == "fused" else 0
     fp8_total, fp8_largest = fp8_weights(cfg, plan, stage, layers)
     if plan.fp8 == "te" and not plan.fp8_param_gather:  # FP8 copies of the weights and their transposes, kept
         params += TE_WEIGHT_CACHE_BYTES * fp8_total  # across micro-batches and steps

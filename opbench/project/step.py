@@ -116,11 +116,14 @@ class Projector:
             out.append(chunks)
         return out
 
+    def stage_memory(self, plan: Plan, stage: int, in_flight: int) -> mem.Memory:
+        """One stage's memory per GPU at its peak, holding ``in_flight`` micro-batch chunks."""
+        overlap = self.rates.a.tp_overlap > 0 and plan.tp > 1  # TE's userbuffers: streams of their own
+        sp = self.stage_params(plan, stage)
+        return mem.memory(self.cfg, plan, stage, in_flight, self.profile, sp, self.layers, tp_overlap=overlap)
+
     def memory(self, plan: Plan, in_flight: tuple[int, ...]) -> tuple[mem.Memory, int]:
-        per_stage = [
-            mem.memory(self.cfg, plan, s, in_flight[s], self.profile, self.stage_params(plan, s), self.layers)
-            for s in range(plan.pp)
-        ]
+        per_stage = [self.stage_memory(plan, s, in_flight[s]) for s in range(plan.pp)]
         worst = max(range(plan.pp), key=lambda s: per_stage[s].total)
         return per_stage[worst], worst
 
