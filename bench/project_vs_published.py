@@ -460,6 +460,13 @@ FP8_SMALL = (
     "--mbs 2 --global-batch 128 --seqlen 1024 --world-size 8 --zero 1 --hidden-dropout 0.1 --fp8 te "
     "--fp8-recipe tensorwise --fp8-param-gather"
 )
+# Its 4-expert MoE test model: SwiGLU experts of Megatron's default width for --swiglu (4h·2/3 rounded down to 64:
+# 1,344), top-1, no biases; LayerNorm and learned positions, described with Mixtral's layout (RMSNorm, RoPE)
+GPT_MOE_SMALL = {
+    "model_type": "mixtral", "hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
+    "num_key_value_heads": 8, "intermediate_size": 1344, "num_local_experts": 4, "num_experts_per_tok": 1,
+    "vocab_size": 50257, "tie_word_embeddings": True,
+}  # fmt: skip
 LLAMA_32_1B = {
     "model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192, "num_attention_heads": 32,
     "num_key_value_heads": 8, "num_hidden_layers": 16, "vocab_size": 128256, "head_dim": 64,
@@ -516,6 +523,15 @@ MEMORY = [
         int(12003.60400390625 * 2**20),
         "github.com/verdimrc/playground-nemo-2.0-gh 05-byoc-te-mb/with-ngc-pytorch-25.06-cleanup.md (MCore 0.15)",
         "rank 0 after 10 steps; fp32 gradients, distributed optimizer, CE fusion",
+    ),
+    PublishedMemory(
+        "Megatron GPT-MoE 4×512, 4 experts top-1, grouped GEMM",
+        GPT_MOE_SMALL,
+        f"{SMALL} --hidden-dropout 0.1",
+        0,
+        2956330496,
+        MEGATRON_CI.replace("gpt/", "moe/").format("gpt3_mcore_te_tp1_pp1_te_4experts_groupedGEMM_op_fuser"),
+        "TE, flash; DP 8",
     ),
     *(
         PublishedMemory(f"Megatron GPT 12×512, {name}", GPT_SMALL, flags, stage, peak, MEGATRON_CI.format(case), note)

@@ -597,6 +597,9 @@ def test_megatron_memory_terms_its_ci_measured(tmp_path):
     assert base.buffers == tokens * 50304 * 2 + (96 << 20)  # the bf16 logits (vocabulary padded to 128) and workspaces
     assert mem.memory(cfg, plan, 0, 1, "eager").buffers == tokens * 50304 * (2 + 4)  # no TE: no workspace counted
     assert mem.memory(cfg, plan, 0, 1, tp_overlap=True).total - base.total == 96 << 20  # userbuffers' 3 streams
+    (moe,) = load_model_configs(str(EXAMPLES / "tiny-qwen3-moe"))  # TE's grouped GEMM: 4 streams' workspaces more
+    vocab = -(-moe.vocab_size // 128) * 128
+    assert mem.memory(moe, plan, 0, 1).buffers == tokens * vocab * 2 + (96 << 20) + (128 << 20)
     fused_ce = mem.memory(cfg, replace(plan, ce_fusion=True), 0, 1)
     assert fused_ce.total - base.total == tokens * 50304 * 4
     unfused = mem.memory(cfg, replace(plan, attention_backend="unfused"), 0, 1)

@@ -48,6 +48,9 @@ LIBRARY_WORKSPACE_BYTES = 3 * (32 << 20)
 # three streams those GEMMs run on: Megatron's CI tp2 pp2 FP8 run with --tp-comm-overlap holds 106 MiB more than
 # the same model's runs without (one run: an inference from it, docs/project.md)
 UB_WORKSPACE_BYTES = 3 * (32 << 20)
+# ... and for MoE, Transformer Engine's grouped GEMM runs the experts on its four cuBLAS streams, a workspace each
+# (Megatron's CI MoE run with --moe-grouped-gemm holds 132 MiB beyond the dense runs' 96-106 MiB)
+GROUPED_GEMM_WORKSPACE_BYTES = 4 * (32 << 20)
 
 
 @dataclass(frozen=True)
@@ -540,7 +543,10 @@ def memory(
     sp = known or stage_params(cfg, plan, stage, layers)
     params, grads, opt = state_bytes(sp, plan, profile)
     acts, buffers = activation_bytes(cfg, plan, stage, in_flight, profile, layers)
-    workspace = LIBRARY_WORKSPACE_BYTES + (UB_WORKSPACE_BYTES if tp_overlap else 0) if profile == "fused" else 0
+    workspace = 0
+    if profile == "fused":
+        workspace = LIBRARY_WORKSPACE_BYTES + (UB_WORKSPACE_BYTES if tp_overlap else 0)
+        workspace += GROUPED_GEMM_WORKSPACE_BYTES if cfg.is_moe else 0
     fp8_total, fp8_largest = fp8_weights(cfg, plan, stage, layers)
     if plan.fp8 == "te" and not plan.fp8_param_gather:  # FP8 copies of the weights and their transposes, kept
         params += TE_WEIGHT_CACHE_BYTES * fp8_total  # across micro-batches and steps
