@@ -467,6 +467,20 @@ GPT_MOE_SMALL = {
     "num_key_value_heads": 8, "intermediate_size": 1344, "num_local_experts": 4, "num_experts_per_tok": 1,
     "vocab_size": 50257, "tie_word_embeddings": True,
 }  # fmt: skip
+# Its DeepSeek-V3 proxy: 16 layers of 1024 (the first dense), MLA, 32 routed experts top-4 in 4 groups (top 2) and a
+# shared expert, untied, vocabulary padded to a multiple of 3,232 (51,712); unfused attention, fused cross-entropy
+# and one multi-token-prediction depth, as the test runs them
+DSV3_PROXY = {
+    "model_type": "deepseek_v3", "hidden_size": 1024, "num_hidden_layers": 16, "num_attention_heads": 32,
+    "num_key_value_heads": 32, "intermediate_size": 4096, "moe_intermediate_size": 1024, "n_routed_experts": 32,
+    "num_experts_per_tok": 4, "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 4, "topk_group": 2,
+    "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "vocab_size": 51712, "tie_word_embeddings": False, "max_position_embeddings": 4096,
+}  # fmt: skip
+DSV3_PROXY_FLAGS = (
+    "--world-size 8 --tp 2 --pp 2 --vpp 4 --ep 4 --etp 1 --zero 1 --mbs 4 --global-batch 32 --seqlen 4096 "
+    "--attention-backend unfused --cross-entropy-loss-fusion --mtp-num-layers 1"
+)
 LLAMA_32_1B = {
     "model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192, "num_attention_heads": 32,
     "num_key_value_heads": 8, "num_hidden_layers": 16, "vocab_size": 128256, "head_dim": 64,
@@ -532,6 +546,24 @@ MEMORY = [
         2956330496,
         MEGATRON_CI.replace("gpt/", "moe/").format("gpt3_mcore_te_tp1_pp1_te_4experts_groupedGEMM_op_fuser"),
         "TE, flash; DP 8",
+    ),
+    PublishedMemory(
+        "Megatron DeepSeek-V3 proxy 16×1024, tp2 pp2 vpp4 ep4, MTP",
+        DSV3_PROXY,
+        DSV3_PROXY_FLAGS,
+        1,
+        60111630336,
+        MEGATRON_CI.replace("gpt/", "moe/").format("gpt3_mcore_te_tp2_pp2_ep4_etp1_memory_speed"),
+        "last stage, step 50 (53.83 GiB at step 2: routing moves it)",
+    ),
+    PublishedMemory(
+        "Megatron DeepSeek-V3 proxy, the same in FP8 (tensorwise)",
+        DSV3_PROXY,
+        f"{DSV3_PROXY_FLAGS} --fp8 te --fp8-recipe tensorwise",
+        1,
+        57578217472,
+        MEGATRON_CI.replace("gpt/", "moe/").format("gpt3_mcore_te_tp2_pp2_ep4_etp1_mtp_resume_torch_dist_fp8"),
+        "last stage, step 50 (52.09 GiB at step 5)",
     ),
     *(
         PublishedMemory(f"Megatron GPT 12×512, {name}", GPT_SMALL, flags, stage, peak, MEGATRON_CI.format(case), note)

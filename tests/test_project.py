@@ -16,7 +16,9 @@ from dataclasses import replace
 import pytest
 from conftest import ROOT
 
+from opbench.gemm.shapes import padded_vocab
 from opbench.models import load_model_configs, select_models
+from opbench.models.architectures import decoder_layers
 from opbench.project.pipeline import StageTimes, estimate, simulate
 from opbench.project.plan import Plan, problems
 from opbench.project.rates import Assumptions, Rates
@@ -606,6 +608,25 @@ def test_megatron_memory_terms_its_ci_measured(tmp_path):
     assert unfused.total - base.total == 12 * (2 * scores - 4 * tokens * heads)  # the softmax, not the log-sum-exp
     dropped = mem.memory(cfg, replace(plan, attention_backend="local", attention_dropout=0.1), 0, 1)
     assert dropped.total - unfused.total == 12 * scores * (1 + 2)
+
+
+def test_multi_token_prediction_adds_a_layer_its_projection_and_a_head_to_the_last_stage(llama70b):
+    """--mtp-num-layers 1 (Megatron's flag; DeepSeek-V3's MTP): the last stage holds one more layer like the last,
+    eh_proj (2h -> h over TP), three norms and, under a pipeline with untied embeddings, the word embedding the MTP
+    input needs; its step runs that layer and a second output layer; nothing moves on the other stages."""
+    from opbench.project import memory as mem
+
+    plan = Plan(world=16, seqlen=8192, global_batch=16, tp=2, pp=2)
+    mtp = replace(plan, mtp_layers=1)
+    layers = decoder_layers(llama70b)
+    h, vocab = llama70b.hidden_size, padded_vocab(llama70b.vocab_size, 2) // 2
+    grown = mem.stage_params(llama70b, mtp, 1).numel - mem.stage_params(llama70b, plan, 1).numel
+    assert grown == mem.layer_numel(layers[-1], plan) + 3 * h + 2 * h * h // 2 + vocab * h
+    assert mem.stage_params(llama70b, mtp, 0) == mem.stage_params(llama70b, plan, 0)
+    projector = Projector(llama70b, Rates([], "H100", "bf16", Assumptions(), 8))
+    base, more = projector.project(plan), projector.project(mtp)
+    assert more.step_s > base.step_s and "mtp1" in more.plan.label()
+    assert projector.stage_memory(mtp, 1, 1).total > projector.stage_memory(plan, 1, 1).total
 
 
 def test_fsdp_under_a_pipeline_keeps_the_stage_gathered_and_its_gradients_whole(llama70b):

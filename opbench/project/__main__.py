@@ -113,6 +113,13 @@ def model_chunks(text: str) -> int:
     return value
 
 
+def mtp_depths(text: str) -> int:
+    value = cli.integer(text)
+    if not 0 <= value <= 16:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 16 prediction depths, got {text}")
+    return value
+
+
 def scale_factor(text: str) -> float:
     """A calibration factor: 0.01 to 100 (a step cannot be 100 times faster or slower than its kernels say)."""
     value = positive_float(text)
@@ -222,6 +229,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="Megatron's flag of that name (native; Megatron-Bridge and NeMo 2 turn it on): its exponentials are a "
         "second fp32 copy of the logits at the last stage's peak",
+    )
+    lay.add_argument(
+        "--mtp-num-layers",
+        type=mtp_depths,
+        default=0,
+        metavar="N",
+        help="Megatron's flag: multi-token prediction depths (DeepSeek-V3's; Megatron-Bridge's DeepSeek recipes use "
+        "1): each a layer like the last, eh_proj and another output layer and loss, on the last stage",
     )
     lay.add_argument(
         "--attention-backend",
@@ -382,6 +397,7 @@ def base_plan(cfg: ModelConfig, args: argparse.Namespace) -> Plan:
         ce_fusion=args.cross_entropy_loss_fusion,
         attention_backend=args.attention_backend,
         attention_dropout=args.attention_dropout,
+        mtp_layers=args.mtp_num_layers,
         first_layers=args.decoder_first_pipeline_num_layers,
         last_layers=args.decoder_last_pipeline_num_layers,
         embedding_as_layer=args.account_for_embedding_in_pipeline_split,
@@ -592,11 +608,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "--validate trains in 16 or 32 bits here; project --fp8 without it (docs/project.md, 'FP8')",
                 field="--fp8",
             )
-        if plan.unfused_attention or plan.ce_fusion:
+        if plan.unfused_attention or plan.ce_fusion or plan.mtp_layers:
             raise UsageError(
                 "--validate trains transformers' model with SDPA and torch's cross-entropy: project Megatron's "
                 "kernels without it",
-                field="--attention-backend" if plan.unfused_attention else "--cross-entropy-loss-fusion",
+                field="--attention-backend"
+                if plan.unfused_attention
+                else ("--cross-entropy-loss-fusion" if plan.ce_fusion else "--mtp-num-layers"),
             )
         from .validate import validate
 

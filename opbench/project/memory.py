@@ -137,7 +137,22 @@ def stage_layers(
     for chunk in range(plan.vpp):
         piece = plan.piece(chunk, stage)
         out += [(chunk, lay) for lay in layers[starts[piece] : starts[piece] + counts[piece]]]
+        if piece == len(counts) - 1 and layers:  # multi-token prediction: layers like the last, after it
+            out += [(chunk, replace(layers[-1], index=len(layers) + d)) for d in range(plan.mtp_layers)]
     return out
+
+
+def mtp_numel(cfg: ModelConfig, plan: Plan) -> int:
+    """Parameters multi-token prediction adds to the last stage besides its layers, on one rank: per depth two
+    norms and a final norm (h each) and eh_proj (2h -> h, split over TP), and under a pipeline the word embedding
+    the MTP input needs (vocabulary split over TP) unless the output layer already shares it."""
+    if not plan.mtp_layers:
+        return 0
+    h = cfg.hidden_size
+    extra = plan.mtp_layers * (3 * h + 2 * h * h // plan.tp)
+    if plan.pp > 1 and not cfg.tie_word_embeddings:
+        extra += padded_vocab(cfg.vocab_size, plan.tp) // plan.tp * h
+    return extra
 
 
 def _shard_counts(specs: list[ParamSpec], shard: int) -> tuple[int, int]:
@@ -157,7 +172,7 @@ def stage_params(cfg: ModelConfig, plan: Plan, stage: int, layers: Sequence[Laye
     as its GEMM is and the embedding and lm_head by vocabulary (padded to 128·tp, as Megatron)."""
     first, last = stage == 0, stage == plan.last_stage
     shard = plan.dp * plan.cp
-    if plan.tp == 1 and plan.ep == 1:
+    if plan.tp == 1 and plan.ep == 1 and not plan.mtp_layers:  # (MTP's layers and norms are not the HF model's)
         specs = parameter_shapes(cfg)
         mine = {f"layers.{lay.index}" for _, lay in stage_layers(cfg, plan, stage, layers)}
         root = architecture(cfg)
@@ -198,8 +213,8 @@ def stage_params(cfg: ModelConfig, plan: Plan, stage: int, layers: Sequence[Laye
         tensors += 1
     if last:
         root_numel += vocab if (not cfg.tie_word_embeddings or not first) else 0
-        root_numel += cfg.hidden_size
-        tensors += 2
+        root_numel += cfg.hidden_size + mtp_numel(cfg, plan)
+        tensors += 2 + 4 * plan.mtp_layers
     numel += root_numel
     padded = -(-numel // shard)
     return StageParams(
@@ -525,7 +540,9 @@ def head_activation_bytes(cfg: ModelConfig, plan: Plan, profile: str = "fused") 
     e = element_size(plan.dtype)
     t_seq = plan.tokens // (plan.tp if plan.sp else 1)
     vocab = padded_vocab(cfg.vocab_size, plan.tp) // plan.tp if plan.tp > 1 else cfg.vocab_size
-    return (3 if profile == "eager" else 2) * t_seq * cfg.hidden_size * e + plan.tokens * vocab * 4
+    head = (3 if profile == "eager" else 2) * t_seq * cfg.hidden_size * e + plan.tokens * vocab * 4
+    # each MTP depth: its own loss (another head), and the inputs of its two norms and of eh_proj (2h)
+    return head * (1 + plan.mtp_layers) + plan.mtp_layers * 4 * t_seq * cfg.hidden_size * e
 
 
 def memory(

@@ -75,6 +75,10 @@ class Plan:
     # keeps the softmax of the whole score matrix (and with --attention-dropout its mask and output) for backward
     attention_backend: str = "auto"
     attention_dropout: float = 0.0
+    # Megatron's --mtp-num-layers (DeepSeek-V3's multi-token prediction, on in Megatron-Bridge's DeepSeek recipes):
+    # after the last decoder layer, each depth norms and joins the hidden state with the next token's embedding
+    # (eh_proj, 2h -> h), runs one more layer like the last, and predicts through the output layer with a loss
+    mtp_layers: int = 0
 
     @property
     def unfused_attention(self) -> bool:
@@ -179,6 +183,7 @@ class Plan:
             parts += [f"fp8-{self.fp8}{recipe}" + ("-param-gather" if self.fp8_param_gather else "")]
         parts += [f"dropout{self.hidden_dropout:g}"] if self.hidden_dropout else []
         parts += ["ce-fusion"] if self.ce_fusion else []
+        parts += [f"mtp{self.mtp_layers}"] if self.mtp_layers else []
         parts += ["attn-unfused"] if self.unfused_attention else []
         parts += (
             [f"attn-dropout{self.attention_dropout:g}"] if self.unfused_attention and self.attention_dropout else []

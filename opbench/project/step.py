@@ -18,7 +18,7 @@ from . import memory as mem
 from .pipeline import ScheduleResult, StageTimes, estimate, simulate
 from .plan import Plan, check
 from .rates import ESTIMATED, Rates, Timed
-from .workload import COMPUTE_KINDS, Item, Work, embedding_work, head_work, layer_work
+from .workload import COMPUTE_KINDS, Item, Work, embedding_work, head_work, layer_work, mtp_work
 
 # Bytes the optimizer reads and writes per parameter (docs/project.md, "Optimizer"): a fused Adam reads gradient,
 # master weight and two moments and writes the last three (and the 16-bit copy in mixed precision); PyTorch's
@@ -113,6 +113,8 @@ class Projector:
             for c in range(plan.vpp):
                 if plan.piece(c, s) == last_piece:
                     chunks[c] = chunks[c] + head_work(self.cfg, plan, self.rates)
+                    for _ in range(plan.mtp_layers):  # each depth's eh_proj and its own head (its layer: above)
+                        chunks[c] = chunks[c] + mtp_work(self.cfg, plan, self.rates)
             out.append(chunks)
         return out
 

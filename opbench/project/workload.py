@@ -334,6 +334,15 @@ def head_work(cfg: ModelConfig, plan: Plan, rates: Rates) -> Work:
     return Work(tuple(fwd), tuple(bwd))
 
 
+def mtp_work(cfg: ModelConfig, plan: Plan, rates: Rates) -> Work:
+    """One multi-token-prediction depth besides its decoder layer: the embedding of the next tokens, eh_proj
+    (2h -> h, column-parallel) and another output layer and cross-entropy."""
+    h = cfg.hidden_size
+    fwd, bwd = _gemm_items(rates, LinearLayer("mtp_eh_proj", h // plan.tp, 2 * h, plan.tokens))
+    extra = Work(tuple(fwd), tuple(bwd))
+    return embedding_work(cfg, plan, rates) + extra + head_work(cfg, plan, rates)
+
+
 def embedding_work(cfg: ModelConfig, plan: Plan, rates: Rates) -> Work:
     """The first piece's extra: the embedding gather (read and write T·h) and, in backward, its scatter-add into
     an fp32 gradient."""
