@@ -39,7 +39,8 @@ NEMO_B200 = (
 )
 DGXC_DSV3 = "github.com/NVIDIA/dgxc-benchmarking tag v25.05.04, deepseek_v3/pretraining/README.md (NeMo 25.04.01, H100)"
 DSV3 = (
-    "--model DeepSeek_V3 --tp 2 --ep 64 --etp 1 --mbs 1 --seqlen 4096 --zero 1 --grad-dtype bf16 --recompute selective"
+    "--model DeepSeek_V3 --tp 2 --ep 64 --etp 1 --mbs 1 --seqlen 4096 --zero 1 --grad-dtype bf16 --recompute selective "
+    "--recompute-modules mla_up_proj"
 )
 NEMO_FP8 = "--zero 1 --grad-dtype bf16 --recompute none --seqlen 8192 --fp8 te --fp8-param-gather"
 TITAN = "--fsdp --activation-profile eager --seqlen 8192 --microbatches 1"  # FSDP2, no gradient accumulation
@@ -311,8 +312,8 @@ RUNS = [
         "5,824 tokens/s/GPU",
         config=GPT_OSS_120B,
     ),
-    # DeepSeek-V3's 61 layers: the sources do not give the pipeline split (the first/last pieces here are a guess),
-    # and NeMo recomputes MLA's up projections where opbench's "selective" recomputes core attention
+    # DeepSeek-V3's 61 layers: the sources do not give the pipeline split (the first/last pieces here are a guess);
+    # NeMo 25.04 recomputes MLA's up projections (its recompute_modules)
     Published(
         "NeMo DeepSeek-V3",
         "DeepSeek-V3 bf16, 512 GPUs, tp2 pp8 ep64",
@@ -555,6 +556,16 @@ MEMORY = [
         60111630336,
         MEGATRON_CI.replace("gpt/", "moe/").format("gpt3_mcore_te_tp2_pp2_ep4_etp1_memory_speed"),
         "last stage, step 50 (53.83 GiB at step 2: routing moves it)",
+    ),
+    PublishedMemory(
+        "Megatron DeepSeek-V3 proxy, 3 dense layers, selective recompute",
+        {**DSV3_PROXY, "first_k_dense_replace": 3},
+        f"{DSV3_PROXY_FLAGS} --decoder-first-pipeline-num-layers 3 --decoder-last-pipeline-num-layers 1 "
+        "--recompute selective --recompute-modules layernorm,mla_up_proj,mlp,moe_act",
+        1,
+        49211260928,
+        MEGATRON_CI.replace("gpt/", "moe/").format("gpt3_mcore_te_tp2_pp2_ep4_etp1_selective_recompute_experimental"),
+        "last stage, step 50; its pipeline layout Et*3|(tt|)*6tmL",
     ),
     PublishedMemory(
         "Megatron DeepSeek-V3 proxy, the same in FP8 (tensorwise)",

@@ -610,6 +610,34 @@ def test_megatron_memory_terms_its_ci_measured(tmp_path):
     assert dropped.total - unfused.total == 12 * scores * (1 + 2)
 
 
+def test_selective_recomputation_of_megatron_modules_drops_what_each_keeps():
+    """--recompute selective --recompute-modules (Megatron-Core's list; default core_attn): each module named gives
+    back what it saves for backward and runs its forward GEMMs again in backward (MLA's up projections: DeepSeek-V3's
+    q, k and v; mlp: a dense layer's intermediates; moe_act: the experts' activation output)."""
+    from opbench.project import memory as mem
+    from opbench.project.workload import layer_work
+
+    (cfg,) = select_models(load_model_configs(), "DeepSeek_V3")
+    layers = decoder_layers(cfg)
+    dense, moe = layers[0], layers[-1]
+    plan = Plan(world=64, seqlen=4096, global_batch=64, tp=2, ep=8, recompute="selective")
+    for lay in (dense, moe):
+        parts = mem.activation_parts(cfg, lay, plan)
+        assert mem.layer_activation_bytes(cfg, lay, plan) == sum(parts.values()) - parts["core_attn"]
+        for modules in (("mla_up_proj",), ("mlp", "moe_act"), ("layernorm", "moe")):
+            chosen = replace(plan, recompute_modules=modules)
+            kept = mem.layer_activation_bytes(cfg, lay, chosen)
+            gone = set(modules) | ({"moe_act"} if "moe" in modules else set())  # the whole MoE block covers it
+            assert kept == sum(n for m, n in parts.items() if m not in gone), modules
+    assert mem.activation_parts(cfg, dense, plan)["moe"] == 0 < mem.activation_parts(cfg, moe, plan)["moe"]
+    assert mem.activation_parts(cfg, moe, plan)["mla_up_proj"] > 0 == mem.activation_parts(cfg, moe, plan)["mlp"]
+    rates = Rates([], "H100", "bf16", Assumptions(), 8)
+    again = layer_work(cfg, moe, replace(plan, recompute_modules=("mla_up_proj", "moe")), rates).bwd
+    names = {i.name for i in again if i.name.startswith("recompute ")}
+    assert {"recompute mla_q_up fwd", "recompute mla_kv_up fwd", "recompute expert_down fwd"} <= names
+    assert "recompute EP all-to-all" in names and not any("attention" in n for n in names)
+
+
 def test_multi_token_prediction_adds_a_layer_its_projection_and_a_head_to_the_last_stage(llama70b):
     """--mtp-num-layers 1 (Megatron's flag; DeepSeek-V3's MTP): the last stage holds one more layer like the last,
     eh_proj (2h -> h over TP), three norms and, under a pipeline with untied embeddings, the word embedding the MTP

@@ -33,6 +33,7 @@ from .plan import (
     FP8_SCALINGS,
     MAX_MICROBATCHES,
     RECOMPUTE_CHOICES,
+    RECOMPUTE_MODULES,
     Plan,
     layouts,
     problems,
@@ -113,6 +114,16 @@ def model_chunks(text: str) -> int:
     return value
 
 
+def recompute_modules(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    unknown = [n for n in names if n not in RECOMPUTE_MODULES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"{', '.join(repr(n) for n in unknown) or repr(text)}: give modules of {', '.join(RECOMPUTE_MODULES)}"
+        )
+    return names
+
+
 def mtp_depths(text: str) -> int:
     value = cli.integer(text)
     if not 0 <= value <= 16:
@@ -170,6 +181,14 @@ def build_parser() -> argparse.ArgumentParser:
         default="none",
         help="activation recomputation: selective = Megatron's core attention; op = torchtitan's per-op "
         "checkpointing (every second matmul output and attention kept)",
+    )
+    lay.add_argument(
+        "--recompute-modules",
+        type=recompute_modules,
+        default=None,
+        metavar="M[,M...]",
+        help="with --recompute selective, Megatron's flag: what it recomputes, of "
+        f"{', '.join(RECOMPUTE_MODULES)} (default: core_attn)",
     )
     lay.add_argument(
         "--no-sequence-parallel", action="store_true", help="TP without sequence parallelism (all-reduces)"
@@ -372,6 +391,10 @@ def base_plan(cfg: ModelConfig, args: argparse.Namespace) -> Plan:
         raise UsageError(f"{cfg.name} has no seqlen; pass --seqlen", field="--seqlen")
     if args.fsdp and args.zero:
         raise UsageError("give --fsdp or --zero 1, not both", field="--zero")
+    if args.recompute_modules and args.recompute != "selective":
+        raise UsageError(
+            "names what --recompute selective recomputes: give --recompute selective", field="--recompute-modules"
+        )
     if args.fp8_recipe is not None and args.fp8 != "te":  # torchao's float8 is tensorwise, with no recipe to choose
         raise UsageError("a scaling recipe is Transformer Engine's: give --fp8 te", field="--fp8-recipe")
     plan = Plan(
@@ -398,6 +421,7 @@ def base_plan(cfg: ModelConfig, args: argparse.Namespace) -> Plan:
         attention_backend=args.attention_backend,
         attention_dropout=args.attention_dropout,
         mtp_layers=args.mtp_num_layers,
+        recompute_modules=args.recompute_modules or ("core_attn",),
         first_layers=args.decoder_first_pipeline_num_layers,
         last_layers=args.decoder_last_pipeline_num_layers,
         embedding_as_layer=args.account_for_embedding_in_pipeline_split,

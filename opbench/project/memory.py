@@ -30,7 +30,7 @@ from opbench.models.layout import (
 )
 from opbench.models.params import ParamSpec, parameter_shapes
 
-from .plan import Plan, fp8_gemm
+from .plan import RECOMPUTE_MODULES, Plan, fp8_gemm
 
 GIB = 1 << 30
 ADAM_STEP_BYTES = 4  # torch's Adam keeps a float32 'step' tensor per parameter tensor
@@ -365,66 +365,92 @@ def layer_activation_bytes(cfg: ModelConfig, lay: Layer, plan: Plan, profile: st
     activation input and output, and for MoE the router's fp32 probabilities and the permuted tokens.
     ``profile='eager'`` is PyTorch eager as transformers runs it: RMSNorm keeps its normalised output too, SwiGLU
     keeps silu's output as well, and under tensor parallelism the gathered sequence. Full recomputation keeps the
-    layer's input only."""
+    layer's input only; selective drops what its ``--recompute-modules`` keep (``activation_parts``)."""
+    e = element_size(plan.dtype)
+    t_seq = plan.tokens // plan.tp if plan.sp else plan.tokens
+    if plan.recompute == "full":
+        return t_seq * cfg.hidden_size * e
+    if plan.recompute == "op":
+        return op_sac_bytes(cfg, lay, plan)
+    parts = activation_parts(cfg, lay, plan, profile)
+    dropped = set(plan.recompute_modules) if plan.recompute == "selective" else set()
+    return sum(n for module, n in parts.items() if module not in dropped)
+
+
+def activation_parts(cfg: ModelConfig, lay: Layer, plan: Plan, profile: str = "fused") -> dict[str, int]:
+    """What a layer saves for backward, by the Megatron-Core module whose selective recomputation
+    (``--recompute-modules``) would drop it: ``layernorm`` (the two blocks' norm outputs), ``core_attn`` (what the
+    attention kernel keeps beyond its q, k, v inputs: the log-sum-exp, or unfused the scores), ``mla_up_proj`` (MLA's
+    up-projected q, k, v), ``mlp`` (a dense MLP's intermediates), ``shared_experts``, ``moe_act`` (the experts'
+    activation output), ``moe`` (everything the routed experts and their router keep) and ``rest``."""
     e = element_size(plan.dtype)
     t, h, tp = plan.tokens, cfg.hidden_size, plan.tp
     t_seq = t // tp if plan.sp else t
     eager = profile == "eager"
-    if plan.recompute == "full":
-        return t_seq * h * e
-    if plan.recompute == "op":
-        return op_sac_bytes(cfg, lay, plan)
+    parts = dict.fromkeys(RECOMPUTE_MODULES, 0) | {"rest": 0}
     qk_norm = any(name.endswith(("q_norm.weight", "k_norm.weight")) for name, _ in lay.params)
     # two blocks' norm input and output (the GEMMs' input); under sequence parallelism PyTorch's DTensor keeps
     # the all-gathered output, Megatron the local shard (it gathers again in backward, workload.tp_comm_items)
-    total = 2 * (t_seq + (t if eager else t_seq)) * h * e
+    parts["rest"] += 2 * t_seq * h * e
+    parts["layernorm"] += 2 * (t if eager else t_seq) * h * e
     if eager:
-        total += 2 * t_seq * h * e  # RMSNorm keeps x·rsqrt besides its input and output
+        parts["rest"] += 2 * t_seq * h * e  # RMSNorm keeps x·rsqrt besides its input and output
+    mla = any(g.layer in ("mla_q_up", "mla_kv_up") for g in lay.gemms)
     for op in lay.attention:
         hq, hkv = max(1, op.heads_q // tp), max(1, op.heads_kv // tp)
         if op.kind == INDEXER:
-            total += t * (op.heads_q * op.head_dim_qk + op.head_dim_qk + op.heads_q) * e
+            parts["rest"] += t * (op.heads_q * op.head_dim_qk + op.head_dim_qk + op.heads_q) * e
         elif op.kind == LINEAR and eager:
-            total += eager_delta_rule_bytes(op, hq, hkv, plan, cfg.raw.get("linear_conv_kernel_dim", 4))
+            parts["rest"] += eager_delta_rule_bytes(op, hq, hkv, plan, cfg.raw.get("linear_conv_kernel_dim", 4))
         elif op.kind == LINEAR:
             conv = 2 * hkv * op.head_dim_qk + hq * op.head_dim_v
-            total += t * (2 * conv + 3 * hq * op.head_dim_v + 2 * hq) * e
+            parts["rest"] += t * (2 * conv + 3 * hq * op.head_dim_v + 2 * hq) * e
             chunks = plan.mbs * math.ceil(plan.seqlen // plan.cp / LINEAR_CHUNK)  # per sequence, not per token
-            total += chunks * hq * op.head_dim_qk * op.head_dim_v * 4
+            parts["rest"] += chunks * hq * op.head_dim_qk * op.head_dim_v * 4
         elif plan.unfused_attention and op.kind != SPARSE:
             # Megatron's unfused core attention: q, k and v (GQA's expanded to every query head) for its two
             # matmuls, the context, and over the whole score matrix the softmax's output and, with attention
             # dropout, its 1-byte mask and output (5·a·s²·b in Korthikanti et al.'s count)
-            total += t * (2 * hq * op.head_dim_qk + 2 * hq * op.head_dim_v) * e
+            qkv = t * (hq * op.head_dim_qk + hkv * (op.head_dim_qk + op.head_dim_v)) * e
+            parts["mla_up_proj" if mla else "rest"] += qkv
+            parts["core_attn"] += t * (hq * op.head_dim_qk + hq * (op.head_dim_qk + op.head_dim_v)) * e - qkv
+            parts["rest"] += t * hq * op.head_dim_v * e  # the context: the output projection's input
             scores = plan.mbs * hq * (plan.seqlen // plan.cp) * plan.seqlen
-            total += scores * (e + (1 + e if plan.attention_dropout else 0))
+            parts["core_attn"] += scores * (e + (1 + e if plan.attention_dropout else 0))
         else:
-            total += t * (hq * op.head_dim_qk + hkv * (op.head_dim_qk + op.head_dim_v) + hq * op.head_dim_v) * e
-            total += t * hq * 4  # log-sum-exp
+            parts["mla_up_proj" if mla else "rest"] += (
+                t * (hq * op.head_dim_qk + hkv * (op.head_dim_qk + op.head_dim_v)) * e
+            )
+            parts["rest"] += t * hq * op.head_dim_v * e  # the output: the output projection's input
+            parts["core_attn"] += t * hq * 4  # log-sum-exp
             if op.kind == SPARSE:
-                total += t * op.window * 4  # the selected key indices (int32)
+                parts["core_attn"] += t * op.window * 4  # the selected key indices (int32)
             if qk_norm:  # q/k norms keep their input (eager: and the normalised copy)
-                total += (2 if eager else 1) * t * (hq + hkv) * op.head_dim_qk * e
+                parts["rest"] += (2 if eager else 1) * t * (hq + hkv) * op.head_dim_qk * e
     local = t // tp if cfg.is_moe else t
     for g in lay.gemms:
         if g.layer in ("mlp_gate_up", "shared_gate_up"):
             width = g.n // 2 // tp
-            total += (3 + (1 if eager else 0)) * t * width * e  # gate and up, and their product (down's input)
+            # gate and up, and their product (down's input)
+            parts["mlp" if g.layer == "mlp_gate_up" else "shared_experts"] += (3 + (1 if eager else 0)) * t * width * e
         elif g.layer == "mlp_up":
-            total += 2 * t * g.n // tp * e
+            parts["mlp"] += 2 * t * g.n // tp * e
         elif g.layer == "expert_gate_up":
             rows = local * g.top_k * plan.expert_tp
             width = g.n // 2 // plan.expert_tp
-            total += rows * h * e + (3 + (1 if eager else 0)) * rows * width * e
-            total += local * g.experts * 4 * 2  # router logits and probabilities, fp32
-            total += rows * h * e  # each expert's output, kept for the routing-weight product
+            parts["moe_act"] += rows * width * e  # the activation's output (the down projection's input)
+            parts["moe"] += rows * h * e + (2 + (1 if eager else 0)) * rows * width * e
+            parts["moe"] += local * g.experts * 4 * 2  # router logits and probabilities, fp32
+            parts["moe"] += rows * h * e  # each expert's output, kept for the routing-weight product
         elif g.layer in ("mla_q_up", "mla_kv_up", "linear_out"):
-            total += t * g.k * e  # a second GEMM input inside the block (compressed q / kv, gated-norm output)
+            parts["rest"] += t * g.k * e  # a second GEMM input inside the block (compressed q / kv, gated-norm output)
     if plan.fp8 == "te":
-        total += te_saved_delta(cfg, lay, plan)
+        parts["rest"] += te_saved_delta(cfg, lay, plan)
     if plan.hidden_dropout:  # the two blocks' output dropouts keep a 1-byte mask each (T/tp under SP)
-        total += 2 * t_seq * h
-    return total
+        parts["rest"] += 2 * t_seq * h
+    if "moe" in plan.recompute_modules and plan.recompute == "selective":
+        parts["moe_act"] = 0  # inside the MoE block: not dropped twice
+    return parts
 
 
 def eager_delta_rule_bytes(op: Attention, hv: int, hk: int, plan: Plan, conv_kernel: object) -> int:

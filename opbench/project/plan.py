@@ -22,6 +22,8 @@ from .pipeline import INTERLEAVED, V_SHAPED, ZERO_BUBBLE, piece_of
 SHARDINGS = ("none", "zero1", "fsdp")  # DDP (replicated optimizer), sharded optimizer (ZeRO-1), FSDP2 / ZeRO-3
 MAX_MICROBATCHES = 1 << 14  # per step per DP rank (real jobs: at most a few thousand)
 RECOMPUTE = ("none", "selective", "full")  # what --search tries
+# Megatron-Core's --recompute-modules, what --recompute selective recomputes (its default: core_attn)
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "shared_experts", "moe_act", "moe")
 # "op": torchtitan's per-op selective checkpointing (every second matmul output and attention saved), dense
 # layers only (docs/project.md, "Recomputation"); a flag value, not searched
 RECOMPUTE_CHOICES = (*RECOMPUTE, "op")
@@ -79,6 +81,7 @@ class Plan:
     # after the last decoder layer, each depth norms and joins the hidden state with the next token's embedding
     # (eh_proj, 2h -> h), runs one more layer like the last, and predicts through the output layer with a loss
     mtp_layers: int = 0
+    recompute_modules: tuple[str, ...] = ("core_attn",)  # with recompute == "selective"
 
     @property
     def unfused_attention(self) -> bool:
@@ -172,7 +175,12 @@ class Plan:
         parts += [f"vpp{self.vpp}"] if self.vpp > 1 else []
         parts += ["zero-bubble"] if self.pp > 1 and self.schedule in ZERO_BUBBLE else []
         parts += [self.schedule] if self.schedule in V_SHAPED else []
-        parts += [f"mbs{self.mbs}", self.sharding, f"rc-{self.recompute}"]
+        modules = (
+            ""
+            if self.recompute != "selective" or self.recompute_modules == ("core_attn",)
+            else "+".join(self.recompute_modules)
+        )
+        parts += [f"mbs{self.mbs}", self.sharding, f"rc-{self.recompute}" + (f"[{modules}]" if modules else "")]
         parts += ["grads-bf16"] if self.grad_dtype == "bf16" and self.sharding != "fsdp" else []
         parts += [f"first{self.first_layers}"] if self.first_layers is not None else []
         parts += [f"last{self.last_layers}"] if self.last_layers is not None else []

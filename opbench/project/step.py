@@ -95,6 +95,7 @@ class Projector:
     def _layer(self, lay, plan: Plan) -> Work:
         te_microbatches = plan.microbatches if plan.fp8 == "te" else 0  # te casts its weights once per step
         key: tuple = (_layer_key(lay), plan.tp, plan.cp, plan.ep, plan.expert_tp, plan.mbs, plan.sp, plan.recompute)
+        key += (plan.recompute_modules,)
         key += (plan.fp8, plan.fp8_recipe, plan.fp8_param_gather, te_microbatches, plan.hidden_dropout > 0)
         if key not in self._work:
             self._work[key] = layer_work(self.cfg, lay, plan, self.rates, self.profile)

@@ -211,8 +211,8 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
 
     if plan.recompute == "full":  # the layer's forward runs again in backward, from its saved input
         bwd = [replace(i, name=f"recompute {i.name}") for i in fwd] + bwd
-    elif plan.recompute == "selective":  # Megatron's default selective set: core attention
-        bwd = [replace(i, name=f"recompute {i.name}") for i in attn_fwd] + bwd
+    elif plan.recompute == "selective":  # the forward of what --recompute-modules names (default: core attention)
+        bwd = [replace(i, name=f"recompute {i.name}") for i in recomputed(plan, fwd, attn_fwd)] + bwd
     elif plan.recompute == "op":  # torchtitan's per-op policy: the even matmuls and every memory-bound op again
         again: dict[str, float] = {}
         whole: dict[str, float] = {}
@@ -234,6 +234,24 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
 
 
 TP_ALL_GATHER = "TP all-gather"
+# The forward GEMMs each --recompute-modules entry runs again in backward (memory-bound work aside)
+RECOMPUTED_GEMMS = {
+    "mla_up_proj": ("mla_q_up", "mla_kv_up"),
+    "mlp": ("mlp_gate_up", "mlp_up", "mlp_down"),
+    "shared_experts": ("shared_gate_up", "shared_down"),
+    "moe": ("router", "expert_gate_up", "expert_down"),
+}
+
+
+def recomputed(plan: Plan, fwd: list[Item], attn_fwd: list[Item]) -> list[Item]:
+    """The forward items selective recomputation runs again: core attention's kernels, the GEMMs of the other
+    modules named, and for ``moe`` its dispatch and combine all-to-alls too (the block runs whole again)."""
+    out = list(attn_fwd) if "core_attn" in plan.recompute_modules else []
+    gemms = {g for m in plan.recompute_modules for g in RECOMPUTED_GEMMS.get(m, ())}
+    out += [i for i in fwd if i.category == GEMM and i.name.removesuffix(" fwd") in gemms]
+    if "moe" in plan.recompute_modules:
+        out += [i for i in fwd if i.category == EP_COMM]
+    return out
 
 
 def _block(gemm: str) -> str:
