@@ -124,6 +124,13 @@ def recompute_modules(text: str) -> tuple[str, ...]:
     return names
 
 
+def micro_batch(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_MICROBATCHES:
+        raise argparse.ArgumentTypeError(f"{value} sequences per micro-batch is more than {MAX_MICROBATCHES:,}")
+    return value
+
+
 def mtp_depths(text: str) -> int:
     value = cli.integer(text)
     if not 0 <= value <= 16:
@@ -144,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     m = p.add_argument_group("model and batch")
     cli.add_model_args(m, model_help="the model (one name from the configs)")
     m.add_argument("--seqlen", type=cli.sequence_length, default=None, help="sequence length (default: the config's)")
-    m.add_argument("--mbs", type=positive_int, default=1, help="micro-batch size, sequences (default: 1)")
+    m.add_argument("--mbs", type=micro_batch, default=1, help="micro-batch size, sequences (default: 1)")
     m.add_argument(
         "--global-batch",
         type=positive_int,

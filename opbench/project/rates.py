@@ -335,7 +335,7 @@ class Rates:
                 f"({dtype}) in the peak table: {hint}measure on the target (opbench "
                 "gemm/attention into a --results folder) or name a --device the table has (docs/conventions.md, "
                 "'Peaks')",
-                field="--results",
+                field="--results" if self.asked else "--device",  # nothing measured: the device is what is missing
             )
         return tflops
 
@@ -431,7 +431,7 @@ class Rates:
         raise UsageError(
             f"no measured memory bandwidth and no peak for '{self.device or 'an unnamed device'}': run opbench cluster "
             "--checks memory into a --results folder, or pass --memory-bandwidth-gbs",
-            field="--results",
+            field="--results" if self.asked else "--device",
         )
 
     def memory_time(self, nbytes: float) -> Timed:
