@@ -170,34 +170,25 @@ def size_mib(text: str) -> float:
 
 
 MAX_WORLD = 1 << 22  # 4 Mi ranks: far beyond any cluster; a bigger world is a typo (and would take minutes to model)
-
-
 MAX_LAYERS = 1 << 12  # decoder layers: released models have at most ~130; 4096 is a typo (and minutes of tables)
-
-
-def layer_count(text: str) -> int:
-    """A decoder layer count (--num-layers; a config's num_hidden_layers meets the same bound)."""
-    value = positive_int(text)
-    if value > MAX_LAYERS:
-        raise argparse.ArgumentTypeError(f"{value} layers is more than {MAX_LAYERS:,}; is that a typo?")
-    return value
-
-
 MAX_SEQLEN = 1 << 24  # tokens per sequence: a config's seqlen meets the same bound (models.config.MAX_CONFIG_INT)
 
 
-def sequence_length(text: str) -> int:
-    value = positive_int(text)
-    if value > MAX_SEQLEN:
-        raise argparse.ArgumentTypeError(f"{value} tokens is more than {MAX_SEQLEN:,}; is that a typo?")
-    return value
+def at_most(high: int, unit: str) -> Callable[[str], int]:
+    """A positive count of ``unit`` no larger than ``high``: beyond it a typo, and minutes of work or memory."""
+
+    def parse(text: str) -> int:
+        value = positive_int(text)
+        if value > high:
+            raise argparse.ArgumentTypeError(f"{value} {unit} is more than {high:,}; is that a typo?")
+        return value
+
+    return parse
 
 
-def world_size(text: str) -> int:
-    value = positive_int(text)
-    if value > MAX_WORLD:
-        raise argparse.ArgumentTypeError(f"{value} ranks is more than {MAX_WORLD:,}; is that a typo?")
-    return value
+layer_count = at_most(MAX_LAYERS, "layers")  # --num-layers; a config's num_hidden_layers meets the same bound
+sequence_length = at_most(MAX_SEQLEN, "tokens")
+world_size = at_most(MAX_WORLD, "ranks")
 
 
 def model_selection(text: str) -> str:

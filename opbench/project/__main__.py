@@ -107,13 +107,6 @@ fraction = within(0, 1)
 efficiency = within(0.01, 1)  # a share of a peak a kernel reaches: below 1 % is a typo, and 0 a division by zero
 
 
-def model_chunks(text: str) -> int:
-    value = positive_int(text)
-    if value > cli.MAX_LAYERS:
-        raise argparse.ArgumentTypeError(f"{value} model chunks per stage is more than {cli.MAX_LAYERS:,} layers")
-    return value
-
-
 def recompute_modules(text: str) -> tuple[str, ...]:
     names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
     unknown = [n for n in names if n not in RECOMPUTE_MODULES]
@@ -122,13 +115,6 @@ def recompute_modules(text: str) -> tuple[str, ...]:
             f"{', '.join(repr(n) for n in unknown) or repr(text)}: give modules of {', '.join(RECOMPUTE_MODULES)}"
         )
     return names
-
-
-def micro_batch(text: str) -> int:
-    value = positive_int(text)
-    if value > MAX_MICROBATCHES:
-        raise argparse.ArgumentTypeError(f"{value} sequences per micro-batch is more than {MAX_MICROBATCHES:,}")
-    return value
 
 
 def mtp_depths(text: str) -> int:
@@ -151,7 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
     m = p.add_argument_group("model and batch")
     cli.add_model_args(m, model_help="the model (one name from the configs)")
     m.add_argument("--seqlen", type=cli.sequence_length, default=None, help="sequence length (default: the config's)")
-    m.add_argument("--mbs", type=micro_batch, default=1, help="micro-batch size, sequences (default: 1)")
+    m.add_argument(
+        "--mbs",
+        type=cli.at_most(MAX_MICROBATCHES, "sequences per micro-batch"),
+        default=1,
+        help="micro-batch size, sequences (default: 1)",
+    )
     m.add_argument(
         "--global-batch",
         type=positive_int,
@@ -172,7 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         lay.add_argument(flag, type=positive_int, default=1, help=f"{what} size (default: 1)")
     lay.add_argument("--etp", type=positive_int, default=None, help="expert tensor parallel (default: --tp)")
-    lay.add_argument("--vpp", type=model_chunks, default=1, help="model chunks per pipeline stage (interleaved)")
+    lay.add_argument(
+        "--vpp",
+        type=cli.at_most(cli.MAX_LAYERS, "model chunks per stage"),
+        default=1,
+        help="model chunks per pipeline stage (interleaved)",
+    )
     lay.add_argument(
         "--schedule",
         choices=SCHEDULES,
