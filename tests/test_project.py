@@ -213,6 +213,7 @@ def test_bad_input_is_one_line(run, args, message):
         (["--recompute-modules", "mlp"], "field '--recompute-modules': names what --recompute selective"),
         (["--recompute", "selective", "--recompute-modules", "mlp,attn"], "field '--recompute-modules': 'attn':"),
         (["--fp8-recipe", "delayed"], "field '--fp8-recipe': a scaling recipe is Transformer Engine's"),
+        (["--validate", "--world-size", "1", "--recompute", "full"], "field '--recompute': --validate trains without"),
         (["--validate", "--world-size", "1", "--attention-backend", "unfused"],
          "field '--attention-backend': --validate trains transformers' model with SDPA"),
         # --search: a flag every layout keeps is the user's to fix (it rejected all 1,323 and exited 0)
@@ -602,7 +603,8 @@ def test_megatron_memory_terms_its_ci_measured(tmp_path):
     tokens, heads, scores = 4 * 1024, 8, 4 * 8 * 1024 * 1024
     assert base.buffers == tokens * 50304 * 2 + (96 << 20)  # the bf16 logits (vocabulary padded to 128) and workspaces
     assert mem.memory(cfg, plan, 0, 1, "eager").buffers == tokens * 50304 * (2 + 4)  # no TE: no workspace counted
-    assert mem.memory(cfg, plan, 0, 1, tp_overlap=True).total - base.total == 96 << 20  # userbuffers' 3 streams
+    split = replace(plan, tp=2)  # TE's userbuffers (TP overlap under sequence parallelism): 3 streams' workspaces
+    assert mem.memory(cfg, split, 0, 1, tp_overlap=0.8).total - mem.memory(cfg, split, 0, 1).total == 96 << 20
     (moe,) = load_model_configs(str(EXAMPLES / "tiny-qwen3-moe"))  # TE's grouped GEMM: 4 streams' workspaces more
     vocab = -(-moe.vocab_size // 128) * 128
     assert mem.memory(moe, plan, 0, 1).buffers == tokens * vocab * 2 + (96 << 20) + (128 << 20)
@@ -631,9 +633,14 @@ def test_selective_recomputation_of_megatron_modules_drops_what_each_keeps():
         for modules in (("mla_up_proj",), ("mlp", "moe_act"), ("layernorm", "moe")):
             chosen = replace(plan, recompute_modules=modules)
             kept = mem.layer_activation_bytes(cfg, lay, chosen)
-            gone = set(modules) | ({"moe_act"} if "moe" in modules else set())  # the whole MoE block covers it
+            gone = set(modules) | ({"moe_act", "shared_experts"} if "moe" in modules else set())  # the whole block
             assert kept == sum(n for m, n in parts.items() if m not in gone), modules
     assert mem.activation_parts(cfg, dense, plan)["moe"] == 0 < mem.activation_parts(cfg, moe, plan)["moe"]
+    # FP8's 1-byte inputs land in the parts they shrink: recomputing a part takes its FP8 saving with it
+    fp8 = replace(plan, fp8="te", recompute_modules=("layernorm", "mlp"))
+    parts8 = mem.activation_parts(cfg, dense, fp8)
+    assert parts8["layernorm"] < mem.activation_parts(cfg, dense, plan)["layernorm"]
+    assert mem.layer_activation_bytes(cfg, dense, fp8) == sum(parts8.values()) - parts8["layernorm"] - parts8["mlp"]
     assert mem.activation_parts(cfg, moe, plan)["mla_up_proj"] > 0 == mem.activation_parts(cfg, moe, plan)["mlp"]
     rates = Rates([], "H100", "bf16", Assumptions(), 8)
     again = layer_work(cfg, moe, replace(plan, recompute_modules=("mla_up_proj", "moe")), rates).bwd

@@ -186,6 +186,21 @@ def at_most(high: int, unit: str) -> Callable[[str], int]:
     return parse
 
 
+def within(low: float, high: float, unit: str = "") -> Callable[[str], float]:
+    """A finite figure from ``low`` to ``high`` (a share, a rate, a latency, a size: beyond them a model's
+    arithmetic divides by zero, overflows into inf or rounds to nothing)."""
+
+    def parse(text: str) -> float:
+        value = finite_float(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"must be between {low:g} and {high:g}{' ' + unit if unit else ''}, got {text}"
+            )
+        return value
+
+    return parse
+
+
 layer_count = at_most(MAX_LAYERS, "layers")  # --num-layers; a config's num_hidden_layers meets the same bound
 sequence_length = at_most(MAX_SEQLEN, "tokens")
 world_size = at_most(MAX_WORLD, "ranks")

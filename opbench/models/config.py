@@ -463,7 +463,7 @@ def select_models(configs: Sequence[ModelConfig], selection: str | Iterable[str]
                 field="--model",
             )
         found = [c for c in map(find, wanted) if c is not None]
-        chosen = [c for i, c in enumerate(found) if all(c is not d for d in found[:i])]  # a name given twice: once
+        chosen = list({id(c): c for c in found}.values())  # a model named twice (two spellings): once
     for cfg in chosen:
         for note in cfg.notes:
             print(f"warning: {note}", file=sys.stderr)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -88,33 +88,18 @@ def dropout(text: str) -> float:
     return value
 
 
-def within(low: float, high: float, unit: str = "") -> Callable[[str], float]:
-    """A figure from ``low`` to ``high`` (a share, a rate, a latency, a size: beyond them a step's time or memory
-    divides by zero, overflows into inf or rounds to nothing)."""
-
-    def parse(text: str) -> float:
-        value = finite_float(text)
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(
-                f"must be between {low:g} and {high:g}{' ' + unit if unit else ''}, got {text}"
-            )
-        return value
-
-    return parse
-
-
-fraction = within(0, 1)
-efficiency = within(0.01, 1)  # a share of a peak a kernel reaches: below 1 % is a typo, and 0 a division by zero
+fraction = cli.within(0, 1)
+efficiency = cli.within(0.01, 1)  # a share of a peak a kernel reaches: below 1 % is a typo, and 0 a division by zero
 
 
 def recompute_modules(text: str) -> tuple[str, ...]:
-    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
-    unknown = [n for n in names if n not in RECOMPUTE_MODULES]
+    names = {n.strip() for n in text.split(",") if n.strip()}
+    unknown = sorted(names - set(RECOMPUTE_MODULES))
     if unknown or not names:
         raise argparse.ArgumentTypeError(
             f"{', '.join(repr(n) for n in unknown) or repr(text)}: give modules of {', '.join(RECOMPUTE_MODULES)}"
         )
-    return names
+    return tuple(m for m in RECOMPUTE_MODULES if m in names)  # one order: one label, one cache entry
 
 
 def mtp_depths(text: str) -> int:
@@ -124,12 +109,8 @@ def mtp_depths(text: str) -> int:
     return value
 
 
-def scale_factor(text: str) -> float:
-    """A calibration factor: 0.01 to 100 (a step cannot be 100 times faster or slower than its kernels say)."""
-    value = positive_float(text)
-    if not 0.01 <= value <= 100:
-        raise argparse.ArgumentTypeError(f"must be between 0.01 and 100, got {text}")
-    return value
+# a calibration factor: a step cannot be 100 times faster or slower than its kernels say
+scale_factor = cli.within(0.01, 100)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -277,7 +258,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--attention-backend unfused, a 1-byte mask and the dropped-out softmax kept per score",
     )
     lay.add_argument(
-        "--memory-gib", type=within(0.01, 1 << 20, "GiB"), default=None, help="memory per GPU (default: the device's)"
+        "--memory-gib",
+        type=cli.within(0.01, 1 << 20, "GiB"),
+        default=None,
+        help="memory per GPU (default: the device's)",
     )
     lay.add_argument(
         "--memory-reserve-gib",
@@ -313,14 +297,14 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         ("--memory-efficiency", a.memory_efficiency, "share of HBM bandwidth a streaming kernel reaches", efficiency),
         ("--link-efficiency", a.link_efficiency, "share of a link's peak a collective's busbw reaches", efficiency),
-        ("--nic-gbs", a.nic_gbs, "network GB/s per GPU per direction", within(0.01, 1e6, "GB/s")),
+        ("--nic-gbs", a.nic_gbs, "network GB/s per GPU per direction", cli.within(0.01, 1e6, "GB/s")),
         (
             "--latency-us-intra",
             a.latency_us_intra,
             "a collective's fixed cost inside a node, µs",
-            within(1e-3, 1e6, "µs"),
+            cli.within(1e-3, 1e6, "µs"),
         ),
-        ("--latency-us-inter", a.latency_us_inter, "... across nodes, µs", within(1e-3, 1e6, "µs")),
+        ("--latency-us-inter", a.latency_us_inter, "... across nodes, µs", cli.within(1e-3, 1e6, "µs")),
         (
             "--tp-overlap",
             a.tp_overlap,
@@ -330,7 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
         ("--ep-overlap", a.ep_overlap, "share of the EP all-to-all hidden", fraction),
     ):
         r.add_argument(flag, type=kind, default=default, help=f"{what} (default: {default:g})")
-    r.add_argument("--memory-bandwidth-gbs", type=within(1, 1e6, "GB/s"), default=None, help="memory bandwidth, GB/s")
+    r.add_argument(
+        "--memory-bandwidth-gbs", type=cli.within(1, 1e6, "GB/s"), default=None, help="memory bandwidth, GB/s"
+    )
     r.add_argument(
         "--compute-scale",
         type=scale_factor,
@@ -340,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument(
         "--optimizer-bytes-per-param",
-        type=within(1e-3, 1024, "bytes"),
+        type=cli.within(1e-3, 1024, "bytes"),
         default=None,
         help="bytes the optimizer moves per parameter (default: 30 fused mixed precision, 28 fp32, "
         "80 eager PyTorch AdamW)",
@@ -394,7 +380,7 @@ def base_plan(cfg: ModelConfig, args: argparse.Namespace) -> Plan:
         raise UsageError(f"{cfg.name} has no seqlen; pass --seqlen", field="--seqlen")
     if args.fsdp and args.zero:
         raise UsageError("give --fsdp or --zero 1, not both", field="--zero")
-    if args.recompute_modules and args.recompute != "selective":
+    if args.recompute_modules and args.recompute != "selective" and not args.search:  # the search tries selective
         raise UsageError(
             "names what --recompute selective recomputes: give --recompute selective", field="--recompute-modules"
         )
@@ -574,6 +560,8 @@ def _reason_class(found: tuple[str, str]) -> str:
         return "heads or widths do not split over tp"
     if "--ep" in why or flag == "--ep":
         return "experts do not split over ep / etp"
+    if "split a pipeline: give --pp 2" in why:
+        return "first/last pipeline layers given without a pipeline"
     return {
         "--pp": "layers do not split over pp·vpp",
         "--global-batch": "global batch does not split over mbs·dp",
@@ -634,6 +622,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(
                 "--validate trains in 16 or 32 bits here; project --fp8 without it (docs/project.md, 'FP8')",
                 field="--fp8",
+            )
+        if plan.recompute != "none":
+            raise UsageError(
+                "--validate trains without recomputation: project --recompute without it", field="--recompute"
             )
         if plan.unfused_attention or plan.ce_fusion or plan.mtp_layers:
             raise UsageError(

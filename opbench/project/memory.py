@@ -214,7 +214,9 @@ def stage_params(cfg: ModelConfig, plan: Plan, stage: int, layers: Sequence[Laye
     if last:
         root_numel += vocab if (not cfg.tie_word_embeddings or not first) else 0
         root_numel += cfg.hidden_size + mtp_numel(cfg, plan)
-        tensors += 2 + 4 * plan.mtp_layers
+        tensors += (
+            2 + 4 * plan.mtp_layers + (1 if plan.mtp_layers and plan.pp > 1 and not cfg.tie_word_embeddings else 0)
+        )
     numel += root_numel
     padded = -(-numel // shard)
     return StageParams(
@@ -373,8 +375,16 @@ def layer_activation_bytes(cfg: ModelConfig, lay: Layer, plan: Plan, profile: st
     if plan.recompute == "op":
         return op_sac_bytes(cfg, lay, plan)
     parts = activation_parts(cfg, lay, plan, profile)
-    dropped = set(plan.recompute_modules) if plan.recompute == "selective" else set()
-    return sum(n for module, n in parts.items() if module not in dropped)
+    return sum(n for module, n in parts.items() if module not in recomputed_modules(plan))
+
+
+def recomputed_modules(plan: Plan) -> set[str]:
+    """The activation_parts selective recomputation drops: the modules named, and with ``moe`` the whole MoE block
+    (Megatron-Core's MoE-layer checkpoint runs the shared experts and the activation inside it)."""
+    if plan.recompute != "selective":
+        return set()
+    named = set(plan.recompute_modules)
+    return named | ({"moe_act", "shared_experts"} if "moe" in named else set())
 
 
 def activation_parts(cfg: ModelConfig, lay: Layer, plan: Plan, profile: str = "fused") -> dict[str, int]:
@@ -417,6 +427,8 @@ def activation_parts(cfg: ModelConfig, lay: Layer, plan: Plan, profile: str = "f
             parts["rest"] += t * hq * op.head_dim_v * e  # the context: the output projection's input
             scores = plan.mbs * hq * (plan.seqlen // plan.cp) * plan.seqlen
             parts["core_attn"] += scores * (e + (1 + e if plan.attention_dropout else 0))
+            if qk_norm:  # q/k norms keep their input
+                parts["rest"] += t * (hq + hkv) * op.head_dim_qk * e
         else:
             parts["mla_up_proj" if mla else "rest"] += (
                 t * (hq * op.head_dim_qk + hkv * (op.head_dim_qk + op.head_dim_v)) * e
@@ -445,11 +457,10 @@ def activation_parts(cfg: ModelConfig, lay: Layer, plan: Plan, profile: str = "f
         elif g.layer in ("mla_q_up", "mla_kv_up", "linear_out"):
             parts["rest"] += t * g.k * e  # a second GEMM input inside the block (compressed q / kv, gated-norm output)
     if plan.fp8 == "te":
-        parts["rest"] += te_saved_delta(cfg, lay, plan)
+        for module, n in te_saved_parts(cfg, lay, plan).items():
+            parts[module] += n
     if plan.hidden_dropout:  # the two blocks' output dropouts keep a 1-byte mask each (T/tp under SP)
         parts["rest"] += 2 * t_seq * h
-    if "moe" in plan.recompute_modules and plan.recompute == "selective":
-        parts["moe_act"] = 0  # inside the MoE block: not dropped twice
     return parts
 
 
@@ -482,16 +493,22 @@ def eager_delta_rule_bytes(op: Attention, hv: int, hk: int, plan: Plan, conv_ker
 
 
 def te_saved_delta(cfg: ModelConfig, lay: Layer, plan: Plan) -> int:
+    """te_saved_parts, summed."""
+    return sum(te_saved_parts(cfg, lay, plan).values())
+
+
+def te_saved_parts(cfg: ModelConfig, lay: Layer, plan: Plan) -> dict[str, int]:
     """What Transformer Engine's FP8 GEMMs change in a layer's saved activations (docs/project.md, "FP8"): each
     saves its own input in FP8 (1 byte; the local shard under sequence parallelism), so a 16-bit tensor only FP8
     GEMMs read is no longer kept (the norm outputs of dense blocks, the MLP activation's output, the permuted
     tokens, the second GEMM inputs of MLA and gated DeltaNet) and the attention output, which the attention
-    kernel keeps in 16 bits, gets an FP8 copy beside it (delayed scaling, Megatron's default recipe)."""
+    kernel keeps in 16 bits, gets an FP8 copy beside it (delayed scaling, Megatron's default recipe). By the module
+    whose recomputation would drop the tensor (activation_parts)."""
     e = element_size(plan.dtype)
     t, h, tp = plan.tokens, cfg.hidden_size, plan.tp
     t_seq = t // tp if plan.sp else t
     local = t // tp if cfg.is_moe else t
-    delta = 0
+    delta = dict.fromkeys(RECOMPUTE_MODULES, 0) | {"rest": 0}
     ranked = {g.name: g for g in layer_gemms(lay, t, local, plan.model_parallel())}  # this rank's shapes
     fp8 = {
         g.layer: g
@@ -499,24 +516,25 @@ def te_saved_delta(cfg: ModelConfig, lay: Layer, plan: Plan) -> int:
         if g.layer in ranked and fp8_gemm(plan, g.layer, ranked[g.layer].n, ranked[g.layer].k, ranked[g.layer].groups)
     }
     if "qkv" in fp8:
-        delta -= t_seq * h * (e - 1)  # the attention block's norm output
+        delta["layernorm"] -= t_seq * h * (e - 1)  # the attention block's norm output
     if "attn_out" in fp8:
         for op in lay.attention:
             if op.kind not in (LINEAR, INDEXER):
-                delta += t * max(1, op.heads_q // tp) * op.head_dim_v  # an FP8 copy of the attention output
+                delta["rest"] += t * max(1, op.heads_q // tp) * op.head_dim_v  # an FP8 copy of the attention output
     for name, g in fp8.items():
         if name in ("mlp_gate_up", "mlp_up"):
-            delta -= t_seq * h * (e - 1)  # the MLP block's norm output
+            delta["layernorm"] -= t_seq * h * (e - 1)  # the MLP block's norm output
             width = g.n // 2 // tp if name == "mlp_gate_up" else g.n // tp
-            delta -= t * width * (e - 1)  # the activation's output, mlp_down's input
+            delta["mlp"] -= t * width * (e - 1)  # the activation's output, mlp_down's input
         elif name == "shared_gate_up":
-            delta += t_seq * h  # the router keeps the 16-bit norm output: the shared expert saves an FP8 copy
-            delta -= t * (g.n // 2 // tp) * (e - 1)
+            # the router keeps the 16-bit norm output: the shared expert saves an FP8 copy
+            delta["shared_experts"] += t_seq * h - t * (g.n // 2 // tp) * (e - 1)
         elif name == "expert_gate_up":
             rows = local * g.top_k * plan.expert_tp
-            delta -= rows * h * (e - 1) + rows * (g.n // 2 // plan.expert_tp) * (e - 1)  # permuted tokens, product
+            delta["moe"] -= rows * h * (e - 1)  # the permuted tokens
+            delta["moe_act"] -= rows * (g.n // 2 // plan.expert_tp) * (e - 1)  # the activation's output
         elif name in ("mla_q_up", "mla_kv_up", "linear_out"):
-            delta -= t * g.k * (e - 1)
+            delta["rest"] -= t * g.k * (e - 1)
     return delta
 
 
@@ -540,7 +558,7 @@ def activation_bytes(
         kept += plan.tokens // (plan.tp if plan.sp else 1) * cfg.hidden_size * -(-in_flight // max(1, plan.vpp))
     e = element_size(plan.dtype)
     buffers = 0
-    if plan.recompute in ("full", "op") and layers:  # one layer's recomputed activations during its backward
+    if plan.recompute in ("full", "op", "selective") and layers:  # one layer's recomputed part during its backward
         full = replace(plan, recompute="none")
         buffers += max(  # none (op under TP can keep more than no recomputation: matmul outputs, whole sequences)
             0,
@@ -579,16 +597,17 @@ def memory(
     profile: str = "fused",
     known: StageParams | None = None,
     layers: Sequence[Layer] | None = None,
-    tp_overlap: bool = False,
+    tp_overlap: float = 0.0,
 ) -> Memory:
-    """Stage ``stage``'s memory per GPU at its peak, holding ``in_flight`` micro-batch chunks (``tp_overlap``:
-    Transformer Engine's userbuffers overlap TP communication, on streams with workspaces of their own)."""
+    """Stage ``stage``'s memory per GPU at its peak, holding ``in_flight`` micro-batch chunks (``tp_overlap``, the
+    --tp-overlap share: above 0 under sequence parallelism, Transformer Engine's userbuffers overlap TP
+    communication, on streams with workspaces of their own)."""
     sp = known or stage_params(cfg, plan, stage, layers)
     params, grads, opt = state_bytes(sp, plan, profile)
     acts, buffers = activation_bytes(cfg, plan, stage, in_flight, profile, layers)
     workspace = 0
     if profile == "fused":
-        workspace = LIBRARY_WORKSPACE_BYTES + (UB_WORKSPACE_BYTES if tp_overlap else 0)
+        workspace = LIBRARY_WORKSPACE_BYTES + (UB_WORKSPACE_BYTES if tp_overlap > 0 and plan.sp else 0)
         workspace += GROUPED_GEMM_WORKSPACE_BYTES if cfg.is_moe else 0
     fp8_total, fp8_largest = fp8_weights(cfg, plan, stage, layers)
     if plan.fp8 == "te" and not plan.fp8_param_gather:  # FP8 copies of the weights and their transposes, kept

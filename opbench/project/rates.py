@@ -270,7 +270,7 @@ class Rates:
         self.gpus_per_node = gpus_per_node
         self.device = device or (names[0] if names else None)
         self.peak: Peak | None = lookup_peak(self.device) if self.device else None
-        self.asked = list(results)
+        self.asked = bool(results)
         self.read_any = bool(frames)
         # devices --results were measured on that are not the projection's (by the peak table: 'H100' and 'NVIDIA
         # H100 80GB HBM3' are one): their rows are used as measured, which the user should hear

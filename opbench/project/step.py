@@ -79,7 +79,7 @@ class Projector:
 
     def stage_params(self, plan: Plan, stage: int) -> mem.StageParams:
         split = (plan.first_layers, plan.last_layers, plan.embedding_as_layer, plan.loss_as_layer, plan.last_stage)
-        key = (plan.tp, plan.pp, plan.vpp, plan.ep, plan.expert_tp, plan.dp * plan.cp, stage, split)
+        key = (plan.tp, plan.pp, plan.vpp, plan.ep, plan.expert_tp, plan.dp * plan.cp, stage, split, plan.mtp_layers)
         if key not in self._params:
             self._params[key] = mem.stage_params(self.cfg, plan, stage, self.layers)
         return self._params[key]
@@ -87,7 +87,8 @@ class Projector:
     def fp8_weights(self, plan: Plan, stage: int) -> tuple[int, int]:
         """memory.fp8_weights, cached per layout."""
         split = (plan.first_layers, plan.last_layers, plan.embedding_as_layer, plan.loss_as_layer, plan.last_stage)
-        key = (plan.fp8, plan.tp, plan.pp, plan.vpp, plan.ep, plan.expert_tp, plan.mbs, plan.cp, stage, split)
+        key: tuple = (plan.fp8, plan.tp, plan.pp, plan.vpp, plan.ep, plan.expert_tp, plan.mbs, plan.cp, stage, split)
+        key += (plan.mtp_layers,)
         if key not in self._fp8:
             self._fp8[key] = mem.fp8_weights(self.cfg, plan, stage, self.layers)
         return self._fp8[key]
@@ -114,15 +115,17 @@ class Projector:
             for c in range(plan.vpp):
                 if plan.piece(c, s) == last_piece:
                     chunks[c] = chunks[c] + head_work(self.cfg, plan, self.rates)
-                    for _ in range(plan.mtp_layers):  # each depth's eh_proj and its own head (its layer: above)
-                        chunks[c] = chunks[c] + mtp_work(self.cfg, plan, self.rates)
+                    if plan.mtp_layers:  # each depth's eh_proj and its own head (its layer: stage_layers)
+                        depth = mtp_work(self.cfg, plan, self.rates)
+                        for _ in range(plan.mtp_layers):
+                            chunks[c] = chunks[c] + depth
             out.append(chunks)
         return out
 
     def stage_memory(self, plan: Plan, stage: int, in_flight: int) -> mem.Memory:
         """One stage's memory per GPU at its peak, holding ``in_flight`` micro-batch chunks."""
-        overlap = self.rates.a.tp_overlap > 0 and plan.tp > 1  # TE's userbuffers: streams of their own
         sp = self.stage_params(plan, stage)
+        overlap = self.rates.a.tp_overlap
         return mem.memory(self.cfg, plan, stage, in_flight, self.profile, sp, self.layers, tp_overlap=overlap)
 
     def memory(self, plan: Plan, in_flight: tuple[int, ...]) -> tuple[mem.Memory, int]:
@@ -190,7 +193,11 @@ class Projector:
                 ar = rates.collective_time("all_reduce", grads, shard, dp_inter, dp_share)
                 exposed = max(0.0, ar.seconds - (last_bwd if rates.a.dp_overlap else 0.0))
                 dp_items.append(Item("dp_comm", "DP all-reduce", ar, exposed))
-            opt_numel = {"fsdp": sp.fsdp_local, "zero1": sp.zero1(self.profile)[0]}.get(plan.sharding, sp.numel)
+            opt_numel = (
+                sp.fsdp_local
+                if plan.sharding == "fsdp"
+                else (sp.zero1(self.profile)[0] if plan.sharding == "zero1" else sp.numel)
+            )
             opt = opt_numel * per_param / bw.seconds
             dp_exposed.append(exposed)
             opt_time.append(opt)

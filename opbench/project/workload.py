@@ -239,7 +239,7 @@ RECOMPUTED_GEMMS = {
     "mla_up_proj": ("mla_q_up", "mla_kv_up"),
     "mlp": ("mlp_gate_up", "mlp_up", "mlp_down"),
     "shared_experts": ("shared_gate_up", "shared_down"),
-    "moe": ("router", "expert_gate_up", "expert_down"),
+    "moe": ("router", "expert_gate_up", "expert_down", "shared_gate_up", "shared_down"),
 }
 
 
