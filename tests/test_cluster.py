@@ -378,7 +378,10 @@ def test_two_nodes_every_check_then_a_slowed_rank_is_named(tmp_path):
     assert "traceback : opbench cluster: the check failed with" in err1, err1[-3000:]
 
     base = tmp_path / "base"  # the clean run as a baseline: compute and memory within a generous tolerance
-    results = finish(two_nodes(base, "--checks", "compute,memory", "--baseline", str(clean), "--tolerance", "0.9"))
+    # (judged against the baseline, not its peers: 4 ranks on 2 shared cores once left one 57 % below the others
+    # for a whole GEMM, so the peer rule asks 90 % here)
+    again = ("--checks", "compute,memory", "--baseline", str(clean), "--tolerance", "0.9", "--outlier-fraction", "0.9")
+    results = finish(two_nodes(base, *again))
     assert [code for code, _, _ in results] == [0, 0], said(results)
     text = (base / "cluster_summary.md").read_text()
     assert "Against the baseline" in text and "| compute | square_192 fp32 | tflops" in text
