@@ -213,6 +213,7 @@ def test_bad_input_is_one_line(run, args, message):
         (["--recompute-modules", "mlp"], "field '--recompute-modules': names what --recompute selective"),
         (["--recompute", "selective", "--recompute-modules", "mlp,attn"], "field '--recompute-modules': 'attn':"),
         (["--fp8-recipe", "delayed"], "field '--fp8-recipe': a scaling recipe is Transformer Engine's"),
+        (["--results", ""], "field '--results': an empty path names no folder of results"),
         (["--validate", "--world-size", "1", "--recompute", "full"], "field '--recompute': --validate trains without"),
         (["--validate", "--world-size", "1", "--attention-backend", "unfused"],
          "field '--attention-backend': --validate trains transformers' model with SDPA"),
@@ -244,6 +245,20 @@ def test_the_default_batch_splits_over_any_dp_and_a_model_named_twice_is_one(cap
     argv = ["--model", "Llama3.1_8B,llama3.1_8b", "--device", "H100", "--world-size", "24"]
     assert run_cli(main, argv, prog="opbench project") == 0
     assert "21 micro-batch(es) of 1 × 8192 tokens per DP rank, global batch 504" in capsys.readouterr().out
+
+
+def test_search_says_which_given_layout_flags_it_does_not_use(capsys):
+    """--search chooses tp, pp, cp, ep, vpp, mbs, sharding and recomputation itself: a --tp 2 or --mbs 2 given
+    beside it was dropped without a word."""
+    from opbench.core.errors import run_cli
+    from opbench.project.__main__ import main
+
+    argv = ["--model", "Qwen3_0.6B", "--world-size", "8", "--device", "H100", "--search", "--top", "1"]
+    assert run_cli(main, [*argv, "--global-batch", "64", "--tp", "2", "--mbs", "2"], prog="opbench project") == 0
+    err = capsys.readouterr().err
+    assert "note: --search tries its own --tp, --mbs (every layout of the world): the values given are not" in err
+    assert run_cli(main, [*argv, "--global-batch", "64"], prog="opbench project") == 0
+    assert "--search tries its own" not in capsys.readouterr().err
 
 
 def test_odd_config_files_and_foreign_rates_are_named(tmp_path, capsys):

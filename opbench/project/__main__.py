@@ -43,6 +43,8 @@ from .schema import COMM_KINDS, SCHEMA
 from .step import Projection, Projector
 
 CSV_NAME = "project.csv"
+# The layout flags --search chooses itself (plan.layouts), by their argparse names
+SEARCH_VARIES = ("tp", "pp", "cp", "ep", "vpp", "mbs", "recompute", "fsdp", "zero")
 # Flags --search keeps as given in every layout it tries (the rest it varies)
 SEARCH_KEEPS = frozenset(
     {
@@ -605,6 +607,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         fixed = [(flag, why) for flag, why in problems(cfg, plan) if flag in SEARCH_KEEPS]
         if fixed:
             raise UsageError(fixed[0][1], field=fixed[0][0])
+        varied = [f"--{name}" for name in SEARCH_VARIES if getattr(args, name) != build_parser().get_default(name)]
+        if varied:
+            print(
+                f"note: --search tries its own {', '.join(varied)} (every layout of the world): the values given are "
+                "not used",
+                file=sys.stderr,
+            )
     splits = args.search or not plan.world % (plan.tp * plan.pp * plan.cp)  # else that is the first thing to say
     if plan.gpus_per_node < plan.world and plan.world % plan.gpus_per_node and splits:
         raise UsageError(

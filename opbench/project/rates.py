@@ -222,6 +222,8 @@ class Rates:
         self.left_out: list[LeftOut] = []  # rows of --results not used for a bad value, by file and line
         self.unread: list[tuple[str, str]] = []  # files of --results that look like results but were not read
         for folder in results:
+            if not str(folder).strip():  # '' would read the current folder, whatever it holds
+                raise UsageError("an empty path names no folder of results", field="--results")
             try:
                 found = discover(folder)
             except UsageError as exc:  # a missing folder or a file: say which flag named it
