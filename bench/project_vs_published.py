@@ -86,8 +86,9 @@ BRIDGE = (
 # Megatron-Bridge's table gives layout, batch and tokens/s per GPU; its FP8 is current scaling (opbench models delayed
 # scaling's casts) with FP8 parameter gather. Its recipes (scripts/performance/configs/qwen/
 # qwen3_workload_base_configs.py) set expert TP 1 for Qwen3, the HybridEP dispatcher for 30B-A3B on H100 and the
-# all-to-all dispatcher with moe_a2a_overlap for 235B-A22B; recomputation is not stated (none assumed), nor the
-# 94-layer pipeline split (embedding and loss counted as layers assumed)
+# all-to-all dispatcher with moe_a2a_overlap for 235B-A22B, no recomputation, the 94-layer pipeline split with
+# embedding and loss counted as layers; gpt-oss-120b (gpt_oss_workload_base_configs.py) recomputes layernorm and
+# moe_act
 BRIDGE_FLAGS = "--zero 1 --grad-dtype bf16 --mbs 1 --recompute none"
 GPT_OSS_120B = {
     "model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880, "num_attention_heads": 64,
@@ -298,15 +299,16 @@ RUNS = [
         "Qwen3-235B-A22B fp8, 256 GPUs, tp2 pp8 vp4 ep32",
         f"--model Qwen3_235B_A22B --world-size 256 --tp 2 --pp 8 --vpp 4 --ep 32 --etp 1 --global-batch 8192 "
         f"--seqlen 4096 --fp8 te --fp8-param-gather --account-for-embedding-in-pipeline-split "
-        f"--account-for-loss-in-pipeline-split --fp8-recipe tensorwise {BRIDGE_FLAGS}",
+        f"--account-for-loss-in-pipeline-split --fp8-recipe tensorwise --moe-a2a-overlap {BRIDGE_FLAGS}",
         8192 * 4096 / (1712 * 256),
         BRIDGE,
-        "1,712 tokens/s/GPU; moe_a2a_overlap (not modelled)",
+        "1,712 tokens/s/GPU; moe_a2a_overlap",
     ),
     Published(
         "Megatron-Bridge",
         "gpt-oss-120b bf16, 64 GPUs, pp4 ep8",
-        f"--world-size 64 --pp 4 --ep 8 --global-batch 1280 --seqlen 4096 {BRIDGE_FLAGS}",
+        f"--world-size 64 --pp 4 --ep 8 --global-batch 1280 --seqlen 4096 {BRIDGE_FLAGS.replace('none', 'selective')} "
+        "--recompute-modules layernorm,moe_act",
         1280 * 4096 / (5824 * 64),
         BRIDGE,
         "5,824 tokens/s/GPU",

@@ -664,6 +664,49 @@ def test_selective_recomputation_of_megatron_modules_drops_what_each_keeps():
     assert "recompute EP all-to-all" in names and not any("attention" in n for n in names)
 
 
+def test_a2a_overlap_hides_each_all_to_all_behind_the_other_micro_batchs_compute():
+    """--moe-a2a-overlap (Megatron's --overlap-moe-expert-parallel-comm): the two-stream order of one layer's
+    forward and another micro-batch's backward exposes nothing when compute covers the all-to-alls and what is
+    left when it does not; a projection exposes the paired micro-batches' share of that and the lone ones' whole,
+    holds one more micro-batch in flight, and is refused where Megatron refuses it."""
+    from opbench.project.workload import EP_COMM, a2a_pair_exposed, layer_work, paired_share
+
+    assert a2a_pair_exposed(1.0, 2.0, 2.0, 1.0, 2.0, 2.0) == 0  # every all-to-all under compute
+    assert a2a_pair_exposed(1.0, 0.0, 0.0, 0.0, 0.0, 0.0) == 4  # nothing to hide behind
+    # communication: combine 0-1, dispatch 1-2, dispatch 2-3, combine 3-4; compute: the pre-dispatch forward 0-0.5,
+    # the MoE forward 2-3 (after its dispatch), the pre-dispatch backward 3-4 (after the backward's dispatch)
+    assert a2a_pair_exposed(1.0, 0.5, 0.0, 0.0, 1.0, 1.0) == pytest.approx(4 - 2.5)
+    (cfg,) = select_models(load_model_configs(), "Qwen3_30B_A3B")
+    lay = decoder_layers(cfg)[0]
+    rates = Rates([], "H100", "bf16", Assumptions(), 8)
+    plan = Plan(world=16, seqlen=4096, global_batch=64, ep=16)  # EP over two nodes: the all-to-all outlasts compute
+    over = replace(plan, moe_a2a_overlap=True)
+    assert paired_share(over) == 3 / 4  # 4 micro-batches: the first forward and last backward alone
+    # pp 2, vpp 2, 16 micro-batches: 32 chunks, of which Megatron's 2(p - 1) + (v - 1)p warm-up forwards and one more
+    assert paired_share(replace(over, pp=2, vpp=2, schedule="interleaved", global_batch=128)) == 1 - 5 / 32
+    base, hidden = layer_work(cfg, lay, plan, rates), layer_work(cfg, lay, over, rates)
+    a2a = [i.timed.seconds for i in base.fwd if i.category == EP_COMM][0]
+    compute = sum(i.exposed for i in (*base.fwd, *base.bwd) if i.category != EP_COMM)
+    exposed = sum(i.exposed for i in (*hidden.fwd, *hidden.bwd) if i.category == EP_COMM)
+    assert 4 * a2a - compute < exposed < 4 * a2a
+    assert [i.exposed for i in hidden.fwd if i.category != EP_COMM] == [
+        i.exposed for i in base.fwd if i.category != EP_COMM
+    ]
+    projector = Projector(cfg, rates)
+    assert projector.project(over).step_s < projector.project(plan).step_s
+    assert projector.memory(over, (1,))[0].activations == projector.memory(plan, (2,))[0].activations
+    assert "a2a-overlap" in over.label() and not problems(cfg, over)
+    for bad, flag in (
+        (replace(over, ep=1), "--ep"),
+        (replace(over, pp=2, ep=8, global_batch=128), "--vpp"),
+        (replace(over, recompute="full"), "--recompute"),
+        (replace(over, recompute="selective", recompute_modules=("moe",)), "--recompute-modules"),
+    ):
+        assert problems(cfg, bad)[0][0] == flag, bad
+    (dense,) = select_models(load_model_configs(), "Llama3.1_8B")
+    assert problems(dense, replace(over, ep=1))[0][0] == "--moe-a2a-overlap"
+
+
 def test_multi_token_prediction_adds_a_layer_its_projection_and_a_head_to_the_last_stage(llama70b):
     """--mtp-num-layers 1 (Megatron's flag; DeepSeek-V3's MTP): the last stage holds one more layer like the last,
     eh_proj (2h -> h over TP), three norms and, under a pipeline with untied embeddings, the word embedding the MTP

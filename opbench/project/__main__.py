@@ -55,6 +55,7 @@ SEARCH_KEEPS = frozenset(
         "--etp",
         "--account-for-embedding-in-pipeline-split",
         "--account-for-loss-in-pipeline-split",
+        "--moe-a2a-overlap",
     }
 )
 DEFAULT_GLOBAL_BATCH_TOKENS = 4 << 20  # 4 Mi tokens per step when neither --global-batch nor --microbatches
@@ -244,6 +245,14 @@ def build_parser() -> argparse.ArgumentParser:
         "1): each a layer like the last, eh_proj and another output layer and loss, on the last stage",
     )
     lay.add_argument(
+        "--moe-a2a-overlap",
+        "--overlap-moe-expert-parallel-comm",
+        action="store_true",
+        help="Megatron's --overlap-moe-expert-parallel-comm (Megatron-Bridge's moe_a2a_overlap): one micro-batch's "
+        "forward runs beside another's backward, each all-to-all hidden behind the other's compute (needs --ep, "
+        "and --vpp under a pipeline)",
+    )
+    lay.add_argument(
         "--attention-backend",
         choices=ATTENTION_BACKENDS,
         default="auto",
@@ -382,6 +391,12 @@ def base_plan(cfg: ModelConfig, args: argparse.Namespace) -> Plan:
         raise UsageError(f"{cfg.name} has no seqlen; pass --seqlen", field="--seqlen")
     if args.fsdp and args.zero:
         raise UsageError("give --fsdp or --zero 1, not both", field="--zero")
+    if args.moe_a2a_overlap and args.ep_overlap:
+        raise UsageError(
+            "--moe-a2a-overlap works out what Megatron's overlap hides; --ep-overlap is a share given by hand: give "
+            "one",
+            field="--ep-overlap",
+        )
     if args.recompute_modules and args.recompute != "selective" and not args.search:  # the search tries selective
         raise UsageError(
             "names what --recompute selective recomputes: give --recompute selective", field="--recompute-modules"
@@ -412,6 +427,7 @@ def base_plan(cfg: ModelConfig, args: argparse.Namespace) -> Plan:
         attention_backend=args.attention_backend,
         attention_dropout=args.attention_dropout,
         mtp_layers=args.mtp_num_layers,
+        moe_a2a_overlap=args.moe_a2a_overlap,
         recompute_modules=args.recompute_modules or ("core_attn",),
         first_layers=args.decoder_first_pipeline_num_layers,
         last_layers=args.decoder_last_pipeline_num_layers,
@@ -560,6 +576,8 @@ def _reason_class(found: tuple[str, str]) -> str:
     flag, why = found
     if "not divisible by --tp" in why:
         return "heads or widths do not split over tp"
+    if "--moe-a2a-overlap" in why:  # the layouts Megatron runs it in (plan.a2a_overlap_problems)
+        return why
     if "--ep" in why or flag == "--ep":
         return "experts do not split over ep / etp"
     if "split a pipeline: give --pp 2" in why:
@@ -643,6 +661,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 field="--attention-backend"
                 if plan.unfused_attention
                 else ("--cross-entropy-loss-fusion" if plan.ce_fusion else "--mtp-num-layers"),
+            )
+        if plan.moe_a2a_overlap:
+            raise UsageError(
+                "--validate trains with torch's schedules, which have no combined 1F1B: project it without --validate",
+                field="--moe-a2a-overlap",
             )
         from .validate import validate
 

@@ -82,6 +82,10 @@ class Plan:
     # (eh_proj, 2h -> h), runs one more layer like the last, and predicts through the output layer with a loss
     mtp_layers: int = 0
     recompute_modules: tuple[str, ...] = ("core_attn",)  # with recompute == "selective"
+    # Megatron's --overlap-moe-expert-parallel-comm (Megatron-Bridge's moe_a2a_overlap): its combined 1F1B runs one
+    # micro-batch's forward beside another's backward, layer by layer, hiding each all-to-all behind the other's
+    # compute (docs/project.md, "A step"); one more micro-batch chunk in flight
+    moe_a2a_overlap: bool = False
 
     @property
     def unfused_attention(self) -> bool:
@@ -193,6 +197,7 @@ class Plan:
         parts += ["ce-fusion"] if self.ce_fusion else []
         parts += [f"mtp{self.mtp_layers}"] if self.mtp_layers else []
         parts += ["attn-unfused"] if self.unfused_attention else []
+        parts += ["a2a-overlap"] if self.moe_a2a_overlap else []
         parts += (
             [f"attn-dropout{self.attention_dropout:g}"] if self.unfused_attention and self.attention_dropout else []
         )
@@ -267,6 +272,8 @@ def problems(cfg: ModelConfig, plan: Plan, layers: Sequence[Layer] | None = None
         out.append(
             ("--ep", f"ep·etp = {plan.ep * plan.expert_tp} does not divide tp·cp·dp = {plan.tp * plan.cp * plan.dp}")
         )
+    if plan.moe_a2a_overlap:
+        out += a2a_overlap_problems(cfg, plan)
     if plan.recompute == "op":
         kinds = {g.layer for lay in (layers if layers is not None else decoder_layers(cfg)) for g in lay.gemms}
         if not kinds <= set(OP_SAC_GEMMS):
@@ -290,6 +297,27 @@ def problems(cfg: ModelConfig, plan: Plan, layers: Sequence[Layer] | None = None
     except UsageError as exc:  # its text names the field already ("field '--tp': …")
         out.append(("", str(exc)))
     return out
+
+
+def a2a_overlap_problems(cfg: ModelConfig, plan: Plan) -> list[tuple[str, str]]:
+    """Where Megatron-Core refuses --overlap-moe-expert-parallel-comm (its TransformerConfig's checks); the field
+    named is the one to change (only a model without experts refuses it in every layout --search tries)."""
+    why = "--moe-a2a-overlap hides the expert-parallel all-to-all"
+    if not cfg.is_moe:
+        return [("--moe-a2a-overlap", f"{why}: {cfg.name} has no experts")]
+    if plan.ep == 1:
+        return [("--ep", f"{why}: give --ep 2 or more")]
+    if plan.pp > 1 and plan.vpp == 1:
+        return [("--vpp", "under a pipeline, Megatron runs --moe-a2a-overlap in the interleaved schedule only")]
+    if plan.pp > 1 and plan.schedule != "interleaved":
+        return [("--schedule", "Megatron's --moe-a2a-overlap is an interleaved schedule of its own (combined 1F1B)")]
+    if plan.recompute in ("full", "op"):
+        return [
+            ("--recompute", f"Megatron runs --moe-a2a-overlap without whole-layer recomputation ({plan.recompute})")
+        ]
+    if plan.recompute == "selective" and "moe" in plan.recompute_modules:
+        return [("--recompute-modules", "Megatron runs --moe-a2a-overlap without recomputing the MoE block (moe)")]
+    return []
 
 
 def check(cfg: ModelConfig, plan: Plan, layers: Sequence[Layer] | None = None) -> None:

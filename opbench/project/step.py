@@ -98,6 +98,7 @@ class Projector:
         key: tuple = (_layer_key(lay), plan.tp, plan.cp, plan.ep, plan.expert_tp, plan.mbs, plan.sp, plan.recompute)
         key += (plan.recompute_modules,)
         key += (plan.fp8, plan.fp8_recipe, plan.fp8_param_gather, te_microbatches, plan.hidden_dropout > 0)
+        key += (plan.moe_a2a_overlap, plan.microbatches, plan.pp, plan.vpp) if plan.moe_a2a_overlap else ()
         if key not in self._work:
             self._work[key] = layer_work(self.cfg, lay, plan, self.rates, self.profile)
         return self._work[key]
@@ -129,6 +130,8 @@ class Projector:
         return mem.memory(self.cfg, plan, stage, in_flight, self.profile, sp, self.layers, tp_overlap=overlap)
 
     def memory(self, plan: Plan, in_flight: tuple[int, ...]) -> tuple[mem.Memory, int]:
+        if plan.moe_a2a_overlap:  # its combined 1F1B starts one more forward before the first backward
+            in_flight = tuple(min(n + 1, plan.microbatches * plan.vpp) for n in in_flight)
         per_stage = [self.stage_memory(plan, s, in_flight[s]) for s in range(plan.pp)]
         worst = max(range(plan.pp), key=lambda s: per_stage[s].total)
         return per_stage[worst], worst

@@ -125,16 +125,29 @@ def memory_bytes(cfg: ModelConfig, lay: Layer, plan: Plan) -> float:
         if op.kind not in (LINEAR, "indexer"):
             total += 2 * t * (op.heads_q + op.heads_kv) // tp * op.head_dim_qk * e  # rotary on q and k
     for g in lay.gemms:
-        if g.layer in ("mlp_gate_up", "shared_gate_up"):
+        if g.layer == "mlp_gate_up":
             total += 3 * t * g.n // 2 // tp * e  # SwiGLU: read gate and up, write the product
         elif g.layer == "mlp_up":
             total += 2 * t * g.n // tp * e  # GELU: read, write
         elif g.layer == "expert_gate_up":
-            local = t // tp
+            total += 2 * (t // tp) * g.experts * 4  # router softmax and top-k over fp32 logits
+    return total + expert_memory_bytes(cfg, lay, plan)
+
+
+def expert_memory_bytes(cfg: ModelConfig, lay: Layer, plan: Plan) -> int:
+    """The part of ``memory_bytes`` that runs between a MoE layer's dispatch and combine (the routed and shared
+    experts' SwiGLU, the token permutation there and back): what Megatron's A2A overlap runs as the MoE block
+    (docs/project.md, "A step")."""
+    e = element_size(plan.dtype)
+    total = 0
+    for g in lay.gemms:
+        if g.layer == "shared_gate_up":
+            total += 3 * plan.tokens * g.n // 2 // plan.tp * e  # SwiGLU: read gate and up, write the product
+        elif g.layer == "expert_gate_up":
+            local = plan.tokens // plan.tp
             rows = local * g.top_k * plan.expert_tp  # tokens a rank's experts see (etp·ep·local·k/E·E/ep)
             total += 3 * rows * g.n // 2 // plan.expert_tp * e  # expert SwiGLU
-            total += 2 * local * g.experts * 4  # router softmax and top-k over fp32 logits
-            total += 4 * local * g.top_k * h * e  # permute and unpermute: read + write each
+            total += 4 * local * g.top_k * cfg.hidden_size * e  # permute and unpermute: read + write each
     return total
 
 
@@ -151,7 +164,7 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
     local = t // plan.tp if cfg.is_moe else t
     fwd: list[Item] = []
     bwd: list[Item] = []
-    cast_fwd = cast_bwd = 0.0
+    cast_fwd = cast_bwd = expert_cast = 0.0
     in_fp8: set[str] = set()
     for g in layer_gemms(lay, t, local, par):
         fp8 = fp8_gemm(plan, g.name, g.n, g.k, g.groups)
@@ -162,6 +175,7 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
         if fp8:
             cf, cb = fp8_cast_bytes(plan, g)
             cast_fwd, cast_bwd = cast_fwd + cf, cast_bwd + cb
+            expert_cast += cf + cb if _in_moe_block(g.name) else 0.0
     attn_fwd: list[Item] = []
     for op in lay.attention:
         shape = operator_shape(cfg, op, plan.seqlen, plan.tp, plan.cp)
@@ -230,7 +244,81 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
         if plan.sp and profile == "eager":  # the all-gathers are not in the policy's save list: run again
             redo += [replace(i, name=f"recompute {i.name}") for i in fwd if i.name == TP_ALL_GATHER]
         bwd = [replace(i, exposed=i.exposed if i.category == TP_COMM else i.timed.seconds) for i in redo] + bwd
+    if plan.moe_a2a_overlap and lay.moe and plan.ep > 1:
+        shares = {
+            "norms, residuals, rotary, activations": expert_memory_bytes(cfg, lay, plan) / mem,
+            "FP8 casts": expert_cast / (cast_fwd + cast_bwd) if cast_fwd + cast_bwd else 0.0,
+        }
+        fwd, bwd = a2a_overlapped(fwd, bwd, shares, paired_share(plan))
     return Work(tuple(fwd), tuple(bwd))
+
+
+def _in_moe_block(gemm: str) -> bool:
+    """Whether GEMM ``gemm`` runs between the dispatch and the combine (the experts, routed and shared)."""
+    return gemm.removeprefix("recompute ").startswith(("expert_", "shared_"))
+
+
+def paired_share(plan: Plan) -> float:
+    """The share of micro-batch chunks whose forward Megatron's combined 1F1B runs beside another's backward: all
+    but the first forward and last backward without a pipeline; under the interleaved one, all but the warm-up
+    forwards (and as many cool-down backwards) of the first stage, one more than without the overlap."""
+    chunks = plan.microbatches * plan.vpp
+    alone = 2 * (plan.pp - 1) + (plan.vpp - 1) * plan.pp + 1  # Megatron's warm-up count, one more; 1 without pp
+    return max(0, chunks - alone) / chunks
+
+
+def a2a_pair_exposed(a2a: float, pre_f: float, mlp_b: float, mlp_dw: float, mlp_f: float, pre_b: float) -> float:
+    """Seconds one layer's forward (of one micro-batch) and backward (of another) take beyond their compute when
+    Megatron's --overlap-moe-expert-parallel-comm runs them together: the communication stream runs the backward's
+    combine, the forward's dispatch, the backward's dispatch and the forward's combine (``a2a`` each), while the
+    compute stream runs the forward's pre-dispatch part (attention block, router), the MoE block's backward (data
+    gradients, then weight gradients), its forward, then the pre-dispatch part's backward; each waits for what it
+    needs (docs/project.md, "A step")."""
+    combine_b = a2a  # the communication stream starts with the backward's combine; compute with pre_f
+    start = max(combine_b, pre_f)  # the MoE backward needs the combine's gradient, the dispatch the router's output
+    mlp_b_end, dispatch_f = start + mlp_b, start + a2a
+    dispatch_b = max(mlp_b_end, dispatch_f) + a2a  # after the MoE backward's data gradients
+    mlp_f_end = max(mlp_b_end + mlp_dw, dispatch_f) + mlp_f  # the experts' forward needs its dispatched tokens
+    combine_f = max(mlp_f_end, dispatch_b) + a2a
+    pre_b_end = max(mlp_f_end, dispatch_b) + pre_b  # the attention block's backward needs the dispatch's gradient
+    return max(combine_f, pre_b_end) - (pre_f + mlp_b + mlp_dw + mlp_f + pre_b)
+
+
+def a2a_overlapped(
+    fwd: list[Item], bwd: list[Item], moe_shares: dict[str, float], paired: float
+) -> tuple[list[Item], list[Item]]:
+    """The layer's items with its all-to-alls exposed as Megatron's A2A overlap leaves them: ``paired`` of the
+    micro-batches run each layer's forward beside another's backward (``a2a_pair_exposed``), the rest alone
+    (all of every all-to-all exposed). ``moe_shares``: the part of each memory-bound item that is the MoE
+    block's."""
+
+    def split(items: list[Item]) -> tuple[float, float, float]:
+        """(pre-dispatch part, MoE block's data gradients and forward, MoE block's weight gradients) in seconds."""
+        pre = moe = moe_dw = 0.0
+        for i in items:
+            if i.category == EP_COMM:
+                continue
+            share = moe_shares.get(i.name.removeprefix("recompute "), 0.0) if i.category == MEMORY else 0.0
+            if i.category == GEMM and _in_moe_block(i.name):
+                share = 1.0
+            if i.category == GEMM and share and i.name.endswith(" wgrad"):
+                moe_dw += i.exposed
+                continue
+            moe += share * i.exposed
+            pre += (1 - share) * i.exposed
+        return pre, moe, moe_dw
+
+    a2as = [i for i in (*fwd, *bwd) if i.category == EP_COMM]
+    a2a = sum(i.timed.seconds for i in a2as) / len(a2as)
+    pre_f, mlp_f, _ = split(fwd)
+    pre_b, mlp_b, mlp_dw = split(bwd)
+    pair = a2a_pair_exposed(a2a, pre_f, mlp_b, mlp_dw, mlp_f, pre_b)
+    exposed = (1 - paired) * a2a + paired * pair / len(a2as)
+
+    def hide(items: list[Item]) -> list[Item]:
+        return [replace(i, exposed=exposed) if i.category == EP_COMM else i for i in items]
+
+    return hide(fwd), hide(bwd)
 
 
 TP_ALL_GATHER = "TP all-gather"
