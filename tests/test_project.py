@@ -235,16 +235,17 @@ def test_flags_a_projection_cannot_use_are_one_line_before_anything_is_printed(c
     assert not out
 
 
-def test_the_default_batch_splits_over_any_dp_and_a_model_named_twice_is_one(capsys):
+def test_the_default_batch_splits_over_any_dp_and_a_model_named_twice_is_one(capsys, tmp_path):
     """24 GPUs: the default 512 sequences (4 Mi tokens of 8,192) split over no 24 DP ranks, and a projection with no
     batch flag was refused for --global-batch, a flag the user never gave; the default is now whole micro-batches
-    per DP rank, nearest below. The same model under two spellings was 'got 2'."""
+    per DP rank, nearest below. The same model under two spellings was 'got 2' (and its one row, '1 rows')."""
     from opbench.core.errors import run_cli
     from opbench.project.__main__ import main
 
     argv = ["--model", "Llama3.1_8B,llama3.1_8b", "--device", "H100", "--world-size", "24"]
-    assert run_cli(main, argv, prog="opbench project") == 0
-    assert "21 micro-batch(es) of 1 × 8192 tokens per DP rank, global batch 504" in capsys.readouterr().out
+    assert run_cli(main, [*argv, "--report-dir-path", str(tmp_path)], prog="opbench project") == 0
+    out = capsys.readouterr().out
+    assert "21 micro-batch(es) of 1 × 8192 tokens per DP rank, global batch 504" in out and "(1 row)\n" in out
 
 
 def test_search_says_which_given_layout_flags_it_does_not_use(capsys):

@@ -22,7 +22,7 @@ from opbench.core.progress import STATUS, Field, column, figure, time_text
 from opbench.core.results import CsvReport, environment, summary_table
 from opbench.core.sweep import run_sweep
 from opbench.core.timing import TimingConfig, noisy_advice
-from opbench.core.units import one_line
+from opbench.core.units import counted, one_line
 from opbench.models import load_model_configs, select_models
 
 from .schema import BACKEND_NAMES, PASSES, SCHEMA, SHAPE_COLUMNS, backends_for
@@ -283,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     reasons = unsupported_reasons(rows)
     if reasons:
         print("not run:\n" + "\n".join(reasons))
-    print(f"wrote {one_line(csv_path)} ({len(rows)} {'planned ' if args.dry_run else ''}rows)")
+    print(f"wrote {one_line(csv_path)} ({counted(len(rows), 'planned row' if args.dry_run else 'row')})")
     return 0
 
 

@@ -1,6 +1,6 @@
 """One convention for sizes shown to people: powers of 1024 with IEC names (KiB, MiB, GiB), as nccl-tests
 users read message sizes. CSVs keep raw bytes in columns whose names end in ``bytes``; only console tables
-and the report turn them into text with this function."""
+and the report turn them into text with this function. Also: text made one line, and counts with their noun."""
 
 from __future__ import annotations
 
@@ -50,3 +50,8 @@ def one_line(text: object) -> str:
     """``text`` with control characters (newlines, escapes) made visible as '?', so a name taken from a config or
     a log cannot end a ``# comment`` line of printed commands or start a new one."""
     return _CONTROL.sub("?", str(text))
+
+
+def counted(n: int, noun: str) -> str:
+    """'1 row', '15 rows': a count with its noun, singular for one."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")

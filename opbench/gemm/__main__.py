@@ -29,7 +29,7 @@ from opbench.core.progress import STATUS, Field, column, figure, percent, time_t
 from opbench.core.results import CsvReport, environment, summary_table
 from opbench.core.sweep import run_sweep
 from opbench.core.timing import noisy_advice
-from opbench.core.units import one_line
+from opbench.core.units import counted, one_line
 from opbench.models import load_model_configs, select_models
 
 from .schema import BACKEND_NAMES, SCHEMA
@@ -286,7 +286,7 @@ class GemmRun:
         advice = noisy_advice(rows)
         if advice:
             print(advice)
-        print(f"wrote {one_line(path)} ({len(rows)} {'planned ' if args.dry_run else ''}rows)")
+        print(f"wrote {one_line(path)} ({counted(len(rows), 'planned row' if args.dry_run else 'row')})")
 
 
 if __name__ == "__main__":

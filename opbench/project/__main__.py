@@ -22,7 +22,7 @@ from opbench.core.cli import finite_float, positive_int
 from opbench.core.errors import UsageError, run_cli
 from opbench.core.redact import redact_text
 from opbench.core.results import CsvReport, environment, summary_table
-from opbench.core.units import one_line
+from opbench.core.units import counted, one_line
 from opbench.models import ModelConfig, load_model_configs, select_models
 
 from .memory import GIB
@@ -724,7 +724,7 @@ def _project(
         with CsvReport(csv_path, SCHEMA, meta, earlier=cli.earlier_policy(args)) as report:
             for r in rows:
                 report.append(r)
-        print(f"wrote {one_line(csv_path)} ({len(rows)} rows)")
+        print(f"wrote {one_line(csv_path)} ({counted(len(rows), 'row')})")
 
 
 def _device_memory_gib(device: str | None) -> float | None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from opbench.core import cli
 from opbench.core.errors import UsageError, run_cli
-from opbench.core.units import one_line
+from opbench.core.units import counted, one_line
 
 from .schema import SCHEMA
 
@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     )
     if path:
-        print(f"wrote {one_line(str(path))} ({len(rows)} rows)")
+        print(f"wrote {one_line(str(path))} ({counted(len(rows), 'row')})")
     return 1 if wrong else 0
 
 

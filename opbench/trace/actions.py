@@ -22,7 +22,7 @@ from opbench.core.errors import UsageError
 from opbench.core.redact import redact_text
 from opbench.core.results import CsvReport, environment, summary_table
 from opbench.core.schema import Schema
-from opbench.core.units import human_bytes, one_line
+from opbench.core.units import counted, human_bytes, one_line
 
 from .parse import _FULL, MAX_COUNT, MAX_ENUM, MAX_RANKS, LineStats, LogParser, bounded, bounded_lines, open_log
 from .schema import TRACE, TRACE_FSDP, TRACE_PER_COMM, TRACE_PER_RANK
@@ -110,7 +110,7 @@ def write_csv(
         return
     with CsvReport(path, schema, meta=meta, earlier=earlier) as report:
         report.extend(rows)
-    print(f"wrote {one_line(path)} ({len(rows)} rows)")
+    print(f"wrote {one_line(path)} ({counted(len(rows), 'row')})")
 
 
 def run(args: argparse.Namespace, summary: TraceSummary, parser: LogParser) -> int:

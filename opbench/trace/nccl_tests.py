@@ -51,7 +51,7 @@ from opbench.core.collectives import COLLECTIVES
 from opbench.core.dtypes import DTYPES
 from opbench.core.errors import UsageError, run_cli
 from opbench.core.results import CsvReport, format_value
-from opbench.core.units import one_line
+from opbench.core.units import counted, one_line
 
 from .parse import MAX_TEXT_LINE, LineStats, bounded_lines, open_log
 from .schema import NCCL_TESTS
@@ -797,7 +797,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if total > len(shown):
         print(f"… {total - len(shown)} more rows in the CSV")
     if report is not None:
-        print(f"wrote {one_line(args.csv)} ({report.written} rows)")
+        print(f"wrote {one_line(args.csv)} ({counted(report.written, 'row')})")
     return 1 if damaged else 0  # rows kept, but the file was not read to its end
 
 
