@@ -261,7 +261,7 @@ def test_plan_and_bad_input_are_one_line(run, tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text("{")
     for argv, needle in (
-        (["--expect", str(bad)], f"{bad}: field '--expect': not valid JSON"),
+        (["--expect", str(bad)], f"{bad}: field '--expect': malformed JSON at line 1"),
         (["--checks", "compute,disk"], "unknown check(s) ['disk']"),
         (["--baseline", str(tmp_path / "none")], "no such directory"),
         (["--plan", "2,x"], "'x' is not an integer"),

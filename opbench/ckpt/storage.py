@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opbench.core.errors import UsageError, describe_os_error
+from opbench.core.inputs import parse_json
 
 # Object storage through botocore (s3fs): two attempts per request, "standard" retry mode (backoff on
 # throttling, 5xx and connection errors). botocore's default (legacy mode, 5 attempts) spends seconds per request on
@@ -110,18 +111,9 @@ class Storage:
 
 def parse_storage_options(text: str | None) -> dict[str, Any]:
     """--storage-options: a JSON object passed to the fsspec file system (e.g. endpoint_url, default_block_size)."""
-    import json
-
     if not text:
         return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"not valid JSON ({exc.msg} at character {exc.pos})", field="--storage-options") from None
-    except RecursionError:
-        raise UsageError("JSON nested too deeply", field="--storage-options") from None
-    except ValueError as exc:  # an integer of more digits than Python converts
-        raise UsageError(f"not valid JSON ({str(exc)[:120]})", field="--storage-options") from None
+    value = parse_json(text, field="--storage-options")
     if not isinstance(value, dict):
         raise UsageError('must be a JSON object like {"default_block_size": 5242880}', field="--storage-options")
     return value

@@ -14,7 +14,6 @@ which one is slow: no outliers then.
 from __future__ import annotations
 
 import csv
-import json
 import math
 import os
 import statistics
@@ -24,7 +23,7 @@ from typing import Any
 
 from opbench.core.cli import parse_bytes
 from opbench.core.errors import UsageError
-from opbench.core.inputs import read_small_text
+from opbench.core.inputs import parse_json, read_small_text
 
 from .schema import file_name
 
@@ -109,10 +108,7 @@ def load_expect(path: str) -> dict[str, dict[str, list[Threshold]]]:
     """Read a thresholds file: ``{"compute": {"tflops": 600}, "intra": {"busbw_gbs": {"64M": 100, "1G": 300}}}``.
     Every problem is one UsageError naming the file and the field."""
     text = read_small_text(path, 16 << 20, "a JSON file of thresholds", field="--expect")
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as exc:  # ValueError: malformed, or an integer too long to convert
-        raise UsageError(f"not valid JSON ({str(exc)[:120]})", source=path, field="--expect") from None
+    data = parse_json(text, source=path, field="--expect")
     if not isinstance(data, dict):
         raise UsageError("must be a JSON object of checks", source=path, field="--expect")
     out: dict[str, dict[str, list[Threshold]]] = {}

@@ -4,8 +4,11 @@ Torch-free."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+import sys
+from typing import Any
 
 from .errors import UsageError
 
@@ -38,3 +41,21 @@ def read_small_text(path: str | os.PathLike, max_bytes: int, what: str, field: s
         raise UsageError(f"is not UTF-8 text ({exc.reason} at byte {exc.start})", source=source, field=field) from None
     except OSError as exc:
         raise UsageError(f"cannot read: {exc.strerror or exc}", source=source, field=field) from None
+
+
+def parse_json(text: str, source: str | None = None, field: str | None = None) -> Any:
+    """``text`` parsed as JSON; malformed text (with its line and column), nesting too deep for the parser, and an
+    integer of more digits than Python converts (``sys.get_int_max_str_digits``) are each one UsageError naming
+    ``source`` / ``field``."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(
+            f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", source=source, field=field
+        ) from None
+    except RecursionError:
+        raise UsageError("JSON nested too deeply", source=source, field=field) from None
+    except ValueError:  # the one other ValueError json.loads raises: int() refusing a number that long
+        raise UsageError(
+            f"holds a number of more than {sys.get_int_max_str_digits():,} digits", source=source, field=field
+        ) from None

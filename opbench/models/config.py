@@ -8,7 +8,6 @@ config never touches the network.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -18,7 +17,7 @@ from typing import Any
 
 from opbench.core.cli import MAX_LAYERS
 from opbench.core.errors import UsageError
-from opbench.core.inputs import read_small_text
+from opbench.core.inputs import parse_json, read_small_text
 
 from .architectures import ARCHITECTURES, TEXT_CONFIG_WRAPPERS, check_layer_types, unsupported
 
@@ -377,19 +376,7 @@ MAX_CONFIG_BYTES = 64 << 20  # a model config file (Primus' whole model_configs.
 def read_json(path: Path) -> Any:
     """Parse a JSON file; a missing/unreadable/malformed file is a UsageError naming it (and line/column). Only a
     regular file of at most MAX_CONFIG_BYTES is read (core.inputs)."""
-    text = read_small_text(path, MAX_CONFIG_BYTES, "a JSON file")
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(
-            f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", source=str(path)
-        ) from None
-    except RecursionError:
-        raise UsageError("JSON nested too deeply to be a config", source=str(path)) from None
-    except ValueError:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
-        raise UsageError(
-            f"holds a number of more than {sys.get_int_max_str_digits():,} digits: not a config", source=str(path)
-        ) from None
+    return parse_json(read_small_text(path, MAX_CONFIG_BYTES, "a JSON file"), source=str(path))
 
 
 def config_file(path: Path) -> tuple[Path, str]:
