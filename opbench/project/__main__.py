@@ -35,6 +35,7 @@ from .plan import (
     RECOMPUTE_CHOICES,
     RECOMPUTE_MODULES,
     Plan,
+    a2a_overlap_problems,
     layouts,
     problems,
 )
@@ -391,6 +392,11 @@ def base_plan(cfg: ModelConfig, args: argparse.Namespace) -> Plan:
         raise UsageError(f"{cfg.name} has no seqlen; pass --seqlen", field="--seqlen")
     if args.fsdp and args.zero:
         raise UsageError("give --fsdp or --zero 1, not both", field="--zero")
+    if args.moe_a2a_overlap and args.activation_profile == "eager":
+        raise UsageError(
+            "eager is PyTorch as transformers runs it; --moe-a2a-overlap is Megatron's (the fused profile)",
+            field="--activation-profile",
+        )
     if args.moe_a2a_overlap and args.ep_overlap:
         raise UsageError(
             "--moe-a2a-overlap works out what Megatron's overlap hides; --ep-overlap is a share given by hand: give "
@@ -663,6 +669,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 else ("--cross-entropy-loss-fusion" if plan.ce_fusion else "--mtp-num-layers"),
             )
         if plan.moe_a2a_overlap:
+            for flag, why in a2a_overlap_problems(cfg, plan):  # first what Megatron itself would refuse
+                raise UsageError(why, field=flag)
             raise UsageError(
                 "--validate trains with torch's schedules, which have no combined 1F1B: project it without --validate",
                 field="--moe-a2a-overlap",

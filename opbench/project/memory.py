@@ -554,6 +554,8 @@ def activation_bytes(
     first = {(lay.gemms, lay.attention): lay for _, lay in reversed(layers)}
     per_chunk = sum(n * layer_activation_bytes(cfg, first[k], plan, profile) for k, n in kinds.items())
     kept = per_chunk // max(1, plan.vpp) * in_flight
+    if plan.moe_a2a_overlap and layers:  # a combined 1F1B step: the forward's first layers beside all of the chunk
+        kept += max(layer_activation_bytes(cfg, lay, plan, profile) for lay in first.values())  # its backward frees
     if stage == 0 and plan.hidden_dropout:  # the embedding's dropout mask, one per micro-batch of the first chunk
         kept += plan.tokens // (plan.tp if plan.sp else 1) * cfg.hidden_size * -(-in_flight // max(1, plan.vpp))
     e = element_size(plan.dtype)

@@ -315,6 +315,14 @@ def a2a_overlap_problems(cfg: ModelConfig, plan: Plan) -> list[tuple[str, str]]:
         return [
             ("--recompute", f"Megatron runs --moe-a2a-overlap without whole-layer recomputation ({plan.recompute})")
         ]
+    if plan.dtype not in ("bf16", "fp16"):
+        return [("--dtype", f"Megatron runs --moe-a2a-overlap in bf16 or fp16 mixed precision, not {plan.dtype}")]
+    if plan.fp8 == "torchao":
+        return [("--fp8", "--moe-a2a-overlap is Megatron's, and torchao's float8 torchtitan's: give --fp8 te")]
+    if plan.mtp_layers > 1:
+        return [("--mtp-num-layers", "Megatron runs --moe-a2a-overlap with one MTP depth at most")]
+    if plan.sharding == "fsdp" and plan.pp > 1:
+        return [("--fsdp", "Megatron's FSDP runs --moe-a2a-overlap without a pipeline only")]
     if plan.recompute == "selective" and "moe" in plan.recompute_modules:
         return [("--recompute-modules", "Megatron runs --moe-a2a-overlap without recomputing the MoE block (moe)")]
     return []

@@ -130,8 +130,6 @@ class Projector:
         return mem.memory(self.cfg, plan, stage, in_flight, self.profile, sp, self.layers, tp_overlap=overlap)
 
     def memory(self, plan: Plan, in_flight: tuple[int, ...]) -> tuple[mem.Memory, int]:
-        if plan.moe_a2a_overlap:  # its combined 1F1B starts one more forward before the first backward
-            in_flight = tuple(min(n + 1, plan.microbatches * plan.vpp) for n in in_flight)
         per_stage = [self.stage_memory(plan, s, in_flight[s]) for s in range(plan.pp)]
         worst = max(range(plan.pp), key=lambda s: per_stage[s].total)
         return per_stage[worst], worst

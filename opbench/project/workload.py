@@ -125,29 +125,27 @@ def memory_bytes(cfg: ModelConfig, lay: Layer, plan: Plan) -> float:
         if op.kind not in (LINEAR, "indexer"):
             total += 2 * t * (op.heads_q + op.heads_kv) // tp * op.head_dim_qk * e  # rotary on q and k
     for g in lay.gemms:
-        if g.layer == "mlp_gate_up":
+        if g.layer in ("mlp_gate_up", "shared_gate_up"):
             total += 3 * t * g.n // 2 // tp * e  # SwiGLU: read gate and up, write the product
         elif g.layer == "mlp_up":
             total += 2 * t * g.n // tp * e  # GELU: read, write
         elif g.layer == "expert_gate_up":
-            total += 2 * (t // tp) * g.experts * 4  # router softmax and top-k over fp32 logits
-    return total + expert_memory_bytes(cfg, lay, plan)
+            local = t // tp
+            total += 2 * local * g.experts * 4  # router softmax and top-k over fp32 logits
+            total += 4 * local * g.top_k * h * e  # permute and unpermute: read + write each
+    return total + expert_memory_bytes(lay, plan)
 
 
-def expert_memory_bytes(cfg: ModelConfig, lay: Layer, plan: Plan) -> int:
-    """The part of ``memory_bytes`` that runs between a MoE layer's dispatch and combine (the routed and shared
-    experts' SwiGLU, the token permutation there and back): what Megatron's A2A overlap runs as the MoE block
-    (docs/project.md, "A step")."""
-    e = element_size(plan.dtype)
+def expert_memory_bytes(lay: Layer, plan: Plan) -> int:
+    """The part of ``memory_bytes`` that runs on the routed experts' tokens between a MoE layer's dispatch and
+    combine (their SwiGLU): what Megatron's A2A overlap runs as the MoE block (docs/project.md, "A step")."""
     total = 0
     for g in lay.gemms:
-        if g.layer == "shared_gate_up":
-            total += 3 * plan.tokens * g.n // 2 // plan.tp * e  # SwiGLU: read gate and up, write the product
-        elif g.layer == "expert_gate_up":
-            local = plan.tokens // plan.tp
-            rows = local * g.top_k * plan.expert_tp  # tokens a rank's experts see (etp·ep·local·k/E·E/ep)
-            total += 3 * rows * g.n // 2 // plan.expert_tp * e  # expert SwiGLU
-            total += 4 * local * g.top_k * cfg.hidden_size * e  # permute and unpermute: read + write each
+        if g.layer == "expert_gate_up":
+            rows = (
+                plan.tokens // plan.tp * g.top_k * plan.expert_tp
+            )  # tokens a rank's experts see (etp·ep·local·k/E·E/ep)
+            total += 3 * rows * g.n // 2 // plan.expert_tp * element_size(plan.dtype)
     return total
 
 
@@ -246,7 +244,7 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
         bwd = [replace(i, exposed=i.exposed if i.category == TP_COMM else i.timed.seconds) for i in redo] + bwd
     if plan.moe_a2a_overlap and lay.moe and plan.ep > 1:
         shares = {
-            "norms, residuals, rotary, activations": expert_memory_bytes(cfg, lay, plan) / mem,
+            "norms, residuals, rotary, activations": expert_memory_bytes(lay, plan) / mem,
             "FP8 casts": expert_cast / (cast_fwd + cast_bwd) if cast_fwd + cast_bwd else 0.0,
         }
         fwd, bwd = a2a_overlapped(fwd, bwd, shares, paired_share(plan))
@@ -254,8 +252,9 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
 
 
 def _in_moe_block(gemm: str) -> bool:
-    """Whether GEMM ``gemm`` runs between the dispatch and the combine (the experts, routed and shared)."""
-    return gemm.removeprefix("recompute ").startswith(("expert_", "shared_"))
+    """Whether GEMM ``gemm`` runs between the dispatch and the combine: the routed experts (Megatron runs the
+    shared experts in the pre-dispatch part, the permutation there and the unpermutation in the combine)."""
+    return gemm.removeprefix("recompute ").startswith("expert_")
 
 
 def paired_share(plan: Plan) -> float:
@@ -271,9 +270,10 @@ def a2a_pair_exposed(a2a: float, pre_f: float, mlp_b: float, mlp_dw: float, mlp_
     """Seconds one layer's forward (of one micro-batch) and backward (of another) take beyond their compute when
     Megatron's --overlap-moe-expert-parallel-comm runs them together: the communication stream runs the backward's
     combine, the forward's dispatch, the backward's dispatch and the forward's combine (``a2a`` each), while the
-    compute stream runs the forward's pre-dispatch part (attention block, router), the MoE block's backward (data
-    gradients, then weight gradients), its forward, then the pre-dispatch part's backward; each waits for what it
-    needs (docs/project.md, "A step")."""
+    compute stream runs the forward's pre-dispatch part (attention block, router, shared experts, permutation), the
+    routed experts' backward (data gradients, then weight gradients: --delay-wgrad-compute, which Megatron-Bridge's
+    moe_a2a_overlap turns on with it), their forward, then the pre-dispatch part's backward; each waits for what
+    it needs (docs/project.md, "A step")."""
     combine_b = a2a  # the communication stream starts with the backward's combine; compute with pre_f
     start = max(combine_b, pre_f)  # the MoE backward needs the combine's gradient, the dispatch the router's output
     mlp_b_end, dispatch_f = start + mlp_b, start + a2a
