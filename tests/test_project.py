@@ -713,6 +713,25 @@ def test_a2a_overlap_hides_each_all_to_all_behind_the_other_micro_batchs_compute
     assert problems(dense, replace(over, ep=1))[0][0] == "--moe-a2a-overlap"
 
 
+def test_experts_split_over_expert_tp_gather_their_tokens_without_tp_too():
+    """--etp 2 with --tp 1 (Megatron-Core's MoE parallel folding): the experts' group gathers the routed tokens and
+    reduce-scatters their outputs as it does under TP (these were left out when the rest of the layer had no TP)."""
+    from opbench.project.workload import TP_COMM, layer_work
+
+    (cfg,) = select_models(load_model_configs(), "Qwen3_30B_A3B")
+    lay = decoder_layers(cfg)[0]
+    rates = Rates([], "H100", "bf16", Assumptions(), 8)
+    plan = Plan(world=16, seqlen=4096, global_batch=64, ep=8)
+    names = ["TP all-gather (routed tokens)", "TP reduce-scatter (routed tokens)"]
+    for work in (
+        layer_work(cfg, lay, replace(plan, etp=2), rates),
+        layer_work(cfg, lay, replace(plan, tp=2, etp=2), rates),
+    ):
+        assert [i.name for i in work.fwd if i.name.endswith("(routed tokens)")] == names
+        assert all(i.exposed > 0 for i in work.bwd if i.category == TP_COMM and i.name in names)
+    assert not [i for i in layer_work(cfg, lay, plan, rates).fwd if i.category == TP_COMM]
+
+
 def test_multi_token_prediction_adds_a_layer_its_projection_and_a_head_to_the_last_stage(llama70b):
     """--mtp-num-layers 1 (Megatron's flag; DeepSeek-V3's MTP): the last stage holds one more layer like the last,
     eh_proj (2h -> h over TP), three norms and, under a pipeline with untied embeddings, the word embedding the MTP

@@ -192,6 +192,10 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
         fwd_tp, bwd_tp = tp_comm_items(cfg, lay, plan, rates, bwd, profile, in_fp8)
         fwd += fwd_tp
         bwd += bwd_tp
+    else:  # experts may still be split (--etp above --tp: Megatron-Core's MoE parallel folding)
+        routed = expert_tp_items(cfg, lay, plan, rates)
+        fwd += routed
+        bwd += routed
 
     # Expert parallelism: the all-to-all dispatcher sends a rank's T/tp tokens, top_k copies each, out and back.
     # Expert-parallel ranks sit expert_tp apart (Megatron-Core orders expert ranks etp, ep, dp, pp).
@@ -299,8 +303,8 @@ def a2a_overlapped(
             if i.category == EP_COMM:
                 continue
             share = moe_shares.get(i.name.removeprefix("recompute "), 0.0) if i.category == MEMORY else 0.0
-            if i.category == GEMM and _in_moe_block(i.name):
-                share = 1.0
+            if (i.category == GEMM and _in_moe_block(i.name)) or i.name.endswith("(routed tokens)"):
+                share = 1.0  # the routed experts, and their expert-TP gathers and reduce-scatters
             if i.category == GEMM and share and i.name.endswith(" wgrad"):
                 moe_dw += i.exposed
                 continue
@@ -401,14 +405,7 @@ def tp_comm_items(
         # their outputs before the return (Megatron-Core's all-to-all dispatcher); forward and backward alike.
         shared = any(g.layer.startswith("shared_") for g in lay.gemms)
         blocks = ("attention", "mlp") if shared else ("attention",)
-        top_k = routed_top_k(cfg, lay)
-        etp = plan.expert_tp
-        if etp > 1:
-            size = act * top_k * etp // plan.tp
-            e_inter, e_share = plan.spans_nodes(etp, 1), plan.node_share(etp, 1)
-            r_ag = rates.collective_time("all_gather", size, etp, e_inter, e_share)
-            r_rs = rates.collective_time("reduce_scatter", size, etp, e_inter, e_share)
-            routed = [item("TP all-gather (routed tokens)", r_ag), item("TP reduce-scatter (routed tokens)", r_rs)]
+        routed = expert_tp_items(cfg, lay, plan, rates)
     if plan.sp:
         ag = rates.collective_time("all_gather", act, plan.tp, inter, share)
         rs = rates.collective_time("reduce_scatter", act, plan.tp, inter, share)
@@ -425,6 +422,23 @@ def tp_comm_items(
     ar = rates.collective_time("all_reduce", act, plan.tp, inter, share)
     return [item("TP all-reduce", ar) for _ in blocks], [
         item("TP all-reduce", ar, wgrad[b] if fused else 0) for b in blocks
+    ]
+
+
+def expert_tp_items(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates) -> list[Item]:
+    """Experts split over expert_tp > 1 ranks: after the all-to-all the group all-gathers the tokens it brought
+    (top_k copies of the rank's T/tp) and reduce-scatters the experts' outputs before the return (Megatron-Core's
+    all-to-all dispatcher), in forward and again in backward; with or without TP of the rest of the layer."""
+    etp = plan.expert_tp
+    if not lay.moe or etp == 1:
+        return []
+    size = plan.tokens * cfg.hidden_size * element_size(plan.dtype) * routed_top_k(cfg, lay) * etp // plan.tp
+    inter, share = plan.spans_nodes(etp, 1), plan.node_share(etp, 1)
+    keep = 1 - rates.a.tp_overlap
+    return [
+        Item(TP_COMM, f"TP {kind.replace('_', '-')} (routed tokens)", t, keep * t.seconds)
+        for kind in ("all_gather", "reduce_scatter")
+        for t in (rates.collective_time(kind, size, etp, inter, share),)
     ]
 
 
