@@ -713,6 +713,34 @@ def test_a2a_overlap_hides_each_all_to_all_behind_the_other_micro_batchs_compute
     assert problems(dense, replace(over, ep=1))[0][0] == "--moe-a2a-overlap"
 
 
+def test_the_flex_dispatcher_sends_a_token_once_per_node_and_gpu_its_experts_are_on():
+    """--moe-token-dispatcher-type flex (DeepEP, HybridEP): with one expert per GPU in one node there is nothing to
+    share, and it costs what the all-to-all does; Qwen3-30B-A3B over two nodes (128 experts, top 8) sends a token
+    across the network once, to the other node, where the all-to-all sends the 4 of its 8 copies bound there."""
+    from opbench.core.errors import run_cli
+    from opbench.project.__main__ import main
+    from opbench.project.workload import EP_COMM, layer_work
+
+    rates = Rates([], "H100", "bf16", Assumptions(), 8)
+    token, tokens = 4096, 1024
+    one_each = rates.flex_dispatch_time(token, tokens, 2, 4, 4, 4).seconds
+    assert one_each == pytest.approx(rates.collective_time("all_to_all", tokens * 2 * token, 4, False).seconds)
+    (cfg,) = select_models(load_model_configs(), "Qwen3_30B_A3B")
+    lay = decoder_layers(cfg)[0]
+    plan = Plan(world=16, seqlen=4096, global_batch=64, ep=16)
+    a2a, flex = (
+        [i.timed for i in layer_work(cfg, lay, p, rates).fwd if i.category == EP_COMM][0]
+        for p in (plan, replace(plan, dispatcher="flex"))
+    )
+    latency = Assumptions().latency_us_inter * 1e-6
+    assert (a2a.seconds - latency) / (flex.seconds - latency) == pytest.approx(4, rel=0.01)
+    assert "network" in flex.note and "dispatcher-flex" in replace(plan, dispatcher="flex").label()
+    (dense,) = select_models(load_model_configs(), "Llama3.1_8B")
+    assert problems(dense, replace(plan, ep=1, dispatcher="flex"))[0][0] == "--moe-token-dispatcher-type"
+    argv = ["--model", "Qwen3_30B_A3B", "--world-size", "8", "--device", "H100", "--moe-token-dispatcher-type", "flex"]
+    assert run_cli(main, argv, prog="opbench project") == 2  # no --ep: nothing to dispatch
+
+
 def test_experts_split_over_expert_tp_gather_their_tokens_without_tp_too():
     """--etp 2 with --tp 1 (Megatron-Core's MoE parallel folding): the experts' group gathers the routed tokens and
     reduce-scatters their outputs as it does under TP (these were left out when the rest of the layer had no TP)."""

@@ -29,6 +29,7 @@ from .memory import GIB
 from .pipeline import SCHEDULES, in_flight
 from .plan import (
     ATTENTION_BACKENDS,
+    DISPATCHERS,
     FP8_RECIPES,
     FP8_SCALINGS,
     MAX_MICROBATCHES,
@@ -57,6 +58,7 @@ SEARCH_KEEPS = frozenset(
         "--account-for-embedding-in-pipeline-split",
         "--account-for-loss-in-pipeline-split",
         "--moe-a2a-overlap",
+        "--moe-token-dispatcher-type",
     }
 )
 DEFAULT_GLOBAL_BATCH_TOKENS = 4 << 20  # 4 Mi tokens per step when neither --global-batch nor --microbatches
@@ -254,6 +256,13 @@ def build_parser() -> argparse.ArgumentParser:
         "and --vpp under a pipeline)",
     )
     lay.add_argument(
+        "--moe-token-dispatcher-type",
+        choices=DISPATCHERS,
+        default="alltoall",
+        help="Megatron's flag: alltoall (NCCL; top-k copies of each token, the default) or flex (DeepEP or "
+        "HybridEP: a token crosses the network once to each node its experts are on, then NVLink to each GPU)",
+    )
+    lay.add_argument(
         "--attention-backend",
         choices=ATTENTION_BACKENDS,
         default="auto",
@@ -392,6 +401,10 @@ def base_plan(cfg: ModelConfig, args: argparse.Namespace) -> Plan:
         raise UsageError(f"{cfg.name} has no seqlen; pass --seqlen", field="--seqlen")
     if args.fsdp and args.zero:
         raise UsageError("give --fsdp or --zero 1, not both", field="--zero")
+    if args.moe_token_dispatcher_type != "alltoall" and args.ep == 1 and not args.search:
+        raise UsageError(
+            "dispatches tokens over expert-parallel ranks: give --ep 2 or more", field="--moe-token-dispatcher-type"
+        )
     if args.moe_a2a_overlap and args.activation_profile == "eager":
         raise UsageError(
             "eager is PyTorch as transformers runs it; --moe-a2a-overlap is Megatron's (the fused profile)",
@@ -434,6 +447,7 @@ def base_plan(cfg: ModelConfig, args: argparse.Namespace) -> Plan:
         attention_dropout=args.attention_dropout,
         mtp_layers=args.mtp_num_layers,
         moe_a2a_overlap=args.moe_a2a_overlap,
+        dispatcher=args.moe_token_dispatcher_type,
         recompute_modules=args.recompute_modules or ("core_attn",),
         first_layers=args.decoder_first_pipeline_num_layers,
         last_layers=args.decoder_last_pipeline_num_layers,

@@ -38,6 +38,7 @@ FP8_SCALINGS = ("delayed", "tensorwise")
 # Megatron-Core's --attention-backend values (local: the unfused attention of --transformer-impl local)
 ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
 UNFUSED_ATTENTION = ("unfused", "local")
+DISPATCHERS = ("alltoall", "flex")  # Megatron's --moe-token-dispatcher-type values modelled (not allgather)
 FP8_EXCLUDED = ("router",)  # GEMMs that stay 16-bit under FP8 (besides lm_head and any dimension not a multiple of 16)
 
 
@@ -86,6 +87,9 @@ class Plan:
     # micro-batch's forward beside another's backward, layer by layer, hiding each all-to-all behind the other's
     # compute (docs/project.md, "A step"); one more micro-batch chunk in flight
     moe_a2a_overlap: bool = False
+    # Megatron's --moe-token-dispatcher-type: alltoall (NCCL, top-k copies of each token) or flex (DeepEP / HybridEP:
+    # a token once to each node, then each GPU, its experts are on)
+    dispatcher: str = "alltoall"
 
     @property
     def unfused_attention(self) -> bool:
@@ -198,6 +202,7 @@ class Plan:
         parts += [f"mtp{self.mtp_layers}"] if self.mtp_layers else []
         parts += ["attn-unfused"] if self.unfused_attention else []
         parts += ["a2a-overlap"] if self.moe_a2a_overlap else []
+        parts += [f"dispatcher-{self.dispatcher}"] if self.dispatcher != "alltoall" else []
         parts += (
             [f"attn-dropout{self.attention_dropout:g}"] if self.unfused_attention and self.attention_dropout else []
         )
@@ -274,6 +279,8 @@ def problems(cfg: ModelConfig, plan: Plan, layers: Sequence[Layer] | None = None
         )
     if plan.moe_a2a_overlap:
         out += a2a_overlap_problems(cfg, plan)
+    if plan.dispatcher != "alltoall" and not cfg.is_moe:
+        out.append(("--moe-token-dispatcher-type", f"{cfg.name} has no experts to dispatch tokens to"))
     if plan.recompute == "op":
         kinds = {g.layer for lay in (layers if layers is not None else decoder_layers(cfg)) for g in lay.gemms}
         if not kinds <= set(OP_SAC_GEMMS):

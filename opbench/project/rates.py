@@ -500,6 +500,35 @@ class Rates:
             bw, latency, what = link.intra_gbs * self.a.link_efficiency, self.a.latency_us_intra, link.name
         return Timed(latency * 1e-6 + size_bytes * factor / (bw * 1e9), ESTIMATED, f"{what} at {bw:.3g} GB/s")
 
+    def flex_dispatch_time(
+        self, token_bytes: float, tokens: int, top_k: int, experts: int, nranks: int, per_node: int
+    ) -> Timed:
+        """One dispatch (or combine) of the flex dispatcher (Megatron's --moe-token-dispatcher-type flex: DeepEP or
+        HybridEP) for ``tokens`` tokens of ``token_bytes`` each, routed to ``top_k`` of ``experts`` experts spread
+        evenly over ``nranks`` ranks, ``per_node`` of them on a node: a token crosses the network once to each other
+        node holding one of its experts, and goes over NVLink/xGMI once to each other GPU of a node holding one;
+        the two links work at once (docs/project.md, "A step"). Routing is balanced: the expected counts of nodes
+        and GPUs a token's top-k distinct experts fall on. Estimated from the link rates (opbench comm measures
+        NCCL's all-to-all, not these kernels)."""
+        k = max(1, min(per_node, nranks))
+        nodes = -(-nranks // k)
+
+        def hit(groups: int) -> float:  # expected groups (of experts/groups each) a token's experts fall on
+            size = experts / groups
+            miss = math.prod(max(0.0, experts - size - i) / (experts - i) for i in range(min(top_k, experts)))
+            return groups * (1 - miss)
+
+        link = intra_link(self.device or "")
+        nvlink_bw = (link.intra_gbs if link is not None else self.a.nic_gbs) * self.a.link_efficiency
+        nvlink = tokens * token_bytes * hit(nranks) * (k - 1) / k / (nvlink_bw * 1e9)
+        if nodes == 1:
+            return Timed(self.a.latency_us_intra * 1e-6 + nvlink, ESTIMATED, f"flex dispatcher at {nvlink_bw:.3g} GB/s")
+        nic_bw = self.a.nic_gbs * self.a.link_efficiency
+        remote_nodes = hit(nodes) * (nodes - 1) / nodes  # of the nodes hit, the other ones (each as likely)
+        network = tokens * token_bytes * remote_nodes / (nic_bw * 1e9)
+        note = f"flex dispatcher: network at {nic_bw:.3g} GB/s for {remote_nodes:.2f} nodes a token"
+        return Timed(self.a.latency_us_inter * 1e-6 + max(network, nvlink), ESTIMATED, note)
+
     def _comm_rows(self, inter: bool) -> pd.DataFrame:
         c = self.comm
         if c.empty:

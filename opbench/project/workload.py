@@ -202,13 +202,17 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
     if lay.moe and plan.ep > 1:
         top_k = routed_top_k(cfg, lay)
         stride = plan.expert_tp
-        a2a = rates.collective_time(
-            "all_to_all",
-            local * top_k * h * e,
-            plan.ep,
-            plan.spans_nodes(plan.ep, stride),
-            plan.node_share(plan.ep, stride),
-        )
+        if plan.dispatcher == "flex":  # DeepEP / HybridEP: a token once per node and per GPU its experts are on
+            experts = next((g.experts for g in lay.gemms if g.experts), cfg.n_routed_experts)
+            a2a = rates.flex_dispatch_time(h * e, local, top_k, experts, plan.ep, plan.node_share(plan.ep, stride))
+        else:
+            a2a = rates.collective_time(
+                "all_to_all",
+                local * top_k * h * e,
+                plan.ep,
+                plan.spans_nodes(plan.ep, stride),
+                plan.node_share(plan.ep, stride),
+            )
         keep_ep = 1 - rates.a.ep_overlap
         fwd += [Item(EP_COMM, "EP all-to-all", a2a, a2a.seconds * keep_ep)] * 2
         bwd += [Item(EP_COMM, "EP all-to-all", a2a, a2a.seconds * keep_ep)] * 2
