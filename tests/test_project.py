@@ -735,6 +735,8 @@ def test_the_flex_dispatcher_sends_a_token_once_per_node_and_gpu_its_experts_are
     latency = Assumptions().latency_us_inter * 1e-6
     assert (a2a.seconds - latency) / (flex.seconds - latency) == pytest.approx(4, rel=0.01)
     assert "network" in flex.note and "dispatcher-flex" in replace(plan, dispatcher="flex").label()
+    projector = Projector(cfg, rates)  # one projector, both dispatchers (as --search keeps its layer cache)
+    assert projector.project(plan).step_s > projector.project(replace(plan, dispatcher="flex")).step_s
     (dense,) = select_models(load_model_configs(), "Llama3.1_8B")
     assert problems(dense, replace(plan, ep=1, dispatcher="flex"))[0][0] == "--moe-token-dispatcher-type"
     argv = ["--model", "Qwen3_30B_A3B", "--world-size", "8", "--device", "H100", "--moe-token-dispatcher-type", "flex"]

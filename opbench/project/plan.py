@@ -85,7 +85,7 @@ class Plan:
     recompute_modules: tuple[str, ...] = ("core_attn",)  # with recompute == "selective"
     # Megatron's --overlap-moe-expert-parallel-comm (Megatron-Bridge's moe_a2a_overlap): its combined 1F1B runs one
     # micro-batch's forward beside another's backward, layer by layer, hiding each all-to-all behind the other's
-    # compute (docs/project.md, "A step"); one more micro-batch chunk in flight
+    # compute (docs/project.md, "A step"); one layer's activations more at the peak
     moe_a2a_overlap: bool = False
     # Megatron's --moe-token-dispatcher-type: alltoall (NCCL, top-k copies of each token) or flex (DeepEP / HybridEP:
     # a token once to each node, then each GPU, its experts are on)

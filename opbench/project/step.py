@@ -99,6 +99,7 @@ class Projector:
         key += (plan.recompute_modules,)
         key += (plan.fp8, plan.fp8_recipe, plan.fp8_param_gather, te_microbatches, plan.hidden_dropout > 0)
         key += (plan.moe_a2a_overlap, plan.microbatches, plan.pp, plan.vpp) if plan.moe_a2a_overlap else ()
+        key += (plan.dispatcher,)
         if key not in self._work:
             self._work[key] = layer_work(self.cfg, lay, plan, self.rates, self.profile)
         return self._work[key]

@@ -142,9 +142,8 @@ def expert_memory_bytes(lay: Layer, plan: Plan) -> int:
     total = 0
     for g in lay.gemms:
         if g.layer == "expert_gate_up":
-            rows = (
-                plan.tokens // plan.tp * g.top_k * plan.expert_tp
-            )  # tokens a rank's experts see (etp·ep·local·k/E·E/ep)
+            # tokens a rank's experts see (etp·ep·local·k/E·E/ep)
+            rows = plan.tokens // plan.tp * g.top_k * plan.expert_tp
             total += 3 * rows * g.n // 2 // plan.expert_tp * element_size(plan.dtype)
     return total
 
