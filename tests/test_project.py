@@ -723,7 +723,7 @@ def test_the_flex_dispatcher_sends_a_token_once_per_node_and_gpu_its_experts_are
 
     rates = Rates([], "H100", "bf16", Assumptions(), 8)
     token, tokens = 4096, 1024
-    one_each = rates.flex_dispatch_time(token, tokens, 2, 4, 4, 4).seconds
+    one_each = rates.flex_dispatch_time(token, tokens, 2, 4, 4, 1, 8).seconds
     assert one_each == pytest.approx(rates.collective_time("all_to_all", tokens * 2 * token, 4, False).seconds)
     (cfg,) = select_models(load_model_configs(), "Qwen3_30B_A3B")
     lay = decoder_layers(cfg)[0]
@@ -737,10 +737,16 @@ def test_the_flex_dispatcher_sends_a_token_once_per_node_and_gpu_its_experts_are
     assert "network" in flex.note and "dispatcher-flex" in replace(plan, dispatcher="flex").label()
     projector = Projector(cfg, rates)  # one projector, both dispatchers (as --search keeps its layer cache)
     assert projector.project(plan).step_s > projector.project(replace(plan, dispatcher="flex")).step_s
+    # experts split over expert TP: flex sends to each GPU of the etp·ep group itself, no gathers of routed tokens
+    split = layer_work(cfg, lay, replace(plan, ep=8, etp=2, dispatcher="flex"), rates)
+    assert not [i for i in split.fwd if i.name.endswith("(routed tokens)")]
     (dense,) = select_models(load_model_configs(), "Llama3.1_8B")
     assert problems(dense, replace(plan, ep=1, dispatcher="flex"))[0][0] == "--moe-token-dispatcher-type"
-    argv = ["--model", "Qwen3_30B_A3B", "--world-size", "8", "--device", "H100", "--moe-token-dispatcher-type", "flex"]
+    uneven = problems(cfg, replace(plan, gpus_per_node=6, dispatcher="flex"))  # 16 GPUs: 6 + 6 + 4 a node
+    assert uneven[0][0] == "--ep" and "must fill whole nodes" in uneven[0][1]
+    argv = ["--model", "Qwen3_30B_A3B", "--world-size", "16", "--device", "H100", "--moe-token-dispatcher-type", "flex"]
     assert run_cli(main, argv, prog="opbench project") == 2  # no --ep: nothing to dispatch
+    assert run_cli(main, [*argv[:5], "H100 PCIe", *argv[6:], "--ep", "16"], prog="opbench project") == 2  # no NVLink
 
 
 def test_experts_split_over_expert_tp_gather_their_tokens_without_tp_too():

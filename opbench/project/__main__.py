@@ -37,6 +37,7 @@ from .plan import (
     RECOMPUTE_MODULES,
     Plan,
     a2a_overlap_problems,
+    flex_problems,
     layouts,
     problems,
 )
@@ -401,10 +402,6 @@ def base_plan(cfg: ModelConfig, args: argparse.Namespace) -> Plan:
         raise UsageError(f"{cfg.name} has no seqlen; pass --seqlen", field="--seqlen")
     if args.fsdp and args.zero:
         raise UsageError("give --fsdp or --zero 1, not both", field="--zero")
-    if args.moe_token_dispatcher_type != "alltoall" and args.ep == 1 and not args.search:
-        raise UsageError(
-            "dispatches tokens over expert-parallel ranks: give --ep 2 or more", field="--moe-token-dispatcher-type"
-        )
     if args.moe_a2a_overlap and args.activation_profile == "eager":
         raise UsageError(
             "eager is PyTorch as transformers runs it; --moe-a2a-overlap is Megatron's (the fused profile)",
@@ -596,7 +593,7 @@ def _reason_class(found: tuple[str, str]) -> str:
     flag, why = found
     if "not divisible by --tp" in why:
         return "heads or widths do not split over tp"
-    if "--moe-a2a-overlap" in why:  # the layouts Megatron runs it in (plan.a2a_overlap_problems)
+    if "--moe-a2a-overlap" in why or "flex dispatcher" in why:  # the layouts Megatron runs them in
         return why
     if "--ep" in why or flag == "--ep":
         return "experts do not split over ep / etp"
@@ -682,6 +679,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if plan.unfused_attention
                 else ("--cross-entropy-loss-fusion" if plan.ce_fusion else "--mtp-num-layers"),
             )
+        if plan.dispatcher != "alltoall":
+            for flag, why in flex_problems(cfg, plan):  # first what Megatron itself would refuse
+                raise UsageError(why, field=flag)
+            raise UsageError(
+                "--validate trains with torch's all-to-all, not DeepEP or HybridEP: project it without --validate",
+                field="--moe-token-dispatcher-type",
+            )
         if plan.moe_a2a_overlap:
             for flag, why in a2a_overlap_problems(cfg, plan):  # first what Megatron itself would refuse
                 raise UsageError(why, field=flag)
@@ -697,6 +701,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from opbench.report.inert import one_line  # names from the folder: one line, credentials masked
 
         print(f"note: {one_line(note)}", file=sys.stderr)
+    if plan.dispatcher != "alltoall" and not rates.comm.empty:
+        print(
+            "note: the flex dispatcher's time is estimated from link rates: the --results all-to-all rows are NCCL's",
+            file=sys.stderr,
+        )
     memory_gib: float | None = args.memory_gib or _device_memory_gib(rates.device)
     if memory_gib is not None and args.memory_reserve_gib >= memory_gib:
         raise UsageError(

@@ -202,7 +202,7 @@ class Plan:
         parts += [f"mtp{self.mtp_layers}"] if self.mtp_layers else []
         parts += ["attn-unfused"] if self.unfused_attention else []
         parts += ["a2a-overlap"] if self.moe_a2a_overlap else []
-        parts += [f"dispatcher-{self.dispatcher}"] if self.dispatcher != "alltoall" else []
+        parts += [f"dispatcher-{self.dispatcher}"] if self.dispatcher != "alltoall" and self.ep > 1 else []
         parts += (
             [f"attn-dropout{self.attention_dropout:g}"] if self.unfused_attention and self.attention_dropout else []
         )
@@ -279,8 +279,8 @@ def problems(cfg: ModelConfig, plan: Plan, layers: Sequence[Layer] | None = None
         )
     if plan.moe_a2a_overlap:
         out += a2a_overlap_problems(cfg, plan)
-    if plan.dispatcher != "alltoall" and not cfg.is_moe:
-        out.append(("--moe-token-dispatcher-type", f"{cfg.name} has no experts to dispatch tokens to"))
+    if plan.dispatcher != "alltoall":
+        out += flex_problems(cfg, plan)
     if plan.recompute == "op":
         kinds = {g.layer for lay in (layers if layers is not None else decoder_layers(cfg)) for g in lay.gemms}
         if not kinds <= set(OP_SAC_GEMMS):
@@ -332,6 +332,19 @@ def a2a_overlap_problems(cfg: ModelConfig, plan: Plan) -> list[tuple[str, str]]:
         return [("--fsdp", "Megatron's FSDP runs --moe-a2a-overlap without a pipeline only")]
     if plan.recompute == "selective" and "moe" in plan.recompute_modules:
         return [("--recompute-modules", "Megatron runs --moe-a2a-overlap without recomputing the MoE block (moe)")]
+    return []
+
+
+def flex_problems(cfg: ModelConfig, plan: Plan) -> list[tuple[str, str]]:
+    """Where the flex dispatcher (DeepEP, HybridEP) does not run: no experts, no expert parallelism (Megatron
+    refuses it), or an expert group (ep·etp GPUs) that neither fits in one node nor fills whole nodes."""
+    if not cfg.is_moe:
+        return [("--moe-token-dispatcher-type", f"{cfg.name} has no experts to dispatch tokens to")]
+    if plan.ep == 1:
+        return [("--ep", "the flex dispatcher dispatches over expert-parallel ranks: give --ep 2 or more")]
+    group = plan.ep * plan.expert_tp
+    if group > plan.gpus_per_node and group % plan.gpus_per_node:
+        return [("--ep", f"the flex dispatcher's expert group (ep·etp = {group}) must fill whole nodes or fit in one")]
     return []
 
 

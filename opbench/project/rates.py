@@ -501,26 +501,34 @@ class Rates:
         return Timed(latency * 1e-6 + size_bytes * factor / (bw * 1e9), ESTIMATED, f"{what} at {bw:.3g} GB/s")
 
     def flex_dispatch_time(
-        self, token_bytes: float, tokens: int, top_k: int, experts: int, nranks: int, per_node: int
+        self, token_bytes: float, tokens: int, top_k: int, experts: int, ep: int, etp: int, gpus_per_node: int
     ) -> Timed:
-        """One dispatch (or combine) of the flex dispatcher (Megatron's --moe-token-dispatcher-type flex: DeepEP or
-        HybridEP) for ``tokens`` tokens of ``token_bytes`` each, routed to ``top_k`` of ``experts`` experts spread
-        evenly over ``nranks`` ranks, ``per_node`` of them on a node: a token crosses the network once to each other
-        node holding one of its experts, and goes over NVLink/xGMI once to each other GPU of a node holding one;
-        the two links work at once (docs/project.md, "A step"). Routing is balanced: the expected counts of nodes
-        and GPUs a token's top-k distinct experts fall on. Estimated from the link rates (opbench comm measures
-        NCCL's all-to-all, not these kernels)."""
-        k = max(1, min(per_node, nranks))
-        nodes = -(-nranks // k)
+        """One dispatch (or combine: the same bytes back) of the flex dispatcher (Megatron's
+        --moe-token-dispatcher-type flex: DeepEP or HybridEP) for ``tokens`` tokens of ``token_bytes`` each, routed
+        to ``top_k`` of ``experts`` experts spread evenly over ``ep`` groups of ``etp`` GPUs (each expert split over
+        its group's GPUs), the ep·etp GPUs in whole nodes of ``gpus_per_node`` or within one: a token crosses the
+        network once to each other node holding one of its experts, and goes over NVLink/xGMI once to each other
+        GPU holding one (or a shard of one); the two links work at once (docs/project.md, "A step"). Routing is
+        balanced: the expected counts of nodes and GPUs a token's top-k distinct experts fall on. Estimated from the
+        link rates (opbench comm measures NCCL's all-to-all, not these kernels)."""
+        link = intra_link(self.device or "")
+        if link is None or "pcie" in link.name.lower():
+            raise UsageError(
+                f"DeepEP and HybridEP need NVLink or xGMI between a node's GPUs; {self.device or 'this device'} has "
+                f"{link.name if link else 'no entry in the link table'}",
+                field="--moe-token-dispatcher-type",
+            )
+        group = ep * etp
+        k = min(gpus_per_node, group)  # the group's GPUs on one node
+        nodes = group // k
 
         def hit(groups: int) -> float:  # expected groups (of experts/groups each) a token's experts fall on
             size = experts / groups
             miss = math.prod(max(0.0, experts - size - i) / (experts - i) for i in range(min(top_k, experts)))
             return groups * (1 - miss)
 
-        link = intra_link(self.device or "")
-        nvlink_bw = (link.intra_gbs if link is not None else self.a.nic_gbs) * self.a.link_efficiency
-        nvlink = tokens * token_bytes * hit(nranks) * (k - 1) / k / (nvlink_bw * 1e9)
+        nvlink_bw = link.intra_gbs * self.a.link_efficiency
+        nvlink = tokens * token_bytes * etp * hit(ep) * (k - 1) / k / (nvlink_bw * 1e9)
         if nodes == 1:
             return Timed(self.a.latency_us_intra * 1e-6 + nvlink, ESTIMATED, f"flex dispatcher at {nvlink_bw:.3g} GB/s")
         nic_bw = self.a.nic_gbs * self.a.link_efficiency

@@ -203,7 +203,7 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
         stride = plan.expert_tp
         if plan.dispatcher == "flex":  # DeepEP / HybridEP: a token once per node and per GPU its experts are on
             experts = next((g.experts for g in lay.gemms if g.experts), cfg.n_routed_experts)
-            a2a = rates.flex_dispatch_time(h * e, local, top_k, experts, plan.ep, plan.node_share(plan.ep, stride))
+            a2a = rates.flex_dispatch_time(h * e, local, top_k, experts, plan.ep, stride, plan.gpus_per_node)
         else:
             a2a = rates.collective_time(
                 "all_to_all",
@@ -431,9 +431,10 @@ def tp_comm_items(
 def expert_tp_items(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates) -> list[Item]:
     """Experts split over expert_tp > 1 ranks: after the all-to-all the group all-gathers the tokens it brought
     (top_k copies of the rank's T/tp) and reduce-scatters the experts' outputs before the return (Megatron-Core's
-    all-to-all dispatcher), in forward and again in backward; with or without TP of the rest of the layer."""
+    all-to-all dispatcher), in forward and again in backward; with or without TP of the rest of the layer. The flex
+    dispatcher has none: it sends the tokens to each GPU of the expert-TP × EP group itself."""
     etp = plan.expert_tp
-    if not lay.moe or etp == 1:
+    if not lay.moe or etp == 1 or plan.dispatcher == "flex":  # flex sends to every GPU of the etp·ep group itself
         return []
     size = plan.tokens * cfg.hidden_size * element_size(plan.dtype) * routed_top_k(cfg, lay) * etp // plan.tp
     inter, share = plan.spans_nodes(etp, 1), plan.node_share(etp, 1)
