@@ -43,6 +43,11 @@ DSV3 = (
     "--recompute-modules mla_up_proj"
 )
 NEMO_FP8 = "--zero 1 --grad-dtype bf16 --recompute none --seqlen 8192 --fp8 te --fp8-param-gather"
+PRIMUS = "--zero 1 --seqlen 8192 --cross-entropy-loss-fusion"  # Primus' Megatron: distributed optimizer
+PRIMUS_BLOG = (
+    "github.com/ROCm/rocm-blogs blogs/software-tools-optimization/primus-projection/README.md (14 May 2026; measured "
+    "runs of the ROCm performance-results page, MI325X, rocm/primus:v26.1)"
+)
 TITAN = "--fsdp --activation-profile eager --seqlen 8192 --microbatches 1"  # FSDP2, no gradient accumulation
 
 
@@ -89,6 +94,10 @@ BRIDGE = (
 # all-to-all dispatcher with moe_a2a_overlap for 235B-A22B, no recomputation, the 94-layer pipeline split with
 # embedding and loss counted as layers; gpt-oss-120b (gpt_oss_workload_base_configs.py) recomputes layernorm and
 # moe_act
+BRIDGE_SKILL = (
+    "github.com/NVIDIA-NeMo/Megatron-Bridge skills/nemo-mbridge-perf-moe-comm-overlap/SKILL.md (commit 067f987, "
+    "2026-07-25 measurement, 16 H100)"
+)
 BRIDGE_FLAGS = "--zero 1 --grad-dtype bf16 --mbs 1 --recompute none"
 GPT_OSS_120B = {
     "model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880, "num_attention_heads": 64,
@@ -294,6 +303,26 @@ RUNS = [
         BRIDGE,
         "8,960 tokens/s/GPU; HybridEP dispatcher",
     ),
+    # The same model measured in a controlled A/B (BF16, HybridEP, forced balance, CUDA graphs of the router and
+    # the dispatcher's preprocessing; only the EP overlap changes): steady step time, iterations 5-20 and 41-50
+    Published(
+        "Megatron-Bridge",
+        "Qwen3-30B-A3B bf16, 16 GPUs, ep16",
+        f"--model Qwen3_30B_A3B --world-size 16 --ep 16 --global-batch 1024 --seqlen 4096 "
+        f"--moe-token-dispatcher-type flex {BRIDGE_FLAGS}",
+        24.7138,
+        BRIDGE_SKILL,
+        "244 TFLOP/s/GPU; HybridEP",
+    ),
+    Published(
+        "Megatron-Bridge",
+        "Qwen3-30B-A3B bf16, 16 GPUs, ep16, EP overlap",
+        f"--model Qwen3_30B_A3B --world-size 16 --ep 16 --global-batch 1024 --seqlen 4096 "
+        f"--moe-token-dispatcher-type flex --moe-a2a-overlap {BRIDGE_FLAGS}",
+        20.9920,
+        BRIDGE_SKILL,
+        "Nsight: 36.55 % of the communication hidden",
+    ),
     Published(
         "Megatron-Bridge",
         "Qwen3-235B-A22B fp8, 256 GPUs, tp2 pp8 vp4 ep32",
@@ -363,6 +392,48 @@ RUNS = [
         NEMO_B200,
         "625 tokens/s/GPU",
         "B200",
+    ),
+    # Primus publishes tokens/s per GPU (its projection blog's table of the ROCm performance-results page): step =
+    # global batch · seqlen / (tps · GPUs). The blog states model, dtype, batch, seqlen, FSDP and the parallel sizes;
+    # the rest is Primus' Megatron defaults (distributed optimizer, fp32 main gradients, TE cross-entropy fusion in
+    # its configs) and guesses named in `note`: the global batch (128 sequences per node) and, for 70B, the
+    # recomputation its config keeps (full, block, 72 of 80 layers: projected as full)
+    Published(
+        "Primus MI325X",
+        "Llama-3.1-8B fp8, 8 MI325X, mbs 2",
+        f"--model Llama3.1_8B --world-size 8 --mbs 2 --global-batch 128 {PRIMUS} --fp8 te",
+        128 * 8192 / (16224 * 8),
+        PRIMUS_BLOG,
+        "16,224 tokens/s/GPU; global batch guessed",
+        "MI325X",
+    ),
+    Published(
+        "Primus MI325X",
+        "Llama-3.1-8B fp8, 64 MI325X, mbs 2",
+        f"--model Llama3.1_8B --world-size 64 --mbs 2 --global-batch 1024 {PRIMUS} --fp8 te",
+        1024 * 8192 / (16186 * 64),
+        PRIMUS_BLOG,
+        "16,186 tokens/s/GPU; global batch guessed",
+        "MI325X",
+    ),
+    Published(
+        "Primus MI325X",
+        "Llama-3.1-70B bf16, 64 MI325X, FSDP",
+        "--model Llama3.1_70B --world-size 64 --mbs 1 --global-batch 256 --fsdp --recompute full "
+        "--cross-entropy-loss-fusion",
+        256 * 8192 / (1174 * 64),
+        PRIMUS_BLOG,
+        "1,174 tokens/s/GPU; global batch and recompute guessed",
+        "MI325X",
+    ),
+    Published(
+        "Primus MI355X",
+        "Mixtral-8x22B bf16, 64 MI355X, pp4 vp2 ep8",
+        f"--model Mixtral_8x22B --world-size 64 --pp 4 --vpp 2 --ep 8 --mbs 1 --global-batch 256 {PRIMUS}",
+        256 * 8192 / (3475 * 64),
+        PRIMUS_BLOG.replace("MI325X, rocm/primus:v26.1", "MI355X, rocm/primus:v26.2"),
+        "3,475 tokens/s/GPU; global batch from the blog's example",
+        "MI355X",
     ),
     # torchtitan publishes tokens/s per GPU: step = local batch · seqlen / (tps · tp)
     Published(
@@ -484,6 +555,11 @@ DSV3_PROXY_FLAGS = (
     "--world-size 8 --tp 2 --pp 2 --vpp 4 --ep 4 --etp 1 --zero 1 --mbs 4 --global-batch 32 --seqlen 4096 "
     "--attention-backend unfused --cross-entropy-loss-fusion --mtp-num-layers 1"
 )
+QWEN3_30B_A3B = {
+    "model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144, "num_attention_heads": 32,
+    "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936, "num_hidden_layers": 48,
+    "tie_word_embeddings": False, "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
+}  # fmt: skip
 LLAMA_32_1B = {
     "model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192, "num_attention_heads": 32,
     "num_key_value_heads": 8, "num_hidden_layers": 16, "vocab_size": 128256, "head_dim": 64,
@@ -540,6 +616,16 @@ MEMORY = [
         int(12003.60400390625 * 2**20),
         "github.com/verdimrc/playground-nemo-2.0-gh 05-byoc-te-mb/with-ngc-pytorch-25.06-cleanup.md (MCore 0.15)",
         "rank 0 after 10 steps; fp32 gradients, distributed optimizer, CE fusion",
+    ),
+    PublishedMemory(
+        "Qwen3-30B-A3B, 16 H100, ep16, HybridEP, EP overlap",
+        QWEN3_30B_A3B,
+        "--world-size 16 --ep 16 --mbs 1 --global-batch 1024 --seqlen 4096 --zero 1 --grad-dtype bf16 "
+        "--moe-token-dispatcher-type flex --moe-a2a-overlap",
+        0,
+        int(62.166 * 2**30),
+        BRIDGE_SKILL,
+        "rank 0; the experts' optimizer state unsplit (expert data parallel 1); HybridEP's buffers outside torch",
     ),
     PublishedMemory(
         "Megatron GPT-MoE 4×512, 4 experts top-1, grouped GEMM",

@@ -749,6 +749,50 @@ def test_the_flex_dispatcher_sends_a_token_once_per_node_and_gpu_its_experts_are
     assert run_cli(main, [*argv[:5], "H100 PCIe", *argv[6:], "--ep", "16"], prog="opbench project") == 2  # no NVLink
 
 
+def test_the_distributed_optimizer_splits_the_experts_state_over_expert_data_parallel_only():
+    """Megatron-Core's distributed optimizer shards the routed experts' state over the expert data-parallel ranks,
+    world / (pp·ep·etp): with EP 16 on 16 GPUs there is one, and every rank keeps its experts' whole master copy and
+    moments, while the rest splits over DP 16 (Megatron-Bridge measured 62.2 GiB on this layout; bench/)."""
+    from opbench.project.memory import EXPERT_COLUMN, EXPERT_ROW, stage_params, state_bytes
+
+    (cfg,) = select_models(load_model_configs(), "Qwen3_30B_A3B")
+    plan = Plan(world=16, seqlen=4096, global_batch=64, ep=16, sharding="zero1")
+    sp = stage_params(cfg, plan, 0)
+    experts = 48 * 128 // 16 * 3 * 2048 * 768  # gate, up and down of 8 experts a rank, 48 layers
+    assert sp.expert_numel == experts and {g.split for g in decoder_layers(cfg)[0].gemms} >= {EXPERT_COLUMN, EXPERT_ROW}
+    _, _, optimizer = state_bytes(sp, plan)
+    assert optimizer == pytest.approx(12 * ((sp.numel - experts) / 16 + experts), rel=1e-3)
+    folded = replace(plan, world=32, ep=8)  # 32 GPUs, EP 8: each expert's state splits over the 4 ranks holding it
+    sp = stage_params(cfg, folded, 0)
+    assert state_bytes(sp, folded)[2] == pytest.approx(12 * ((sp.numel - 2 * experts) / 32 + 2 * experts / 4), rel=1e-3)
+
+
+def test_gemms_without_rows_reach_what_the_parts_best_published_matmul_does(capsys):
+    """The default --gemm-efficiency: 0.75 of an H100's bf16 peak is 0.934 of its best published matmul (794.5 of
+    989 TFLOP/s); every part and dtype gets that share of its own best one: 0.66 of H100's FP8 peak, 0.48 of an
+    MI300X's bf16 peak; a part with none published 0.75. The flag wins, and the note says what was assumed."""
+    from opbench.core.errors import run_cli
+    from opbench.core.peaks import lookup_peak
+    from opbench.project.__main__ import main
+    from opbench.project.rates import default_gemm_efficiency
+
+    h100, mi300x = lookup_peak("NVIDIA H100 80GB HBM3"), lookup_peak("AMD Instinct MI300X")
+    assert default_gemm_efficiency(h100, "bf16") == pytest.approx(0.75)
+    assert default_gemm_efficiency(h100, "fp8") == pytest.approx(0.75 * (1402.6 / 1979) / (794.5 / 989))
+    assert default_gemm_efficiency(mi300x, "bf16") == pytest.approx(0.75 * (668.4 / 1307.4) / (794.5 / 989))
+    assert default_gemm_efficiency(None, "bf16") == 0.75
+    shape = (8192, 8192, 8192)
+    h, m = (Rates([], d, "bf16", Assumptions(), 8).gemm_time(*shape).seconds for d in ("H100", "MI300X"))
+    flops = 2 * 8192**3
+    assert flops / h < 0.75 * 989e12 and flops / m < default_gemm_efficiency(mi300x, "bf16") * 1307.4e12
+    assert Rates([], "MI300X", "bf16", Assumptions(gemm_efficiency=0.75), 8).gemm_time(*shape).seconds < m
+    argv = ["--model", "Llama3.1_8B", "--world-size", "8", "--seqlen", "2048", "--global-batch", "8"]
+    assert run_cli(main, [*argv, "--device", "MI300X"], prog="opbench project") == 0
+    assert "GEMMs no row covers run at 0.48 of its bf16 peak on MI300X" in capsys.readouterr().err
+    assert run_cli(main, [*argv, "--device", "MI300X", "--gemm-efficiency", "0.6"], prog="opbench project") == 0
+    assert "GEMMs no row covers" not in capsys.readouterr().err
+
+
 def test_experts_split_over_expert_tp_gather_their_tokens_without_tp_too():
     """--etp 2 with --tp 1 (Megatron-Core's MoE parallel folding): the experts' group gathers the routed tokens and
     reduce-scatters their outputs as it does under TP (these were left out when the rest of the layer had no TP)."""

@@ -15,6 +15,10 @@ class Peak:
     fp8_tflops: float | None  # None: no FP8 tensor cores (A100)
     fp32_tflops: float
     hbm_tbs: float
+    # The best matmul TFLOP/s published for the part (its sibling's share where it has none), bf16 and FP8: what a
+    # GEMM reaches of the peak differs by part (H100 0.80, MI300X 0.51 in bf16); None: nothing published
+    mamf_bf16_tflops: float | None = None
+    mamf_fp8_tflops: float | None = None
 
     def tflops(self, dtype: str) -> float | None:
         return {
@@ -24,6 +28,14 @@ class Peak:
             "fp32": self.fp32_tflops,
         }.get(dtype)
 
+    def matmul_share(self, dtype: str) -> float | None:
+        """The published best matmul's share of the dense peak in ``dtype`` (fp8, or bf16 for the 16-bit and fp32
+        types); an FP8 share nobody published is taken as the bf16 one; None: neither is published."""
+        bf16 = self.mamf_bf16_tflops / self.bf16_tflops if self.mamf_bf16_tflops else None
+        if dtype == "fp8" and self.mamf_fp8_tflops and self.fp8_tflops:
+            return self.mamf_fp8_tflops / self.fp8_tflops
+        return bf16
+
 
 # Matched in order against the lower-cased device name; the first hit wins (so "h100 pcie" before "h100").
 # fp32 is the non-tensor-core vector peak (H100/H200 SXM 67 TFLOPS; MI300X/MI325X 163.4 TFLOPS). The PCIe and
@@ -32,23 +44,38 @@ class Peak:
 # differs between versions), and the (?<!g) keeps it from taking the H200/H100 lines. GB200 comes before B200;
 # Blackwell's per-GPU figures are the HGX B200 and GB200 NVL72 tables' sparse totals halved and divided by the
 # GPUs; MI350X/MI355X's are the CDNA 4 peaks (clock × matrix cores). The A100 has no FP8.
+# The last two figures are the best matmul TFLOP/s published (docs/conventions.md, "Peaks", gives the sources):
+# torch matmul searched over shapes (stas00's MAMF table), AMD's hipBLASLt MAF for MI300X/MI325X FP8; a part
+# without a figure of its own takes its sibling's share of its own peak (MI350X MI355X's, MI300A MI300X's, H200 NVL
+# H200's, the other H100s and the A100 40GB the SXM one's; stas00 finds H200's bf16 figure the same as H100's).
+_H100_BF16, _H100_FP8 = 794.5 / 989.0, 1402.6 / 1979.0
+_A100_BF16 = 271.2 / 312.0
+_CDNA4_BF16 = 1565.0 / 2516.6
+_CDNA3_BF16, _CDNA3_FP8 = 668.4 / 1307.4, 1273.0 / 2614.9
+
+
+def _at(peak: float, share: float) -> float:
+    return round(peak * share, 1)
+
+
 PEAKS: list[tuple[str, Peak]] = [
-    (r"mi355", Peak(2516.6, 5033.2, 157.3, 8.0)),
-    (r"mi350", Peak(2306.9, 4613.7, 144.2, 8.0)),
-    (r"mi325", Peak(1307.4, 2614.9, 163.4, 6.0)),
-    (r"mi300a", Peak(980.6, 1961.2, 122.6, 5.3)),
-    (r"mi300x|mi300", Peak(1307.4, 2614.9, 163.4, 5.3)),
-    (r"(?<!g)h200.*nvl", Peak(835.0, 1671.0, 60.0, 4.8)),
-    (r"(?<!g)h200", Peak(989.0, 1979.0, 67.0, 4.8)),
-    (r"(?<!g)h100.*pcie", Peak(756.0, 1513.0, 51.0, 2.0)),
-    (r"(?<!g)h100.*nvl", Peak(835.0, 1671.0, 60.0, 3.9)),
-    (r"(?<!g)h100", Peak(989.0, 1979.0, 67.0, 3.35)),
-    (r"gb200", Peak(2500.0, 5000.0, 80.0, 8.0)),
-    (r"b200", Peak(2250.0, 4500.0, 75.0, 8.0)),
-    (r"a100.*pcie", Peak(312.0, None, 19.5, 1.935)),
-    (r"a100.*40gb", Peak(312.0, None, 19.5, 1.555)),
-    (r"a100", Peak(312.0, None, 19.5, 2.039)),
+    (r"mi355", Peak(2516.6, 5033.2, 157.3, 8.0, 1565.0)),
+    (r"mi350", Peak(2306.9, 4613.7, 144.2, 8.0, _at(2306.9, _CDNA4_BF16))),
+    (r"mi325", Peak(1307.4, 2614.9, 163.4, 6.0, 784.9, 1519.0)),
+    (r"mi300a", Peak(980.6, 1961.2, 122.6, 5.3, _at(980.6, _CDNA3_BF16), _at(1961.2, _CDNA3_FP8))),
+    (r"mi300x|mi300", Peak(1307.4, 2614.9, 163.4, 5.3, 668.4, 1273.0)),
+    (r"(?<!g)h200.*nvl", Peak(835.0, 1671.0, 60.0, 4.8, _at(835.0, _H100_BF16), _at(1671.0, 1453.4 / 1979.0))),
+    (r"(?<!g)h200", Peak(989.0, 1979.0, 67.0, 4.8, 794.5, 1453.4)),
+    (r"(?<!g)h100.*pcie", Peak(756.0, 1513.0, 51.0, 2.0, _at(756.0, _H100_BF16), _at(1513.0, _H100_FP8))),
+    (r"(?<!g)h100.*nvl", Peak(835.0, 1671.0, 60.0, 3.9, _at(835.0, _H100_BF16), _at(1671.0, _H100_FP8))),
+    (r"(?<!g)h100", Peak(989.0, 1979.0, 67.0, 3.35, 794.5, 1402.6)),
+    (r"gb200", Peak(2500.0, 5000.0, 80.0, 8.0, 1822.0, 3615.6)),
+    (r"b200", Peak(2250.0, 4500.0, 75.0, 8.0, 1745.0, 3432.5)),
+    (r"a100.*pcie", Peak(312.0, None, 19.5, 1.935, 252.9)),
+    (r"a100.*40gb", Peak(312.0, None, 19.5, 1.555, _at(312.0, _A100_BF16))),
+    (r"a100", Peak(312.0, None, 19.5, 2.039, 271.2)),
 ]
+H100_BF16_MATMUL_SHARE = _H100_BF16  # the share the projection's default GEMM efficiency is set against
 
 
 def lookup_peak(name: str) -> Peak | None:

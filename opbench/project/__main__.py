@@ -41,7 +41,7 @@ from .plan import (
     layouts,
     problems,
 )
-from .rates import Assumptions, Rates
+from .rates import ESTIMATED, Assumptions, Rates
 from .schema import COMM_KINDS, SCHEMA
 from .step import Projection, Projector
 
@@ -309,8 +309,15 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: the device the --results were measured on)",
     )
     a = Assumptions()
+    r.add_argument(
+        "--gemm-efficiency",
+        type=efficiency,
+        default=None,
+        help="share of the dense peak a GEMM reaches without a row (default: 0.934 of the part's best published "
+        "matmul in that dtype: 0.75 of an H100's bf16 peak, 0.66 of its FP8 peak, 0.48 of an MI300X's bf16 peak; "
+        "docs/project.md, 'Rates')",
+    )
     for flag, default, what, kind in (
-        ("--gemm-efficiency", a.gemm_efficiency, "share of the dense peak a GEMM reaches without a row", efficiency),
         (
             "--attention-efficiency",
             a.attention_efficiency,
@@ -749,6 +756,11 @@ def _project(
         result = projector.project(plan)
         rows = [row(cfg, result, None, rates.device, memory_gib)]
         print(breakdown(cfg, result, rates.device, memory_gib, args.memory_reserve_gib))
+        best = [result]
+    estimated = [r for r in best if r.sources.get("gemm") == ESTIMATED]
+    note = rates.gemm_efficiency_note(fp8=plan.fp8 != "none") if estimated else None
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     if rates.a.compute_scale != 1.0:
         print(f"calibrated: every compute time × {rates.a.compute_scale:g} (--compute-scale)")
     if csv_path:

@@ -87,15 +87,19 @@ class StageParams:
     zero1_tensors: int
     root_unit: int = 0  # the FSDP root unit (embedding, final norm, lm_head as this stage has them), on this rank
     shard: int = 1  # the data-parallel ranks (dp·cp) a sharded optimizer splits over
+    expert_numel: int = 0  # of numel, the routed experts' weights on this rank
+    expert_shard: int = 1  # the expert data-parallel ranks (world / (pp·ep·etp)) their optimizer state splits over
 
     def zero1(self, profile: str) -> tuple[int, int]:
         """(elements, tensors) one rank keeps optimizer state for under ZeRO-1: Megatron-Core's distributed
-        optimizer (the fused profile) splits the flat gradient buffer evenly over the DP ranks; torch's
+        optimizer (the fused profile) splits the flat gradient buffer evenly over the DP ranks, the routed
+        experts' buffer over the expert data-parallel ranks (one under EP = DP: no split); torch's
         ZeroRedundancyOptimizer (eager) assigns whole parameters, so a large embedding lands on one rank
         (docs/project.md, "Memory")."""
         if profile == "eager":
             return self.zero1_numel, self.zero1_tensors
-        return -(-self.numel // self.shard), -(-self.tensors // self.shard)
+        dense = self.numel - self.expert_numel
+        return -(-dense // self.shard) + -(-self.expert_numel // self.expert_shard), -(-self.tensors // self.shard)
 
 
 def _gemm_weight(n: int, k: int, split: str, experts: int, tp: int, ep: int, etp: int) -> tuple[int, int]:
@@ -200,10 +204,15 @@ def stage_params(cfg: ModelConfig, plan: Plan, stage: int, layers: Sequence[Laye
             total, len(picked), padded, local, max(units.values(), default=0), z_numel, z_tensors, root_unit, shard
         )
     vocab = padded_vocab(cfg.vocab_size, plan.tp) // plan.tp * cfg.hidden_size
-    numel = tensors = 0
+    numel = tensors = experts = 0
     largest = 0
     for _, lay in stage_layers(cfg, plan, stage, layers):
         n = layer_numel(lay, plan)
+        experts += sum(
+            _gemm_weight(g.n, g.k, g.split, g.experts, plan.tp, plan.ep, plan.expert_tp)[0]
+            for g in lay.gemms
+            if g.split in (EXPERT_COLUMN, EXPERT_ROW)
+        )
         numel += n
         tensors += len(lay.params)
         largest = max(largest, n)
@@ -229,6 +238,8 @@ def stage_params(cfg: ModelConfig, plan: Plan, stage: int, layers: Sequence[Laye
         -(-tensors // shard),
         -(-root_numel // shard),
         shard,
+        experts,
+        max(1, plan.world // (plan.pp * plan.ep * plan.expert_tp)),
     )
 
 

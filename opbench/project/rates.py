@@ -21,7 +21,7 @@ from opbench.core.cli import MAX_MIB, MAX_WORLD
 from opbench.core.collectives import COLLECTIVES
 from opbench.core.errors import UsageError
 from opbench.core.outputs import kept_aside
-from opbench.core.peaks import Peak, lookup_peak
+from opbench.core.peaks import H100_BF16_MATMUL_SHARE, Peak, lookup_peak
 from opbench.gemm.shapes import gemm_bytes, gemm_flops
 
 MEASURED, INTERPOLATED, ESTIMATED = "measured", "interpolated", "estimated"
@@ -34,7 +34,9 @@ RAIL_COLLECTIVES = frozenset({"all_reduce", "all_gather", "reduce_scatter", "bro
 class Assumptions:
     """Every figure the projection takes rather than measures, each a flag (docs/project.md states its source)."""
 
-    gemm_efficiency: float = 0.75  # of the dense peak, GEMMs no row covers (H100 best public bf16 GEMM: 0.80)
+    # of the dense peak, GEMMs no row covers; None: 0.934 of the part's best published matmul in the dtype, the share
+    # 0.75 is of H100's bf16 one (default_gemm_efficiency)
+    gemm_efficiency: float | None = None
     attention_efficiency: float = 0.45  # of the dense peak, attention no row covers (FA-2/3 fwd+bwd on Hopper)
     memory_efficiency: float = 0.80  # of HBM peak, streaming (copy) kernels
     link_efficiency: float = 0.80  # of the link peak, a collective's busbw at large sizes
@@ -50,6 +52,17 @@ class Assumptions:
     # Calibration: every compute time (GEMM, attention, memory-bound) × this; --validate on one node of the target
     # measures it (what the step spends beyond its kernels' rates: launch gaps, synchronisation, the framework)
     compute_scale: float = 1.0
+
+
+H100_GEMM_EFFICIENCY = 0.75  # what training's bf16 GEMMs reach of an H100's peak without a measured row
+
+
+def default_gemm_efficiency(peak: Peak | None, dtype: str) -> float:
+    """A GEMM no row covers reaches the same share of the part's best published matmul in ``dtype`` as 0.75 is of
+    H100's bf16 one (0.934 of it): 0.75 of an H100's bf16 peak, 0.66 of its FP8 peak, 0.48 of an MI300X's bf16 peak
+    (docs/project.md, "Rates"); 0.75 on a part with no published figure."""
+    share = peak.matmul_share(dtype) if peak else None
+    return H100_GEMM_EFFICIENCY * share / H100_BF16_MATMUL_SHARE if share else H100_GEMM_EFFICIENCY
 
 
 @dataclass(frozen=True)
@@ -341,6 +354,26 @@ class Rates:
             )
         return tflops
 
+    def gemm_efficiency(self, dtype: str) -> float:
+        """The share of the ``dtype`` peak a GEMM no row covers reaches: --gemm-efficiency, else the part's default."""
+        return self.a.gemm_efficiency or default_gemm_efficiency(self.peak, dtype)
+
+    def gemm_efficiency_note(self, fp8: bool) -> str | None:
+        """What the default GEMM efficiency is on this part and why, where it is not 0.75 (else None)."""
+        if self.a.gemm_efficiency or not self.peak:
+            return None
+        dtypes = [self.dtype, "fp8"] if fp8 and self.dtype != "fp8" else [self.dtype]
+        shown = [(d, default_gemm_efficiency(self.peak, d)) for d in dtypes]
+        if all(round(e, 2) == H100_GEMM_EFFICIENCY for _, e in shown):
+            return None
+        at = ", ".join(f"{e:.2f} of its {d} peak" for d, e in shown)
+        best = ", ".join(f"{e / H100_GEMM_EFFICIENCY * H100_BF16_MATMUL_SHARE:.2f} in {d}" for d, e in shown)
+        return (
+            f"GEMMs no row covers run at {at} on {self.device}: {H100_GEMM_EFFICIENCY / H100_BF16_MATMUL_SHARE:.3f} "
+            f"of its best published matmul ({best}), as 0.75 is of H100's bf16 one (docs/project.md, 'Rates'; "
+            "--gemm-efficiency sets it)"
+        )
+
     def gemm_time(self, m: int, n: int, k: int, groups: int = 1, fp8: bool = False) -> Timed:
         """The GEMM's time (``_gemm_time``) × the calibration's compute scale; ``fp8``: an FP8 GEMM (``--fp8``),
         from `opbench gemm --dtype fp8` rows or the FP8 peak."""
@@ -368,7 +401,7 @@ class Rates:
             return Timed(flops / rate, INTERPOLATED, note)
         dtype = "fp8" if fp8 else self.dtype
         name = f"the {m}x{n}x{k}" + (f"x{groups}" if groups > 1 else "") + f" {dtype} GEMM"
-        peak = self._peak_tflops(name, "gemm", dtype) * 1e12 * self.a.gemm_efficiency
+        peak = self._peak_tflops(name, "gemm", dtype) * 1e12 * self.gemm_efficiency(dtype)
         moved = gemm_bytes(m, n, k, groups, dtype)
         return Timed(flops / peak + moved / self.memory_bandwidth().seconds, ESTIMATED, "compute + HBM traffic")
 
