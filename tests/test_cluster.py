@@ -22,7 +22,7 @@ import pytest
 from opbench.cluster.links import LinkPeaks, nic_gbs, parse_override
 from opbench.cluster.plan import Sizes, shift_rounds, simulate
 from opbench.cluster.telemetry import decode_nvml_reasons, read
-from opbench.cluster.verdict import judge, load_expect, threshold_for
+from opbench.cluster.verdict import check_thresholds, judge, load_expect, threshold_for
 from opbench.core.errors import UsageError
 from opbench.core.rankstats import rank_stats
 
@@ -129,6 +129,30 @@ def test_expect_file_errors_name_file_and_field(tmp_path):
         bad.write_text(json.dumps(body))
         with pytest.raises(UsageError, match=f"{bad}: field '{field}'"):
             load_expect(str(bad))
+
+
+def test_a_compute_threshold_on_the_best_published_matmul_holds_across_vendors(tmp_path):
+    """`pct_of_best_matmul` sets a GEMM against the best matmul published for its part (an H100 at 750 TFLOP/s and an
+    MI300X at 630 are both healthy, at 94 %); a GPU measured with no published figure to hold it to is a finding,
+    not a silent pass."""
+    from opbench.core.peaks import lookup_peak
+
+    h100, mi300x = lookup_peak("NVIDIA H100 80GB HBM3"), lookup_peak("AMD Instinct MI300X")
+    assert h100.best_matmul_tflops("bf16") == 794.5 and mi300x.best_matmul_tflops("fp16") == 668.4
+    assert h100.best_matmul_tflops("fp32") is None and lookup_peak("MI355X").best_matmul_tflops("fp8") is None
+    good = tmp_path / "e.json"
+    good.write_text(json.dumps({"compute": {"pct_of_best_matmul": 85}}))
+    expect = load_expect(str(good))
+    rows = [
+        {"status": "ok", "pct_of_best_matmul": 100 * 750 / 794.5},
+        {"status": "ok", "pct_of_best_matmul": 100 * 630 / 668.4},
+        {"status": "ok", "pct_of_best_matmul": 100 * 500 / 668.4},
+        {"status": "ok", "pct_of_best_matmul": None},
+        {"status": "failed", "pct_of_best_matmul": None},  # reported as failed elsewhere
+    ]
+    found = check_thresholds("compute", "square_8192 bf16", ["g0", "g1", "g2", "g3", "g4"], rows, expect)
+    assert [(f.member, f.value is None) for f in found] == [("g2", False), ("g3", True)]
+    assert "no published figure" in found[1].detail
 
 
 def test_link_peaks_from_sysfs_and_override(tmp_path):

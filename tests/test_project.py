@@ -765,6 +765,18 @@ def test_the_distributed_optimizer_splits_the_experts_state_over_expert_data_par
     folded = replace(plan, world=32, ep=8)  # 32 GPUs, EP 8: each expert's state splits over the 4 ranks holding it
     sp = stage_params(cfg, folded, 0)
     assert state_bytes(sp, folded)[2] == pytest.approx(12 * ((sp.numel - 2 * experts) / 32 + 2 * experts / 4), rel=1e-3)
+    fsdp = replace(folded, sharding="fsdp")  # FSDP keeps the same split
+    assert stage_params(cfg, fsdp, 0).fsdp_local == pytest.approx((sp.numel - 2 * experts) / 32 + 2 * experts / 4, 1e-3)
+    # the gradients travel where the state is: under EP = DP only the rest is reduce-scattered and gathered
+    rates = Rates([], "H100", "bf16", Assumptions(dp_overlap=False), 8)
+    exposed = Projector(cfg, rates).project(plan).exposed_comm_s["dp_comm"]
+    sp = stage_params(cfg, plan, 0)
+    rest = sp.numel - experts  # this rank's other parameters (fp32 main gradients, bf16 weights)
+    rs, ag, rs_all = (
+        rates.collective_time(kind, n, 16, True, 8).seconds
+        for kind, n in (("reduce_scatter", 4 * rest), ("all_gather", 2 * rest), ("reduce_scatter", 4 * sp.numel))
+    )
+    assert rs <= exposed <= rs + ag < rs_all  # (every parameter over DP 16 was rs_all at least)
 
 
 def test_gemms_without_rows_reach_what_the_parts_best_published_matmul_does(capsys):

@@ -310,12 +310,14 @@ class Cluster:
             err = max_rel_err(fn(), a, b, torch.Generator().manual_seed(seed))
             stats = measure(cfg.faults.timed(fn, self.rank, self.device), self.device, self._timing())
             tflops = shape.flops / stats.median / 1e12
-            peak = device_info(self.device).peak_tflops(cfg.dtype)
+            info = device_info(self.device)
+            peak, best = info.peak_tflops(cfg.dtype), info.best_matmul_tflops(cfg.dtype)
             row.update(
                 time_s=stats.median,
                 time_iqr_rel=stats.iqr_rel,
                 tflops=tflops,
                 pct_of_peak=100.0 * tflops / peak if peak else None,
+                pct_of_best_matmul=100.0 * tflops / best if best else None,
                 max_rel_err=err,
                 status=STATUS_OK,
             )

@@ -21,6 +21,7 @@ COMPUTE = Schema(
         "time_iqr_rel",
         "tflops",
         "pct_of_peak",
+        "pct_of_best_matmul",
         "max_rel_err",
         *VERDICT,
     ),
@@ -28,7 +29,7 @@ COMPUTE = Schema(
     metrics={"tflops": "TFLOP/s"},
     signature=("node", "local_rank", "gemm", "tflops"),
     file_hint=r"^cluster_compute$",
-    units={"time_s": "s", "pct_of_peak": "%", "vs_median_pct": "%"},
+    units={"time_s": "s", "pct_of_peak": "%", "pct_of_best_matmul": "%", "vs_median_pct": "%"},
 )
 
 MEMORY = Schema(

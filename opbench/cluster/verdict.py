@@ -24,6 +24,7 @@ from typing import Any
 from opbench.core.cli import parse_bytes
 from opbench.core.errors import UsageError
 from opbench.core.inputs import parse_json, read_small_text
+from opbench.core.sweep import STATUS_OK
 
 from .schema import file_name
 
@@ -87,7 +88,7 @@ class Finding:
 # -- --expect ----------------------------------------------------------------------------------------------------
 # check -> metric columns a threshold may name (each a minimum: every metric here is higher-is-better)
 EXPECTABLE: dict[str, tuple[str, ...]] = {
-    "compute": ("tflops", "pct_of_peak"),
+    "compute": ("tflops", "pct_of_peak", "pct_of_best_matmul"),
     "memory": ("gbs", "pct_of_peak"),
     "intra": ("busbw_gbs", "pct_of_link_peak"),
     "inter": ("busbw_gbs", "pct_of_link_peak"),
@@ -164,6 +165,14 @@ def check_thresholds(
         for member, row in zip(members, rows):
             value = row.get(metric)
             if value is None or (isinstance(value, float) and math.isnan(value)):
+                if row.get("status") == STATUS_OK:  # measured, but nothing to hold it to: not a pass either
+                    why = (
+                        "no link peak is known (--link-peak-gbs; docs/cluster.md, 'Link table')"
+                        if metric == "pct_of_link_peak"
+                        else "the device has no published figure for it (docs/conventions.md, 'Peaks')"
+                    )
+                    detail = f"no {metric} to hold to the expected {minimum:g}: {why}"
+                    found.append(Finding("threshold", check, case, member, metric, None, minimum, detail))
                 continue  # a failed measurement is reported as failed, not as a missed threshold
             if value < minimum:
                 found.append(

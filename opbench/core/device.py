@@ -29,6 +29,9 @@ class DeviceInfo:
     def peak_tflops(self, dtype: str) -> float | None:
         return self.peak.tflops(dtype) if self.peak else None
 
+    def best_matmul_tflops(self, dtype: str) -> float | None:
+        return self.peak.best_matmul_tflops(dtype) if self.peak else None
+
 
 def gpu_backend() -> str | None:
     """'rocm' when torch was built for HIP (ROCm reuses the torch.cuda API), 'cuda' for CUDA, else None."""

@@ -28,9 +28,17 @@ class Peak:
             "fp32": self.fp32_tflops,
         }.get(dtype)
 
+    def best_matmul_tflops(self, dtype: str) -> float | None:
+        """The best matmul TFLOP/s published for the part in ``dtype`` (bf16 for fp16; None for fp32, whose peak is
+        the vector one, and for an FP8 figure nobody published)."""
+        return {"bf16": self.mamf_bf16_tflops, "fp16": self.mamf_bf16_tflops, "fp8": self.mamf_fp8_tflops}.get(dtype)
+
     def matmul_share(self, dtype: str) -> float | None:
-        """The published best matmul's share of the dense peak in ``dtype`` (fp8, or bf16 for the 16-bit and fp32
-        types); an FP8 share nobody published is taken as the bf16 one; None: neither is published."""
+        """The published best matmul's share of the dense peak in ``dtype`` (fp8, or bf16 for the 16-bit types); an
+        FP8 share nobody published is taken as the bf16 one; None: neither is published, or fp32 (its peak is the
+        vector units', which no tensor-core figure describes)."""
+        if dtype not in ("bf16", "fp16", "fp8"):
+            return None
         bf16 = self.mamf_bf16_tflops / self.bf16_tflops if self.mamf_bf16_tflops else None
         if dtype == "fp8" and self.mamf_fp8_tflops and self.fp8_tflops:
             return self.mamf_fp8_tflops / self.fp8_tflops

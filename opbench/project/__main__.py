@@ -738,7 +738,15 @@ def _project(
     """Project (or search) and print; write the CSV when one is asked for (its writer lock is held)."""
     meta = environment(
         None,
-        {"model_config": cfg.to_dict(), "results": args.results, "device": rates.device, "assumptions": vars(rates.a)},
+        {
+            "model_config": cfg.to_dict(),
+            "results": args.results,
+            "device": rates.device,
+            "assumptions": {
+                **vars(rates.a),
+                "gemm_efficiency": {d: rates.gemm_efficiency(d) for d in dict.fromkeys((args.dtype, "fp8"))},
+            },
+        },
     )
     if args.search:
         best, rejected, seen = search(cfg, plan, projector, args.top, args.global_batch is not None)

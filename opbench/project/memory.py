@@ -176,7 +176,7 @@ def stage_params(cfg: ModelConfig, plan: Plan, stage: int, layers: Sequence[Laye
     as its GEMM is and the embedding and lm_head by vocabulary (padded to 128·tp, as Megatron)."""
     first, last = stage == 0, stage == plan.last_stage
     shard = plan.dp * plan.cp
-    if plan.tp == 1 and plan.ep == 1 and not plan.mtp_layers:  # (MTP's layers and norms are not the HF model's)
+    if plan.tp == plan.ep == plan.expert_tp == 1 and not plan.mtp_layers:  # (MTP's are not the HF model's)
         specs = parameter_shapes(cfg)
         mine = {f"layers.{lay.index}" for _, lay in stage_layers(cfg, plan, stage, layers)}
         root = architecture(cfg)
@@ -227,7 +227,8 @@ def stage_params(cfg: ModelConfig, plan: Plan, stage: int, layers: Sequence[Laye
             2 + 4 * plan.mtp_layers + (1 if plan.mtp_layers and plan.pp > 1 and not cfg.tie_word_embeddings else 0)
         )
     numel += root_numel
-    padded = -(-numel // shard)
+    expert_shard = max(1, plan.world // (plan.pp * plan.ep * plan.expert_tp))  # Megatron's expert data parallel
+    padded = -(-(numel - experts) // shard) + -(-experts // expert_shard)
     return StageParams(
         numel,
         tensors,
@@ -239,7 +240,7 @@ def stage_params(cfg: ModelConfig, plan: Plan, stage: int, layers: Sequence[Laye
         -(-root_numel // shard),
         shard,
         experts,
-        max(1, plan.world // (plan.pp * plan.ep * plan.expert_tp)),
+        expert_shard,
     )
 
 
@@ -315,7 +316,7 @@ def state_bytes(sp: StageParams, plan: Plan, profile: str = "fused") -> tuple[in
     p_bytes = (2 if mixed else 4) * sp.numel
     g_bytes = grad_bytes_per_param(plan) * sp.numel
     per_param = 12 if mixed else 8
-    if plan.sharding == "zero1" and shard > 1:
+    if plan.sharding == "zero1" and (shard > 1 or sp.expert_shard > 1):
         numel, tensors = sp.zero1(profile)
         return p_bytes, g_bytes, per_param * numel + ADAM_STEP_BYTES * tensors
     return p_bytes, g_bytes, per_param * sp.numel + steps

@@ -367,11 +367,13 @@ class Rates:
         if all(round(e, 2) == H100_GEMM_EFFICIENCY for _, e in shown):
             return None
         at = ", ".join(f"{e:.2f} of its {d} peak" for d, e in shown)
-        best = ", ".join(f"{e / H100_GEMM_EFFICIENCY * H100_BF16_MATMUL_SHARE:.2f} in {d}" for d, e in shown)
+        best = ", ".join(
+            f"{e / H100_GEMM_EFFICIENCY * H100_BF16_MATMUL_SHARE:.2f} of the peak in {d}" for d, e in shown
+        )
         return (
             f"GEMMs no row covers run at {at} on {self.device}: {H100_GEMM_EFFICIENCY / H100_BF16_MATMUL_SHARE:.3f} "
-            f"of its best published matmul ({best}), as 0.75 is of H100's bf16 one (docs/project.md, 'Rates'; "
-            "--gemm-efficiency sets it)"
+            f"of its best published matmul (which reaches {best}), as 0.75 is of H100's bf16 one (docs/project.md, "
+            "'Rates'; --gemm-efficiency sets it)"
         )
 
     def gemm_time(self, m: int, n: int, k: int, groups: int = 1, fp8: bool = False) -> Timed:

@@ -5,6 +5,7 @@ gathers with what overlaps, the optimizer, and memory per GPU (memory.py) (docs/
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from opbench.attention.flops import attention_flops
@@ -17,7 +18,7 @@ from opbench.models.architectures import decoder_layers
 from . import memory as mem
 from .pipeline import ScheduleResult, StageTimes, estimate, simulate
 from .plan import Plan, check
-from .rates import ESTIMATED, Rates, Timed
+from .rates import ESTIMATED, INTERPOLATED, MEASURED, Rates, Timed
 from .workload import COMPUTE_KINDS, Item, Work, embedding_work, head_work, layer_work, mtp_work
 
 # Bytes the optimizer reads and writes per parameter (docs/project.md, "Optimizer"): a fused Adam reads gradient,
@@ -169,30 +170,44 @@ class Projector:
             first_fwd = sum(w.fwd_s for w in work[s])
             exposed = 0.0
             once_a_step = plan.sharding == "zero1" or (plan.sharding == "fsdp" and plan.pp > 1)
-            if shard > 1 and once_a_step:
+            fsdp = plan.sharding == "fsdp"
+            # Megatron reduces the routed experts' gradients over the expert data-parallel ranks (world / (pp·ep·
+            # etp), one under EP = DP: nothing to send) and the rest over DP·CP; FSDP keeps one group for all
+            expert_group = 0 if fsdp else sp.expert_numel
+            groups = [
+                (numel, ranks, plan.spans_nodes(ranks, stride), plan.node_share(ranks, stride))
+                for numel, ranks, stride in (
+                    (sp.numel - expert_group, shard, plan.tp),
+                    (expert_group, sp.expert_shard, plan.ep * plan.expert_tp),
+                )
+                if numel and ranks > 1
+            ]
+            if groups and once_a_step:
                 # ZeRO-1, and FSDP under a pipeline schedule: the gradients are reduce-scattered once (after the
                 # last backward) and the parameters all-gathered once (FSDP: at the first forward), FP8 weights at
                 # 1 byte where they are the parameters (--fp8-param-gather) or torchao gathers them in FP8
-                fsdp = plan.sharding == "fsdp"
-                gathered = sp.numel * e
+                fp8_share = 0.0
                 if plan.fp8_param_gather or (fsdp and plan.fp8 == "torchao"):
-                    gathered -= (e - 1) * self.fp8_weights(plan, s)[0]
-                grads = sp.numel * (4 if fsdp else mem.grad_bytes_per_param(plan))  # FSDP reduces in fp32
-                rs = rates.collective_time("reduce_scatter", grads, shard, dp_inter, dp_share)
-                ag = rates.collective_time("all_gather", gathered, shard, dp_inter, dp_share)
+                    fp8_share = self.fp8_weights(plan, s)[0] / sp.numel
+                grad_bytes = 4 if fsdp else mem.grad_bytes_per_param(plan)  # FSDP reduces in fp32
+                rs = _summed(rates.collective_time("reduce_scatter", n * grad_bytes, r, i, k) for n, r, i, k in groups)
+                ag = _summed(
+                    rates.collective_time("all_gather", n * e - (e - 1) * n * fp8_share, r, i, k)
+                    for n, r, i, k in groups
+                )
                 hidden_rs = last_bwd if rates.a.dp_overlap else 0.0
                 exposed = max(0.0, rs.seconds - hidden_rs) + max(0.0, ag.seconds - first_fwd)
                 who = "FSDP" if fsdp else "DP"
                 dp_items += [Item("dp_comm", f"{who} reduce-scatter", rs, max(0.0, rs.seconds - hidden_rs))]
                 dp_items += [Item("dp_comm", f"{who} all-gather", ag, max(0.0, ag.seconds - first_fwd))]
-            elif shard > 1 and plan.sharding == "fsdp":
+            elif shard > 1 and fsdp:
                 for w in work[s]:
                     fsdp_comm = self._fsdp(plan, s, sp, w, m, dp_inter, dp_share)
                     exposed += fsdp_comm[1]
                     dp_items.append(Item("dp_comm", "FSDP gathers and reduce-scatters", fsdp_comm[0], fsdp_comm[1]))
-            elif shard > 1:
-                grads = sp.numel * mem.grad_bytes_per_param(plan)
-                ar = rates.collective_time("all_reduce", grads, shard, dp_inter, dp_share)
+            elif groups and not fsdp:
+                grad_bytes = mem.grad_bytes_per_param(plan)
+                ar = _summed(rates.collective_time("all_reduce", n * grad_bytes, r, i, k) for n, r, i, k in groups)
                 exposed = max(0.0, ar.seconds - (last_bwd if rates.a.dp_overlap else 0.0))
                 dp_items.append(Item("dp_comm", "DP all-reduce", ar, exposed))
             opt_numel = (
@@ -289,3 +304,12 @@ class Projector:
             attention_flops(s, 1, "fwdbwd") * (s.layer_count or 1) for s in model_attention_shapes(self.cfg, seqlen)
         )
         return 3 * gemm + attn
+
+
+def _summed(parts: Iterable[Timed]) -> Timed:
+    """Collectives run one after the other (the dense and the experts' groups): their times added, the least exact
+    source of them, their notes."""
+    timed = list(parts)
+    rank = {MEASURED: 0, INTERPOLATED: 1, ESTIMATED: 2}
+    source = max((t.source for t in timed), key=lambda x: rank.get(x, 2))
+    return Timed(sum(t.seconds for t in timed), source, "; ".join(t.note for t in timed if t.note))

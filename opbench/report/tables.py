@@ -314,6 +314,7 @@ SPECS: dict[str, TableSpec] = {
             "time_ms",
             "tflops",
             "pct_of_peak",
+            "pct_of_best_matmul",
             "vs_median_pct",
             "outlier",
             "max_rel_err",
@@ -321,7 +322,7 @@ SPECS: dict[str, TableSpec] = {
         derived=("time_ms",),
         order=_gemm_order,
         optional=(*_GPU_OPTIONAL, "dtype", "outlier"),
-        sparse=(*_GPU_SPARSE, "pct_of_peak"),
+        sparse=(*_GPU_SPARSE, "pct_of_peak", "pct_of_best_matmul"),
         split="gemm",
         about="One table per GEMM, slowest GPU first (by % of peak where the device's peak is known, else by "
         "TFLOPS); vs_median_pct is the GPU against its peers' median. The heatmap places every GPU at its node and "
