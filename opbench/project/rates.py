@@ -37,7 +37,9 @@ class Assumptions:
     # of the dense peak, GEMMs no row covers; None: 0.934 of the part's best published matmul in the dtype, the share
     # 0.75 is of H100's bf16 one (default_gemm_efficiency)
     gemm_efficiency: float | None = None
-    attention_efficiency: float = 0.45  # of the dense peak, attention no row covers (FA-2/3 fwd+bwd on Hopper)
+    # of the bf16 peak, attention no row covers; None: 0.45 on an H100 (FA-2/3 forward + backward on Hopper), another
+    # part scaled as its best published matmul is (default_attention_efficiency)
+    attention_efficiency: float | None = None
     memory_efficiency: float = 0.80  # of HBM peak, streaming (copy) kernels
     link_efficiency: float = 0.80  # of the link peak, a collective's busbw at large sizes
     nic_gbs: float = 50.0  # network per GPU per direction: one 400 Gb/s NIC per GPU (H100/MI300X node designs)
@@ -63,6 +65,17 @@ def default_gemm_efficiency(peak: Peak | None, dtype: str) -> float:
     (docs/project.md, "Rates"); 0.75 on a part with no published figure."""
     share = peak.matmul_share(dtype) if peak else None
     return H100_GEMM_EFFICIENCY * share / H100_BF16_MATMUL_SHARE if share else H100_GEMM_EFFICIENCY
+
+
+H100_ATTENTION_EFFICIENCY = 0.45  # what training's attention (forward + backward) reaches of an H100's bf16 peak
+
+
+def default_attention_efficiency(peak: Peak | None, dtype: str = "bf16") -> float:
+    """0.45 × the part's best bf16 matmul share over H100's: the best published attention kernels reach the same
+    0.72-0.74 of their part's best matmul share on H100 (FA3), MI300X and MI355X (AITER's), so attention scales
+    across parts as GEMMs do (docs/project.md, "Rates"); 0.45 on a part with no published figure, and in fp32."""
+    share = peak.matmul_share("bf16") if peak and dtype in ("bf16", "fp16") else None
+    return H100_ATTENTION_EFFICIENCY * share / H100_BF16_MATMUL_SHARE if share else H100_ATTENTION_EFFICIENCY
 
 
 @dataclass(frozen=True)
@@ -358,22 +371,41 @@ class Rates:
         """The share of the ``dtype`` peak a GEMM no row covers reaches: --gemm-efficiency, else the part's default."""
         return self.a.gemm_efficiency or default_gemm_efficiency(self.peak, dtype)
 
-    def gemm_efficiency_note(self, fp8: bool) -> str | None:
-        """What the default GEMM efficiency is on this part and why, where it is not 0.75 (else None)."""
-        if self.a.gemm_efficiency or not self.peak:
+    @property
+    def attention_efficiency(self) -> float:
+        """The share of the bf16 peak attention no row covers reaches: --attention-efficiency, else the part's."""
+        return self.a.attention_efficiency or default_attention_efficiency(self.peak, self.dtype)
+
+    def efficiency_note(self, fp8: bool, gemm: bool = True, attention: bool = False) -> str | None:
+        """What the default GEMM (and attention) efficiency is on this part and why, where estimated GEMMs or
+        attention were used and the figure is not H100's (else None)."""
+        if not self.peak:
             return None
-        dtypes = [self.dtype, "fp8"] if fp8 and self.dtype != "fp8" else [self.dtype]
-        shown = [(d, default_gemm_efficiency(self.peak, d)) for d in dtypes]
-        if all(round(e, 2) == H100_GEMM_EFFICIENCY for _, e in shown):
+        parts = []
+        if gemm and not self.a.gemm_efficiency:
+            dtypes = [self.dtype, "fp8"] if fp8 and self.dtype != "fp8" else [self.dtype]
+            parts += [
+                f"{e:.2f} of its {d} peak for GEMMs"
+                for d, e in ((d, default_gemm_efficiency(self.peak, d)) for d in dtypes)
+                if round(e, 2) != H100_GEMM_EFFICIENCY
+            ]
+        if attention and not self.a.attention_efficiency:
+            e = default_attention_efficiency(self.peak, self.dtype)
+            parts += (
+                [f"{e:.2f} of its {self.dtype} peak for attention"] if round(e, 2) != H100_ATTENTION_EFFICIENCY else []
+            )
+        if not parts:
             return None
-        at = ", ".join(f"{e:.2f} of its {d} peak" for d, e in shown)
-        best = ", ".join(
-            f"{e / H100_GEMM_EFFICIENCY * H100_BF16_MATMUL_SHARE:.2f} of the peak in {d}" for d, e in shown
+        share = ", ".join(
+            f"{d} {s:.2f}"
+            for d in dict.fromkeys((self.dtype, "fp8" if fp8 else self.dtype))
+            if (s := self.peak.matmul_share(d))
         )
         return (
-            f"GEMMs no row covers run at {at} on {self.device}: {H100_GEMM_EFFICIENCY / H100_BF16_MATMUL_SHARE:.3f} "
-            f"of its best published matmul (which reaches {best}), as 0.75 is of H100's bf16 one (docs/project.md, "
-            "'Rates'; --gemm-efficiency sets it)"
+            f"what no row covers runs at {', '.join(parts)} on {self.device}: H100's 0.75 (GEMMs) and 0.45 "
+            f"(attention) scaled by its best published matmul's share of the peak ({share}) over H100's bf16 "
+            f"{H100_BF16_MATMUL_SHARE:.2f} (docs/project.md, 'Rates'; --gemm-efficiency, --attention-efficiency "
+            "set them)"
         )
 
     def gemm_time(self, m: int, n: int, k: int, groups: int = 1, fp8: bool = False) -> Timed:
@@ -447,7 +479,7 @@ class Rates:
             f"{shape.attn_kind} attention {pass_} (seqlen {shape.seqlen_q}, {shape.num_head_q} heads, batch {batch}, "
             f"{self.dtype})"
         )
-        peak = self._peak_tflops(name, "attention") * 1e12 * self.a.attention_efficiency
+        peak = self._peak_tflops(name, "attention") * 1e12 * self.attention_efficiency
         return Timed(flops / peak, ESTIMATED, "roofline")
 
     # -- memory -------------------------------------------------------------------------------------------------
