@@ -397,7 +397,7 @@ RUNS = [
     # global batch · seqlen / (tps · GPUs). The blog states model, dtype, batch, seqlen, FSDP and the parallel sizes;
     # the rest is Primus' Megatron defaults (distributed optimizer, fp32 main gradients, TE cross-entropy fusion in
     # its configs) and guesses named in `note`: the global batch (128 sequences per node) and, for 70B, the
-    # recomputation its config keeps (full, block, 72 of 80 layers: projected as full)
+    # recomputation its config keeps today (full, block, 72 of 80 layers)
     Published(
         "Primus MI325X",
         "Llama-3.1-8B fp8, 8 MI325X, mbs 2",
@@ -420,7 +420,7 @@ RUNS = [
         "Primus MI325X",
         "Llama-3.1-70B bf16, 64 MI325X, FSDP",
         "--model Llama3.1_70B --world-size 64 --mbs 1 --global-batch 256 --fsdp --recompute full "
-        "--cross-entropy-loss-fusion",
+        "--recompute-method block --recompute-num-layers 72 --cross-entropy-loss-fusion",
         256 * 8192 / (1174 * 64),
         PRIMUS_BLOG,
         "1,174 tokens/s/GPU; global batch and recompute guessed",

@@ -179,6 +179,8 @@ def test_layout_rules(llama70b):
         (["--fp8", "torchao", "--fp8-recipe", "delayed"], "field '--fp8-recipe': a scaling recipe is Transformer"),
         (["--fp8", "te", "--fp8-param-gather", "--fsdp"], "FP8 parameters under FSDP are not modelled"),
         (["--hidden-dropout", "-0.1"], "field '--hidden-dropout': must be at least 0 and below 1, got -0.1"),
+        (["--recompute-num-layers", "4"], "field '--recompute-num-layers': says which layers --recompute full"),
+        (["--recompute", "full", "--recompute-method", "block"], "field '--recompute-num-layers': block recomputes"),
     ],
 )
 def test_bad_input_is_one_line(run, args, message):
@@ -747,6 +749,30 @@ def test_the_flex_dispatcher_sends_a_token_once_per_node_and_gpu_its_experts_are
     argv = ["--model", "Qwen3_30B_A3B", "--world-size", "16", "--device", "H100", "--moe-token-dispatcher-type", "flex"]
     assert run_cli(main, argv, prog="opbench project") == 2  # no --ep: nothing to dispatch
     assert run_cli(main, [*argv[:5], "H100 PCIe", *argv[6:], "--ep", "16"], prog="opbench project") == 2  # no NVLink
+
+
+def test_megatrons_recompute_method_and_num_layers_recompute_some_layers_or_groups(llama70b):
+    """--recompute full with Megatron's --recompute-method block N: the first N layers of each chunk are recomputed
+    (their input kept), the rest run as without recomputation; uniform N: groups of N layers keep one input and
+    recompute together in backward."""
+    from opbench.project.memory import activation_bytes
+
+    rates = Rates([], "H100", "bf16", Assumptions(), 8)
+    projector = Projector(llama70b, rates)
+    plan = Plan(world=64, seqlen=8192, global_batch=64, tp=8, pp=2, vpp=2, schedule="interleaved", sharding="zero1")
+    none, full = (projector.project(replace(plan, recompute=r)) for r in ("none", "full"))
+    block = replace(plan, recompute="full", recompute_method="block", recompute_num_layers=5)  # 20 layers a chunk
+    got = projector.project(block)
+    assert got.compute_s == pytest.approx(none.compute_s + 5 / 20 * (full.compute_s - none.compute_s), rel=1e-9)
+    kept = [activation_bytes(llama70b, p, 0, 1)[0] for p in (replace(plan, recompute="full"), block, plan)]
+    assert kept[1] == pytest.approx((2 * 5 * kept[0] + 2 * 15 * kept[2]) / 40, rel=1e-3)  # 2 chunks: 5 + 15 each
+    assert "rc-full[block5]" in block.label()
+    uniform = replace(plan, recompute="full", recompute_num_layers=4)  # 5 groups a chunk: 5 inputs, not 20
+    (u_kept, u_buf), (f_kept, f_buf) = (
+        activation_bytes(llama70b, p, 1, 1) for p in (uniform, replace(plan, recompute="full"))
+    )
+    assert projector.project(uniform).compute_s == pytest.approx(full.compute_s)
+    assert u_buf > f_buf and u_kept < f_kept
 
 
 def test_the_distributed_optimizer_splits_the_experts_state_over_expert_data_parallel_only():

@@ -182,6 +182,22 @@ def build_parser() -> argparse.ArgumentParser:
         f"{', '.join(RECOMPUTE_MODULES)} (default: core_attn)",
     )
     lay.add_argument(
+        "--recompute-method",
+        choices=["uniform", "block"],
+        default=None,
+        help="with --recompute full, Megatron's flag: uniform checkpoints groups of --recompute-num-layers layers "
+        "(each keeps its input only), block the first --recompute-num-layers layers of each model chunk and no "
+        "others (default: uniform)",
+    )
+    lay.add_argument(
+        "--recompute-num-layers",
+        type=cli.positive_int,
+        default=None,
+        metavar="N",
+        help="with --recompute full, Megatron's flag: the group size (uniform) or the layers recomputed per chunk "
+        "(block) (default: 1 with uniform; block needs it)",
+    )
+    lay.add_argument(
         "--no-sequence-parallel", action="store_true", help="TP without sequence parallelism (all-reduces)"
     )
     # Megatron-Core's uneven pipeline split, under its own flag names (docs/project.md, "Layouts")
@@ -425,6 +441,13 @@ def base_plan(cfg: ModelConfig, args: argparse.Namespace) -> Plan:
         raise UsageError(
             "names what --recompute selective recomputes: give --recompute selective", field="--recompute-modules"
         )
+    if (args.recompute_method or args.recompute_num_layers) and args.recompute != "full" and not args.search:
+        raise UsageError(
+            "says which layers --recompute full recomputes: give --recompute full",
+            field="--recompute-method" if args.recompute_method else "--recompute-num-layers",
+        )
+    if args.recompute_method == "block" and not args.recompute_num_layers:
+        raise UsageError("block recomputes the first N layers of each chunk: give N", field="--recompute-num-layers")
     if args.fp8_recipe is not None and args.fp8 != "te":  # torchao's float8 is tensorwise, with no recipe to choose
         raise UsageError("a scaling recipe is Transformer Engine's: give --fp8 te", field="--fp8-recipe")
     plan = Plan(
@@ -454,6 +477,8 @@ def base_plan(cfg: ModelConfig, args: argparse.Namespace) -> Plan:
         moe_a2a_overlap=args.moe_a2a_overlap,
         dispatcher=args.moe_token_dispatcher_type,
         recompute_modules=args.recompute_modules or ("core_attn",),
+        recompute_method=args.recompute_method or "uniform",
+        recompute_num_layers=args.recompute_num_layers or 1,
         first_layers=args.decoder_first_pipeline_num_layers,
         last_layers=args.decoder_last_pipeline_num_layers,
         embedding_as_layer=args.account_for_embedding_in_pipeline_split,

@@ -562,9 +562,21 @@ def activation_bytes(
     chunks. Transient: the last stage's fp32 logits and their gradient; a recomputed layer's activations under
     full recomputation."""
     layers = stage_layers(cfg, plan, stage, all_layers)
-    kinds = Counter((lay.gemms, lay.attention) for _, lay in layers)  # a few kinds of layer, many of each
+    # a few kinds of layer, many of each; --recompute-method block: the first N of each chunk recomputed, the rest not
+    index = Counter[int]()
+    kinds = Counter[tuple]()
+    for chunk, lay in layers:
+        kinds[(lay.gemms, lay.attention, plan.recomputes(index[chunk]) or plan.recompute != "full")] += 1
+        index[chunk] += 1
     first = {(lay.gemms, lay.attention): lay for _, lay in reversed(layers)}
-    per_chunk = sum(n * layer_activation_bytes(cfg, first[k], plan, profile) for k, n in kinds.items())
+    plain = replace(plan, recompute="none")
+    per_chunk = sum(
+        n * layer_activation_bytes(cfg, first[k[:2]], plan if k[2] else plain, profile) for k, n in kinds.items()
+    )
+    if plan.recompute == "full" and plan.recompute_method == "uniform" and plan.recompute_num_layers > 1:
+        # groups of N layers keep one input each (every layer's full-recompute bytes are its input)
+        groups = sum(-(-n // plan.recompute_num_layers) for n in index.values())
+        per_chunk = groups * (plan.tokens // (plan.tp if plan.sp else 1)) * cfg.hidden_size * element_size(plan.dtype)
     kept = per_chunk // max(1, plan.vpp) * in_flight
     if plan.moe_a2a_overlap and layers:  # a combined 1F1B step: the forward's first layers beside all of the chunk
         kept += max(layer_activation_bytes(cfg, lay, plan, profile) for lay in first.values())  # its backward frees
@@ -578,7 +590,7 @@ def activation_bytes(
             0,
             *(layer_activation_bytes(cfg, lay, full, profile) - layer_activation_bytes(cfg, lay, plan, profile)
               for lay in first.values()),
-        )  # fmt: skip
+        ) * (plan.recompute_num_layers if plan.recompute == "full" and plan.recompute_method == "uniform" else 1)  # fmt: skip
     if stage == plan.last_stage:
         kept += head_activation_bytes(cfg, plan, profile)
         vocab = padded_vocab(cfg.vocab_size, plan.tp) // plan.tp

@@ -83,6 +83,11 @@ class Plan:
     # (eh_proj, 2h -> h), runs one more layer like the last, and predicts through the output layer with a loss
     mtp_layers: int = 0
     recompute_modules: tuple[str, ...] = ("core_attn",)  # with recompute == "selective"
+    # With recompute == "full", Megatron's --recompute-method / --recompute-num-layers: uniform checkpoints groups of
+    # N consecutive layers (each group keeps its input only; N = 1 is every layer alone), block checkpoints the first
+    # N layers of each model chunk and runs the rest without recomputation
+    recompute_method: str = "uniform"
+    recompute_num_layers: int = 1
     # Megatron's --overlap-moe-expert-parallel-comm (Megatron-Bridge's moe_a2a_overlap): its combined 1F1B runs one
     # micro-batch's forward beside another's backward, layer by layer, hiding each all-to-all behind the other's
     # compute (docs/project.md, "A step"); one layer's activations more at the peak
@@ -90,6 +95,10 @@ class Plan:
     # Megatron's --moe-token-dispatcher-type: alltoall (NCCL, top-k copies of each token) or flex (DeepEP / HybridEP:
     # a token once to each node, then each GPU, its experts are on)
     dispatcher: str = "alltoall"
+
+    def recomputes(self, index: int) -> bool:
+        """Whether a decoder layer, ``index`` within its model chunk, is recomputed whole in backward."""
+        return self.recompute == "full" and (self.recompute_method == "uniform" or index < self.recompute_num_layers)
 
     @property
     def unfused_attention(self) -> bool:
@@ -188,6 +197,8 @@ class Plan:
             if self.recompute != "selective" or self.recompute_modules == ("core_attn",)
             else "+".join(self.recompute_modules)
         )
+        if self.recompute == "full" and (self.recompute_method, self.recompute_num_layers) != ("uniform", 1):
+            modules = f"{self.recompute_method}{self.recompute_num_layers}"
         parts += [f"mbs{self.mbs}", self.sharding, f"rc-{self.recompute}" + (f"[{modules}]" if modules else "")]
         parts += ["grads-bf16"] if self.grad_dtype == "bf16" and self.sharding != "fsdp" else []
         parts += [f"first{self.first_layers}"] if self.first_layers is not None else []

@@ -6,7 +6,7 @@ gathers with what overlaps, the optimizer, and memory per GPU (memory.py) (docs/
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from opbench.attention.flops import attention_flops
 from opbench.attention.shapes import model_attention_shapes
@@ -111,8 +111,12 @@ class Projector:
         last_piece = plan.pp * plan.vpp - 1
         for s in range(plan.pp):
             chunks = [Work((), ()) for _ in range(plan.vpp)]
+            index = [0] * plan.vpp  # each layer's place in its chunk (--recompute-method block)
+            plain = replace(plan, recompute="none")
             for chunk, lay in mem.stage_layers(self.cfg, plan, s, self.layers):
-                chunks[chunk] = chunks[chunk] + self._layer(lay, plan)
+                again = plan.recomputes(index[chunk]) or plan.recompute != "full"
+                chunks[chunk] = chunks[chunk] + self._layer(lay, plan if again else plain)
+                index[chunk] += 1
             if s == 0:
                 chunks[0] = embedding_work(self.cfg, plan, self.rates) + chunks[0]
             for c in range(plan.vpp):
