@@ -146,6 +146,28 @@ def test_search_70b_on_64_h100s_ranks_only_fitting_layouts(llama70b):
     assert "tp4 pp4 dp2 cp2 vpp5 mbs1 zero1 rc-none" in [r.plan.label() for r in best[:3]]
 
 
+def test_the_search_recomputes_the_fewest_layers_that_fit(llama70b):
+    """A layout that fits only with recomputation is also tried recomputing the first N layers of each chunk
+    (Megatron's --recompute-method block), N the fewest that fit: faster than recomputing all of them."""
+    from opbench.project.__main__ import fewest_recomputed
+    from opbench.project.pipeline import in_flight
+
+    projector = Projector(llama70b, Rates([], "H100", "bf16", Assumptions(), 8), memory_gib=80, reserve_gib=4)
+    plan = Plan(world=32, seqlen=8192, global_batch=64, tp=4, pp=4, sharding="zero1", recompute="full")
+    flight = in_flight(plan.pp, plan.microbatches, plan.vpp, plan.schedule)
+    fewer = fewest_recomputed(llama70b, plan, projector, flight)  # 93 GiB without recomputation, 54 with all
+    assert fewer is not None and 0 < fewer.recompute_num_layers < 20 and fewer.recompute_method == "block"
+
+    def total(n: int) -> float:
+        return projector.memory(replace(fewer, recompute_num_layers=n), flight)[0].total
+
+    assert projector.fits(total(fewer.recompute_num_layers)) and not projector.fits(
+        total(fewer.recompute_num_layers - 1)
+    )
+    assert projector.project(fewer).step_s < projector.project(plan).step_s
+    assert fewest_recomputed(llama70b, replace(plan, recompute="none"), projector, flight) is None
+
+
 def test_layout_rules(llama70b):
     def why(**kw):
         return [w for _, w in problems(llama70b, Plan(**{"world": 64, "seqlen": 8192, "global_batch": 256, **kw}))]

@@ -611,15 +611,43 @@ def search(
         if found:
             rejected[_reason_class(found[0])] += 1
             continue
-        memory, _ = projector.memory(plan, in_flight(plan.pp, plan.microbatches, plan.vpp, plan.schedule))
+        flight = in_flight(plan.pp, plan.microbatches, plan.vpp, plan.schedule)
+        memory, _ = projector.memory(plan, flight)
         if not projector.fits(memory.total):
             rejected[f"does not fit in {projector.memory_gib:g} GiB"] += 1
             continue
         fitting.append(projector.project(plan, exact=False))
+        fewer = fewest_recomputed(cfg, plan, projector, flight)
+        if fewer is not None:
+            fitting.append(projector.project(fewer, exact=False))
     fitting.sort(key=lambda r: -r.tokens_per_s)
     best = [projector.project(r.plan) for r in fitting[: 3 * top if top else None]]
     best.sort(key=lambda r: -r.tokens_per_s)
     return best[:top], rejected, seen
+
+
+def fewest_recomputed(cfg: ModelConfig, plan: Plan, projector: Projector, flight: tuple[int, ...]) -> Plan | None:
+    """For a layout that fits with every layer recomputed (Megatron's fused profile), the same layout recomputing
+    only the first N layers of each chunk (--recompute-method block), N the fewest that still fit; None when no
+    fewer fit (or the layout is not one of these). Memory only falls as N grows, so N is found by bisection."""
+    if projector.profile != "fused" or plan.recompute != "full" or plan.recompute_method != "uniform":
+        return None
+    if plan.recompute_num_layers != 1 or plan.moe_a2a_overlap or plan.sharding == "fsdp":
+        return None
+    pieces = plan.piece_layers(cfg.num_hidden_layers or 0) or []
+    most = max(pieces, default=0)
+
+    def fits(n: int) -> bool:
+        trial = replace(plan, recompute_method="block", recompute_num_layers=n)
+        return projector.fits(projector.memory(trial, flight)[0].total)
+
+    if most < 2 or not fits(most - 1) or fits(0):  # none fit with fewer, or all fit without (its own layout)
+        return None
+    low, high = 0, most - 1  # fits(high); the fewest N in (low, high] that fits
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if fits(mid) else (mid, high)
+    return replace(plan, recompute_method="block", recompute_num_layers=high)
 
 
 def _reason_class(found: tuple[str, str]) -> str:
