@@ -566,7 +566,7 @@ def activation_bytes(
     index = Counter[int]()
     kinds = Counter[tuple]()
     for chunk, lay in layers:
-        kinds[(lay.gemms, lay.attention, plan.recomputes(index[chunk]) or plan.recompute != "full")] += 1
+        kinds[(lay.gemms, lay.attention, plan.recomputes(index[chunk]))] += 1
         index[chunk] += 1
     first = {(lay.gemms, lay.attention): lay for _, lay in reversed(layers)}
     plain = replace(plan, recompute="none")

@@ -97,8 +97,10 @@ class Plan:
     dispatcher: str = "alltoall"
 
     def recomputes(self, index: int) -> bool:
-        """Whether a decoder layer, ``index`` within its model chunk, is recomputed whole in backward."""
-        return self.recompute == "full" and (self.recompute_method == "uniform" or index < self.recompute_num_layers)
+        """Whether a decoder layer, ``index`` within its model chunk, runs with --recompute as given: every layer,
+        but under --recompute-method block only the first --recompute-num-layers of each chunk."""
+        block = self.recompute == "full" and self.recompute_method == "block"
+        return not block or index < self.recompute_num_layers
 
     @property
     def unfused_attention(self) -> bool:

@@ -114,8 +114,7 @@ class Projector:
             index = [0] * plan.vpp  # each layer's place in its chunk (--recompute-method block)
             plain = replace(plan, recompute="none")
             for chunk, lay in mem.stage_layers(self.cfg, plan, s, self.layers):
-                again = plan.recomputes(index[chunk]) or plan.recompute != "full"
-                chunks[chunk] = chunks[chunk] + self._layer(lay, plan if again else plain)
+                chunks[chunk] = chunks[chunk] + self._layer(lay, plan if plan.recomputes(index[chunk]) else plain)
                 index[chunk] += 1
             if s == 0:
                 chunks[0] = embedding_work(self.cfg, plan, self.rates) + chunks[0]
@@ -175,9 +174,9 @@ class Projector:
             exposed = 0.0
             once_a_step = plan.sharding == "zero1" or (plan.sharding == "fsdp" and plan.pp > 1)
             fsdp = plan.sharding == "fsdp"
-            # Megatron reduces the routed experts' gradients over the expert data-parallel ranks (world / (pp·ep·
-            # etp), one under EP = DP: nothing to send) and the rest over DP·CP; FSDP keeps one group for all
-            expert_group = 0 if fsdp else sp.expert_numel
+            # the routed experts' gradients are reduced over the expert data-parallel ranks (world / (pp·ep·etp),
+            # one under EP = DP: nothing to send), the rest over DP·CP, as their state is sharded (memory.py)
+            expert_group = sp.expert_numel
             groups = [
                 (numel, ranks, plan.spans_nodes(ranks, stride), plan.node_share(ranks, stride))
                 for numel, ranks, stride in (
