@@ -63,8 +63,12 @@ def default_gemm_efficiency(peak: Peak | None, dtype: str) -> float:
     """A GEMM no row covers reaches the same share of the part's best published matmul in ``dtype`` as 0.75 is of
     H100's bf16 one (0.934 of it): 0.75 of an H100's bf16 peak, 0.66 of its FP8 peak, 0.48 of an MI300X's bf16 peak
     (docs/project.md, "Rates"); 0.75 on a part with no published figure."""
-    share = peak.matmul_share(dtype) if peak else None
-    return H100_GEMM_EFFICIENCY * share / H100_BF16_MATMUL_SHARE if share else H100_GEMM_EFFICIENCY
+    return _as_on_h100(H100_GEMM_EFFICIENCY, peak.matmul_share(dtype) if peak else None)
+
+
+def _as_on_h100(on_h100: float, share: float | None) -> float:
+    """An efficiency set on an H100, carried to a part whose best matmul reaches ``share`` of its peak (None: as is)."""
+    return on_h100 * share / H100_BF16_MATMUL_SHARE if share else on_h100
 
 
 H100_ATTENTION_EFFICIENCY = 0.45  # what training's attention (forward + backward) reaches of an H100's bf16 peak
@@ -74,8 +78,9 @@ def default_attention_efficiency(peak: Peak | None, dtype: str = "bf16") -> floa
     """0.45 × the part's best bf16 matmul share over H100's: the best published attention kernels reach the same
     0.72-0.74 of their part's best matmul share on H100 (FA3), MI300X and MI355X (AITER's), so attention scales
     across parts as GEMMs do (docs/project.md, "Rates"); 0.45 on a part with no published figure, and in fp32."""
-    share = peak.matmul_share("bf16") if peak and dtype in ("bf16", "fp16") else None
-    return H100_ATTENTION_EFFICIENCY * share / H100_BF16_MATMUL_SHARE if share else H100_ATTENTION_EFFICIENCY
+    return _as_on_h100(
+        H100_ATTENTION_EFFICIENCY, peak.matmul_share("bf16") if peak and dtype in ("bf16", "fp16") else None
+    )
 
 
 @dataclass(frozen=True)
