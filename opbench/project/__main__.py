@@ -385,6 +385,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="fused",
         help="what layers save for backward: fused kernels (Megatron/TE) or PyTorch eager (transformers)",
     )
+    r.add_argument(
+        "--memory-ops",
+        choices=["fused", "eager"],
+        default="fused",
+        help="what the memory-bound operators move: fused kernels (Megatron/TE, torch.compile) or PyTorch eager op "
+        "by op, as transformers' model runs them (--validate always)",
+    )
     s = p.add_argument_group("search and validation")
     s.add_argument("--search", action="store_true", help="rank every valid layout of --world-size GPUs")
     cli.add_top_arg(s, 10)
@@ -416,6 +423,7 @@ def assumptions(args: argparse.Namespace) -> Assumptions:
         cp_overlap=not args.no_cp_overlap,
         dp_overlap=not args.no_dp_overlap,
         optimizer_bytes_per_param=args.optimizer_bytes_per_param,
+        memory_ops=args.memory_ops,
         compute_scale=args.compute_scale,
     )
 

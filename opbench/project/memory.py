@@ -44,6 +44,13 @@ TE_WEIGHT_CACHE_BYTES = 2
 # Transformer Engine's cuBLAS workspace. Megatron-LM's CI runs hold 96-106 MiB beyond their parameters, gradients
 # and optimizer state after a step (docs/project.md, "Memory")
 LIBRARY_WORKSPACE_BYTES = 3 * (32 << 20)
+# PyTorch eager on a GPU (the eager profile): a cuBLAS handle and workspace per thread, the forward's and autograd's
+# backward thread, 32 MiB each on Hopper; measured on an H200 (torch 2.11): 64-68 MiB beyond what the tensors hold
+EAGER_WORKSPACE_BYTES = 2 * (32 << 20)
+# transformers' eager RMSNorm computes in fp32: it keeps the fp32 copy of its input, 4 bytes an element in any dtype
+EAGER_NORM_INPUT_BYTES = 4
+# transformers' eager loss at its peak, per logit: two fp32 gradients (docs/project.md, "Memory")
+EAGER_LOSS_BYTES = 8
 # ... and with TP communication overlapped by its userbuffers (--tp-overlap), a cuBLAS workspace for each of the
 # three streams those GEMMs run on: Megatron's CI tp2 pp2 FP8 run with --tp-comm-overlap holds 106 MiB more than
 # the same model's runs without (one run: an inference from it, docs/project.md)
@@ -413,10 +420,11 @@ def activation_parts(cfg: ModelConfig, lay: Layer, plan: Plan, profile: str = "f
     qk_norm = any(name.endswith(("q_norm.weight", "k_norm.weight")) for name, _ in lay.params)
     # two blocks' norm input and output (the GEMMs' input); under sequence parallelism PyTorch's DTensor keeps
     # the all-gathered output, Megatron the local shard (it gathers again in backward, workload.tp_comm_items)
-    parts["rest"] += 2 * t_seq * h * e
+    # (eager: transformers' RMSNorm upcasts its input to fp32 and keeps that copy, EAGER_NORM_INPUT_BYTES)
+    parts["rest"] += 2 * t_seq * h * (EAGER_NORM_INPUT_BYTES if eager else e)
     parts["layernorm"] += 2 * (t if eager else t_seq) * h * e
     if eager:
-        parts["rest"] += 2 * t_seq * h * e  # RMSNorm keeps x·rsqrt besides its input and output
+        parts["rest"] += 2 * t_seq * h * e  # RMSNorm keeps x·rsqrt (16-bit) besides its input and output
     mla = any(g.layer in ("mla_q_up", "mla_kv_up") for g in lay.gemms)
     for op in lay.attention:
         hq, hkv = max(1, op.heads_q // tp), max(1, op.heads_kv // tp)
@@ -449,8 +457,8 @@ def activation_parts(cfg: ModelConfig, lay: Layer, plan: Plan, profile: str = "f
             parts["core_attn"] += t * hq * 4  # log-sum-exp
             if op.kind == SPARSE:
                 parts["core_attn"] += t * op.window * 4  # the selected key indices (int32)
-            if qk_norm:  # q/k norms keep their input (eager: and the normalised copy)
-                parts["rest"] += (2 if eager else 1) * t * (hq + hkv) * op.head_dim_qk * e
+            if qk_norm:  # q/k norms keep their input (eager: its fp32 copy, and the normalised 16-bit one)
+                parts["rest"] += t * (hq + hkv) * op.head_dim_qk * (EAGER_NORM_INPUT_BYTES + e if eager else e)
     local = t // tp if cfg.is_moe else t
     for g in lay.gemms:
         if g.layer in ("mlp_gate_up", "shared_gate_up"):
@@ -594,23 +602,26 @@ def activation_bytes(
     if stage == plan.last_stage:
         kept += head_activation_bytes(cfg, plan, profile)
         vocab = padded_vocab(cfg.vocab_size, plan.tp) // plan.tp
-        # eager (torch cross_entropy on .float() logits): the 16-bit logits and, in backward, their fp32 gradient
-        # beside the saved fp32 log-probabilities; fused (Megatron's vocab-parallel cross-entropy): the fp32
-        # softmax it saves becomes the gradient in place, beside the 16-bit logits (forward) or their gradient;
-        # Megatron's --cross-entropy-loss-fusion (native) takes the exponentials out of place: one more fp32 copy
-        # beside the 16-bit logits in forward
-        buffers += plan.tokens * vocab * (e + 4 if profile == "eager" or plan.ce_fusion else e)
+        # eager (torch cross_entropy on .float() logits), beside the saved fp32 log-probabilities: in forward the
+        # 16-bit logits and their fp32 copy (e + 4, or 4 in fp32, where the copy is the logits), in backward two
+        # fp32 gradients at once, the log-probabilities' (nll_loss's) and the logits' (log_softmax's): 8 bytes, the
+        # larger; fused (Megatron's vocab-parallel cross-entropy): the fp32 softmax it saves becomes the gradient
+        # in place, beside the 16-bit logits (forward) or their gradient; Megatron's --cross-entropy-loss-fusion
+        # (native) takes the exponentials out of place: one more fp32 copy beside the 16-bit logits in forward
+        per_logit = EAGER_LOSS_BYTES if profile == "eager" else (e + 4 if plan.ce_fusion else e)
+        buffers += plan.tokens * vocab * per_logit
     return kept, buffers
 
 
 def head_activation_bytes(cfg: ModelConfig, plan: Plan, profile: str = "fused") -> int:
     """What the last piece saves for one micro-batch: the final norm's input and output (lm_head's input; eager
-    RMSNorm one more) and the cross-entropy's fp32 log-probabilities over the rank's vocabulary slice. The last
+    RMSNorm keeps its fp32 input and x·rsqrt) and the cross-entropy's fp32 log-probabilities over the rank's vocabulary slice. The last
     stage holds one micro-batch of these at a time (its forward is followed at once by its backward)."""
     e = element_size(plan.dtype)
     t_seq = plan.tokens // (plan.tp if plan.sp else 1)
     vocab = padded_vocab(cfg.vocab_size, plan.tp) // plan.tp if plan.tp > 1 else cfg.vocab_size
-    head = (3 if profile == "eager" else 2) * t_seq * cfg.hidden_size * e + plan.tokens * vocab * 4
+    norm = EAGER_NORM_INPUT_BYTES + 2 * e if profile == "eager" else 2 * e
+    head = norm * t_seq * cfg.hidden_size + plan.tokens * vocab * 4
     # each MTP depth: its own loss (another head), and the inputs of its two norms and of eh_proj (2h)
     return head * (1 + plan.mtp_layers) + plan.mtp_layers * 4 * t_seq * cfg.hidden_size * e
 
@@ -624,10 +635,12 @@ def memory(
     known: StageParams | None = None,
     layers: Sequence[Layer] | None = None,
     tp_overlap: float = 0.0,
+    gpu: bool = True,
 ) -> Memory:
     """Stage ``stage``'s memory per GPU at its peak, holding ``in_flight`` micro-batch chunks (``tp_overlap``, the
     --tp-overlap share: above 0 under sequence parallelism, Transformer Engine's userbuffers overlap TP
-    communication, on streams with workspaces of their own)."""
+    communication, on streams with workspaces of their own; ``gpu``: False for a CPU, which has no math library
+    workspaces, as --validate trains the eager profile there)."""
     sp = known or stage_params(cfg, plan, stage, layers)
     params, grads, opt = state_bytes(sp, plan, profile)
     acts, buffers = activation_bytes(cfg, plan, stage, in_flight, profile, layers)
@@ -635,6 +648,8 @@ def memory(
     if profile == "fused":
         workspace = LIBRARY_WORKSPACE_BYTES + (UB_WORKSPACE_BYTES if tp_overlap > 0 and plan.sp else 0)
         workspace += GROUPED_GEMM_WORKSPACE_BYTES if cfg.is_moe else 0
+    elif gpu:
+        workspace = EAGER_WORKSPACE_BYTES
     fp8_total, fp8_largest = fp8_weights(cfg, plan, stage, layers)
     if plan.fp8 == "te" and not plan.fp8_param_gather:  # FP8 copies of the weights and their transposes, kept
         params += TE_WEIGHT_CACHE_BYTES * fp8_total  # across micro-batches and steps

@@ -51,11 +51,18 @@ class Assumptions:
     cp_overlap: bool = True  # the context-parallel ring overlaps its sends with attention (Megatron/TE do)
     dp_overlap: bool = True  # data-parallel gradient reduction overlaps the last micro-batch's backward
     optimizer_bytes_per_param: float | None = None  # None: by precision (docs/project.md, "Optimizer")
+    # what the memory-bound operators move: fused kernels (Megatron-Core/TE, torch.compile), or PyTorch eager op by
+    # op as transformers runs them (--validate trains that), at EAGER_MEMORY_EFFICIENCY of the streaming rate
+    memory_ops: str = "fused"
     # Calibration: every compute time (GEMM, attention, memory-bound) × this; --validate on one node of the target
     # measures it (what the step spends beyond its kernels' rates: launch gaps, synchronisation, the framework)
     compute_scale: float = 1.0
 
 
+# PyTorch eager's elementwise and reduction kernels on a GPU, of the measured copy rate: on an H200 (torch 2.11)
+# transformers' Qwen3-0.6B (bf16, 8,192 tokens) ran its 4,271 kernels that are neither GEMM nor attention in 109.7 ms,
+# moving the 272.7 GB --memory-ops eager counts: 2.49 TB/s, 0.60 of the 4.16 TB/s copy (docs/project.md)
+EAGER_MEMORY_EFFICIENCY = 0.60
 H100_GEMM_EFFICIENCY = 0.75  # what training's bf16 GEMMs reach of an H100's peak without a measured row
 
 
@@ -508,9 +515,15 @@ class Rates:
             field="--results" if self.asked else "--device",
         )
 
-    def memory_time(self, nbytes: float) -> Timed:
-        """A memory-bound operator moving ``nbytes``, × the calibration's compute scale."""
+    def memory_time(self, nbytes: float, eager: bool = False) -> Timed:
+        """A memory-bound operator moving ``nbytes``, × the calibration's compute scale; ``eager``: PyTorch's eager
+        elementwise and reduction kernels, which reach EAGER_MEMORY_EFFICIENCY of the streaming rate on a GPU."""
         bw = self.memory_bandwidth()
+        if eager and self.peak is not None:
+            rate = bw.seconds * EAGER_MEMORY_EFFICIENCY
+            return _scaled(
+                Timed(nbytes / rate, bw.source, f"{bw.note} × {EAGER_MEMORY_EFFICIENCY} (eager)"), self.a.compute_scale
+            )
         return _scaled(Timed(nbytes / bw.seconds, bw.source, bw.note), self.a.compute_scale)
 
     # -- communication ------------------------------------------------------------------------------------------

@@ -42,6 +42,8 @@ from .schema import VALIDATE_SCHEMA
 from .step import Projection, Projector
 
 MAX_PARAMS = {"cpu": 1_500_000_000, "cuda": 8_000_000_000}  # validation trains the whole model on one machine
+# A calibration above this is not the kernels' shortfall but the host's: the step waits on its launches
+HOST_BOUND_SCALE = 2.0
 MAX_WHY = 400  # characters of transformers' reason shown when it cannot build a model
 # Every --validate optimizer: AdamW's per-parameter loop. Its default on a GPU, foreach, holds a copy of the second
 # moments during the step, which no projection counts (docs/project.md, "Validation").
@@ -726,7 +728,7 @@ def validate(cfg: ModelConfig, plan: Plan, args: argparse.Namespace) -> int:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"cannot create the folder: {describe_os_error(exc)}", source=str(folder)) from None
-    stated = assumptions(args)
+    stated = replace(assumptions(args), memory_ops="eager")  # transformers' model runs its operators op by op
     if device == "cpu":  # gloo's collectives run on the same cores as the compute: nothing hides behind it
         stated = replace(stated, dp_overlap=False, cp_overlap=False)
     elif plan.dtype != "fp32" and plan.sharding != "fsdp":  # MainGradAdamW reduces its buffer after backward
@@ -770,6 +772,14 @@ def validate(cfg: ModelConfig, plan: Plan, args: argparse.Namespace) -> int:
             f"calibration: --compute-scale {scale:.3g} makes this layout's projected step the measured one (the "
             "step's time beyond its kernels' measured rates); pass it with --results from this machine's kind"
         )
+        if scale > HOST_BOUND_SCALE:
+            print(
+                f"note: the measured step is {scale:.3g}x what its kernels' rates give: a step this small is bound by "
+                "the host launching its kernels (PyTorch eager, about 10 us each), which no projection counts; "
+                "calibrate on a larger micro-batch (--mbs, --seqlen) before carrying --compute-scale to a cluster "
+                "(docs/project.md, 'Validation')",
+                file=sys.stderr,
+            )
     meta = environment(None, {"model_config": cfg.to_dict(), "plan": plan.__dict__, "steps": measured.step_s})
     with CsvReport(folder / "project_validate.csv", VALIDATE_SCHEMA, meta, earlier=earlier_policy(args)) as out:
         for key, projected, got in rows:

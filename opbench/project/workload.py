@@ -136,6 +136,63 @@ def memory_bytes(cfg: ModelConfig, lay: Layer, plan: Plan) -> float:
     return total + expert_memory_bytes(lay, plan)
 
 
+# Bytes per element that PyTorch eager's operators read and write, op by op, where transformers' model runs them
+# (docs/project.md, "Memory-bound operators"; tests/test_project.py counts them with a dispatch mode). RMSNorm (fp32
+# inside): forward upcast, pow, mean, x·rsqrt, downcast, ×weight; its backward 96 B in 16 or 32 bits. Rotary on q
+# and k, per element: 13·e forward (q·cos, the half-rotation's neg and cat, ·sin, add), 14.5·e backward. SwiGLU per
+# intermediate element 5·e / 9·e, a residual add per element 3·e / 6·e, the attention output's transpose copy
+# 2·e / 3·e; the loss per logit: the fp32 copy, log_softmax, and in backward nll_loss's gradient, log_softmax's and
+# the downcast.
+EAGER_NORM_BWD_BYTES = 96
+
+
+def eager_norm_bytes(e: int) -> tuple[float, float]:
+    """(forward, backward) bytes an eager RMSNorm moves per element in a dtype of ``e`` bytes (the casts to and from
+    fp32 cost nothing in fp32)."""
+    casts = 0 if e >= 4 else (e + 4) * 2
+    return casts + 8 + 4 + 8 + 2 * e, EAGER_NORM_BWD_BYTES
+
+
+def eager_loss_bytes(e: int) -> tuple[float, float]:
+    """(forward, backward) bytes transformers' loss (torch ``cross_entropy`` on ``.float()`` logits) moves per
+    logit."""
+    cast = 0 if e >= 4 else e + 4
+    return cast + 8, 4 + 12 + cast
+
+
+def eager_memory_bytes(cfg: ModelConfig, lay: Layer, plan: Plan) -> tuple[float, float]:
+    """(forward, backward) bytes one layer's memory-bound operators move in PyTorch eager, op by op as transformers
+    runs them (``--memory-ops eager``; ``--validate`` trains that): the two norms and q/k norms (fp32 inside), rotary
+    on q and k, the attention output's transpose, the MLP's activation, two residual adds; a MoE layer's router and
+    permutation as ``memory_bytes`` counts them."""
+    e = element_size(plan.dtype)
+    t, h, tp = plan.tokens, cfg.hidden_size, plan.tp
+    t_seq = t // tp if plan.sp else t
+    norm_f, norm_b = eager_norm_bytes(e)
+    fwd = 2 * t_seq * h * (norm_f + 3 * e)
+    bwd = 2 * t_seq * h * (norm_b + 6 * e)
+    qk_norm = any(name.endswith(("q_norm.weight", "k_norm.weight")) for name, _ in lay.params)
+    for op in lay.attention:
+        if op.kind in (LINEAR, "indexer"):
+            continue
+        qk = t * (op.heads_q + op.heads_kv) // tp * op.head_dim_qk
+        out = t * op.heads_q // tp * op.head_dim_v
+        fwd += qk * 13 * e + out * 2 * e + (qk * norm_f if qk_norm else 0)
+        bwd += qk * 14.5 * e + out * 3 * e + (qk * norm_b if qk_norm else 0)
+    for g in lay.gemms:
+        if g.layer in ("mlp_gate_up", "shared_gate_up"):
+            width = t * g.n // 2 // tp
+            fwd, bwd = fwd + 5 * e * width, bwd + 9 * e * width
+        elif g.layer == "mlp_up":
+            width = t * g.n // tp
+            fwd, bwd = fwd + 2 * e * width, bwd + 3 * e * width
+        elif g.layer == "expert_gate_up":
+            local = t // tp
+            routed = 2 * local * g.experts * 4 + 4 * local * g.top_k * h * e + expert_memory_bytes(lay, plan)
+            fwd, bwd = fwd + routed, bwd + 2 * routed
+    return fwd, bwd
+
+
 def expert_memory_bytes(lay: Layer, plan: Plan) -> int:
     """The part of ``memory_bytes`` that runs on the routed experts' tokens between a MoE layer's dispatch and
     combine (their SwiGLU): what Megatron's A2A overlap runs as the MoE block (docs/project.md, "A step")."""
@@ -181,8 +238,10 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
         fwd.append(af)
         bwd.append(ab)
     mem = memory_bytes(cfg, lay, plan)
-    fwd.append(_compute(MEMORY, "norms, residuals, rotary, activations", rates.memory_time(mem)))
-    bwd.append(_compute(MEMORY, "norms, residuals, rotary, activations", rates.memory_time(2 * mem)))
+    mem_fwd, mem_bwd = eager_memory_bytes(cfg, lay, plan) if rates.a.memory_ops == "eager" else (mem, 2 * mem)
+    eager = rates.a.memory_ops == "eager"
+    fwd.append(_compute(MEMORY, "norms, residuals, rotary, activations", rates.memory_time(mem_fwd, eager)))
+    bwd.append(_compute(MEMORY, "norms, residuals, rotary, activations", rates.memory_time(mem_bwd, eager)))
     if cast_fwd:
         fwd.append(_compute(MEMORY, "FP8 casts", rates.memory_time(cast_fwd)))
         bwd.append(_compute(MEMORY, "FP8 casts", rates.memory_time(cast_bwd)))
@@ -453,8 +512,16 @@ def head_work(cfg: ModelConfig, plan: Plan, rates: Rates) -> Work:
     fwd, bwd = _gemm_items(rates, g)
     e = element_size(plan.dtype)
     logits = plan.tokens * g.n
-    fwd.append(_compute(MEMORY, "cross-entropy", rates.memory_time(logits * (e + 4))))
-    bwd.append(_compute(MEMORY, "cross-entropy", rates.memory_time(logits * (4 + e))))
+    loss_fwd, loss_bwd = float(e + 4), float(4 + e)
+    eager = rates.a.memory_ops == "eager"
+    if eager:  # and the final norm, op by op
+        loss_fwd, loss_bwd = eager_loss_bytes(e)
+        norm_f, norm_b = eager_norm_bytes(e)
+        t_seq = plan.tokens // plan.tp if plan.sp else plan.tokens
+        fwd.append(_compute(MEMORY, "final norm", rates.memory_time(t_seq * cfg.hidden_size * norm_f, eager)))
+        bwd.append(_compute(MEMORY, "final norm", rates.memory_time(t_seq * cfg.hidden_size * norm_b, eager)))
+    fwd.append(_compute(MEMORY, "cross-entropy", rates.memory_time(logits * loss_fwd, eager)))
+    bwd.append(_compute(MEMORY, "cross-entropy", rates.memory_time(logits * loss_bwd, eager)))
     return Work(tuple(fwd), tuple(bwd))
 
 
