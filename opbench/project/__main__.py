@@ -434,11 +434,11 @@ def base_plan(cfg: ModelConfig, args: argparse.Namespace) -> Plan:
         raise UsageError(f"{cfg.name} has no seqlen; pass --seqlen", field="--seqlen")
     if args.fsdp and args.zero:
         raise UsageError("give --fsdp or --zero 1, not both", field="--zero")
-    if args.moe_a2a_overlap and args.activation_profile == "eager":
-        raise UsageError(
-            "eager is PyTorch as transformers runs it; --moe-a2a-overlap is Megatron's (the fused profile)",
-            field="--activation-profile",
-        )
+    for flag, value in (("--activation-profile", args.activation_profile), ("--memory-ops", args.memory_ops)):
+        if args.moe_a2a_overlap and value == "eager":
+            raise UsageError(
+                "eager is PyTorch as transformers runs it; --moe-a2a-overlap is Megatron's (fused kernels)", field=flag
+            )
     if args.moe_a2a_overlap and args.ep_overlap:
         raise UsageError(
             "--moe-a2a-overlap works out what Megatron's overlap hides; --ep-overlap is a share given by hand: give "

@@ -406,6 +406,11 @@ def recomputed_modules(plan: Plan) -> set[str]:
     return named | ({"moe_act", "shared_experts"} if "moe" in named else set())
 
 
+def has_qk_norm(lay: Layer) -> bool:
+    """Whether the layer norms q and k per head (Qwen3, OLMo-2): its params say."""
+    return any(name.endswith(("q_norm.weight", "k_norm.weight")) for name, _ in lay.params)
+
+
 def activation_parts(cfg: ModelConfig, lay: Layer, plan: Plan, profile: str = "fused") -> dict[str, int]:
     """What a layer saves for backward, by the Megatron-Core module whose selective recomputation
     (``--recompute-modules``) would drop it: ``layernorm`` (the two blocks' norm outputs), ``core_attn`` (what the
@@ -417,7 +422,7 @@ def activation_parts(cfg: ModelConfig, lay: Layer, plan: Plan, profile: str = "f
     t_seq = t // tp if plan.sp else t
     eager = profile == "eager"
     parts = dict.fromkeys(RECOMPUTE_MODULES, 0) | {"rest": 0}
-    qk_norm = any(name.endswith(("q_norm.weight", "k_norm.weight")) for name, _ in lay.params)
+    qk_norm = has_qk_norm(lay)
     # two blocks' norm input and output (the GEMMs' input); under sequence parallelism PyTorch's DTensor keeps
     # the all-gathered output, Megatron the local shard (it gathers again in backward, workload.tp_comm_items)
     # (eager: transformers' RMSNorm upcasts its input to fp32 and keeps that copy, EAGER_NORM_INPUT_BYTES)

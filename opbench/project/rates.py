@@ -63,6 +63,7 @@ class Assumptions:
 # transformers' Qwen3-0.6B (bf16, 8,192 tokens) ran its 4,271 kernels that are neither GEMM nor attention in 109.7 ms,
 # moving the 272.7 GB --memory-ops eager counts: 2.49 TB/s, 0.60 of the 4.16 TB/s copy (docs/project.md)
 EAGER_MEMORY_EFFICIENCY = 0.60
+GPU_NAME_WORDS = ("nvidia", "geforce", "tesla", "quadro", "instinct", "radeon")  # in the device names torch reports
 H100_GEMM_EFFICIENCY = 0.75  # what training's bf16 GEMMs reach of an H100's peak without a measured row
 
 
@@ -519,12 +520,17 @@ class Rates:
         """A memory-bound operator moving ``nbytes``, × the calibration's compute scale; ``eager``: PyTorch's eager
         elementwise and reduction kernels, which reach EAGER_MEMORY_EFFICIENCY of the streaming rate on a GPU."""
         bw = self.memory_bandwidth()
-        if eager and self.peak is not None:
-            rate = bw.seconds * EAGER_MEMORY_EFFICIENCY
-            return _scaled(
-                Timed(nbytes / rate, bw.source, f"{bw.note} × {EAGER_MEMORY_EFFICIENCY} (eager)"), self.a.compute_scale
-            )
+        if eager and self.on_gpu:
+            note = f"{bw.note} × {EAGER_MEMORY_EFFICIENCY} (eager)"
+            bw = replace(bw, seconds=bw.seconds * EAGER_MEMORY_EFFICIENCY, note=note)
         return _scaled(Timed(nbytes / bw.seconds, bw.source, bw.note), self.a.compute_scale)
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the target is a GPU: a part the peak table knows, or one whose name says so (an unlisted GPU); a
+        CPU is neither."""
+        name = (self.device or "").lower()
+        return self.peak is not None or any(word in name for word in GPU_NAME_WORDS)
 
     # -- communication ------------------------------------------------------------------------------------------
 

@@ -132,8 +132,7 @@ class Projector:
         """One stage's memory per GPU at its peak, holding ``in_flight`` micro-batch chunks."""
         sp = self.stage_params(plan, stage)
         overlap = self.rates.a.tp_overlap
-        gpu = self.rates.peak is not None  # a part the peak table knows (a CPU is none)
-        return mem.memory(self.cfg, plan, stage, in_flight, self.profile, sp, self.layers, overlap, gpu)
+        return mem.memory(self.cfg, plan, stage, in_flight, self.profile, sp, self.layers, overlap, self.rates.on_gpu)
 
     def memory(self, plan: Plan, in_flight: tuple[int, ...]) -> tuple[mem.Memory, int]:
         per_stage = [self.stage_memory(plan, s, in_flight[s]) for s in range(plan.pp)]

@@ -14,9 +14,9 @@ from opbench.attention.shapes import AttentionShape, operator_shape
 from opbench.core.dtypes import element_size
 from opbench.gemm.shapes import LinearLayer, layer_gemms, lm_head_gemm, pass_shape
 from opbench.models import ModelConfig
-from opbench.models.layout import ALL, COLUMN, LINEAR, REPLICATED, Layer
+from opbench.models.layout import ALL, COLUMN, LINEAR, REPLICATED, Gemm, Layer
 
-from .memory import op_matmuls
+from .memory import has_qk_norm, op_matmuls
 from .plan import Plan, fp8_gemm
 from .rates import Rates, Timed
 
@@ -130,10 +130,14 @@ def memory_bytes(cfg: ModelConfig, lay: Layer, plan: Plan) -> float:
         elif g.layer == "mlp_up":
             total += 2 * t * g.n // tp * e  # GELU: read, write
         elif g.layer == "expert_gate_up":
-            local = t // tp
-            total += 2 * local * g.experts * 4  # router softmax and top-k over fp32 logits
-            total += 4 * local * g.top_k * h * e  # permute and unpermute: read + write each
+            total += routing_bytes(g, t // tp, h, e)
     return total + expert_memory_bytes(lay, plan)
+
+
+def routing_bytes(g: Gemm, local: int, h: int, e: int) -> int:
+    """A MoE layer's router softmax and top-k over fp32 logits and the token permutation there and back (read and
+    write each) for ``local`` tokens, forward."""
+    return 2 * local * g.experts * 4 + 4 * local * g.top_k * h * e
 
 
 # Bytes per element that PyTorch eager's operators read and write, op by op, where transformers' model runs them
@@ -164,14 +168,16 @@ def eager_memory_bytes(cfg: ModelConfig, lay: Layer, plan: Plan) -> tuple[float,
     """(forward, backward) bytes one layer's memory-bound operators move in PyTorch eager, op by op as transformers
     runs them (``--memory-ops eager``; ``--validate`` trains that): the two norms and q/k norms (fp32 inside), rotary
     on q and k, the attention output's transpose, the MLP's activation, two residual adds; a MoE layer's router and
-    permutation as ``memory_bytes`` counts them."""
+    permutation as ``memory_bytes`` counts them, the routed experts' SwiGLU as a dense one's."""
     e = element_size(plan.dtype)
     t, h, tp = plan.tokens, cfg.hidden_size, plan.tp
     t_seq = t // tp if plan.sp else t
     norm_f, norm_b = eager_norm_bytes(e)
     fwd = 2 * t_seq * h * (norm_f + 3 * e)
     bwd = 2 * t_seq * h * (norm_b + 6 * e)
-    qk_norm = any(name.endswith(("q_norm.weight", "k_norm.weight")) for name, _ in lay.params)
+    if plan.hidden_dropout:  # the output dropouts' 1-byte masks, written forward and read backward
+        fwd, bwd = fwd + 2 * t_seq * h, bwd + 2 * t_seq * h
+    qk_norm = has_qk_norm(lay)
     for op in lay.attention:
         if op.kind in (LINEAR, "indexer"):
             continue
@@ -187,9 +193,10 @@ def eager_memory_bytes(cfg: ModelConfig, lay: Layer, plan: Plan) -> tuple[float,
             width = t * g.n // tp
             fwd, bwd = fwd + 2 * e * width, bwd + 3 * e * width
         elif g.layer == "expert_gate_up":
-            local = t // tp
-            routed = 2 * local * g.experts * 4 + 4 * local * g.top_k * h * e + expert_memory_bytes(lay, plan)
-            fwd, bwd = fwd + routed, bwd + 2 * routed
+            routing = routing_bytes(g, t // tp, h, e)
+            # the tokens a rank's experts see, as expert_memory_bytes counts them
+            width = plan.tokens // tp * g.top_k * plan.expert_tp * (g.n // 2 // plan.expert_tp)
+            fwd, bwd = fwd + routing + 5 * e * width, bwd + 2 * routing + 9 * e * width
     return fwd, bwd
 
 
@@ -238,8 +245,8 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
         fwd.append(af)
         bwd.append(ab)
     mem = memory_bytes(cfg, lay, plan)
-    mem_fwd, mem_bwd = eager_memory_bytes(cfg, lay, plan) if rates.a.memory_ops == "eager" else (mem, 2 * mem)
     eager = rates.a.memory_ops == "eager"
+    mem_fwd, mem_bwd = eager_memory_bytes(cfg, lay, plan) if eager else (mem, 2 * mem)
     fwd.append(_compute(MEMORY, "norms, residuals, rotary, activations", rates.memory_time(mem_fwd, eager)))
     bwd.append(_compute(MEMORY, "norms, residuals, rotary, activations", rates.memory_time(mem_bwd, eager)))
     if cast_fwd:
