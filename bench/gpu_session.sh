@@ -7,7 +7,7 @@
 #   attention  opbench's fwd and fwd+bwd within +-5 % of triton's do_bench on the same SDPA call
 #   ckpt       every checkpoint method ok (torch_save, dcp, dcp_async)
 #   comm       collectives correct, only with >= 2 GPUs (one GPU has no link to measure)
-# and exits non-zero when any rule fails. Steps that are measured but not judged (validate, gemm, grouped,
+# and exits non-zero when any rule fails. Steps that are measured but not judged (validate, eager, gemm, grouped,
 # bwd_split, comm_hold, faults) leave their logs for a person to read.
 # The judged steps run first. DEADLINE_S=N ends every step by N seconds after the start (a step that would get
 # under 20 s is not run, and its check fails saying so), so the table is printed inside one call's time limit.
@@ -19,7 +19,7 @@ OUT=${OUT:-out/gpu_session}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 PY=${PYTHON:-python3}
-STEPS=${STEPS:-"env selftest harness attention_ref ckpt comm validate gemm grouped attention bwd_split comm_hold faults"}
+STEPS=${STEPS:-"env selftest harness attention_ref ckpt comm validate eager gemm grouped attention bwd_split comm_hold faults"}
 DEADLINE_S=${DEADLINE_S:-0}  # 0: no deadline
 TABLE_S=15                   # kept back from the deadline for the verdict
 GPUS=$($PY -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)" 2>/dev/null || echo 0)
@@ -63,6 +63,8 @@ multi_gpu_step comm 120 $PY -m opbench comm --nproc-per-node "$NPROC" -b 64 -e 1
 # Qwen3-0.6B at 8,192 tokens a micro-batch: its kernels outlast their launches (a tiny model's step is the host's)
 step validate 180 $PY -m opbench project --model Qwen3_0.6B --world-size 1 --seqlen 4096 \
     --mbs 2 --microbatches 2 --validate --steps 3 --report-dir-path "$OUT/validate"
+# PyTorch eager's memory-bound kernels against what --memory-ops eager projects for them (EAGER_MEMORY_EFFICIENCY)
+step eager 90 $PY bench/eager_kernel_classes.py --model Qwen3_0.6B --seqlen 4096 --mbs 2
 step gemm 200 $PY -m opbench gemm --model Llama3.1_8B --seqlen 4096 --tp 8 --dtype bf16 \
     --backends torch,torch_grouped,triton,fp8 --budget 0.3 --report-dir-path "$OUT/gemm"
 step grouped 150 $PY -m opbench gemm --model DeepSeek_V2_Lite --seqlen 4096 --ep 8 --dtype bf16 \
