@@ -620,8 +620,9 @@ def activation_bytes(
 
 def head_activation_bytes(cfg: ModelConfig, plan: Plan, profile: str = "fused") -> int:
     """What the last piece saves for one micro-batch: the final norm's input and output (lm_head's input; eager
-    RMSNorm keeps its fp32 input and x·rsqrt) and the cross-entropy's fp32 log-probabilities over the rank's vocabulary slice. The last
-    stage holds one micro-batch of these at a time (its forward is followed at once by its backward)."""
+    RMSNorm keeps its fp32 input and x·rsqrt) and the cross-entropy's fp32 log-probabilities over the rank's
+    vocabulary slice. The last stage holds one micro-batch of these at a time (its forward is followed at once by
+    its backward)."""
     e = element_size(plan.dtype)
     t_seq = plan.tokens // (plan.tp if plan.sp else 1)
     vocab = padded_vocab(cfg.vocab_size, plan.tp) // plan.tp if plan.tp > 1 else cfg.vocab_size

@@ -774,8 +774,8 @@ def validate(cfg: ModelConfig, plan: Plan, args: argparse.Namespace) -> int:
         )
         if scale > HOST_BOUND_SCALE:
             print(
-                f"note: the step's compute took {scale:.3g}x what its kernels' rates give: a step this small is bound by "
-                "the host launching its kernels (PyTorch eager, about 10 us each), which no projection counts; "
+                f"note: the step's compute took {scale:.3g}x what its kernels' rates give: a step this small is "
+                "bound by the host launching its kernels (PyTorch eager, about 10 us each), which no projection counts; "
                 "calibrate on a larger micro-batch (--mbs, --seqlen) before carrying --compute-scale to a cluster "
                 "(docs/project.md, 'Validation')",
                 file=sys.stderr,
