@@ -301,10 +301,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def two_nodes(out: Path, *args: str, faults: str = "", timeout: int = 60) -> list[subprocess.Popen]:
-    """Node 0 through `opbench cluster`'s own torchrun launch, node 1 through a plain torchrun line."""
+def two_nodes(
+    out: Path, *args: str, faults: str = "", timeout: int = 60, clock: str = "wall"
+) -> list[subprocess.Popen]:
+    """Node 0 through `opbench cluster`'s own torchrun launch, node 1 through a plain torchrun line. ``clock``:
+    OPBENCH_CLOCK, ``cpu`` where a test judges ranks by their speed (four ranks on two shared cores get what the
+    machine's load leaves them in wall time; in CPU time a healthy rank is a healthy rank)."""
     port = _free_port()
-    env = {**ENV, "OPBENCH_FAULTS": faults}
+    env = {**ENV, "OPBENCH_FAULTS": faults, "OPBENCH_CLOCK": clock}
     # 50 % rather than the default 10 %: four ranks sharing this 2-core machine, loaded, differ by up to 35 % by
     # chance (docs/cluster.md, "Outliers"); a 4x slow rank is 63-79 % below
     common = ["--report-dir-path", str(out), "--quick", "--timeout", str(timeout), "--outlier-fraction", "0.5", *args]
@@ -342,7 +346,7 @@ IDENTITY = ("host", "node", "rank", "local_rank", "device_name", "device_id")
 @pytest.mark.slow
 def test_two_nodes_every_check_then_a_slowed_rank_is_named(tmp_path):
     clean = tmp_path / "clean"
-    results = finish(two_nodes(clean, "--gpu-pairs"))
+    results = finish(two_nodes(clean, "--gpu-pairs", clock="cpu"))
     out0 = results[0][1]
     # Nobody healthy is named for compute, memory or collectives. The GPU pairs of this loaded 2-core machine are
     # another matter: loopback exchanges of one "node" ran 3x slower than the other's for a whole run, a real
@@ -382,7 +386,7 @@ def test_two_nodes_every_check_then_a_slowed_rank_is_named(tmp_path):
     assert not any((tmp_path / "clean").glob("*node1*"))  # only global rank 0 writes
 
     slow = tmp_path / "slow"
-    results = finish(two_nodes(slow, "--checks", "compute,memory", faults="slow:3:10"))
+    results = finish(two_nodes(slow, "--checks", "compute,memory", faults="slow:3:10", clock="cpu"))
     assert [code for code, _, _ in results] == [1, 1], said(results)  # every rank ends with the verdict
     (_, out0, err0), (_, _, err1) = results
     # 10x (the README's 4x is judged on its real rows above): under a load that halves a healthy rank's memory
@@ -405,7 +409,7 @@ def test_two_nodes_every_check_then_a_slowed_rank_is_named(tmp_path):
     # (judged against the baseline, not its peers: 4 ranks on 2 shared cores once left one 57 % below the others
     # for a whole GEMM, so the peer rule asks 90 % here)
     again = ("--checks", "compute,memory", "--baseline", str(clean), "--tolerance", "0.9", "--outlier-fraction", "0.9")
-    results = finish(two_nodes(base, *again))
+    results = finish(two_nodes(base, *again, clock="cpu"))
     assert [code for code, _, _ in results] == [0, 0], said(results)
     text = (base / "cluster_summary.md").read_text()
     assert "Against the baseline" in text and "| compute | square_192 fp32 | tflops" in text

@@ -9,13 +9,25 @@ import errno
 import os
 import socket
 import traceback
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from opbench.core.sweep import classify_failure
 
-from .storage import Storage
+
+class Storage(Protocol):
+    """What a failure's description reads of a storage (storage.Storage has it; storage.py imports this module,
+    not the other way round)."""
+
+    @property
+    def local_root(self) -> str | None: ...
+
+    @property
+    def bucket(self) -> str: ...
+
+    @property
+    def options(self) -> Mapping[str, Any]: ...
 
 # RankFailure.status (core.dist) of a failure every later case on the same storage would repeat.
 STORAGE_DOWN = "storage_down"

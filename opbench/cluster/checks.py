@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from opbench.comm.ops import OPS, Ctx
+from opbench.core.clock import seconds_clock
 from opbench.core.collectives import COLLECTIVES
 from opbench.core.device import device_info, synchronize, torch_dtype
 from opbench.core.dist import RankFailure, Ranks
@@ -251,12 +252,13 @@ class Cluster:
             torch.cuda.synchronize(self.device)
             return [start.elapsed_time(end) / 1e3 for start, end in events]
         out = []
+        clock = seconds_clock()  # wall time, or CPU time (OPBENCH_CLOCK=cpu)
         for _ in range(iters):
             if barrier is not None:
                 barrier()
-            t0 = time.perf_counter()
+            t0 = clock()
             call()  # gloo calls return when the data has arrived
-            out.append(time.perf_counter() - t0)
+            out.append(clock() - t0)
         return out
 
     def _timing(self) -> TimingConfig:

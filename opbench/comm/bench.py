@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from opbench.core.clock import ns_clock
 from opbench.core.collectives import COLLECTIVES
 from opbench.core.device import synchronize, torch_dtype
 from opbench.core.dist import RankFailure, Ranks, job_broken
@@ -126,7 +127,7 @@ def timed_loop(
         if per_call is not None:
             per_call += [a.elapsed_time(b) / 1e3 / agg for a, b in zip(marks, marks[1:])]
         return marks[0].elapsed_time(marks[-1]) / 1e3 / calls, host_s
-    clock = time.perf_counter_ns
+    clock = ns_clock()  # wall time, or CPU time (OPBENCH_CLOCK=cpu)
     t0 = clock()
     if per_call is None:
         for _ in range(iters):
@@ -142,7 +143,7 @@ def timed_loop(
 
 def _timed_iterations(call, iters: int, agg: int, sync, barrier, per_call: list[float] | None) -> float:
     """nccl-tests' -z 3: each iteration's calls, then a wait, timed on the host clock; then a barrier, not timed."""
-    clock = time.perf_counter_ns
+    clock = ns_clock()  # wall time, or CPU time (OPBENCH_CLOCK=cpu)
     total = 0
     for _ in range(iters):
         t0 = clock()

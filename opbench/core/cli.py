@@ -19,9 +19,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn, TypeVar
 
+from . import clock
 from .errors import UsageError, run_cli
-
-LAUNCH_COMMAND_ENV = "OPBENCH_LAUNCH_COMMAND"  # the user's command line, passed to the ranks opbench starts
+from .launch import LAUNCH_COMMAND_ENV  # noqa: F401 - its home was here
+from .limits import MAX_LAYERS, MAX_MIB, MAX_SEQLEN, MAX_WORLD
 
 T = TypeVar("T")
 
@@ -147,9 +148,6 @@ def non_negative_int(text: str) -> int:
     return value
 
 
-MAX_MIB = float(1 << 30)  # 1 PiB: no checkpoint or buffer of one job is larger; beyond it is a typo, not a size
-
-
 def _positive_finite(text: str, unit: str) -> float:
     """A positive, finite number of ``unit``; the message names the unit."""
     try:
@@ -167,11 +165,6 @@ def size_mib(text: str) -> float:
     if value > MAX_MIB:
         raise argparse.ArgumentTypeError(f"{text} MiB is more than 1 PiB; is that a typo?")
     return value
-
-
-MAX_WORLD = 1 << 22  # 4 Mi ranks: far beyond any cluster; a bigger world is a typo (and would take minutes to model)
-MAX_LAYERS = 1 << 12  # decoder layers: released models have at most ~130; 4096 is a typo (and minutes of tables)
-MAX_SEQLEN = 1 << 24  # tokens per sequence: a config's seqlen meets the same bound (models.config.MAX_CONFIG_INT)
 
 
 def at_most(high: int, unit: str) -> Callable[[str], int]:
@@ -542,7 +535,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"opbench: error: unknown subcommand '{name}' (choose from {', '.join(SUBCOMMANDS)})", file=sys.stderr)
         return 2
     module = importlib.import_module(SUBCOMMANDS[name][0])
-    return run_cli(module.main, rest, prog=f"opbench {name}")
+
+    def checked(args: Sequence[str] | None) -> int | None:
+        clock.kind()  # a bad OPBENCH_CLOCK is one line before anything is timed
+        return module.main(args)
+
+    return run_cli(checked, rest, prog=f"opbench {name}")
 
 
 def console_main() -> None:

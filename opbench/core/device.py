@@ -51,7 +51,7 @@ def resolve_device(spec: str | None = None, local_rank: int | None = None) -> to
         if not torch.cuda.is_available():
             raise UsageError("a GPU was asked for but torch sees none (CPU-only build or no driver)", field="--device")
         if local_rank is None:
-            from .dist import detect
+            from .launch import detect
 
             launched = detect()
             local_rank = launched.local_rank if launched else 0

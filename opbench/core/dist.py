@@ -20,7 +20,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,105 +28,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
-from .cli import LAUNCH_COMMAND_ENV
 from .errors import EXIT_INTERRUPTED, EXIT_TERMINATED, UsageError, raise_if_terminated
+from .launch import LAUNCH_COMMAND_ENV, DistEnv, _env_int, _optional_int, detect, single  # noqa: F401 - their home was here
 from .redact import redact_text
 
 if TYPE_CHECKING:
     import torch
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class DistEnv:
-    """This process's place in the job, as its launcher described it."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    nnodes: int
-    launcher: str  # "torchrun" | "slurm" | "single"
-    node_rank: int | None = None  # torchrun GROUP_RANK or SLURM_NODEID; None when the launcher gives none
-    host: str = ""
-
-    @property
-    def node(self) -> str:
-        """Which node this rank is on: the launcher's node rank, else the host name. Two torchrun agents on one
-        machine (``--nnodes 2`` on loopback) are two nodes, as they are to NCCL's topology."""
-        return f"node{self.node_rank}" if self.node_rank is not None else (self.host or socket.gethostname())
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def _env_int(env: Mapping[str, str], key: str) -> int:
-    try:
-        return int(env[key])
-    except ValueError:
-        raise UsageError(f"environment variable {key}={env[key]!r} is not an integer", field=key) from None
-
-
-def _optional_int(env: Mapping[str, str], key: str) -> int | None:
-    return _env_int(env, key) if key in env else None
-
-
-def detect(env: Mapping[str, str] | None = None) -> DistEnv | None:
-    """The launcher's view of this process, or None when no launcher started it."""
-    env = os.environ if env is None else env
-    host = socket.gethostname()
-    if "RANK" in env and "WORLD_SIZE" in env:
-        world = _env_int(env, "WORLD_SIZE")
-        local_world = _optional_int(env, "LOCAL_WORLD_SIZE")
-        if "GROUP_WORLD_SIZE" in env:  # torchrun: one agent (worker group) per node
-            nnodes = _env_int(env, "GROUP_WORLD_SIZE")
-        elif local_world:
-            nnodes = max(1, world // local_world)
-        else:
-            nnodes = _optional_int(env, "SLURM_NNODES") or 1
-        node_rank = _optional_int(env, "GROUP_RANK")
-        if node_rank is None:
-            node_rank = _optional_int(env, "SLURM_NODEID")
-        return _checked(
-            DistEnv(
-                _env_int(env, "RANK"), world, _optional_int(env, "LOCAL_RANK") or 0, nnodes, "torchrun", node_rank, host
-            ),
-            "RANK",
-            "WORLD_SIZE",
-        )
-    # Inside `srun` (a job step); a batch script's own shell has SLURM_PROCID too but no SLURM_STEP_ID.
-    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and "SLURM_STEP_ID" in env:
-        return _checked(
-            DistEnv(
-                _env_int(env, "SLURM_PROCID"),
-                _env_int(env, "SLURM_NTASKS"),
-                _optional_int(env, "SLURM_LOCALID") or 0,
-                _optional_int(env, "SLURM_NNODES") or 1,
-                "slurm",
-                _optional_int(env, "SLURM_NODEID"),
-                host,
-            ),
-            "SLURM_PROCID",
-            "SLURM_NTASKS",
-        )
-    return None
-
-
-def _checked(d: DistEnv, rank_var: str, world_var: str) -> DistEnv:
-    """A launcher environment that cannot describe a real job is a usage error, not a hang in the rendezvous."""
-    if d.world_size < 1:
-        raise UsageError(f"must be at least 1, got {d.world_size}", field=world_var)
-    if not 0 <= d.rank < d.world_size:
-        raise UsageError(f"{rank_var}={d.rank} is outside a world of {d.world_size} ({world_var})", field=rank_var)
-    if d.local_rank < 0:
-        raise UsageError(f"must not be negative, got {d.local_rank}", field="LOCAL_RANK")
-    return d
-
-
-def single() -> DistEnv:
-    """A one-rank world in this process."""
-    return DistEnv(0, 1, 0, 1, "single", 0, socket.gethostname())
 
 
 def export_slurm_rendezvous(dist_env: DistEnv, env: dict[str, str] | None = None) -> None:

@@ -30,8 +30,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .cli import MAX_WORLD
+from .clock import seconds_clock
 from .errors import UsageError
+from .limits import MAX_WORLD
 
 ENV_VAR = "OPBENCH_FAULTS"
 KINDS = ("exit", "hang", "slow", "corrupt", "oom", "late_send")
@@ -53,7 +54,7 @@ def _shown(item: str) -> str:
 
 def _rank(item: str, text: str) -> int:
     """RANK: ASCII digits only (Python's int() also takes Arabic-Indic and other Unicode digits) and below the
-    command line's bound on a world (core.cli.MAX_WORLD), so a typo is refused in every mode, --dry-run included."""
+    command line's bound on a world (core.limits.MAX_WORLD), so a typo is refused in every mode, --dry-run included."""
     if not (text.isascii() and text.isdigit()):
         raise UsageError(f"'{_shown(item)}': RANK must be ASCII digits 0-9; {_SYNTAX}", field=ENV_VAR)
     if len(text) > len(str(MAX_WORLD)) or int(text) >= MAX_WORLD:
@@ -195,13 +196,15 @@ class Faults:
 
             return slowed_gpu
 
+        clock = seconds_clock()  # the clock the harness times with: the slowdown is FACTOR on it (OPBENCH_CLOCK)
+
         def slowed_cpu() -> Any:
             # Busy, not asleep: a process that sleeps is given the CPU first when it wakes, so on a loaded machine
             # its next call ran faster than its peers' and a 4× slow rank measured 1.9–3.6× (docs/faults.md).
-            start = time.perf_counter()
+            start = clock()
             out = fn()
-            until = time.perf_counter() + extra * (time.perf_counter() - start)
-            while time.perf_counter() < until:
+            until = clock() + extra * (clock() - start)
+            while clock() < until:
                 pass
             return out
 

@@ -238,7 +238,7 @@ def _acquire(csv_path: Path) -> int | None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            from .results import launch_command
+            from .launch import launch_command
 
             raise UsageError(
                 f"another opbench run is writing this file ({_holder(path)}); wait for it to end, or give "
@@ -268,7 +268,7 @@ def _acquire(csv_path: Path) -> int | None:
 
 
 def _describe_self(fd: int) -> None:
-    from .results import launch_command
+    from .launch import launch_command
 
     info = {
         "pid": os.getpid(),

@@ -23,34 +23,15 @@ from typing import TYPE_CHECKING, Any
 
 import opbench
 
-from . import outputs
+from . import clock, outputs
 from .errors import UsageError, describe_os_error
+from .launch import launch_command
 from .redact import redact, redact_text
 from .schema import Schema
 from .units import one_line
 
 if TYPE_CHECKING:
     import torch
-
-
-def launch_command() -> str:
-    """The command the user typed, to be re-run as it is: the launcher's line when opbench started torchrun itself
-    (core.dist.relaunch passes it on) or when the user ran torchrun (its agent is this rank's parent), else this
-    process's own line. A rank's child command alone would be a 1-rank run if copied."""
-    from .cli import LAUNCH_COMMAND_ENV  # not .dist: a tool that starts no ranks does not import it
-
-    if os.environ.get(LAUNCH_COMMAND_ENV):
-        return os.environ[LAUNCH_COMMAND_ENV]
-    own = list(getattr(sys, "orig_argv", sys.argv))
-    if "TORCHELASTIC_RUN_ID" in os.environ:  # started by a torchrun agent: its command line is the job's
-        try:
-            with open(f"/proc/{os.getppid()}/cmdline", "rb") as fh:
-                parent = [a.decode(errors="replace") for a in fh.read().split(b"\0") if a]
-        except OSError:
-            parent = []
-        if any("torchrun" in a or "torch.distributed.run" in a for a in parent[:3]):
-            return shlex.join(parent)
-    return shlex.join(own)
 
 
 def environment(device: torch.device | None = None, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -85,6 +66,8 @@ def environment(device: torch.device | None = None, extra: Mapping[str, Any] | N
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "NCCL_DEBUG"):
         if key in os.environ:
             meta[key.lower()] = os.environ[key]
+    if clock.on_cpu_time():
+        meta["clock"] = "cpu"  # CPU-side times are the process's CPU time (OPBENCH_CLOCK=cpu)
     if extra:
         meta.update(extra)
     return meta

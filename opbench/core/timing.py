@@ -22,6 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .clock import note as clock_note
+from .clock import ns_clock
+
 if TYPE_CHECKING:
     import torch
 
@@ -226,7 +229,7 @@ def _run_batch(
         torch.cuda.synchronize(device)
         return [s.elapsed_time(e) * 1e-3 / calls_per_sample for s, e in zip(starts, ends)], host_s
     out = []
-    clock = time.perf_counter_ns
+    clock = ns_clock()  # wall time, or the process's CPU time (OPBENCH_CLOCK=cpu)
     for _ in range(n):
         if before is not None:
             before()
@@ -334,7 +337,11 @@ def measure(
 def timing_note(stats: Stats, what: str = "") -> str | None:
     """What a row's note says about its timing: how the calls were timed when not one event pair each, and the
     spread when noisy; None when there is nothing to say."""
-    parts = [f"timed as {stats.timed_as}" if stats.timed_as else "", noisy_note(stats, what) if stats.noisy else ""]
+    parts = [
+        f"timed as {stats.timed_as}" if stats.timed_as else "",
+        noisy_note(stats, what) if stats.noisy else "",
+        (clock_note() or "") if not stats.timed_as else "",  # a GPU's events are device time whatever the clock
+    ]
     return "; ".join(p for p in parts if p) or None
 
 

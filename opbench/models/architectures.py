@@ -20,7 +20,7 @@ from . import layout as L
 from .layout import Attention, Block, Gemm, Layer, Named, weight
 
 if TYPE_CHECKING:
-    from .config import FieldReader, ModelConfig
+    from .fields import FieldReader, ModelConfig
 
 # transformers' layer_types names -> opbench attention kinds
 HF_LAYER_TYPES = {

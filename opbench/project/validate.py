@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from opbench.core.cli import earlier_policy
+from opbench.core.clock import note as clock_note
+from opbench.core.clock import seconds_clock
 from opbench.core.errors import UsageError, describe_os_error
 from opbench.core.redact import redact_text
 from opbench.core.results import CsvReport, environment
@@ -480,12 +482,14 @@ def train(cfg: ModelConfig, plan: Plan, steps: int, device: str, rank: int = 0, 
     times = []
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
+    # a CPU step on the clock opbench's CPU rates were measured with: wall time, or CPU time (OPBENCH_CLOCK=cpu)
+    clock = seconds_clock() if dev.type == "cpu" else time.perf_counter
     for _ in range(steps):
         sync()
-        start = time.perf_counter()
+        start = clock()
         step()
         sync()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
     params, grads, opt = _state_bytes(model, optimizer)
     # one process on a CPU: what a micro-batch saves (under FSDP the saved weights are all-gathered copies, which
@@ -708,7 +712,8 @@ def report(rows: list[tuple[str, float, float]], measured: Measured) -> str:
         ratio = f"{proj / meas:7.3f}" if meas else "      -"
         lines.append(f"{name:<{width}}  {proj:12.5g}  {meas:12.5g}  {ratio}")
     spread = f"{min(measured.step_s):.4g}–{max(measured.step_s):.4g} s over {len(measured.step_s)} steps"
-    lines.append(f"(measured step time: median of {spread})")
+    clock = clock_note()
+    lines.append(f"(measured step time: median of {spread}{'; ' + clock if clock else ''})")
     return "\n".join(lines)
 
 

@@ -58,7 +58,7 @@ def env_text(value: object) -> str:
 
 
 def env_ranks(value: object) -> str:
-    """A sidecar's world size: a whole number of ranks from 1 to core.cli.MAX_WORLD (as --world-size takes),
+    """A sidecar's world size: a whole number of ranks from 1 to core.limits.MAX_WORLD (as --world-size takes),
     given as a number or as ASCII digits; '' when missing, '?' for anything else."""
     if value is None or value == "":
         return ""
