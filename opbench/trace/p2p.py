@@ -138,9 +138,12 @@ class P2pGrouper:
         self.raw: Counter[LineKey] = Counter() if raw is None else raw  # calls other than Send/Recv (``lines``)
         self.merged: Counter[LineKey] = Counter() if merged is None else merged  # all-to-alls found by ``lines``
         self.open: dict[int, Group] = {}
-        # Send/Recv lines of the groups still open when the last block ended: they go in front of the next
-        # block's, so a group cut by a block boundary is read in one piece.
+        # Send/Recv lines of the groups a block opened and left open: they go in front of the next block's, so a
+        # group cut by a block boundary is read in one piece. Once only: a group still open after that stays in
+        # ``open`` and later lines join it one at a time, so lines are never read again block after block (a log
+        # with thousands of communicators, each with one open group, stays linear).
         self._pending: list[LineKey] = []
+        self._opened: list[tuple[int, Group]] = []  # groups opened since the block began (sid, group)
         self._procs: dict[ProcFields, int] = {}  # process → id << 32
         self._comms: dict[tuple[str, int], int] = {}  # (comm, nranks) → id
         self._nranks: dict[int, int] = {}  # comm id → nranks
@@ -198,13 +201,20 @@ class P2pGrouper:
         p2p = list(filter(_P2P, found))
         if len(p2p) < len(found):
             self.raw.update(filterfalse(_P2P, found))
+        fresh = p2p[:]
+        self._opened.clear()
         if self._pending:
             p2p[:0] = self._pending
             self._pending = []
         if p2p:
             self._process(p2p)
-            for sid in [sid for sid, g in self.open.items() if not g.records]:
-                self._pending += self.open.pop(sid).items
+        if self._opened:
+            new = set(map(id, fresh))  # a group that starts with a line read again is not read a third time
+            open_ = self.open
+            for sid, g in self._opened:
+                if open_.get(sid) is g and not g.records and id(g.items[0]) in new:
+                    self._pending += open_.pop(sid).items
+            self._opened.clear()
 
     def _process(self, p2p: list[LineKey]) -> None:
         """Group Send/Recv LINE matches given in log order."""
@@ -260,6 +270,7 @@ class P2pGrouper:
                 emit(g)
             else:
                 open_[sid] = g
+                self._opened.append((sid, g))
 
     def _shape(self, codes: tuple[int, ...]) -> Shape:
         """What a run with these line codes is, as far as the codes tell (cached: a job repeats a few shapes):
@@ -317,6 +328,7 @@ class P2pGrouper:
             g = None
         if g is None:
             g = self.open[sid] = Group(opcount, n)
+            self._opened.append((sid, g))
         (g.sends if is_send else g.recvs).add(peer)
         g.items.append(item)
         g.records = g.records or isinstance(item, CallRecord)

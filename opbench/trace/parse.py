@@ -18,10 +18,12 @@ block plus one partial line; lines longer than ``MAX_LINE`` without a newline (b
 pattern is linear in the line length (possessive repeats, a bounded host, an op only at a word start), so a
 megabyte of garbage costs no more than a megabyte of calls.
 
-``LINE`` knows one call per line, after its ``host:pid:tid [dev] NCCL INFO`` header. A line holding two
-``opCount `` (two processes writing into one line: a torn line) comes out of LINE as its text and is read with
-``_FULL``, which finds calls anywhere in a line; so is any stretch of lines where LINE found fewer calls than
-there are ``opCount `` (a truncated call, a call without its header). There the interrupted call fails to match
+Every line is read by one grammar (docs/conventions.md, "NCCL debug-log lines": no pattern crosses a newline, a
+field inside the call is every byte to the next space). ``LINE`` knows one call per line, after its
+``host:pid:tid [dev] NCCL INFO`` header. A line holding two ``opCount `` (two processes writing into one line: a
+torn line) comes out of LINE as its text and is read with ``_FULL``, which finds calls anywhere in a line; a
+line with one ``opCount `` that LINE does not read (a call without its header) is read with ``_LONE``, LINE's
+grammar with the header optional, line by line. There the interrupted call fails to match
 (counted in ``ParseStats.fragments``) and a complete call after it keeps the prefix right before it; such calls
 are flagged ``torn`` because junk may be glued to their host ('0x7fnode07'), and TraceSummary.repair_hosts()
 maps them to the host of the same pid seen on clean lines (HostFixer).
@@ -52,8 +54,8 @@ MAX_LINE = 1 << 20  # a "line" longer than this without a newline is cut (garbag
 # longer than MAX_DIGITS is out of range unread (int() of 5000 digits raises; of 400, it makes byte counts no
 # formatter can print).
 MAX_DIGITS = 20
-MAX_COUNT = 1 << 50  # elements: 1 PiB of bytes, as cli.MAX_MIB
-MAX_RANKS = 1 << 22  # cli.MAX_WORLD
+MAX_COUNT = 1 << 50  # elements: 1 PiB of bytes, as core.limits.MAX_MIB
+MAX_RANKS = 1 << 22  # core.limits.MAX_WORLD
 MAX_ENUM = 1 << 16  # datatype and reduction-op enums
 OUT_OF_RANGE = -(1 << 62)
 
@@ -75,23 +77,28 @@ _WHO = rb"(?P<host>" + _HOST + rb"):(?P<pid>\d++):(?P<tid>\d++) \[(?P<dev>-?\d++
 _FULL = re.compile(
     rb"(?:(?P<prefix>" + _WHO + rb") (?:[0-9.]++ )?NCCL INFO )?"
     rb"(?<![A-Za-z0-9])(?P<op>[A-Za-z][A-Za-z0-9]*+): "
-    rb"opCount (?P<opcount>[0-9a-fA-F]++) sendbuff (?P<sendbuff>\S++) recvbuff (?P<recvbuff>\S++) "
-    rb"(?:acc (?P<acc>\S++) )?count (?P<count>\d++) datatype (?P<datatype>\d++) op (?P<redop>\d++) "
-    rb"root (?P<root>-?\d++) comm (?P<comm>\S++) \[nranks=(?P<nranks>\d++)\] "
+    rb"opCount (?P<opcount>[0-9a-fA-F]++) sendbuff (?P<sendbuff>[^ \n]++) recvbuff (?P<recvbuff>[^ \n]++) "
+    rb"(?:acc (?P<acc>[^ \n]++) )?count (?P<count>\d++) datatype (?P<datatype>\d++) op (?P<redop>\d++) "
+    rb"root (?P<root>-?\d++) comm (?P<comm>[^ \n]++) \[nranks=(?P<nranks>\d++)\] "
     rb"stream (?P<stream>0x[0-9a-fA-F]++|\(nil\)|\S++)"
     rb"(?: task (?P<task>-?\d++) globalrank (?P<globalrank>-?\d++))?"
 )
+# _LONE: the call of a line that holds one 'opCount ' (a call without its header, or one LINE does not read): LINE's
+# grammar with the header optional, so a line reads the same whichever reader and road reads it. Only on a torn
+# line does _FULL's stream stop at the hex of a pointer, where the next call's host may be glued to it.
+_LONE = re.compile(_FULL.pattern.replace(rb"(?P<stream>0x[0-9a-fA-F]++|\(nil\)|\S++)", rb"(?P<stream>\S++)"))
+assert _LONE.pattern != _FULL.pattern
 # LINE: the fast grammar, run over a block (which starts with a newline): one call per line, after a "host:pid:tid [dev] NCCL INFO"
 # token, on a line with no other 'opCount ' (it skips no 'opCount ' token before the call and stops at one
 # after it, so a torn line is never half-read here; LogParser reads those, and a call without its header, with
-# _FULL). Captures only what the tally keys on (LineKey); Send/Recv also capture their opCount. Fields inside
-# the call use [^ ] (the regex engine's fastest loop); the tokens before it and the last field are \S (they
-# stop at the newline). Requiring the header makes a failed line start cheaper (measured: -15% per MB).
+# _LONE). Captures only what the tally keys on (LineKey); Send/Recv also capture their opCount. Fields inside
+# the call use [^ \n] (every byte but a space, within the line); the tokens before it and the last field are \S
+# (they stop at any whitespace). Requiring the header makes a failed line start cheaper (measured: -15% per MB).
 LINE = re.compile(
     rb"\n(?:(?!opCount )\S*+ )*?(\S++ \[-?\d++\]) (?:[0-9.]++ )?NCCL INFO "
     rb"(?:(Send|Recv): opCount ([0-9a-fA-F]++)|([A-Za-z][A-Za-z0-9]*+): opCount [0-9a-fA-F]++)"
-    rb" sendbuff [^ ]++ recvbuff [^ ]++ (?:acc [^ ]++ )?"
-    rb"count (\d++) (datatype \d++ op \d++ root -?\d++ comm [^ ]++ \[nranks=\d++\]) stream \S++"
+    rb" sendbuff [^ \n]++ recvbuff [^ \n]++ (?:acc [^ \n]++ )?"
+    rb"count (\d++) (datatype \d++ op \d++ root -?\d++ comm [^ \n]++ \[nranks=\d++\]) stream \S++"
     rb"(?: task -?\d++ globalrank (-?\d++))?(?![^\n]*opCount )"
     # a torn line or an Init COMPLETE line: its text only (read with _FULL / _INIT)
     rb"|\n(?=[^\n]*?opCount [^\n]*opCount |[^\n]*?Init COMPLETE)([^\n]++)"
@@ -101,7 +108,7 @@ LINE = re.compile(
 LineKey = tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes]
 _OTHER_LINE = itemgetter(7)
 WHO_TOKEN = re.compile(_WHO + rb"\Z")  # the process in LINE's who token (a glued launcher tag is skipped)
-REST = re.compile(rb"datatype (\d+) op (\d+) root (-?\d+) comm (\S+) \[nranks=(\d+)\]")
+REST = re.compile(rb"datatype (\d+) op (\d+) root (-?\d+) comm ([^ \n]+) \[nranks=(\d+)\]")
 # "comm 0x… rank 3 nranks 8 cudaDev 3 [nvmlDev 3] busId … [commId 0x…] - Init COMPLETE" (INIT subsystem)
 _INIT = re.compile(
     rb"(?:" + _WHO + rb" (?:[0-9.]++ )?NCCL INFO )?"
@@ -341,8 +348,9 @@ def who_fields(who: bytes) -> ProcFields:
 
 def rest_fields(rest: bytes) -> RestFields:
     """(datatype, op_enum, root, comm, nranks) from LINE's ``datatype … [nranks=N]`` span."""
-    m = REST.match(rest)
-    assert m is not None, rest  # LINE only captures spans of this form
+    m = REST.fullmatch(rest)
+    if m is None:  # LINE and the native reader capture only spans of this form; anything else is out of range
+        return (OUT_OF_RANGE, OUT_OF_RANGE, OUT_OF_RANGE, "", OUT_OF_RANGE)
     dt, op, root, comm, nranks = m.groups()
     return (
         bounded(dt, 0, MAX_ENUM),
@@ -403,16 +411,30 @@ def line_key(m: re.Match[bytes], torn: bool = False) -> LineKey:
     )
 
 
+def line_calls(line: bytes, occurrences: int | None = None) -> Iterator[tuple[re.Match[bytes], bool]]:
+    """The calls of one line (without its newline) as (match, torn), by the one grammar of a line
+    (docs/conventions.md, "NCCL debug-log lines"): a line with one 'opCount ' holds at most one call (``_LONE``);
+    a line with two or more is torn and ``_FULL`` finds each complete call in it, torn when another call or a
+    fragment precedes it there. ``occurrences``: the line's 'opCount ' count, when the caller has it."""
+    n = line.count(b"opCount ") if occurrences is None else occurrences
+    if n == 1:
+        m = _LONE.search(line)
+        if m is not None:
+            yield m, False
+    elif n > 1:
+        prev_end = -1
+        for m in _FULL.finditer(line):
+            yield m, prev_end >= 0 or line.count(b"opCount ", 0, m.start()) > 0
+            prev_end = m.end()
+
+
 def _calls_with_flags(text: bytes) -> Iterator[tuple[re.Match[bytes], bool, bool]]:
-    """(match, first call on its line, torn): torn = another call or an 'opCount ' fragment precedes it there."""
-    find = text.find
-    prev_end = -1
-    for m in _FULL.finditer(text):
-        start = m.start()
-        first = prev_end < 0 or find(b"\n", prev_end, start) >= 0
-        torn = not first or text.count(b"opCount ", text.rfind(b"\n", 0, start) + 1, start) > 0
-        prev_end = m.end()
-        yield m, first, torn
+    """(match, first call on its line, torn) for every line of ``text``."""
+    for line in text.split(b"\n"):
+        first = True
+        for m, torn in line_calls(line):
+            yield m, first, torn
+            first = False
 
 
 class LineSink(Protocol):
@@ -536,23 +558,48 @@ class LogParser:
         torn_lines = compress(range(len(per_line)), map((1).__lt__, per_line))
         calls = call_lines = 0
 
-        def via_full(text: bytes) -> None:
+        def via_full(line: bytes) -> None:  # a torn line
             nonlocal calls, call_lines
-            for m, first, torn in _calls_with_flags(text):
+            first = True
+            for m, torn in line_calls(line):
                 sink.record(record_from_match(m, torn))
                 calls += 1
                 call_lines += first
+                first = False
 
         def stretch(first: int, end: int) -> None:  # lines[first:end], none of them torn
             nonlocal calls, call_lines
             text = b"\n".join(lines[first:end])
             part = list(filterfalse(_OTHER_LINE, LINE.findall(b"\n" + text)))  # Init lines: read above
-            if len(part) != sum(per_line[first:end]):
-                via_full(text)
+            if len(part) == sum(per_line[first:end]):
+                sink.lines(part)
+                calls += len(part)
+                call_lines += len(part)
                 return
-            sink.lines(part)
-            calls += len(part)
-            call_lines += len(part)
+            # Line by line, as the native reader reads them: LINE where it reads the line, else the line's one
+            # call without its header (_LONE), else a fragment. Never a stretch at once: a pattern run over
+            # several lines would read a different grammar than one line at a time.
+            keys: list[LineKey] = []
+            for i in compress(range(first, end), per_line[first:end]):
+                m = LINE.match(b"\n" + lines[i])
+                if m is not None and not m.group(8):
+                    keys.append(m.groups(b""))  # type: ignore[arg-type]
+                    continue
+                lone = _LONE.search(lines[i])
+                if lone is None:
+                    continue
+                if keys:  # log order
+                    sink.lines(keys)
+                    calls += len(keys)
+                    call_lines += len(keys)
+                    keys = []
+                sink.record(record_from_match(lone))
+                calls += 1
+                call_lines += 1
+            if keys:
+                sink.lines(keys)
+                calls += len(keys)
+                call_lines += len(keys)
 
         start = 0
         for i in torn_lines:
