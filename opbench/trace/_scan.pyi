@@ -2,6 +2,8 @@
 from collections.abc import Callable
 from typing import Any
 
+# Every method raises RuntimeError before __init__ ran, on a second __init__, and when called from inside one of
+# the engine's own callbacks (proc_of, rest_of, emit); nranks and peers beyond ±2**62 raise ValueError.
 class Engine:
     def __init__(
         self,
