@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import subprocess
+import sys
 import tempfile
 from unittest import mock
 
@@ -160,3 +162,21 @@ def test_both_readers_agree_on_mutated_logs_at_any_block_and_piece(data, raw_p2p
         assert _read(path, "native", raw_p2p) == want
     finally:
         os.remove(path)
+
+
+@pytest.mark.parametrize("reader", ["python", "native"])
+def test_unknown_op_names_are_listed_in_one_order(tmp_path, reader):
+    """Ops no NCCL release has, tied in count: most seen first, then by name, whichever reader met them first."""
+    if reader == "native" and NATIVE is None:
+        pytest.skip("the native reader was not built (no C compiler)")
+    lines = [CALL.replace(b"AllReduce", op) for op in (b"Zeta", b"Alpha", b"Mid", b"Zeta", b"Alpha", b"Mid", b"Beta")]
+    log = tmp_path / "u.log"
+    log.write_bytes(b"\n".join(lines) + b"\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "opbench", "trace", str(log), "--report-dir-path", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, A.READER_ENV: reader},
+    )
+    warning = next(line for line in r.stderr.splitlines() if "no NCCL/RCCL op name" in line)
+    assert warning.endswith("'Alpha' (2), 'Mid' (2), 'Zeta' (2), 'Beta' (1)"), warning

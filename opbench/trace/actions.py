@@ -127,7 +127,9 @@ def run(args: argparse.Namespace, summary: TraceSummary, parser: LogParser) -> i
             file=sys.stderr,
         )
     if summary.unknown_ops:
-        names = ", ".join(f"{op!r} ({n})" for op, n in summary.unknown_ops.most_common(5))
+        # most seen first, ties by name: the two readers meet the names in different orders
+        ranked = sorted(summary.unknown_ops.items(), key=lambda kv: (-kv[1], kv[0]))
+        names = ", ".join(f"{op!r} ({n})" for op, n in ranked[:5])
         print(
             f"warning: {sum(summary.unknown_ops.values()):,} call line(s) with no NCCL/RCCL op name skipped "
             f"(torn or damaged lines): {names}",
@@ -159,7 +161,7 @@ def run(args: argparse.Namespace, summary: TraceSummary, parser: LogParser) -> i
             "logs": list(args.logs),
             **st.as_dict(),
             "read_errors": st.read_errors,
-            "unknown_ops": dict(summary.unknown_ops),
+            "unknown_ops": dict(sorted(summary.unknown_ops.items())),
             "out_of_range": dict(summary.out_of_range),
             "reader": summary.reader,  # native or python (docs/trace.md, "Native reader")
         },
