@@ -150,17 +150,26 @@ def test_project_results_without_a_column_a_rate_reads_leave_their_rows_out(run,
 
 
 def test_report_leaves_out_infinite_sizes_and_formats_extremes_short(run, tmp_path):
+    """An infinite size is left out; a finite one beyond any data size (1e300 B) is set aside as implausible, both
+    named with their line; a large plausible one (1e18 B) prints short."""
     res = tmp_path / "res"
     res.mkdir()
     (res / "all_reduce_benchmark.csv").write_text(
-        COMM_HEADER + comm_row(size_bytes="inf") + COMM_GOOD + comm_row(size_bytes="1e300", busbw_gbs="50")
+        COMM_HEADER
+        + comm_row(size_bytes="inf")
+        + COMM_GOOD
+        + comm_row(size_bytes="1e300", busbw_gbs="50")
+        + comm_row(size_bytes="1e18", busbw_gbs="50")
     )
     r = run("opbench", "report", str(res), "--no-plots")
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert "line 2 field 'size_bytes': 'inf'" in r.stderr
+    assert "line 4 field 'size_bytes': '1e+300' (a data size: at least 0 B and at most 1 EiB)" in r.stderr
+    assert "read 1 CSV(s) (2 ok rows, 1 set aside as implausible)" in r.stdout
     md = (res / "report" / "report.md").read_text()
-    assert "a number that is not finite left out (line 2 field 'size_bytes'" in md
-    assert "8.88e+284 PiB" in md and "1 MiB" in md and not re.search(r"\d{25}", md)
+    assert "left out (line 2 field 'size_bytes': 'inf'; line 4 field 'size_bytes': '1e+300'" in md
+    assert "1 row(s) set aside: a value outside its plausible range" in md
+    assert "888 PiB" in md and "1 MiB" in md and "e+284" not in md and not re.search(r"\d{25}", md)
     # the formatters themselves: short text, never an exception
     assert [human_bytes(v) for v in (float("inf"), float("-inf"), 1e300, 10**400, "huge")] == [
         "inf",

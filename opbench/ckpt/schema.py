@@ -107,4 +107,10 @@ SCHEMA = Schema(
         "pct_of_raw_save": "%",
         "pct_of_raw_load": "%",
     },
+    # the phases of a save may take no time at all (docs/conventions.md, "Plausible numbers")
+    kinds={
+        c: "time_part"
+        for c in ("save_staging_time", "save_planning_time", "save_writing_time", "save_finishing_time")
+        + ("save_overlap_time",)
+    },
 )

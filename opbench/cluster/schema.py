@@ -5,6 +5,8 @@ from opbench.core.schema import Schema
 # Every per-rank row says which GPU it is: the host, the launcher's node, the rank, and the device's own id.
 IDENTITY = ("host", "node", "rank", "local_rank", "device_name", "device_id")
 VERDICT = ("vs_median_pct", "outlier", "status", "error")
+# vs_median_pct is (x / median - 1) · 100: below 0 for a slow GPU (docs/conventions.md, "Plausible numbers")
+VERDICT_KINDS = {"vs_median_pct": "deviation"}
 
 COMPUTE = Schema(
     benchmark="cluster_compute",
@@ -30,6 +32,7 @@ COMPUTE = Schema(
     signature=("node", "local_rank", "gemm", "tflops"),
     file_hint=r"^cluster_compute$",
     units={"time_s": "s", "pct_of_peak": "%", "pct_of_best_matmul": "%", "vs_median_pct": "%"},
+    kinds=VERDICT_KINDS,
 )
 
 MEMORY = Schema(
@@ -52,6 +55,7 @@ MEMORY = Schema(
     signature=("node", "local_rank", "kernel", "gbs"),
     file_hint=r"^cluster_memory$",
     units={"size_bytes": "B", "bytes_moved": "B", "time_s": "s", "pct_of_peak": "%", "vs_median_pct": "%"},
+    kinds={**VERDICT_KINDS, "time_iqr_rel": "ratio"},
 )
 
 TELEMETRY = Schema(
@@ -117,6 +121,7 @@ COMM = Schema(
         "pct_of_link_peak": "%",
         "vs_median_pct": "%",
     },
+    kinds={**VERDICT_KINDS, "rank_spread_us": "time_part", "slowest_share": "fraction"},
 )
 
 PAIRS = Schema(
@@ -150,6 +155,7 @@ PAIRS = Schema(
         "pct_of_link_peak": "%",
         "vs_median_pct": "%",
     },
+    kinds=VERDICT_KINDS,
 )
 
 SCHEMAS = {"compute": COMPUTE, "memory": MEMORY, "telemetry": TELEMETRY, "comm": COMM, "pairs": PAIRS}

@@ -74,4 +74,5 @@ SCHEMA = Schema(
         "slowest_p95_us": "µs",
         "rank_spread_us": "µs",
     },
+    kinds={"rank_spread_us": "time_part"},  # 0 when the ranks agree (docs/conventions.md, "Plausible numbers")
 )

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from .plausible import KINDS, Kind, kind_of
+
 
 @dataclass(frozen=True)
 class Schema:
@@ -27,6 +29,9 @@ class Schema:
     units: Mapping[str, str] = field(default_factory=dict)  # units of other columns worth stating
     # old column name -> its current name, so CSVs written before a rename are still read (opbench report)
     aliases: Mapping[str, str] = field(default_factory=dict)
+    # column -> its kind of quantity (core.plausible.KINDS) where the unit does not say it: a spread in seconds that
+    # may be 0 (time_part), a ratio without a unit; every other column with a unit takes the unit's kind
+    kinds: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         known = set(self.columns)
@@ -36,12 +41,18 @@ class Schema:
             ("signature", self.signature),
             ("units", tuple(self.units)),
             ("aliases", tuple(self.aliases.values())),
+            ("kinds", tuple(self.kinds)),
         ):
             missing = [n for n in names if n not in known]
             if missing:
                 raise ValueError(f"schema {self.benchmark}: {group} {missing} are not columns")
         if len(known) != len(self.columns):
             raise ValueError(f"schema {self.benchmark}: duplicate columns")
+        unknown = sorted(set(self.kinds.values()) - set(KINDS))
+        if unknown:
+            raise ValueError(f"schema {self.benchmark}: kinds {unknown} are not in core.plausible.KINDS")
+        for column in self.kinds:
+            self.plausible(column)  # a kind whose base unit is not the column's unit raises
 
     @property
     def identifying(self) -> frozenset[str]:
@@ -50,6 +61,11 @@ class Schema:
 
     def unit(self, column: str) -> str:
         return self.metrics.get(column) or self.units.get(column, "")
+
+    def plausible(self, column: str) -> tuple[Kind, float] | None:
+        """The column's kind of quantity and the factor from its unit to the kind's base unit (docs/conventions.md,
+        "Plausible numbers"); None for a column no kind is declared for (text, flags, keys)."""
+        return kind_of(self.unit(column), self.kinds.get(column))
 
     def sidecar(self) -> dict[str, object]:
         return {"benchmark": self.benchmark, "schema_version": self.version}

@@ -73,4 +73,5 @@ SCHEMA = Schema(
         "time_max_s": "s",
         "time_std_s": "s",
     },
+    kinds={"time_std_s": "time_part", "time_iqr_rel": "ratio"},  # a spread may be 0 (docs/conventions.md)
 )

@@ -12,21 +12,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections import Counter
 from collections.abc import Sequence
-from dataclasses import replace
-from typing import Any
 
 from opbench.core import cli, outputs
 from opbench.core.cli import finite_float, positive_int
 from opbench.core.errors import UsageError, run_cli
-from opbench.core.redact import redact_text
 from opbench.core.results import CsvReport, environment, summary_table
 from opbench.core.units import counted, one_line
 from opbench.models import ModelConfig, load_model_configs, select_models
 
-from .memory import GIB
-from .pipeline import SCHEDULES, in_flight
+from .pipeline import SCHEDULES
 from .plan import (
     ATTENTION_BACKENDS,
     DISPATCHERS,
@@ -38,36 +33,28 @@ from .plan import (
     Plan,
     a2a_overlap_problems,
     flex_problems,
-    layouts,
     problems,
 )
 from .rates import ESTIMATED, Assumptions, Rates
-from .schema import COMM_KINDS, SCHEMA
-from .step import Projection, Projector
-
-CSV_NAME = "project.csv"
-# The layout flags --search chooses itself (plan.layouts), by their argparse names
-SEARCH_VARIES = ("tp", "pp", "cp", "ep", "vpp", "mbs", "recompute", "fsdp", "zero")
-# Flags --search keeps as given in every layout it tries (the rest it varies)
-SEARCH_KEEPS = frozenset(
-    {
-        "--fp8",
-        "--fp8-recipe",
-        "--fp8-param-gather",
-        "--grad-dtype",
-        "--etp",
-        "--account-for-embedding-in-pipeline-split",
-        "--account-for-loss-in-pipeline-split",
-        "--moe-a2a-overlap",
-        "--moe-token-dispatcher-type",
-    }
+from .schema import SCHEMA
+from .search import (  # noqa: F401 - their home was here (tests and callers import some from here)
+    CSV_NAME,
+    DEFAULT_GLOBAL_BATCH_TOKENS,
+    DEFAULT_RESERVE_GIB,
+    DROPOUT_FIELDS,
+    SEARCH_COLUMNS,
+    SEARCH_KEEPS,
+    SEARCH_VARIES,
+    assumptions,
+    base_plan,
+    breakdown,
+    default_global_batch,
+    fewest_recomputed,
+    implausible,
+    row,
+    search,
 )
-DEFAULT_GLOBAL_BATCH_TOKENS = 4 << 20  # 4 Mi tokens per step when neither --global-batch nor --microbatches
-DEFAULT_RESERVE_GIB = 4.0
-
-
-# Hugging Face config fields of a residual (hidden) dropout, as architectures name it
-DROPOUT_FIELDS = ("hidden_dropout", "resid_pdrop", "residual_dropout", "hidden_dropout_prob")
+from .step import Projector
 
 
 def _positive(value: object) -> bool:
@@ -408,289 +395,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def assumptions(args: argparse.Namespace) -> Assumptions:
-    return Assumptions(
-        gemm_efficiency=args.gemm_efficiency,
-        attention_efficiency=args.attention_efficiency,
-        memory_efficiency=args.memory_efficiency,
-        link_efficiency=args.link_efficiency,
-        nic_gbs=args.nic_gbs,
-        latency_us_intra=args.latency_us_intra,
-        latency_us_inter=args.latency_us_inter,
-        memory_bandwidth_gbs=args.memory_bandwidth_gbs,
-        tp_overlap=args.tp_overlap,
-        ep_overlap=args.ep_overlap,
-        cp_overlap=not args.no_cp_overlap,
-        dp_overlap=not args.no_dp_overlap,
-        optimizer_bytes_per_param=args.optimizer_bytes_per_param,
-        memory_ops=args.memory_ops,
-        compute_scale=args.compute_scale,
-    )
-
-
-def base_plan(cfg: ModelConfig, args: argparse.Namespace) -> Plan:
-    seqlen = args.seqlen or cfg.seqlen
-    if not seqlen:
-        raise UsageError(f"{cfg.name} has no seqlen; pass --seqlen", field="--seqlen")
-    if args.fsdp and args.zero:
-        raise UsageError("give --fsdp or --zero 1, not both", field="--zero")
-    for flag, value in (("--activation-profile", args.activation_profile), ("--memory-ops", args.memory_ops)):
-        if args.moe_a2a_overlap and value == "eager":
-            raise UsageError(
-                "eager is PyTorch as transformers runs it; --moe-a2a-overlap is Megatron's (fused kernels)", field=flag
-            )
-    if args.moe_a2a_overlap and args.ep_overlap:
-        raise UsageError(
-            "--moe-a2a-overlap works out what Megatron's overlap hides; --ep-overlap is a share given by hand: give "
-            "one",
-            field="--ep-overlap",
-        )
-    if args.recompute_modules and args.recompute != "selective" and not args.search:  # the search tries selective
-        raise UsageError(
-            "names what --recompute selective recomputes: give --recompute selective", field="--recompute-modules"
-        )
-    if (args.recompute_method or args.recompute_num_layers) and args.recompute != "full" and not args.search:
-        raise UsageError(
-            "says which layers --recompute full recomputes: give --recompute full",
-            field="--recompute-method" if args.recompute_method else "--recompute-num-layers",
-        )
-    if args.recompute_method == "block" and not args.recompute_num_layers:
-        raise UsageError("block recomputes the first N layers of each chunk: give N", field="--recompute-num-layers")
-    if args.fp8_recipe is not None and args.fp8 != "te":  # torchao's float8 is tensorwise, with no recipe to choose
-        raise UsageError("a scaling recipe is Transformer Engine's: give --fp8 te", field="--fp8-recipe")
-    plan = Plan(
-        world=args.world_size,
-        seqlen=seqlen,
-        global_batch=1,
-        mbs=args.mbs,
-        tp=args.tp,
-        pp=args.pp,
-        cp=args.cp,
-        ep=args.ep,
-        etp=args.etp,
-        vpp=args.vpp,
-        sharding="fsdp" if args.fsdp else ("zero1" if args.zero else "none"),
-        recompute=args.recompute,
-        schedule=args.schedule or ("interleaved" if args.vpp > 1 else "1f1b"),
-        sequence_parallel=not args.no_sequence_parallel,
-        grad_dtype=args.grad_dtype,
-        fp8=args.fp8,
-        fp8_param_gather=args.fp8_param_gather,
-        fp8_recipe=args.fp8_recipe or "delayed",
-        hidden_dropout=args.hidden_dropout,
-        ce_fusion=args.cross_entropy_loss_fusion,
-        attention_backend=args.attention_backend,
-        attention_dropout=args.attention_dropout,
-        mtp_layers=args.mtp_num_layers,
-        moe_a2a_overlap=args.moe_a2a_overlap,
-        dispatcher=args.moe_token_dispatcher_type,
-        recompute_modules=args.recompute_modules or ("core_attn",),
-        recompute_method=args.recompute_method or "uniform",
-        recompute_num_layers=args.recompute_num_layers or 1,
-        first_layers=args.decoder_first_pipeline_num_layers,
-        last_layers=args.decoder_last_pipeline_num_layers,
-        embedding_as_layer=args.account_for_embedding_in_pipeline_split,
-        loss_as_layer=args.account_for_loss_in_pipeline_split,
-        gpus_per_node=args.gpus_per_node,
-        dtype=args.dtype,
-    )
-    if args.global_batch and args.microbatches:
-        raise UsageError("give --global-batch or --microbatches, not both", field="--microbatches")
-    if args.microbatches:
-        if plan.world % (plan.tp * plan.pp * plan.cp):
-            raise UsageError(f"{plan.world} GPUs do not split into tp·pp·cp", field="--world-size")
-        return replace(plan, global_batch=args.microbatches * plan.mbs * plan.dp)
-    return replace(plan, global_batch=args.global_batch or default_global_batch(plan))
-
-
-def default_global_batch(plan: Plan) -> int:
-    """As near 4 Mi tokens' worth of sequences as whole micro-batches on every DP rank allow (24 DP ranks take 504
-    of 8,192 tokens, not 512, which no layout of them splits), at least one each and at most MAX_MICROBATCHES (a
-    short --seqlen on few GPUs would ask for hundreds of thousands)."""
-    per_step = plan.mbs * max(1, plan.dp)
-    return per_step * max(1, min(DEFAULT_GLOBAL_BATCH_TOKENS // plan.seqlen // per_step, MAX_MICROBATCHES))
-
-
-def row(
-    cfg: ModelConfig, r: Projection, rank: int | None, device: str | None, memory_gib: float | None
-) -> dict[str, Any]:
-    p, m = r.plan, r.memory
-    out: dict[str, Any] = {
-        "model": cfg.name,
-        "layout": p.label(),
-        "world_size": p.world,
-        "tp": p.tp,
-        "pp": p.pp,
-        "dp": p.dp,
-        "cp": p.cp,
-        "ep": p.ep,
-        "etp": p.expert_tp,
-        "vpp": p.vpp,
-        "mbs": p.mbs,
-        "microbatches": p.microbatches,
-        "global_batch": p.global_batch,
-        "seqlen": p.seqlen,
-        "sharding": p.sharding,
-        "recompute": p.recompute,
-        "schedule": p.schedule,
-        "dtype": p.dtype,
-        "fp8": p.fp8,
-        "device": device,
-        "rank": rank,
-        "step_time_s": r.step_s,
-        "compute_s": r.compute_s,
-        "exposed_comm_s": r.exposed_comm_total,
-        **{f"{k}_s": r.exposed_comm_s.get(k, 0.0) for k in COMM_KINDS},
-        "bubble_s": r.bubble_s,
-        "optimizer_s": r.optimizer_s,
-        "tokens_per_s": r.tokens_per_s,
-        "mfu": r.mfu,
-        "mem_params_gib": m.params / GIB,
-        "mem_grads_gib": m.grads / GIB,
-        "mem_optimizer_gib": m.optimizer / GIB,
-        "mem_activations_gib": m.activations / GIB,
-        "mem_buffers_gib": m.buffers / GIB,
-        "mem_total_gib": m.total / GIB,
-        "memory_gib": memory_gib,
-        "fits": r.fits,
-        "estimated_share": r.estimated_share,
-        "rates": "; ".join(f"{k}: {v}" for k, v in sorted(r.sources.items())),
-        "status": "ok" if r.fits else "does not fit",
-        "error": None,
-    }
-    return out
-
-
-def breakdown(
-    cfg: ModelConfig, r: Projection, device: str | None, memory_gib: float | None, reserve_gib: float = 0.0
-) -> str:
-    """The console view of one projection: where a step's time goes and what a GPU holds."""
-    p, m = r.plan, r.memory
-    name, target = (one_line(redact_text(str(x))) for x in (cfg.name, device or "the target"))
-    lines = [
-        f"{name} on {p.world} × {target} ({p.dtype}): {p.label()}, {p.microbatches} "
-        f"micro-batch(es) of {p.mbs} × {p.seqlen} tokens per DP rank, global batch {p.global_batch}",
-        f"step {r.step_s:.4g} s   {r.tokens_per_s:,.0f} tokens/s"
-        + (f"   MFU {100 * r.mfu:.1f} %" if r.mfu is not None else "")
-        + (f" (of the {p.dtype} peak)" if r.mfu is not None and p.fp8 != "none" else "")
-        + f"   ({100 * r.estimated_share:.0f} % of the time from estimated rates)",
-        "",
-    ]
-    if r.mfu is not None and r.mfu > 1 and p.fp8 == "none":
-        lines.insert(2, "note: MFU above 100 %: --compute-scale or the rates put the step's FLOPs beyond the peak")
-    parts = [("compute (GEMM, attention, memory-bound)", r.compute_s)]
-    parts += [(f"exposed {k.replace('_', ' ')}", v) for k, v in r.exposed_comm_s.items() if v > 0]
-    parts += [("pipeline bubble", r.bubble_s)] if p.pp > 1 else []
-    parts += [("optimizer", r.optimizer_s)]
-    width = max(len(n) for n, _ in parts)
-    for name, seconds in parts:
-        lines.append(f"  {name:<{width}}  {seconds:10.4g} s  {100 * seconds / r.step_s:5.1f} %")
-    limit = f" (+{reserve_gib:g} GiB reserved) of {memory_gib:g} GiB" if memory_gib else ""
-    verdict = ("fits" if r.fits else "DOES NOT FIT") if memory_gib else "no limit given"
-    stage = f"stage {r.memory_stage} of {p.pp}, the fullest" if p.pp > 1 else "per rank"
-    lines += [
-        "",
-        f"memory ({stage}): {m.total / GIB:.2f} GiB{limit}: {verdict}",
-        f"  params {m.params / GIB:.2f}  grads {m.grads / GIB:.2f}  optimizer {m.optimizer / GIB:.2f}  "
-        f"activations {m.activations / GIB:.2f}  buffers {m.buffers / GIB:.2f} GiB"
-        + (f"  (never all at once: -{m.not_at_peak / GIB:.2f})" if m.not_at_peak else ""),
-        "rates: " + "; ".join(f"{k} {v}" for k, v in sorted(r.sources.items())),
-    ]
-    return "\n".join(lines)
-
-
-def search(
-    cfg: ModelConfig, base: Plan, projector: Projector, top: int | None, global_batch_set: bool
-) -> tuple[list[Projection], Counter[str], int]:
-    """Every layout of the world, screened (closed-form schedule), the best ``top`` (None: all) re-projected op by
-    op."""
-    rejected: Counter[str] = Counter()
-    fitting: list[Projection] = []
-    seen = 0
-    for plan in layouts(cfg, base):
-        seen += 1
-        if not global_batch_set:  # the default, for this layout's DP ranks and micro-batch
-            plan = replace(plan, global_batch=default_global_batch(plan))
-        found = problems(cfg, plan, projector.layers)
-        if plan.pp > 1 and plan.sharding == ("zero1" if projector.profile == "eager" else "fsdp"):
-            # under a pipeline ZeRO-1 (Megatron-Core's, the fused profile) and FSDP (torchtitan's, eager) project
-            # the same: one row, the profile's framework's
-            found = [("--zero", "under a pipeline, ZeRO-1 is the fused profile's sharding and FSDP the eager one's")]
-        if found:
-            rejected[_reason_class(found[0])] += 1
-            continue
-        flight = in_flight(plan.pp, plan.microbatches, plan.vpp, plan.schedule)
-        memory, _ = projector.memory(plan, flight)
-        if not projector.fits(memory.total):
-            rejected[f"does not fit in {projector.memory_gib:g} GiB"] += 1
-            continue
-        fitting.append(projector.project(plan, exact=False))
-        fewer = fewest_recomputed(cfg, plan, projector, flight)
-        if fewer is not None:
-            fitting.append(projector.project(fewer, exact=False))
-    fitting.sort(key=lambda r: -r.tokens_per_s)
-    best = [projector.project(r.plan) for r in fitting[: 3 * top if top else None]]
-    best.sort(key=lambda r: -r.tokens_per_s)
-    return best[:top], rejected, seen
-
-
-def fewest_recomputed(cfg: ModelConfig, plan: Plan, projector: Projector, flight: tuple[int, ...]) -> Plan | None:
-    """For a layout that fits with every layer recomputed (Megatron's fused profile), the same layout recomputing
-    only the first N layers of each chunk (--recompute-method block), N the fewest that still fit; None when no
-    fewer fit (or the layout is not one of these). Memory only falls as N grows, so N is found by bisection."""
-    if projector.profile != "fused" or plan.recompute != "full" or plan.recompute_method != "uniform":
-        return None
-    if plan.recompute_num_layers != 1 or plan.moe_a2a_overlap or plan.sharding == "fsdp":
-        return None
-    pieces = plan.piece_layers(cfg.num_hidden_layers or 0) or []
-    most = max(pieces, default=0)
-
-    def fits(n: int) -> bool:
-        trial = replace(plan, recompute_method="block", recompute_num_layers=n)
-        return projector.fits(projector.memory(trial, flight)[0].total)
-
-    if most < 2 or not fits(most - 1) or fits(0):  # none fit with fewer, or all fit without (its own layout)
-        return None
-    low, high = 0, most - 1  # fits(high); the fewest N in (low, high] that fits
-    while high - low > 1:
-        mid = (low + high) // 2
-        low, high = (low, mid) if fits(mid) else (mid, high)
-    return replace(plan, recompute_method="block", recompute_num_layers=high)
-
-
-def _reason_class(found: tuple[str, str]) -> str:
-    flag, why = found
-    if "not divisible by --tp" in why:
-        return "heads or widths do not split over tp"
-    if "--moe-a2a-overlap" in why or "flex dispatcher" in why:  # the layouts Megatron runs them in
-        return why
-    if "--ep" in why or flag == "--ep":
-        return "experts do not split over ep / etp"
-    if "split a pipeline: give --pp 2" in why:
-        return "first/last pipeline layers given without a pipeline"
-    return {
-        "--pp": "layers do not split over pp·vpp",
-        "--global-batch": "global batch does not split over mbs·dp",
-        "--microbatches": "interleaving needs micro-batches a multiple of pp",
-        "--cp": "seqlen does not split over 2·cp",
-        "--zero": "same layout, other pipeline sharding (--profile fused shards zero1, eager fsdp)",
-    }.get(flag, why)
-
-
-SEARCH_COLUMNS = [
-    "rank",
-    "layout",
-    "step_time_s",
-    "tokens_per_s",
-    "mfu",
-    "compute_s",
-    "exposed_comm_s",
-    "bubble_s",
-    "mem_total_gib",
-    "estimated_share",
-]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.model_config_path is None and args.model is None:
@@ -711,6 +415,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         fixed = [(flag, why) for flag, why in problems(cfg, plan) if flag in SEARCH_KEEPS]
         if fixed:
             raise UsageError(fixed[0][1], field=fixed[0][0])
+        layers = cfg.num_hidden_layers or 0
+        if args.recompute_num_layers and layers and args.recompute_num_layers > layers:  # above every layout's chunk
+            raise UsageError(
+                f"{args.recompute_num_layers:,} is more than {cfg.name}'s {layers} decoder layers (Megatron counts it "
+                "per pipeline stage, per model chunk with --vpp)",
+                field="--recompute-num-layers",
+            )
         varied = [f"--{name}" for name in SEARCH_VARIES if getattr(args, name) != build_parser().get_default(name)]
         if varied:
             print(
@@ -766,15 +477,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return validate(cfg, plan, args)
     rates = Rates(args.results, args.device, args.dtype, assumptions(args), args.gpus_per_node)
-    for note in rates.notes:  # rows of --results left out for bad values: counted, the first named
-        from opbench.report.inert import one_line  # names from the folder: one line, credentials masked
+    from opbench.report.inert import one_line as inert_line  # names from the folder: one line, credentials masked
 
-        print(f"note: {one_line(note)}", file=sys.stderr)
+    notes = [inert_line(note) for note in rates.notes]  # rows of --results left out, rates no part has: named
     if plan.dispatcher != "alltoall" and not rates.comm.empty:
-        print(
-            "note: the flex dispatcher's time is estimated from link rates: the --results all-to-all rows are NCCL's",
-            file=sys.stderr,
+        notes.append(
+            "the flex dispatcher's time is estimated from link rates: the --results all-to-all rows are NCCL's"
         )
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     memory_gib: float | None = args.memory_gib or _device_memory_gib(rates.device)
     if memory_gib is not None and args.memory_reserve_gib >= memory_gib:
         raise UsageError(
@@ -784,7 +495,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     projector = Projector(cfg, rates, args.activation_profile, memory_gib, args.memory_reserve_gib)
     csv_path = cli.output_csv(args, CSV_NAME)
     with outputs.claimed(*([csv_path] if csv_path else [])):  # a bad or busy output path stops before the search
-        _project(args, cfg, plan, rates, projector, memory_gib, csv_path)
+        _project(args, cfg, plan, rates, projector, memory_gib, csv_path, notes)
     return 0
 
 
@@ -796,8 +507,10 @@ def _project(
     projector: Projector,
     memory_gib: float | None,
     csv_path: str | None,
+    notes: list[str],
 ) -> None:
-    """Project (or search) and print; write the CSV when one is asked for (its writer lock is held)."""
+    """Project (or search) and print; write the CSV when one is asked for (its writer lock is held). ``notes``:
+    those printed so far; with this function's own they go into the sidecar too."""
     meta = environment(
         None,
         {
@@ -818,24 +531,38 @@ def _project(
             f"{cfg.name}, {plan.world} × {rates.device or 'the target'}, seqlen {plan.seqlen}, global batch "
             f"{plan.global_batch}: {seen} layouts, {sum(rejected.values())} rejected, {len(rows)} best shown"
         )
-        print(summary_table(rows, SEARCH_COLUMNS))
+        flagged = any(r["status"] == "implausible" for r in rows)  # the column says which are no result
+        print(summary_table(rows, SEARCH_COLUMNS + (["status"] if flagged else [])))
         if rejected:
             print("rejected: " + "; ".join(f"{n} × {why}" for why, n in rejected.most_common()))
         if best:
-            print("\nbest:\n" + breakdown(cfg, best[0], rates.device, memory_gib, args.memory_reserve_gib))
+            marks = implausible(rows[0])
+            print("\nbest:\n" + breakdown(cfg, best[0], rates.device, memory_gib, args.memory_reserve_gib, marks))
     else:
         result = projector.project(plan)
         rows = [row(cfg, result, None, rates.device, memory_gib)]
-        print(breakdown(cfg, result, rates.device, memory_gib, args.memory_reserve_gib))
+        print(breakdown(cfg, result, rates.device, memory_gib, args.memory_reserve_gib, implausible(rows[0])))
         best = [result]
     gemm = any(r.sources.get("gemm") == ESTIMATED for r in best)
     attention = any(r.sources.get("attention") == ESTIMATED for r in best)
-    note = rates.efficiency_note(fp8=plan.fp8 != "none", gemm=gemm, attention=attention)
-    if note:
-        print(f"note: {note}", file=sys.stderr)
+    own = [rates.efficiency_note(fp8=plan.fp8 != "none", gemm=gemm, attention=attention)]
+    marked = [r for r in rows if r["status"] == "implausible"]
+    if marked:  # figures no real part gives: said once, with the rates behind them where those are named
+        why = "the rates named above are no real part's" if rates.far else "check the rates and flags it was given"
+        first = str(marked[0]["error"]).split("; ")[0]
+        what = "the projection is" if len(rows) == 1 else f"{len(marked)} of {len(rows)} layouts shown are"
+        own.append(
+            f"{what} implausible, no result ({first}): {why}"
+            + ("; project.csv marks it status implausible" if csv_path else "")
+        )
+    for note in own:
+        if note:
+            notes.append(note)
+            print(f"note: {note}", file=sys.stderr)
     if rates.a.compute_scale != 1.0:
         print(f"calibrated: every compute time × {rates.a.compute_scale:g} (--compute-scale)")
     if csv_path:
+        meta["notes"] = notes  # what stderr said, beside the rows it is about
         with CsvReport(csv_path, SCHEMA, meta, earlier=cli.earlier_policy(args)) as report:
             for r in rows:
                 report.append(r)

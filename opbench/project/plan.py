@@ -250,6 +250,19 @@ def problems(cfg: ModelConfig, plan: Plan, layers: Sequence[Layer] | None = None
                     "--decoder-first/last-pipeline-num-layers, --account-for-embedding/loss-in-pipeline-split)",
                 )
             )
+    pieces = plan.piece_layers(n_layers) if plan.recompute == "full" else None
+    if pieces and plan.recompute_num_layers > max(pieces):
+        # Megatron applies it to each model chunk's layers (TransformerBlock: num_layers_per_pipeline_rank, the
+        # chunk's own layers under a virtual pipeline) and states its range as 1 to the layers per pipeline rank
+        per = f"{n_layers} layers / pp {plan.pp}" + (f" / vpp {plan.vpp}" if plan.vpp > 1 else "")
+        out.append(
+            (
+                "--recompute-num-layers",
+                f"{plan.recompute_num_layers:,} is more than the {max(pieces)} decoder layers of a model chunk "
+                f"({cfg.name}: {per}); Megatron counts it per pipeline stage (per model chunk with --vpp): give 1 to "
+                f"{max(pieces)}",
+            )
+        )
     if plan.schedule in V_SHAPED and plan.vpp != 2:
         out.append(("--vpp", f"--schedule {plan.schedule} runs two model chunks per stage: --vpp 2"))
     elif plan.vpp > 1 and plan.schedule not in (*INTERLEAVED, *V_SHAPED):

@@ -22,6 +22,8 @@ from opbench.core.collectives import COLLECTIVES
 from opbench.core.errors import UsageError
 from opbench.core.outputs import kept_aside
 from opbench.core.peaks import H100_BF16_MATMUL_SHARE, Peak, lookup_peak
+from opbench.core.plausible import UNIT_OF, how_far, part_range
+from opbench.core.units import counted
 from opbench.gemm.shapes import gemm_bytes, gemm_flops
 
 MEASURED, INTERPOLATED, ESTIMATED = "measured", "interpolated", "estimated"
@@ -257,7 +259,7 @@ class Rates:
         from opbench.report.discover import discover
 
         frames: dict[str, list[pd.DataFrame]] = {}
-        names: list[str] = []
+        measured_on: list[tuple[str, str]] = []  # (device, file:line) of each file's rate rows, by device
         self.left_out: list[LeftOut] = []  # rows of --results not used for a bad value, by file and line
         self.unread: list[tuple[str, str]] = []  # files of --results that look like results but were not read
         for folder in results:
@@ -278,13 +280,10 @@ class Rates:
                 frames.setdefault(f.kind.benchmark, []).append(f.frame.assign(file=where, _line=lines))
                 if f.kind.benchmark in CHECKED:
                     self.left_out += [
-                        LeftOut(where, d.line, d.field, f"{d.why} ({d.value})" if d.value else d.why) for d in f.dropped
+                        LeftOut(where, d.line, d.field, f"{d.why} ({d.detail()})" if d.value else d.why)
+                        for d in f.dropped
                     ]
-                name = f.meta.get("device_name") or (
-                    f.frame["device"].iloc[0] if "device" in f.frame and not f.frame.empty else None
-                )
-                if isinstance(name, str) and name:
-                    names.append(name)
+                    measured_on += row_devices(f.frame, f.meta, where, lines)
 
         self.other_dtypes: dict[str, list[str]] = {}  # gemm/attention: dtypes of ok rows not used (not --dtype)
 
@@ -309,13 +308,14 @@ class Rates:
         self.dtype = dtype
         self.a = assumptions
         self.gpus_per_node = gpus_per_node
-        self.device = device or (names[0] if names else None)
+        measured = one_device(measured_on)
+        self.device = device or measured
         self.peak: Peak | None = lookup_peak(self.device) if self.device else None
         self.asked = bool(results)
         self.read_any = bool(frames)
-        # devices --results were measured on that are not the projection's (by the peak table: 'H100' and 'NVIDIA
-        # H100 80GB HBM3' are one): their rows are used as measured, which the user should hear
-        self.other_devices = sorted({n for n in names if n != self.device and lookup_peak(n) != self.peak})
+        # the device --results were measured on when it is not the projection's (--device): its rows are used as
+        # measured, which the user should hear
+        self.other_devices = [measured] if measured and device and same_device(measured) != same_device(device) else []
         self.gemm, self.gemm_fp8 = kind("gemm", (dtype, "fp8"))
         (self.attention,) = kind("attention")
         (self.comm,) = kind("comm")
@@ -330,6 +330,7 @@ class Rates:
             )
         self._gemm_index = _gemm_index(self.gemm)
         self._gemm_fp8_index = _gemm_index(self.gemm_fp8)
+        self.far = self._far_from_any_part()  # notes on rates no real part runs at (docs/project.md, "Rates")
 
     @property
     def notes(self) -> list[str]:
@@ -343,6 +344,7 @@ class Rates:
                 f"--results holds rows measured on {', '.join(self.other_devices)}, not {self.device}: they are used "
                 "as they are (give --results measured on the target)"
             )
+        out += self.far
         if self.unread:
             files = "; ".join(f"{where}: {why}" for where, why in self.unread[:3])
             more = f"; and {len(self.unread) - 3} more" if len(self.unread) > 3 else ""
@@ -354,6 +356,90 @@ class Rates:
         )
         more = f"; and {len(self.left_out) - 3} more" if len(self.left_out) > 3 else ""
         return [*out, f"{len(self.left_out)} row(s) of --results left out for bad values ({shown}{more})"]
+
+    # -- how far the rates are from a real part ---------------------------------------------------------------
+
+    def _far_from_any_part(self) -> list[str]:
+        """One note per kind of rate (GEMM and attention rows, collectives, memory bandwidth, the rate flags) whose
+        rows or flag run slower than any part runs that work, or faster than the target's own peak allows
+        (core.plausible.part_range): the worst named, with how far it is from the plausible range. The rows are
+        used (they meet the bounds a flag would); the note says a projection built on them is no real part's."""
+        part = self.device or "any part"
+        out: list[str] = []
+
+        def judge(kind: str, rows: Sequence[tuple[float, float, float | None, str]], what: str, of: str = "") -> None:
+            """rows: (work, rate, peak, where) of one kind; a note for the worst of those outside their range."""
+            worst: tuple[float, str, float, float, float, str, bool] | None = None
+            count = 0
+            for work, rate, peak, where in rows:
+                low, high = part_range(kind, work, peak)
+                far = how_far(rate, low, high)
+                if far is not None:
+                    count += 1
+                    if worst is None or far[0] > worst[0]:
+                        worst = (far[0], far[1], rate, low, high, where, math.isinf(work))
+            if worst is None:
+                return
+            factor, side, rate, low, high, where, sustained = worst
+            unit = UNIT_OF[kind]
+            times = "infinitely far" if math.isinf(factor) else f"{factor:.3g} times"
+            span = f"{low:.3g} to {high:.3g} {unit}" + ("" if sustained else " for that work")
+            out.append(
+                f"{counted(count, what)}{of} at a rate no real part has: {where} at {rate:.3g} {unit} is {times} {side} "
+                f"the plausible range for {part} ({span}; docs/conventions.md, 'Plausible numbers'): a projection "
+                "built on it is no real part's"
+            )
+
+        def peak_of(dtype: object) -> float | None:
+            return self.peak.tflops(str(dtype)) if self.peak else None
+
+        def lines(frame: pd.DataFrame) -> list[str]:
+            return [f"{f}:{int(n)}" if pd.notna(n) else str(f) for f, n in zip(frame["file"], frame["_line"])]
+
+        gemm: list[tuple[float, float, float | None, str]] = []
+        for g in (self.gemm, self.gemm_fp8):
+            if g.empty:
+                continue
+            for m, n, k, groups, t, dtype, where in zip(
+                g["m"], g["n"], g["k"], g["groups"], g["time_s"], g["dtype"], lines(g)
+            ):
+                work = 2.0 * m * n * k * groups / 1e12
+                gemm.append((work, work / t, peak_of(dtype), f"{where} ({int(m)}x{int(n)}x{int(k)} in {t:.3g} s)"))
+        judge("compute", gemm, "GEMM row", " of --results")
+        attention: list[tuple[float, float, float | None, str]] = []
+        a = self.attention
+        for (_, r), where in zip(a.iterrows(), lines(a) if not a.empty else []):
+            kind = str(r["attn_kind"]) if "attn_kind" in r and pd.notna(r["attn_kind"]) else "full"
+            for p in PASSES:
+                t = r.get(f"{p}_time")
+                if t is not None and pd.notna(t):
+                    work = attention_flops(_row_shape(r, kind), int(r["batch_size"]), p) / 1e12
+                    shape = f"{where} ({p}, seqlen {int(r['seqlen_q'])} in {float(t):.3g} s)"
+                    attention.append((work, work / float(t), peak_of(r["dtype"]), shape))
+        judge("compute", attention, "attention time", " of --results")
+        link = intra_link(self.device or "")
+        comm: list[tuple[float, float, float | None, str]] = []
+        c = self.comm
+        if not c.empty:
+            c = c[c["busbw_gbs"] > 0]  # 0: a 1-rank row, never used
+            for size, busbw, name, where in zip(c["size_bytes"], c["busbw_gbs"], c["collective"], lines(c)):
+                peak = link.intra_gbs if link else None
+                comm.append((size / 1e9, float(busbw), peak, f"{where} ({name}, {int(size)} bytes)"))
+        judge("link", comm, "collective row", " of --results")
+        hbm = self.peak.hbm_tbs * 1e3 if self.peak else None
+        mem = self.memory_rows
+        memory: list[tuple[float, float, float | None, str]] = []
+        if not mem.empty:
+            for size, gbs, where in zip(mem["size_bytes"], mem["gbs"], lines(mem)):
+                memory.append((size / 1e9, float(gbs), hbm, f"{where} ({int(size)} bytes)"))
+        judge("memory", memory, "memory row", " of --results")
+        for kind, rate, peak, flag in (
+            ("memory", self.a.memory_bandwidth_gbs, hbm, "--memory-bandwidth-gbs"),
+            ("link", self.a.nic_gbs, None, "--nic-gbs"),
+        ):
+            if rate:
+                judge(kind, [(math.inf, rate, peak, flag)], "flag")
+        return out
 
     # -- compute ----------------------------------------------------------------------------------------------
 
@@ -682,3 +768,52 @@ def _interpolate_log(sizes: pd.Series, values: pd.Series, x: float) -> float | N
             w = (lx - xs[i - 1]) / (xs[i] - xs[i - 1])
             return float(table.iloc[i - 1] * (1 - w) + table.iloc[i] * w)
     return float(table.iloc[-1])
+
+
+def _line_of(r: Any) -> str:
+    """A row's file line for a note ('?' when not known)."""
+    line = getattr(r, "_line", None) if not isinstance(r, pd.Series) else r.get("_line")
+    return str(int(line)) if line is not None and pd.notna(line) else "?"
+
+
+def same_device(name: str) -> object:
+    """What makes two device names one device: the peak table's entry ('H100' and 'NVIDIA H100 80GB HBM3' are one
+    part), else the name itself, case and spacing aside ('AMD EPYC 7B13')."""
+    return lookup_peak(name) or " ".join(name.lower().split())
+
+
+def row_devices(
+    frame: pd.DataFrame, meta: dict[str, Any], where: str, lines: Sequence[int | None]
+) -> list[tuple[str, str]]:
+    """(device, file:line) for the first row of each device in one results file: a row's own ``device`` (cluster
+    rows: ``device_name``) cell, else the sidecar's ``device_name``; rows that name none are left out (nothing to
+    tell)."""
+    sidecar = meta.get("device_name")
+    fallback = sidecar.strip() if isinstance(sidecar, str) and sidecar.strip() else None
+    column = next((c for c in ("device", "device_name") if c in frame), None)  # cluster rows: device_name
+    own = frame[column].tolist() if column else [None] * len(frame)
+    found: dict[object, tuple[str, str]] = {}
+    for cell, line in zip(own, lines):
+        name = cell.strip() if isinstance(cell, str) and cell.strip() else fallback
+        if name is not None:
+            found.setdefault(same_device(name), (name, f"{where}:{line}" if line is not None else where))
+    return list(found.values())
+
+
+def one_device(measured_on: Sequence[tuple[str, str]]) -> str | None:
+    """The one device every row of --results was measured on (None when no row names one); rows of two devices in
+    one projection are one line naming both and where each was found: one part's rates with another's mixed in
+    would project neither (docs/project.md, "Rates")."""
+    by_device: dict[object, tuple[str, str]] = {}
+    for name, where in measured_on:
+        by_device.setdefault(same_device(name), (name, where))
+    if len(by_device) > 1:
+        (a, at), (b, bt) = list(by_device.values())[:2]
+        more = f" (and {len(by_device) - 2} more)" if len(by_device) > 2 else ""
+        raise UsageError(
+            f"holds rows measured on two devices, {a!r} ({at}) and {b!r} ({bt}){more}: a projection takes one device's "
+            "rates; give --results folders of one device (a row's device is its own 'device' cell, else its sidecar's "
+            "device_name)",
+            field="--results",
+        )
+    return next(iter(by_device.values()))[0] if by_device else None

@@ -68,6 +68,15 @@ SCHEMA = Schema(
         "mem_buffers_gib": "GiB",
         "memory_gib": "GiB",
     },
+    # a step's parts may be 0 (no exposed communication, no bubble); MFU and the estimated share are fractions
+    # (docs/conventions.md, "Plausible numbers")
+    kinds={
+        **{c: "time_part" for c in ("compute_s", "exposed_comm_s", *(f"{k}_s" for k in COMM_KINDS))},
+        "bubble_s": "time_part",
+        "optimizer_s": "time_part",
+        "mfu": "fraction",
+        "estimated_share": "fraction",
+    },
 )
 
 
@@ -80,4 +89,5 @@ VALIDATE_SCHEMA = Schema(
     metrics={"ratio": ""},
     signature=("quantity", "projected", "measured", "ratio"),
     file_hint=r"^project_validate",
+    kinds={"ratio": "ratio"},
 )

@@ -720,7 +720,7 @@ def report(rows: list[tuple[str, float, float]], measured: Measured) -> str:
 def validate(cfg: ModelConfig, plan: Plan, args: argparse.Namespace) -> int:
     import torch
 
-    from .__main__ import assumptions, breakdown
+    from .search import assumptions, breakdown
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and plan.dtype != "fp32":

@@ -50,6 +50,7 @@ def _same_folder(a: str, b: str) -> bool:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from .build import build_report  # pandas: only once the arguments are known good
+    from .discover import IMPLAUSIBLE
     from .inert import one_line  # names and reasons from the folder: one line each, credentials masked
 
     out = args.out if args.out is not None else f"{args.results_dir.rstrip('/')}/report"
@@ -62,7 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = build_report(args.results_dir, out, compare=args.compare, top=args.top, plots=not args.no_plots)
     found = report.found
     rows = sum(len(s.ok) for s in report.sections)
-    print(f"read {len(found.files)} CSV(s) ({rows} ok rows)" if found else "", end="")
+    aside = sum(d.why == IMPLAUSIBLE for f in found.files for d in f.dropped) if found else 0
+    shown = f"{rows} ok rows" + (f", {aside} set aside as implausible" if aside else "")
+    print(f"read {len(found.files)} CSV(s) ({shown})" if found else "", end="")
     if found and found.skipped:
         print(f", skipped {len(found.skipped)}: " + ", ".join(one_line(rel) for rel, _ in found.skipped), end="")
     print(f"\nwrote {one_line(report.path)} with {len(report.plots)} plot(s)")
@@ -70,6 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"warning: {one_line(rel)}: {one_line(why)}", file=sys.stderr)
     for empty in [f.rel for f in found.files if f.frame.empty and not f.dropped] if found else []:
         print(f"warning: {one_line(empty)}: no rows (a run that stopped before its first row?)", file=sys.stderr)
+    for note in report.notes:
+        print(f"note: {one_line(note)}", file=sys.stderr)
     if report.missing:
         print(
             f"plots not made ({len(report.missing)}): "

@@ -23,6 +23,7 @@ class Report:
     missing: dict[str, str] = field(default_factory=dict)  # plot file → why not made
     found: Discovery | None = None
     regressions: Regressions | None = None  # --compare only
+    notes: list[str] = field(default_factory=list)  # for the console: what drawing the plots warned of
 
 
 def build_report(
@@ -43,7 +44,8 @@ def build_report(
     sections = build_sections(found, top=top, other=other)
     regressions = find_regressions(sections) if other is not None else None
     planned = plan_plots(sections)
-    made, missing = render(planned, out) if plots else ([], {p.filename: "--no-plots" for p in planned})
+    notes: list[str] = []
+    made, missing = render(planned, out, notes) if plots else ([], {p.filename: "--no-plots" for p in planned})
     path = out / "report.md"
     write_file(path, report_markdown(found, sections, planned, missing, other, regressions, top).encode("utf-8"))
-    return Report(path, sections, made, missing, found, regressions)
+    return Report(path, sections, made, missing, found, regressions, notes)

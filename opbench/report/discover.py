@@ -15,6 +15,7 @@ import math
 import os
 import re
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -32,6 +33,7 @@ from opbench.cluster.schema import TELEMETRY as CLUSTER_TELEMETRY
 from opbench.comm.schema import SCHEMA as COMM
 from opbench.core.errors import UsageError, describe_os_error
 from opbench.core.outputs import kept_aside
+from opbench.core.plausible import KINDS, Kind
 from opbench.core.results import sidecar_path
 from opbench.core.schema import Schema
 from opbench.fsdp_model.schema import SCHEMA as FSDP
@@ -73,8 +75,13 @@ class Dropped:
 
     line: int | None  # the line an editor shows (from 1); None when it could not be told
     field: str
-    why: str  # TEXT | INFINITE | CUT (a row cut short: no field)
+    why: str  # TEXT | INFINITE | IMPLAUSIBLE | CUT (a row with the wrong number of fields: no field)
     value: str  # the cell, quoted and cut short: 'huge'
+    rule: str = ""  # IMPLAUSIBLE: the range the cell's kind of quantity falls in (core.plausible.Kind.rule)
+
+    def detail(self) -> str:
+        """The cell and, for an implausible one, its rule: "'-5' (a memory size: at least 0 B and at most 1 PiB)"."""
+        return f"{self.value} ({self.rule})" if self.rule else self.value
 
 
 @dataclass
@@ -87,7 +94,7 @@ class ResultFile:
     frame: pd.DataFrame
     meta: dict[str, Any] = field(default_factory=dict)
     identified_by: str = "sidecar"  # "sidecar" | "header"
-    lines: list[int] | None = None  # the file line (from 1) of each row of ``frame``; None when not known
+    lines: list[int] | None = None  # the file line (from 1) of each row of ``frame``
     dropped: list[Dropped] = field(default_factory=list)  # rows left out: cut short, or a bad number
 
 
@@ -209,6 +216,16 @@ NUMERIC = frozenset({"size_bytes", "count", "m", "n", "k", "mbs", "world_size", 
 
 
 TEXT, INFINITE, CUT = "text where a number belongs", "a number that is not finite", "the wrong number of fields"
+IMPLAUSIBLE = "a value outside its plausible range"
+
+
+def plausibility(kind: Schema, column: str) -> tuple[Kind, float] | None:
+    """The column's kind of quantity (docs/conventions.md, "Plausible numbers") and the factor to its base unit: as
+    the schema declares it, else a count for the NUMERIC columns no schema gives a unit (m, n, k, ranks)."""
+    declared = kind.plausible(column)
+    if declared is None and column in NUMERIC:
+        return KINDS["count"], 1.0
+    return declared
 
 
 def _shown(value: object) -> str:
@@ -242,11 +259,18 @@ def drop_garbage(
     frame: pd.DataFrame, kind: Schema, lines: list[int] | None = None
 ) -> tuple[pd.DataFrame, list[Dropped]]:
     """Rows whose number columns hold text ('huge' as a size) or an infinite number are left out, not turned into
-    a crash or an 'inf' later; each is returned with its line (from ``lines``, one per row) and first bad field."""
-    numeric = [c for c in frame.columns if c in NUMERIC or c in kind.metrics or c in kind.units]
+    a crash or an 'inf' later; so are measured rows (status ok, or no status column) with a number outside its
+    kind's plausible range (a step of 1e300 s, -5 GiB: docs/conventions.md, "Plausible numbers"). Each is returned
+    with its line (from ``lines``, one per row) and first bad field."""
+    numeric = [c for c in frame.columns if c in NUMERIC or c in kind.metrics or c in kind.units or c in kind.kinds]
     why = pd.Series("", index=frame.index, dtype=object)
     where = pd.Series("", index=frame.index, dtype=object)
     shown = pd.Series("", index=frame.index, dtype=object)
+    rule = pd.Series("", index=frame.index, dtype=object)
+    # rows not measured (failed, planned, implausible) show no numbers: only their keys, status and error
+    measured = (
+        frame["status"].astype(str) == "ok" if "status" in frame else pd.Series(True, index=frame.index, dtype=bool)
+    )
     for col in numeric:
         if pd.api.types.is_bool_dtype(frame[col]):
             continue
@@ -258,16 +282,29 @@ def drop_garbage(
             where[text] = col
             shown[text] = frame[col][text].map(_shown)
             frame[col] = as_num
-        infinite = pd.Series(np.isinf(frame[col].to_numpy(dtype=float, na_value=np.nan)), index=frame.index)
+        values = frame[col].to_numpy(dtype=float, na_value=np.nan)
+        infinite = pd.Series(np.isinf(values), index=frame.index)
         infinite &= why == ""
         why[infinite] = INFINITE
         where[infinite] = col
         shown[infinite] = cells[infinite].map(_shown)
+        found = plausibility(kind, col)
+        if found is None:
+            continue
+        k, scale = found
+        scaled = values * scale
+        low_ok = scaled > k.low if k.open_low else scaled >= k.low
+        inside = pd.Series(np.isnan(scaled) | (low_ok & (scaled <= k.high)), index=frame.index)
+        outside = ~inside & measured & (why == "")
+        why[outside] = IMPLAUSIBLE
+        where[outside] = col
+        shown[outside] = cells[outside].map(_shown)
+        rule[outside] = k.rule
     bad = why != ""
     if not bad.any():
         return frame, []
     dropped = [
-        Dropped(lines[i] if lines is not None else None, where.iloc[i], why.iloc[i], shown.iloc[i])
+        Dropped(lines[i] if lines is not None else None, where.iloc[i], why.iloc[i], shown.iloc[i], rule.iloc[i])
         for i in range(len(frame))
         if bad.iloc[i]
     ]
@@ -277,47 +314,68 @@ def drop_garbage(
 
 
 def dropped_note(dropped: list[Dropped]) -> str:
-    """'2 row(s) with text where a number belongs left out (line 3 field 'm': 'huge'; line 7 …)'."""
+    """'2 row(s) with text where a number belongs left out (line 3 field 'm': 'huge'; line 7 …)'; rows set aside
+    for an implausible value say so: '1 row(s) with a value outside its plausible range set aside (line 2 field
+    'step_time_s': '1e+300' (a time: more than 0 s and at most 1 year))'."""
     kinds = sorted({d.why for d in dropped}, reverse=True)  # text first, as the line always said
     first = "; ".join(
-        (f"line {d.line} " if d.line is not None else "") + f"field '{d.field}': {d.value}" for d in dropped[:3]
+        (f"line {d.line} " if d.line is not None else "") + f"field '{d.field}': {d.detail()}" for d in dropped[:3]
     )
-    return f"{len(dropped)} row(s) with {' or '.join(kinds)} left out ({first}" + ("; …)" if len(dropped) > 3 else ")")
+    verb = "set aside" if kinds == [IMPLAUSIBLE] else "left out"
+    return f"{len(dropped)} row(s) with {' or '.join(kinds)} {verb} ({first}" + ("; …)" if len(dropped) > 3 else ")")
 
 
-def scan_rows(fh: IO[str]) -> tuple[list[int], list[int]]:
-    """One pass over the CSV text: the 0-based line numbers (as pandas' skiprows counts them; the header is 0) of
-    rows whose field count differs from the header's (a row cut short by a failed write must not be read as a
-    row with empty cells), and the line (from 1) where each of the other rows starts."""
-    bad: list[int] = []
-    good: list[int] = []
-    reader = csv.reader(fh)
-    header = next(reader, None)
-    if header is None:
-        return bad, good
-    start = reader.line_num + 1
-    for row in reader:
-        if row and len(row) != len(header):
-            bad.append(reader.line_num - 1)
-        elif row:
-            good.append(start)
+class Rows:
+    """The rows of one results CSV as Python's csv module splits them (docs/report.md, "What the report trusts"):
+    a line ends at \\n, \\r\\n or a lone \\r outside quotes, everywhere (report and project --results read through
+    this one path). Rows whose field count is not the header's are left out and counted by the line they start
+    on; the others are kept re-written in one dialect, so pandas reads exactly these rows (it splits lines by
+    rules of its own, and a row wider than its header became a row index thousands of levels deep). Time and
+    memory are linear in the file and bounded per row: a row costs its own fields and is dropped as soon as its
+    width is wrong, and a line longer than any row of the header's width can be (each field at most the csv
+    module's field_size_limit) is not split into fields at all: it is one row of the wrong width."""
+
+    def __init__(self, text: IO[str]) -> None:
+        self.cut: list[int] = []  # the line (from 1) each row of the wrong width starts on
+        self.lines: list[int] = []  # the line (from 1) each kept row starts on
+        self.clean = io.StringIO()
+        self.longest = 0  # characters of a line before the header is known: no bound yet
+        reader = csv.reader(self._bounded(text))
+        header = next((row for row in reader if row), None)  # blank lines before it are no header
+        if header is None:
+            raise pd.errors.EmptyDataError("No columns to parse from file")
+        self.longest = (len(header) + 1) * (csv.field_size_limit() + 3)  # quotes and a delimiter a field
+        writer = csv.writer(self.clean, lineterminator="\r\n")  # \r\n: a field holding \r or \n is quoted
+        writer.writerow(header)
         start = reader.line_num + 1
-    return bad, good
+        for row in reader:
+            if row and len(row) != len(header):
+                self.cut.append(start)
+            elif row:
+                writer.writerow(row)
+                self.lines.append(start)
+            start = reader.line_num + 1
+        self.clean.seek(0)
+
+    def _bounded(self, text: IO[str]) -> Iterator[str]:
+        """The file's lines, each longer than ``longest`` replaced by one field (a row of the wrong width, on the
+        same line): thousands of fields are never made from it."""
+        for line in text:
+            yield line if not self.longest or len(line) <= self.longest else "\x00\n"
 
 
-def read_rows(path: Path) -> tuple[pd.DataFrame, list[int], list[int] | None]:
-    """The CSV's rows (read from a regular file of at most MAX_CSV bytes: ``open_regular``), the 0-based lines
-    left out for a wrong field count, and the file line of each row read (None when the two readers disagree)."""
+def read_rows(path: Path) -> tuple[pd.DataFrame, list[int], list[int]]:
+    """The CSV's rows (read from a regular file of at most MAX_CSV bytes: ``open_regular``), the lines (from 1) of
+    the rows left out for a wrong field count, and the file line (from 1) of each row read (``Rows``)."""
     raw, why = open_regular(path, MAX_CSV)
     if raw is None:
         raise _NotRead(why or "not read")
     with raw:
-        text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
-        short, good = scan_rows(text)
-        raw = text.detach()
-        raw.seek(0)
-        frame = pd.read_csv(raw, skiprows=short or None, encoding="utf-8")
-    return frame, short, good if len(good) == len(frame) else None
+        rows = Rows(io.TextIOWrapper(raw, encoding="utf-8-sig", newline=""))  # -sig: a BOM is no header text
+    frame = pd.read_csv(rows.clean, low_memory=False)  # low_memory: no DtypeWarning on a long mixed column
+    if len(frame) != len(rows.lines):  # every row written is one record: pandas cannot disagree
+        raise pd.errors.ParserError(f"{len(frame)} rows read where {len(rows.lines)} were written")
+    return frame, rows.cut, rows.lines
 
 
 class _NotRead(Exception):
@@ -343,7 +401,7 @@ def discover(root: str | Path) -> Discovery:
                     (
                         rel,
                         f"{len(short)} row(s) with the wrong number of fields left out (line "
-                        + ", ".join(str(i + 1) for i in short[:5])  # skiprows counts from 0, editors from 1
+                        + ", ".join(str(i) for i in short[:5])
                         + (", …" if len(short) > 5 else "")
                         + "; a write cut short?)",
                     )
@@ -375,7 +433,7 @@ def discover(root: str | Path) -> Discovery:
         frame, dropped = drop_garbage(frame, kind, lines)
         if dropped:
             found.damaged.append((rel, dropped_note(dropped)))
-        cut = [Dropped(i + 1, "", CUT, "") for i in short]
+        cut = [Dropped(i, "", CUT, "") for i in short]
         found.files.append(ResultFile(path, rel, kind, frame, meta, how, lines, cut + dropped))
     return found
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import math
 import re
+import warnings
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -771,8 +772,53 @@ def cap_plots(plots: list[Plot], sections: Sequence[Section]) -> list[Plot]:
     return kept
 
 
-def render(plots: Sequence[Plot], out_dir: Path) -> tuple[list[Plot], dict[str, str]]:
-    """Draw each plot to ``out_dir/<filename>``; returns the plots made and {filename: why not} for the rest."""
+MAX_PLOT_TEXT = 60  # characters of one line of a label, tick or title drawn from a CSV's names
+MAX_PLOT_LINES = 4  # lines of one such text (a category label is a name and its varying extras)
+
+
+def plot_text(value: object) -> str:
+    """A text drawn into a plot, made inert: each line with credentials masked and control characters written out
+    (``\\x01``: no glyph is missing, no escape reaches a viewer), cut to MAX_PLOT_TEXT characters, at most
+    MAX_PLOT_LINES lines (a 5,000-character layout name collapsed the figure's layout)."""
+    from .inert import one_line
+
+    lines = str(value).split("\n")
+    shown = [one_line(line) for line in lines[:MAX_PLOT_LINES]]
+    shown = [t if len(t) <= MAX_PLOT_TEXT else t[: MAX_PLOT_TEXT - 1] + "…" for t in shown]
+    return "\n".join(shown) + ("\n…" if len(lines) > MAX_PLOT_LINES else "")
+
+
+def _inert_texts(fig: Any) -> None:
+    """Every text of a drawn figure through ``plot_text``: titles, axis labels, legends, annotations, and the tick
+    labels of named ticks (drawing makes the tick texts again from the axis' formatter: a FixedFormatter's list, or
+    the FuncFormatter ``set_ticks(..., labels)`` makes), so those formatters are wrapped."""
+    from matplotlib.text import Text
+    from matplotlib.ticker import FixedFormatter, FuncFormatter
+
+    def inert(formatter: Any) -> Any:
+        if isinstance(formatter, FixedFormatter):
+            return FixedFormatter([plot_text(t) for t in formatter.seq])
+        if isinstance(formatter, FuncFormatter):  # stateless: one call per tick
+            return FuncFormatter(lambda value, pos, inner=formatter: plot_text(inner(value, pos)))
+        return formatter  # numbers only (Scalar, Log): opbench's own text
+
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            major, minor = axis.get_major_formatter(), axis.get_minor_formatter()
+            if inert(major) is not major:
+                axis.set_major_formatter(inert(major))
+            if inert(minor) is not minor:
+                axis.set_minor_formatter(inert(minor))
+    for artist in fig.findobj(Text):
+        text = artist.get_text()
+        if text:
+            artist.set_text(plot_text(text))
+
+
+def render(plots: Sequence[Plot], out_dir: Path, notes: list[str] | None = None) -> tuple[list[Plot], dict[str, str]]:
+    """Draw each plot to ``out_dir/<filename>``; returns the plots made and {filename: why not} for the rest. A
+    warning the plotting library raises while drawing (a glyph no font has, a layout it could not make) reaches
+    no console: they are counted into one line added to ``notes``."""
     if not plots:
         return [], {}
     try:
@@ -782,19 +828,34 @@ def render(plots: Sequence[Plot], out_dir: Path) -> tuple[list[Plot], dict[str, 
     except ImportError:
         return [], {p.filename: PLOT_EXTRA_HINT for p in plots}
     made, missing = [], {}
+    warned: dict[str, list[str]] = {}  # warning text -> plots it came from
     for plot in plots:
         fig = Figure(figsize=plot.figsize, layout="constrained")
         FigureCanvasAgg(fig)
+        caught: list[warnings.WarningMessage] = []
         try:
             # Titles, labels and ticks hold names read from CSVs (a model called 'a$b$'): text between two '$'
             # would be read as math and fail. Every text in these plots is plain (axis formatters are opbench's).
-            with rc_context({"text.parse_math": False}):
+            with rc_context({"text.parse_math": False}), warnings.catch_warnings(record=True) as recorded:
+                caught = recorded
+                warnings.simplefilter("always")
                 plot.draw(fig)
+                _inert_texts(fig)
                 png = io.BytesIO()
                 fig.savefig(png, format="png", dpi=100)
         except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:  # odd data: not the report
             missing[plot.filename] = f"could not draw: {type(exc).__name__}: {exc}"
             continue
+        finally:
+            for w in caught:
+                warned.setdefault(" ".join(str(w.message).split()), []).append(plot.filename)
         write_file(out_dir / plot.filename, png.getvalue())  # a folder or FIFO at that name: one line, no hang
         made.append(plot)
+    if warned and notes is not None:
+        (first, where), count = next(iter(warned.items())), sum(len(v) for v in warned.values())
+        more = f"; and {len(warned) - 1} other kind(s)" if len(warned) > 1 else ""
+        notes.append(
+            f"matplotlib warned {count} time(s) while drawing the plots (first, in {where[0]}: {first[:120]}{more}); "
+            "the plots were drawn"
+        )
     return made, missing

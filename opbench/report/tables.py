@@ -23,7 +23,7 @@ from opbench.core.dtypes import lookup as lookup_dtype
 from opbench.core.schema import Schema
 from opbench.core.units import human_bytes
 
-from .discover import SCHEMAS, Discovery
+from .discover import IMPLAUSIBLE, SCHEMAS, Discovery
 
 Order = Callable[[pd.DataFrame], list[tuple[str, bool]]]
 
@@ -683,6 +683,12 @@ def build_section(found: Discovery, kind: str, top: int | None, other: Discovery
     spec = SPECS[kind]
     ok = prepared(found, kind)
     section = Section(SCHEMAS[kind], files, [], failed_rows(found.frame(kind), kind), ok)
+    aside = sum(d.why == IMPLAUSIBLE for f in found.of_kind(kind) for d in f.dropped)
+    if aside:  # never silently: how many, and where each is named
+        section.notes.append(
+            f"{aside} row(s) set aside: a value outside its plausible range (docs/conventions.md, 'Plausible "
+            "numbers'); each is named under Rows left out."
+        )
     columns = spec.columns
     if other is not None and metrics_of(kind):
         if other.of_kind(kind):
