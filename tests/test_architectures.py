@@ -21,7 +21,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from opbench.attention.flops import attention_flops, gated_deltanet_flops, visible_keys  # noqa: E402
+from opbench.attention.flops import attention_flops, gated_deltanet_flops, mamba2_flops, visible_keys  # noqa: E402
 from opbench.attention.reference import visible_mask  # noqa: E402
 from opbench.attention.shapes import AttentionShape, model_attention_shapes  # noqa: E402
 from opbench.core.errors import UsageError  # noqa: E402
@@ -29,21 +29,44 @@ from opbench.gemm.shapes import gemm_shapes  # noqa: E402
 from opbench.models import load_model_configs  # noqa: E402
 from opbench.models.architectures import HF_LAYER_TYPES, SUPPORTED, decoder_layers  # noqa: E402
 from opbench.models.config import ALIASES  # noqa: E402
-from opbench.models.layout import FULL, LINEAR  # noqa: E402
+from opbench.models.layout import FULL, LINEAR, MAMBA2  # noqa: E402
 from opbench.models.params import parameter_shapes  # noqa: E402
 
 # transformers' default DeepSeek-V2 config routes to None experts per token; its released models use 6. Its
 # default Nemotron config leaves num_key_value_heads None, which its attention cannot build (5.x): one per head
 DEFAULT_FIXES = {"deepseek_v2": {"num_experts_per_tok": 6}, "nemotron": {"num_key_value_heads": 48}}
 # Per-layer lists transformers derives from other fields; a config.json from before 5.x does not carry them
-DERIVED_LISTS = ("layer_types", "mlp_layer_types", "moe_layers", "no_rope_layers")
-# What those older configs say instead, which transformers consumes without keeping (Qwen3-Next's interval)
-CONSUMED = {"full_attention_interval"}
+DERIVED_LISTS = ("layer_types", "mlp_layer_types", "moe_layers", "no_rope_layers", "indexer_types")
+# What those older configs say instead, which transformers consumes without keeping (Qwen3-Next's interval,
+# GLM-5's indexer schedule)
+CONSUMED = {"full_attention_interval", "index_topk_freq", "index_skip_topk_offset", "index_topk_pattern"}
 
 _SMALL = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=256)
 _FALCON = dict(hidden_size=64, num_attention_heads=4, vocab_size=256, num_hidden_layers=2)
 # (model_type, config kwargs): configs that switch each architecture's layout flags
 VARIANTS: dict[str, tuple[str, dict]] = {
+    # every NemotronH block kind (Mamba-2, attention, squared-ReLU MLP, MoE), biases on, 2 groups of 4 heads,
+    # chunks of 16: the FLOP check's 3840 tokens are 240 chunks
+    "nemotron_h_every_block": (
+        "nemotron_h",
+        dict(
+            _SMALL,
+            intermediate_size=96,
+            mamba_num_heads=8,
+            mamba_head_dim=8,
+            ssm_state_size=16,
+            n_groups=2,
+            conv_kernel=3,
+            chunk_size=16,
+            use_bias=True,
+            mlp_bias=True,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            moe_shared_expert_intermediate_size=48,
+            hybrid_override_pattern="M*-EM",
+        ),
+    ),
     "falcon_40b_layout": ("falcon", dict(_FALCON, new_decoder_architecture=True, num_kv_heads=2, bias=True)),
     "falcon_sequential": ("falcon", dict(_FALCON, parallel_attn=False, multi_query=False)),
     "falcon_one_norm": (
@@ -178,6 +201,144 @@ VARIANTS: dict[str, tuple[str, dict]] = {
             num_hidden_layers=3,
         ),
     ),
+    "olmo3_pattern": (
+        "olmo3",
+        dict(_SMALL, intermediate_size=96, attention_bias=True, sliding_window=8, num_hidden_layers=5),
+    ),
+    "olmo3_no_window": ("olmo3", dict(_SMALL, intermediate_size=96, sliding_window=None, num_hidden_layers=4)),
+    "smollm3_nope_sliding": (
+        "smollm3",
+        dict(
+            _SMALL,
+            intermediate_size=96,
+            use_sliding_window=True,
+            sliding_window=16,
+            no_rope_layer_interval=2,
+            pad_token_id=0,
+            attention_bias=True,
+            mlp_bias=True,
+            num_hidden_layers=4,
+        ),
+    ),
+    "minimax_m2_small": (
+        "minimax_m2",
+        dict(_SMALL, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, num_hidden_layers=2),
+    ),
+    "mimo_v2_flash_small": (
+        "mimo_v2_flash",
+        dict(
+            _SMALL,
+            head_dim=24,
+            v_head_dim=16,
+            intermediate_size=96,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            attention_bias=True,
+            sliding_window_size=8,
+            num_hidden_layers=7,
+        ),
+    ),
+    "glm_moe_dsa_shared_indexer": (
+        "glm_moe_dsa",
+        dict(
+            _SMALL,
+            num_key_value_heads=4,
+            intermediate_size=96,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            n_shared_experts=2,
+            kv_lora_rank=32,
+            q_lora_rank=48,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            v_head_dim=24,
+            index_topk=8,
+            index_n_heads=2,
+            index_head_dim=16,
+            attention_bias=True,
+            index_topk_freq=2,
+            index_skip_topk_offset=1,
+            first_k_dense_replace=1,
+            num_hidden_layers=4,
+        ),
+    ),
+    "glm_moe_dsa_pattern": (
+        "glm_moe_dsa",
+        dict(
+            _SMALL,
+            num_key_value_heads=4,
+            intermediate_size=96,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            kv_lora_rank=32,
+            q_lora_rank=48,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            v_head_dim=16,
+            index_topk=8,
+            index_n_heads=2,
+            index_head_dim=16,
+            index_topk_pattern="FSSF",
+            first_k_dense_replace=2,
+            num_hidden_layers=4,
+        ),
+    ),
+    "qwen3_5_interval": (
+        "qwen3_5_text",
+        dict(
+            _SMALL,
+            intermediate_size=96,
+            attention_bias=True,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=8,
+            linear_conv_kernel_dim=3,
+            full_attention_interval=2,
+            num_hidden_layers=4,
+        ),
+    ),
+    "qwen3_5_moe_small": (
+        "qwen3_5_moe_text",
+        dict(
+            _SMALL,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=8,
+            full_attention_interval=3,
+            num_hidden_layers=3,
+        ),
+    ),
+    "longcat_flash_biases": (
+        "longcat_flash",
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            vocab_size=256,
+            ffn_hidden_size=96,
+            num_layers=2,
+            n_routed_experts=4,
+            zero_expert_num=4,
+            moe_topk=2,
+            expert_ffn_hidden_size=32,
+            q_lora_rank=48,
+            kv_lora_rank=32,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            head_dim=8,
+            v_head_dim=16,
+            attention_bias=True,
+            router_bias=True,
+        ),
+    ),
 }
 
 
@@ -202,16 +363,22 @@ def write_config(path, hf_cfg, derived: bool = True, consumed: dict | None = Non
     return str(path)
 
 
+# Layer types whose operator is not HF_LAYER_TYPES' (NemotronH's "linear_attention" is Mamba-2; its MLP and MoE
+# layers have no sequence mixer)
+HF_KINDS = {"nemotron_h": {"linear_attention": MAMBA2, "full_attention": FULL}}
+
+
 def check_against_hf(hf_cfg, tmp_path, kwargs: dict) -> None:
     expected = hf_named_shapes(meta_model(hf_cfg))
-    hf_kinds = [HF_LAYER_TYPES[t] for t in getattr(hf_cfg, "layer_types", None) or []]
+    names = HF_KINDS.get(hf_cfg.model_type, HF_LAYER_TYPES)
+    hf_kinds = [names.get(t) for t in getattr(hf_cfg, "layer_types", None) or []]
     consumed = {k: v for k, v in kwargs.items() if k in CONSUMED}
     for derived in (True, False):
         path = write_config(tmp_path / f"config_{derived}.json", hf_cfg, derived, consumed)
         (cfg,) = load_model_configs(path)
         assert [(s.name, s.shape) for s in parameter_shapes(cfg)] == expected, f"derived lists given: {derived}"
         if hf_kinds:  # each layer's attention operator is the kind transformers builds
-            kinds = [lay.attention[-1].kind for lay in decoder_layers(cfg)]
+            kinds = [lay.attention[-1].kind if lay.attention else None for lay in decoder_layers(cfg)]
             windowless = {
                 "sliding": getattr(hf_cfg, "sliding_window", 1),
                 "chunked": getattr(hf_cfg, "attention_chunk_size", 1),
@@ -273,6 +440,7 @@ def test_gpt2_ignores_the_kv_heads_and_head_dim_it_does_not_have(tmp_path):
 
 # Layers per FLOP check: enough for every kind of layer (Gemma 3's sixth is full; DeepSeek-V3's fourth is MoE).
 FLOP_LAYERS = {"gemma3_text": 6, "deepseek_v3": 4, "deepseek_v32": 4, "llama4_text": 4, "qwen3_next": 4}
+FLOP_LAYERS.update(olmo3=4, smollm3=4, glm_moe_dsa=4, qwen3_5_text=4, qwen3_5_moe_text=4)
 # Tokens: a multiple of every default config's experts / top-k, so balanced routing is whole rows per expert,
 # and not of the linear-attention chunk (64), so its padding is counted too.
 FLOP_TOKENS = 3840
@@ -282,15 +450,34 @@ def _module_flops(counts, root: str, name: str) -> int:
     return sum(counts.get(f"{root}.{name}" if name else root, {}).values())
 
 
-@pytest.mark.parametrize("model_type", SUPPORTED)
+# VARIANTS whose forward FLOPs are checked too
+FLOP_VARIANTS = ("nemotron_h_every_block",)
+FLOP_VARIANTS += ("smollm3_nope_sliding", "mimo_v2_flash_small", "glm_moe_dsa_shared_indexer", "qwen3_5_moe_small")
+
+
+def _mamba2_torch_flops(s: AttentionShape) -> float:
+    """What FlopCounterMode counts of transformers' torch Mamba-2 scan (``mamba2_chunk_scan``), from opbench's
+    formula: transformers repeats B and C to every head before C·Bᵀ (2·C²·N per head, not per group), and passes the
+    states on as one dense einsum over the chunk-decay matrix, 2·(chunks + 1)²·P·N per head, where the formula
+    counts the sequential update, 2·N·P per head and chunk."""
+    c, n, p, h, g = s.window, s.head_dim_qk, s.head_dim_v, s.num_head_q, s.num_head_kv
+    chunks = -(-s.seqlen_q // c)
+    return mamba2_flops(s, 1) + chunks * (2 * c * c * n * (h - g) - 2 * n * p * h) + 2 * (chunks + 1) ** 2 * p * n * h
+
+
+@pytest.mark.parametrize("model_type", [*SUPPORTED, *FLOP_VARIANTS])
 def test_forward_flops_match_gemm_and_attention_rows(model_type, tmp_path):
     from torch.utils.flop_counter import FlopCounterMode
 
-    kwargs = dict(num_hidden_layers=FLOP_LAYERS.get(model_type, 2), **DEFAULT_FIXES.get(model_type, {}))
+    model_type, given = VARIANTS.get(model_type, (model_type, {}))
+    if model_type == "longcat_flash":
+        pytest.skip("its expert loop is data-dependent, no meta forward: test_longcat_flash_forward_flops checks it")
+    kwargs = {"num_hidden_layers": FLOP_LAYERS.get(model_type, 2), **DEFAULT_FIXES.get(model_type, {}), **given}
     (cfg,) = load_model_configs(
         write_config(tmp_path / "config.json", transformers.AutoConfig.for_model(model_type, **kwargs))
     )
-    impl = "eager" if model_type == "gpt_oss" else "sdpa"  # gpt-oss's sinks have no SDPA path
+    # gpt-oss's and MiMo-V2-Flash's sinks have no SDPA path
+    impl = "eager" if model_type in ("gpt_oss", "mimo_v2_flash") else "sdpa"
     hf_cfg = transformers.AutoConfig.for_model(
         model_type, attn_implementation=impl, experts_implementation="batched_mm", **kwargs
     )
@@ -332,9 +519,84 @@ def test_forward_flops_match_gemm_and_attention_rows(model_type, tmp_path):
             channels = 2 * x["linear_num_key_heads"] * x["linear_key_head_dim"]
             channels += x["linear_num_value_heads"] * x["linear_value_head_dim"]
             conv += 2 * (t + kernel - 1) * channels * kernel * s.layer_count
+        elif s.attn_kind == MAMBA2:  # the scan, and its causal conv over x, B and C (T + K − 1 outputs)
+            attention_expected += _mamba2_torch_flops(s) * s.layer_count
+            kernel, channels = cfg.extra["conv_kernel"], s.num_head_q * s.head_dim_v + 2 * s.num_head_kv * s.head_dim_qk
+            conv += 2 * (t + kernel - 1) * channels * kernel * s.layer_count
         else:
             attention_expected += attention_flops(replace(s, causal=False, attn_kind=FULL), 1) * s.layer_count
     assert _module_flops(counts, root, "") - gemm_counted - conv == attention_expected
+
+
+def test_longcat_flash_forward_flops(tmp_path):
+    """LongCat-Flash's experts loop over the experts hit (data-dependent: no meta forward), so a small model runs
+    on the CPU. Every GEMM but the routed experts' equals opbench's rows exactly (the router's logits GEMM is the
+    router module's own F.linear); the experts do 6·h·F FLOPs per token-slot routed to a real expert and none for
+    a zero-computation expert; opbench's expert rows are that under balanced routing over all E + Z experts,
+    top_k·E/(E+Z) real experts per token; attention is both MLA sublayers'."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    e, z, top_k, h, ffn, t = 4, 2, 3, 64, 32, 96
+    hf_cfg = transformers.AutoConfig.for_model(
+        "longcat_flash",
+        attn_implementation="sdpa",
+        hidden_size=h,
+        num_attention_heads=4,
+        vocab_size=256,
+        ffn_hidden_size=96,
+        num_layers=2,
+        n_routed_experts=e,
+        zero_expert_num=z,
+        moe_topk=top_k,
+        expert_ffn_hidden_size=ffn,
+        q_lora_rank=48,
+        kv_lora_rank=32,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        head_dim=8,  # the rotary embedding's width: LongCat's configs set it to qk_rope_head_dim
+        v_head_dim=16,
+    )
+    (cfg,) = load_model_configs(write_config(tmp_path / "config.json", hf_cfg))
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(hf_cfg)
+    picked: list[torch.Tensor] = []
+    for name, module in model.named_modules():
+        if name.endswith("mlp.router"):
+            module.register_forward_hook(lambda mod, args, out: picked.append(out[2]))
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(input_ids=torch.randint(0, 256, (1, t)))
+    counts, root = counter.get_flop_counts(), type(model).__name__
+    experts = [n for n, _ in model.named_modules() if n.endswith("mlp.experts")]
+    others = [
+        n
+        for n, m in model.named_modules()
+        if (any(p.dim() >= 2 for p in m.parameters(recurse=False)) or n.endswith("mlp.router"))
+        and not isinstance(m, torch.nn.Embedding)
+        and not n.endswith(("mlp.experts", "router.classifier"))
+    ]
+    real = sum(int((idx < e).sum()) for idx in picked)
+    assert len(picked) == 2 and sum(_module_flops(counts, root, n) for n in experts) == real * 6 * h * ffn
+
+    rows = gemm_shapes(cfg, seqlen=t, passes=["fwd"])
+    expected = sum(r.flops * r.layer_count for r in rows if r.layer != "lm_head" and not r.layer.startswith("expert_"))
+    assert sum(_module_flops(counts, root, n) for n in others) == expected + 2 * t * cfg.vocab_size * h
+    routed_rows = sum(r.flops * r.layer_count for r in rows if r.layer.startswith("expert_"))
+    assert routed_rows == 2 * t * top_k * e // (e + z) * 6 * h * ffn  # 2 layers, 2 real experts per token
+
+    gemms = sum(_module_flops(counts, root, n) for n in experts + others)
+    shapes = model_attention_shapes(cfg, seqlen=t)
+    assert [s.layer_count for s in shapes] == [4]  # two MLA sublayers in each of the 2 layers
+    attention = sum(attention_flops(replace(s, causal=False, attn_kind=FULL), 1) * s.layer_count for s in shapes)
+    assert _module_flops(counts, root, "") - gemms == attention
+
+
+def test_longcat_flash_fractional_real_experts_are_refused(tmp_path):
+    """top-2 over 4 real and 2 zero-computation experts routes 4/3 real experts per token: no whole GEMM row."""
+    d = transformers.AutoConfig.for_model("longcat_flash", num_layers=2).to_dict()
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**d, "n_routed_experts": 4, "zero_expert_num": 2, "moe_topk": 2}))
+    with pytest.raises(UsageError, match="field 'zero_expert_num'.*fractional 1.33333 real experts per token"):
+        load_model_configs(path)
 
 
 def test_rows_say_which_kind_each_layer_is(tmp_path):
@@ -456,6 +718,17 @@ def test_multimodal_config_reads_its_language_model(tmp_path):
     (cfg,) = load_model_configs(path)
     assert cfg.architecture == "gemma3_text" and cfg.num_hidden_layers == 2
     assert any("its language model (text_config, gemma3_text) is modelled" in n for n in cfg.notes)
+
+
+@pytest.mark.parametrize("wrapper,text", [("qwen3_5", "qwen3_5_text"), ("qwen3_5_moe", "qwen3_5_moe_text")])
+def test_qwen3_5_wrapper_config_reads_its_text_model(wrapper, text, tmp_path):
+    """Qwen3.5's released config.json is the multimodal wrapper; its text_config is the language model, whose
+    parameters are those of transformers' text-only causal LM built from the same text config."""
+    hf_cfg = transformers.AutoConfig.for_model(wrapper, text_config=dict(num_hidden_layers=4))
+    (cfg,) = load_model_configs(write_config(tmp_path / "config.json", hf_cfg))
+    assert cfg.architecture == text and cfg.num_hidden_layers == 4
+    expected = hf_named_shapes(meta_model(hf_cfg.text_config))
+    assert [(s.name, s.shape) for s in parameter_shapes(cfg)] == expected
 
 
 def test_huge_config_field_is_refused(tmp_path):

@@ -163,6 +163,8 @@ KIND_CASES = [
     (AttentionShape("dsa", 48, 48, 4, 4, 24, 16, True, "sparse", 8), ["math", "sdpa", "sdpa_math"]),
     (AttentionShape("qwen3-next", 70, 70, 4, 2, 16, 8, True, "linear", 16), ["gdn_torch"]),
     (AttentionShape("dsa-indexer", 40, 40, 3, 1, 16, 1, True, "indexer", 8), ["indexer_torch"]),
+    # Mamba-2: 4 heads of 8 in 2 groups sharing a 16-wide state, chunks of 16 (the last one padded)
+    (AttentionShape("nemotron-h", 40, 40, 4, 2, 16, 8, True, "mamba2", 16), ["mamba2_torch"]),
 ]
 
 
@@ -194,6 +196,11 @@ def test_unsupported_row_for_linear_kernels_off_gpu():
     linear = AttentionShape("qwen3-next", 64, 64, 4, 2, 16, 8, True, "linear", 64)
     row = run_case(AttentionCase(linear, 1, "gdn_fla", "fp32"), torch.device("cpu"), ["fwd"], FAST, ProblemCache())
     assert row["status"] == "unsupported" and "GPUs only" in row["error"]
+    ssd = AttentionShape("nemotron-h", 64, 64, 4, 2, 16, 8, True, "mamba2", 16)
+    row = run_case(AttentionCase(ssd, 1, "mamba2_ssm", "fp32"), torch.device("cpu"), ["fwd"], FAST, ProblemCache())
+    assert (
+        row["status"] == "unsupported" and "mamba_ssm's Triton SSD kernels run on CUDA/ROCm GPUs only" in row["error"]
+    )
 
 
 def test_flash_attn_adapter_unwraps_fa3_tuple():
@@ -378,7 +385,9 @@ def test_kernel_without_gqa_gets_expanded_kv_outside_the_timed_region(monkeypatc
     assert row["status"] == "ok" and "expanded" not in (row["note"] or "") and (2, 2, 24, 16) in seen
 
 
-@pytest.mark.parametrize("shape", [KIND_CASES[4][0], KIND_CASES[5][0]], ids=["gdn", "indexer"])
+@pytest.mark.parametrize(
+    "shape", [KIND_CASES[4][0], KIND_CASES[5][0], KIND_CASES[6][0]], ids=["gdn", "indexer", "mamba2"]
+)
 def test_a_long_causal_operator_is_checked_on_a_prefix_the_oracle_gets_exactly(monkeypatch, shape):
     """Gated DeltaNet's and the indexer's oracles do not fit a GPU at training lengths (16 GiB and more at 4k): past
     CHECK_PREFIX tokens they run on the prefix, with the output gradient zero past it. That is exact for a causal
@@ -387,19 +396,21 @@ def test_a_long_causal_operator_is_checked_on_a_prefix_the_oracle_gets_exactly(m
     import opbench.attention.runner as R
 
     monkeypatch.setattr(R, "CHECK_PREFIX", 24)
+    monkeypatch.setattr(R, "MAMBA2_CHECK_PREFIX", 24)
     cpu = torch.device("cpu")
     short = R.make_problem(shape, 2, "fp32", cpu, with_grads=True)
     assert short.out_part is not None and short.ref[0].shape[1] == 24
     monkeypatch.setattr(R, "CHECK_PREFIX", 10**6)
+    monkeypatch.setattr(R, "MAMBA2_CHECK_PREFIX", 10**6)
     whole = R.make_problem(shape, 2, "fp32", cpu, with_grads=True)
-    full = R.partial_reference(R.indexer_reference if shape.attn_kind == "indexer" else R.recurrent_gated_delta_rule)(
-        *whole.inputs, short.grad_out
-    )
+    oracles = {"indexer": R.indexer_reference, "linear": R.recurrent_gated_delta_rule, "mamba2": R.ssd_reference}
+    full = R.partial_reference(oracles[shape.attn_kind])(*whole.inputs, short.grad_out)
     assert torch.allclose(full[0][short.out_part], short.ref[0], atol=1e-12)
     for got, want in zip(short.ref[1:], full[1:]):
         assert got.shape == want.shape and torch.allclose(got, want, atol=1e-12)
     monkeypatch.setattr(R, "CHECK_PREFIX", 24)
-    backend = "gdn_torch" if shape.attn_kind == "linear" else "indexer_torch"
+    monkeypatch.setattr(R, "MAMBA2_CHECK_PREFIX", 24)
+    backend = {"linear": "gdn_torch", "indexer": "indexer_torch", "mamba2": "mamba2_torch"}[shape.attn_kind]
     row = run_case(AttentionCase(shape, 2, backend, "fp32"), cpu, ["fwd", "bwd"], FAST, R.ProblemCache())
     assert row["status"] == "ok" and row["grad_max_rel_err"] < 1e-3, row
     assert "checked on the first 24 tokens" in row["note"]

@@ -273,3 +273,24 @@ def test_noisy_passes_are_noted_with_their_spread(tmp_path):
     row = pd.read_csv(out).iloc[0]
     assert row.status == "ok" and "noisy fwd: IQR" in row.note and "noisy bwd: IQR" in row.note
     assert row.fwd_time_iqr_rel > 0 and row.bwd_time_iqr_rel > 0
+
+
+def test_nemotron_h_mamba2_rows_split_heads_and_groups_over_tp(tmp_path):
+    """NemotronH's default blocks (M, E, *, -): one mamba2 row (128 heads of 64, 8 groups of state 128, chunk 128)
+    and one full-attention row; --tp splits Mamba-2's heads and groups as Megatron-Core's MambaMixer does (both
+    must divide), and --seqlen caps leave its chunk size alone."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "nemotron_h", "hidden_size": 4096, "num_attention_heads": 32,
+                                "intermediate_size": 21504, "vocab_size": 131072}))  # fmt: skip
+    (cfg,) = load_model_configs(path)
+    ssd, attn = model_attention_shapes(cfg, seqlen=4096)
+    got = (ssd.attn_kind, ssd.num_head_q, ssd.num_head_kv, ssd.head_dim_qk, ssd.head_dim_v, ssd.window)
+    assert got == ("mamba2", 128, 8, 128, 64, 128)
+    assert (attn.attn_kind, attn.num_head_q, attn.num_head_kv, attn.head_dim_qk) == ("full", 32, 8, 128)
+    assert ssd.layer_count == attn.layer_count == 1
+    ssd8 = model_attention_shapes(cfg, seqlen=4096, tp=8)[0]
+    assert (ssd8.num_head_q, ssd8.num_head_kv) == (16, 1)
+    assert attention_flops(ssd8, 1) * 8 == attention_flops(ssd, 1)  # every rank its heads' and groups' share
+    with pytest.raises(UsageError, match="n_groups 8 of .* not divisible by --tp 16"):
+        model_attention_shapes(cfg, seqlen=4096, tp=16)
+    assert cap_seqlen(ssd, 256).window == 128

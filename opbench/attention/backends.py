@@ -5,7 +5,8 @@ scale baked in, tensors in the backend's ``layout``), or raises ``Unsupported`` 
 backend is one build function and one line in ``BACKENDS``. Softmax backends compute
 softmax(q·kᵀ / sqrt(head_dim_qk)) · v on (q, k, v) with causal masks aligned bottom-right and narrowed by the
 shape's kind (see reference.py); the linear backends compute gated DeltaNet on (q, k, v, g, β), the indexer
-backend DeepSeek-V3.2's index scores on (q, k, w) (operators.py).
+backend DeepSeek-V3.2's index scores on (q, k, w), the mamba2 backends Mamba-2's scan on (x, Δ, A, B, C, D)
+(operators.py).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch.nn.functional as F
 from opbench.core.sweep import Unsupported
 from opbench.models.layout import FULL, SLIDING
 
-from .operators import chunked_gated_delta_rule, indexer_scores
+from .operators import chunked_gated_delta_rule, chunked_ssd, indexer_scores
 from .reference import eager_attention, visible_mask
 from .schema import BACKEND_NAMES
 from .shapes import AttentionShape
@@ -329,6 +330,33 @@ def _build_indexer_torch(shape: AttentionShape, device: torch.device, dtype: str
     )
 
 
+# --- Mamba-2's chunked scan (SSD) ----------------------------------------------------------------------------
+
+
+def _build_mamba2_torch(shape: AttentionShape, device: torch.device, dtype: str) -> Prepared:
+    fn = partial(chunked_ssd, chunk=shape.window)
+    return Prepared(fn, f"chunked SSD in torch ops, chunk {shape.window}, fp32 accumulation")
+
+
+def _build_mamba2_ssm(shape: AttentionShape, device: torch.device, dtype: str) -> Prepared:
+    """mamba_ssm's fused Triton SSD (``mamba_chunk_scan_combined``), as Megatron-Core's MambaMixer and
+    transformers' NemotronH (through the Hub kernel) call it: Δ already positive, D as the skip, no gate. Not run
+    on a GPU yet."""
+    if device.type != "cuda":
+        raise Unsupported("mamba_ssm's Triton SSD kernels run on CUDA/ROCm GPUs only")
+    try:
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+    except ImportError as exc:
+        raise Unsupported(f"mamba_ssm is not installed ({exc.msg}); pip install mamba-ssm") from None
+
+    def fn(*inputs: torch.Tensor) -> torch.Tensor:  # (x, Δ, A, B, C, D)
+        x, dt, a, b, c, d = inputs
+        out: torch.Tensor = mamba_chunk_scan_combined(x, dt, a, b, c, chunk_size=shape.window, D=d)
+        return out
+
+    return Prepared(fn, "mamba_ssm mamba_chunk_scan_combined")
+
+
 BACKENDS: dict[str, Backend] = {
     "math": Backend("math", BHSD, _build_math, "eager matmul + softmax (materialises the scores)"),
     "sdpa": Backend("sdpa", BHSD, partial(_build_sdpa, None), "torch SDPA, torch picks the kernel"),
@@ -341,6 +369,8 @@ BACKENDS: dict[str, Backend] = {
     "gdn_torch": Backend("gdn_torch", BSHD, _build_gdn_torch, "gated DeltaNet, chunkwise, torch ops (linear kind)"),
     "gdn_fla": Backend("gdn_fla", BSHD, _build_gdn_fla, "gated DeltaNet, flash-linear-attention kernel (linear kind)"),
     "indexer_torch": Backend("indexer_torch", BSHD, _build_indexer_torch, "DSA lightning indexer, torch ops"),
+    "mamba2_torch": Backend("mamba2_torch", BSHD, _build_mamba2_torch, "Mamba-2 chunked scan (SSD), torch ops"),
+    "mamba2_ssm": Backend("mamba2_ssm", BSHD, _build_mamba2_ssm, "Mamba-2 SSD, mamba_ssm's Triton kernel"),
 }
 if tuple(BACKENDS) != BACKEND_NAMES:  # the CLI lists schema.BACKEND_NAMES without importing this module
     raise RuntimeError(f"attention backends {tuple(BACKENDS)} differ from schema.BACKEND_NAMES {BACKEND_NAMES}")

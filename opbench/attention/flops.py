@@ -3,14 +3,15 @@ formulas live here only.
 
 Softmax kinds (full, sliding, chunked, sparse top-k, the DSA indexer) follow the FlashAttention / tritonbench
 convention: 2 · batch · heads_q · Σ_rows visible keys · (head_dim_qk + head_dim_v), counting only the keys each
-query row sees under its mask. Linear attention (gated DeltaNet) counts the matmuls of the chunkwise algorithm.
+query row sees under its mask. Linear attention (gated DeltaNet) and Mamba-2's scan count the matmuls of their
+chunkwise algorithms.
 """
 
 from __future__ import annotations
 
 import math
 
-from opbench.models.layout import CHUNKED, INDEXER, LINEAR, LINEAR_CHUNK, SLIDING, SPARSE
+from opbench.models.layout import CHUNKED, INDEXER, LINEAR, LINEAR_CHUNK, MAMBA2, SLIDING, SPARSE
 
 from .shapes import AttentionShape
 
@@ -84,12 +85,31 @@ def gated_deltanet_flops(shape: AttentionShape, batch_size: int, with_solve: boo
     return float(batch_size * shape.num_head_q * chunks * per_chunk)
 
 
+def mamba2_flops(shape: AttentionShape, batch_size: int) -> float:
+    """Forward FLOPs of Mamba-2's chunked scan (Dao & Gu, "Transformers are SSMs: Generalized Models and Efficient
+    Algorithms Through Structured State Space Duality", ICML 2024, §6 "the SSD algorithm"; as mamba_ssm's
+    ``ssd_combined`` kernels compute it: ``_bmm_chunk_fwd``, ``_chunk_scan_fwd``, ``_chunk_state_fwd``,
+    ``_state_passing_fwd``). The shape's ``num_head_q`` is the heads H, ``num_head_kv`` the groups G sharing B and C,
+    ``head_dim_qk`` the state size N, ``head_dim_v`` the head dim P, ``window`` the chunk size C (the sequence is
+    padded to whole chunks). Per chunk: the scores C·Bᵀ once per group, 2·C²·N·G; per head the masked product
+    with Δ·X, 2·C²·P, the chunk's state Bᵀ·(Δ·X), 2·C·N·P, passing the state on (S ← e^{γ_C}·S + state, a
+    multiply and an add per element), 2·N·P, and the output from the entering state C·S, 2·C·N·P. The decays
+    (cumsum, exp), the D·x skip and the mask itself are elementwise and not counted."""
+    chunk = shape.window if shape.window > 0 else 128
+    n, p, heads, groups = shape.head_dim_qk, shape.head_dim_v, shape.num_head_q, shape.num_head_kv
+    chunks = math.ceil(shape.seqlen_q / chunk)
+    per_chunk = 2 * chunk * chunk * n * groups + heads * (2 * chunk * chunk * p + 4 * chunk * n * p + 2 * n * p)
+    return float(batch_size * chunks * per_chunk)
+
+
 def attention_flops(shape: AttentionShape, batch_size: int, pass_: str = "fwd") -> float:
     """Softmax kinds: 2 · batch · heads_q · seqlen_q · visible_keys · (head_dim_qk + head_dim_v) forward (q·kᵀ plus
-    P·v; the indexer's head_dim_v is 1, its per-head weight), bwd = 2.5×, fwdbwd = 3.5×. Linear attention: its
-    chunkwise matmuls, bwd = 2×, fwdbwd = 3×. KV heads (GQA) change bytes, not FLOPs."""
+    P·v; the indexer's head_dim_v is 1, its per-head weight), bwd = 2.5×, fwdbwd = 3.5×. Linear attention and
+    Mamba-2: their chunkwise matmuls, bwd = 2×, fwdbwd = 3×. KV heads (GQA) change bytes, not FLOPs."""
     if shape.attn_kind == LINEAR:
         return gated_deltanet_flops(shape, batch_size) * MATMUL_PASS_MULTIPLIER[pass_]
+    if shape.attn_kind == MAMBA2:
+        return mamba2_flops(shape, batch_size) * MATMUL_PASS_MULTIPLIER[pass_]
     fwd = (
         2
         * batch_size

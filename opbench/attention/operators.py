@@ -118,3 +118,111 @@ def indexer_reference(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> torc
     scores = torch.einsum("bhij,bih->bij", logits, w)
     visible = torch.arange(skv, device=q.device)[None, :] <= torch.arange(sq, device=q.device)[:, None] + (skv - sq)
     return scores.masked_fill(~visible, 0.0) * d**-0.5
+
+
+# --- Mamba-2: the chunked state-space scan (SSD) ---------------------------------------------------------------
+#
+# Mamba-2 (Dao & Gu, "Transformers are SSMs", ICML 2024) keeps one (d_head × d_state) state per head:
+# S_t = exp(Δ_t·A)·S_{t−1} + Δ_t·x_t·B_tᵀ, y_t = S_t·C_t + D·x_t, with Δ_t > 0 the (softplus'd) step, A < 0 a
+# scalar per head, B and C (d_state) shared by the heads of a group (``n_groups``). Inputs are (batch, seq, heads,
+# d_head) for x, (batch, seq, heads) for Δ, (heads,) for A and D, (batch, seq, groups, d_state) for B and C.
+
+
+def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The depthwise causal convolution Mamba-2 and gated DeltaNet run before their scans, then SiLU: x (batch, seq,
+    channels), weight (channels, kernel). A memory-bound part of the layer, not of the scan operator: its
+    2·(seq + kernel − 1)·channels·kernel FLOPs (torch's conv1d with kernel − 1 padding, cut to seq) are a
+    rounding error beside the scan's (docs/models.md, "Attention kinds")."""
+    channels, kernel = weight.shape
+    out = F.conv1d(x.transpose(1, 2), weight[:, None], bias, padding=kernel - 1, groups=channels)
+    return F.silu(out[..., : x.shape[1]]).transpose(1, 2)
+
+
+def _heads(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """B or C (…, groups, d_state) repeated to every head of its group (head h reads group h // (heads/groups))."""
+    return t.repeat_interleave(heads // t.shape[-2], dim=-2)
+
+
+def chunked_ssd(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    d: torch.Tensor | None = None,
+    chunk: int = 128,
+) -> torch.Tensor:
+    """Mamba-2's scan over chunks of ``chunk`` tokens, in fp32, as mamba_ssm's ``ssd_combined`` kernels split it
+    (flops.mamba2_flops counts exactly these matmuls, and the state passing). With γ the cumulative log-decay Δ·A
+    from the chunk's start and L[i, j] = exp(γ_i − γ_j) for i ≥ j (0 above the diagonal):
+    1. intra-chunk scores C·Bᵀ, once per group (C × C), 2. Y_diag = (L ∘ C·Bᵀ)·(Δ·X) per head,
+    3. the chunk's own state Σ_j exp(γ_C − γ_j)·Δ_j·x_j·B_jᵀ, 4. state passing S ← exp(γ_C)·S + that state,
+    5. Y_off = exp(γ)·(C·S_in) from the state entering the chunk; y = Y_diag + Y_off + D·x.
+    Differentiable through autograd."""
+    dtype = x.dtype
+    bs, s, h, p = x.shape
+    g, n = b.shape[2], b.shape[3]
+    nc = math.ceil(s / chunk)
+    pad = nc * chunk - s
+
+    def blocks(t: torch.Tensor) -> torch.Tensor:  # (bs, s, …) -> (bs, nc, chunk, …), fp32, zero-padded
+        t = t.float()
+        if pad:
+            t = F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad))
+        return t.reshape(bs, nc, chunk, *t.shape[2:])
+
+    xd = blocks(x * dt[..., None].to(x.dtype))  # Δ·x: (bs, nc, l, h, p)
+    gamma = blocks(dt.float() * a.float()).permute(0, 3, 1, 2).cumsum(-1)  # (bs, h, nc, l)
+    bc, cc = blocks(b), blocks(c)  # (bs, nc, l, g, n)
+    lower = torch.ones(chunk, chunk, dtype=torch.bool, device=x.device).tril()
+    decay = torch.exp((gamma[..., :, None] - gamma[..., None, :]).masked_fill(~lower, float("-inf")))
+    scores = torch.einsum("bclgn,bcsgn->bcgls", cc, bc)  # 1. per group
+    scores = scores.repeat_interleave(h // g, dim=2) * decay.transpose(1, 2)  # (bs, nc, h, l, s), masked
+    y = torch.einsum("bchls,bcshp->bclhp", scores, xd)  # 2.
+    to_end = torch.exp(gamma[..., -1:] - gamma).permute(0, 2, 3, 1)[..., None]  # (bs, nc, l, h, 1)
+    own = torch.einsum("bclhn,bclhp->bchpn", _heads(bc, h) * to_end, xd)  # 3. (bs, nc, h, p, n)
+    chunk_decay = gamma[..., -1].exp()  # (bs, h, nc)
+    state = x.new_zeros(bs, h, p, n, dtype=torch.float32)
+    entering = []
+    for k in range(nc):  # 4. elementwise, sequential over the chunks
+        entering.append(state)
+        state = state * chunk_decay[:, :, k, None, None] + own[:, k]
+    states = torch.stack(entering, 1)  # (bs, nc, h, p, n)
+    y_off = torch.einsum("bclhn,bchpn->bclhp", _heads(cc, h), states)  # 5.
+    y = y + y_off * gamma.exp().permute(0, 2, 3, 1)[..., None]
+    y = y.reshape(bs, nc * chunk, h, p)[:, :s]
+    if d is not None:
+        y = y + d.float()[:, None] * x.float()
+    return y.to(dtype)
+
+
+def ssd_reference(
+    x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Mamba-2 as the whole semiseparable matrix (the SSD paper's "attention" form, §3–4): y = (L ∘ C·Bᵀ)·(Δ·x)
+    + D·x with L[i, j] = exp(Σ_{j<t≤i} Δ_t·A) over the whole sequence, in the inputs' dtype: the oracle (no chunks,
+    no state; O(seq²) memory per head)."""
+    h = x.shape[2]
+    gamma = (dt * a).cumsum(1).transpose(1, 2)  # (bs, h, s)
+    s = x.shape[1]
+    lower = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
+    decay = torch.exp((gamma[..., :, None] - gamma[..., None, :]).masked_fill(~lower, float("-inf")))
+    scores = torch.einsum("bihn,bjhn->bhij", _heads(c, h), _heads(b, h)) * decay
+    y = torch.einsum("bhij,bjhp->bihp", scores, x * dt[..., None])
+    return y + d[:, None] * x if d is not None else y
+
+
+def recurrent_ssd(
+    x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Mamba-2 one token at a time, the recurrence itself (tests only: it keeps a state per token)."""
+    h = x.shape[2]
+    bh, ch = _heads(b, h), _heads(c, h)
+    state = x.new_zeros(x.shape[0], h, x.shape[3], b.shape[3])
+    outs = []
+    for t in range(x.shape[1]):
+        state = state * (dt[:, t] * a).exp()[..., None, None]
+        state = state + torch.einsum("bhp,bhn->bhpn", x[:, t] * dt[:, t, :, None], bh[:, t])
+        outs.append(torch.einsum("bhpn,bhn->bhp", state, ch[:, t]))
+    y = torch.stack(outs, 1)
+    return y + d[:, None] * x if d is not None else y

@@ -4,7 +4,7 @@ Backward is timed alone: the forward runs once, untimed, keeping its graph, and 
 ``torch.autograd.grad(out, inputs, grad_out, retain_graph=True)``; the harness' untimed ``before`` hook
 swaps in a different ``grad_out`` for every call. The forward is timed as in training (inputs require grad, so autograd
 records and the kernel saves what backward needs). Inputs are (q, k, v) for softmax attention, (q, k, v, g, β)
-for gated DeltaNet and (q, k, w) for the DSA indexer.
+for gated DeltaNet, (q, k, w) for the DSA indexer and (x, Δ, A, B, C, D) for Mamba-2's scan.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import torch
 from opbench.core.device import torch_dtype
 from opbench.core.sweep import STATUS_ERROR, STATUS_OK, STATUS_UNSUPPORTED, Unsupported
 from opbench.core.timing import Stats, TimingConfig, measure, timing_note
-from opbench.models.layout import CHUNKED, FULL, INDEXER, LINEAR
+from opbench.models.layout import CHUNKED, FULL, INDEXER, LINEAR, MAMBA2
 
 from .backends import BACKENDS, from_layout, to_layout
 from .flops import attention_flops
-from .operators import indexer_reference, recurrent_gated_delta_rule
+from .operators import indexer_reference, recurrent_gated_delta_rule, ssd_reference
 from .reference import grad_errors, max_errors, reference_attention, reference_precision
 from .schema import STAT_SUFFIXES
 from .shapes import AttentionShape
@@ -76,6 +76,7 @@ class Problem:
 # Both are causal, so the first N outputs, and every input's gradient when the output gradient is zero past N (the
 # first N of them, and zero after), are exactly what the oracle gives on the first N tokens.
 CHECK_PREFIX = 1024
+MAMBA2_CHECK_PREFIX = 512  # Mamba-2's oracle is its whole semiseparable matrix: heads × 512² in fp64
 
 
 def kernel_problem(shape: AttentionShape, batch: int) -> tuple[AttentionShape, int, str]:
@@ -137,6 +138,18 @@ def make_problem(s: AttentionShape, b: int, dtype: str, device: torch.device, wi
         inputs: tuple[torch.Tensor, ...] = (q, k, v, g, beta)
         oracle: Callable[..., tuple[torch.Tensor, ...]] = partial_reference(recurrent_gated_delta_rule)
         out_shape = (b, s.seqlen_q, s.num_head_q, s.head_dim_v)
+    elif s.attn_kind == MAMBA2:
+        # heads_q = heads, heads_kv = B/C groups, head_dim_qk = state size, head_dim_v = head dim. Δ = softplus of
+        # a normal shifted by −3 (≈ 0.002–0.5, Mamba's dt_min…dt_max range around its init), A in [−16, −1] (the
+        # S4D-real init A_log = log 1…H), D ~ N(0, 1)
+        h, t = s.num_head_q, s.seqlen_q
+        x = randn(b, t, h, s.head_dim_v)
+        step = torch.nn.functional.softplus(randn(b, t, h) - 3.0)
+        a = -1.0 - 15.0 * torch.rand(h, generator=gen, device=device, dtype=dt)
+        bc = randn(b, t, s.num_head_kv, s.head_dim_qk), randn(b, t, s.num_head_kv, s.head_dim_qk)
+        inputs = (x, step, a, *bc, randn(h))
+        oracle = partial_reference(ssd_reference)
+        out_shape = (b, t, h, s.head_dim_v)
     elif s.attn_kind == INDEXER:
         inputs = (randn(b, s.seqlen_q, s.num_head_q, s.head_dim_qk), randn(b, s.seqlen_kv, 1, s.head_dim_qk))
         inputs += (randn(b, s.seqlen_q, s.num_head_q),)
@@ -157,16 +170,20 @@ def make_problem(s: AttentionShape, b: int, dtype: str, device: torch.device, wi
     grad_out = randn(*out_shape) if with_grads else None
     key = (s.key, b, dtype, with_grads)
     n = CHECK_PREFIX
-    if s.attn_kind not in (LINEAR, INDEXER) or s.seqlen_q != s.seqlen_kv or s.seqlen_q <= n:
+    if s.attn_kind == MAMBA2:  # its oracle holds every head's (seq × seq) matrix
+        n = MAMBA2_CHECK_PREFIX
+    if s.attn_kind not in (LINEAR, INDEXER, MAMBA2) or s.seqlen_q != s.seqlen_kv or s.seqlen_q <= n:
         return Problem(key, inputs, grad_out, tuple(oracle(*inputs, grad_out)))
     part = (slice(None), slice(0, n)) + ((slice(0, n),) if s.attn_kind == INDEXER else ())
     if grad_out is not None:  # no gradient flows from past the prefix: the inputs' past it are zero
         kept = torch.zeros_like(grad_out)
         kept[part] = grad_out[part]
         grad_out = kept
-    ref = oracle(*(t[:, :n] for t in inputs), grad_out[part] if grad_out is not None else None)
+    # per-token inputs are cut to the prefix; Mamba-2's per-head A and D are whole, and so are their gradients
+    ref = oracle(*(t[:, :n] if t.dim() > 1 else t for t in inputs), grad_out[part] if grad_out is not None else None)
     pad = [
-        torch.cat([g, g.new_zeros(t.shape[0], t.shape[1] - n, *t.shape[2:])], dim=1) for g, t in zip(ref[1:], inputs)
+        torch.cat([g, g.new_zeros(t.shape[0], t.shape[1] - n, *t.shape[2:])], dim=1) if t.dim() > 1 else g
+        for g, t in zip(ref[1:], inputs)
     ]
     return Problem(key, inputs, grad_out, (ref[0], *pad), part)
 

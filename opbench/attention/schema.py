@@ -5,7 +5,8 @@ from opbench.core.schema import Schema
 PASSES = ("fwd", "bwd", "fwdbwd")
 # The backends' names, for the CLI's help and checks without importing torch; backends.py registers exactly these.
 # Softmax attention (full, sliding, chunked, sparse kinds) runs on the first group; gated DeltaNet layers (kind
-# "linear") and DeepSeek-V3.2's indexer (kind "indexer") are other operators with their own implementations.
+# "linear"), DeepSeek-V3.2's indexer (kind "indexer") and Mamba-2's scan (kind "mamba2") are other operators with
+# their own implementations.
 SOFTMAX_BACKENDS = (
     "math",
     "sdpa",
@@ -18,12 +19,15 @@ SOFTMAX_BACKENDS = (
 )
 LINEAR_BACKENDS = ("gdn_torch", "gdn_fla")
 INDEXER_BACKENDS = ("indexer_torch",)
-BACKEND_NAMES = (*SOFTMAX_BACKENDS, *LINEAR_BACKENDS, *INDEXER_BACKENDS)
+MAMBA2_BACKENDS = ("mamba2_torch", "mamba2_ssm")
+BACKEND_NAMES = (*SOFTMAX_BACKENDS, *LINEAR_BACKENDS, *INDEXER_BACKENDS, *MAMBA2_BACKENDS)
 
 
 def backends_for(kind: str) -> tuple[str, ...]:
     """The backends that implement an attention kind's operator."""
-    return {"linear": LINEAR_BACKENDS, "indexer": INDEXER_BACKENDS}.get(kind, SOFTMAX_BACKENDS)
+    return {"linear": LINEAR_BACKENDS, "indexer": INDEXER_BACKENDS, "mamba2": MAMBA2_BACKENDS}.get(
+        kind, SOFTMAX_BACKENDS
+    )
 
 
 # Per pass: the median time and its spread (the timing harness' Stats), calls timed, TFLOP/s from the median.
@@ -113,5 +117,10 @@ SCHEMA = Schema(
         "fwd_flops": "FLOP",
         "fwdbwd_tflops": "TFLOP/s",
         **{c: "s" for c in PASS_COLUMNS if "_time" in c and not c.endswith("_iqr_rel")},
+    },
+    # a spread may be 0 (docs/conventions.md, "Plausible numbers")
+    kinds={
+        **{c: "time_part" for c in PASS_COLUMNS if c.endswith("_time_std")},
+        **{c: "ratio" for c in PASS_COLUMNS if c.endswith("_iqr_rel")},
     },
 )

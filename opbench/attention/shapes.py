@@ -6,7 +6,7 @@ kernel call sees on one rank: ``num_head_q`` query heads attend over ``seqlen_kv
 (DeepSeek MLA: 192 / 128). Causal masks align bottom-right (flash-attn's convention) when
 seqlen_q ≠ seqlen_kv: query row i sees key j iff j ≤ i + seqlen_kv − seqlen_q. ``attn_kind`` narrows the mask
 (sliding window, chunks, an indexer's top-k) or names another operator (gated DeltaNet linear attention, the
-DSA indexer); docs/models.md, "Attention kinds", says what each means for the timings.
+DSA indexer, Mamba-2's state-space scan); docs/models.md, "Attention kinds", says what each means for the timings.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from opbench.core.errors import UsageError
 from opbench.models import ModelConfig
 from opbench.models.architectures import decoder_layers
 from opbench.models.config import read_json
-from opbench.models.layout import ATTENTION_KINDS, FULL, INDEXER, LINEAR, Attention
+from opbench.models.layout import ATTENTION_KINDS, FULL, INDEXER, LINEAR, MAMBA2, Attention
 
 BUILTIN_SHAPES = Path(__file__).resolve().parent.parent / "shapes" / "attention_shapes.json"
 
@@ -41,7 +41,7 @@ class AttentionShape:
     head_dim_v: int
     causal: bool
     attn_kind: str = FULL
-    window: int = 0  # sliding window, chunk size, top-k keys, or the linear kind's chunk size
+    window: int = 0  # sliding window, chunk size, top-k keys, or the linear and mamba2 kinds' chunk size
     sinks: bool = False  # gpt-oss: a learned logit per head joins the softmax (not applied when timed)
     layer_count: int | None = None  # layers of the model with this operator (derived shapes; None: unknown)
 
@@ -141,6 +141,9 @@ def operator_shape(cfg: ModelConfig, op: Attention, seqlen: int, tp: int, cp: in
     elif op.kind == LINEAR:
         heads_q = _split(op.heads_q, tp, "linear_num_value_heads", "--tp", cfg.name)
         heads_kv = _split(op.heads_kv, tp, "linear_num_key_heads", "--tp", cfg.name)
+    elif op.kind == MAMBA2:  # Megatron-Core's MambaMixer: heads and B/C groups split over TP ranks
+        heads_q = _split(op.heads_q, tp, "mamba_num_heads", "--tp", cfg.name)
+        heads_kv = _split(op.heads_kv, tp, "n_groups", "--tp", cfg.name)
     else:
         heads_q = _split(op.heads_q, tp, "num_attention_heads", "--tp", cfg.name)
         heads_kv = _split(op.heads_kv, tp, "num_key_value_heads", "--tp", cfg.name)
@@ -183,13 +186,14 @@ def model_attention_shapes(
 def cap_seqlen(shape: AttentionShape, max_seqlen: int | None) -> AttentionShape:
     """Shrink both seqlens by one factor so the longer is at most ``max_seqlen`` (keeps the q:kv ratio and so
     the causal structure; a sliding window, chunk or top-k shrinks by the same factor, so a windowed layer stays
-    windowed; the linear kind's chunk size is the algorithm's and stays); used to make CPU runs finish.
+    windowed; the linear and Mamba-2 kinds' chunk size is the algorithm's and stays); used to make CPU runs finish.
     ``None``/0 leaves the shape alone."""
     longest = max(shape.seqlen_q, shape.seqlen_kv)
     if not max_seqlen or longest <= max_seqlen:
         return shape
     scale = max_seqlen / longest
-    window = shape.window if shape.attn_kind == LINEAR or not shape.window else max(1, math.floor(shape.window * scale))
+    keep = shape.attn_kind in (LINEAR, MAMBA2) or not shape.window
+    window = shape.window if keep else max(1, math.floor(shape.window * scale))
     return replace(
         shape,
         seqlen_q=max(1, math.floor(shape.seqlen_q * scale)),

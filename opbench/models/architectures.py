@@ -456,6 +456,113 @@ def _qwen3_next_layer(cfg: ModelConfig, i: int) -> Layer:
     return L.layer(i, mixer + mlp + two_norms(cfg), is_moe)
 
 
+# --- state-space and linear-attention hybrids -------------------------------------------------------------------
+
+# NemotronH's block types: layers_block_type names (and the legacy ones), hybrid_override_pattern characters
+_NEMOTRON_H_BLOCKS = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*"}
+_NEMOTRON_H_BLOCKS.update(mlp="-", moe="E")
+
+
+def mamba2_mixer(cfg: ModelConfig, prefix: str = "mixer") -> Block:
+    """Mamba-2's mixer as transformers' NemotronH registers it: dt_bias, A_log, D (the module's own parameters, so
+    first), the depthwise conv1d over x, B and C, in_proj (z, x, B, C, Δ), the grouped gated RMSNorm and out_proj.
+    The GEMMs are the gated DeltaNet's rows (``linear_in``, ``linear_out``); tensor parallel as Megatron-Core's
+    MambaMixer: in_proj column-parallel over heads and groups, out_proj row-parallel (docs/models.md)."""
+    x = cfg.extra
+    heads, hd, n, groups, kernel = (
+        x["mamba_num_heads"],
+        x["mamba_head_dim"],
+        x["ssm_state_size"],
+        x["n_groups"],
+        x["conv_kernel"],
+    )
+    h, inner, bias = cfg.hidden_size, heads * hd, x["use_bias"]
+    conv_dim = inner + 2 * groups * n
+    p = prefix
+    params: Named = [(f"{p}.dt_bias", (heads,)), (f"{p}.A_log", (heads,)), (f"{p}.D", (heads,))]
+    params += [(f"{p}.conv1d.weight", (conv_dim, 1, kernel))]
+    params += [(f"{p}.conv1d.bias", (conv_dim,))] if x["use_conv_bias"] else []
+    params += weight(f"{p}.in_proj", inner + conv_dim + heads, h, bias)
+    params += L.norm(f"{p}.norm", inner) + weight(f"{p}.out_proj", h, inner, bias)
+    gemms = (Gemm("linear_in", inner + conv_dim + heads, h, L.COLUMN), Gemm("linear_out", h, inner, L.ROW))
+    units = (("mamba_num_heads", heads), ("n_groups", groups))
+    return Block(params, gemms, (Attention(L.MAMBA2, heads, groups, n, hd, x["chunk_size"]),), units)
+
+
+def _read_nemotron_h(r: FieldReader, f: dict[str, Any]) -> None:
+    """NemotronH (Nemotron-H, Nemotron Nano 2, Nemotron 3): one block per layer, its kind from
+    ``layers_block_type`` (else the legacy ``hybrid_override_pattern``; transformers' default is M, E, *, -), whose
+    length is the layer count whatever ``num_hidden_layers`` says (as transformers)."""
+    x = f["extra"]
+    for key, alias, default in (
+        ("ssm_state_size", (), 128),
+        ("mamba_num_heads", (), 128),
+        ("mamba_head_dim", (), 64),
+        ("n_groups", ("mamba_n_groups",), 8),
+        ("conv_kernel", ("mamba_d_conv",), 4),
+        ("chunk_size", ("mamba_chunk_size",), 128),
+    ):
+        x[key] = r.number(key, default, alias=alias)
+    x["use_conv_bias"] = r.flag("use_conv_bias", r.flag("mamba_conv_bias", True))
+    x["use_bias"] = r.flag("use_bias", False)
+    x["mlp_bias"] = r.flag("mlp_bias", False)
+    if r.obj.get("moe_latent_size") is not None:
+        raise UsageError(
+            "NemotronH's latent MoE projections are not modelled by opbench", source=r.where, field="moe_latent_size"
+        )
+    if x["mamba_num_heads"] % x["n_groups"]:
+        raise UsageError(
+            f"mamba_num_heads {x['mamba_num_heads']} is not a multiple of n_groups {x['n_groups']}",
+            source=r.where,
+            field="n_groups",
+        )
+    names = r.strings("layers_block_type")
+    key = "layers_block_type"
+    if names is None and isinstance(r.obj.get("hybrid_override_pattern"), str):
+        key, names = "hybrid_override_pattern", list(r.obj["hybrid_override_pattern"])
+    if names is None:
+        names = ["linear_attention", "moe", "full_attention", "mlp"]
+    known = {**_NEMOTRON_H_BLOCKS, **{c: c for c in "M*-E"}}
+    bad = sorted({t for t in names if t not in known})
+    if bad or not names:
+        raise UsageError(f"unknown block type(s) {bad} (known: {', '.join(known)})", source=r.where, field=key)
+    x["block_types"] = "".join(known[t] for t in names)
+    f["num_hidden_layers"] = len(names)
+    if "E" in x["block_types"] and not f["n_routed_experts"]:
+        raise UsageError("missing for the MoE (E) blocks", source=r.where, field="n_routed_experts")
+
+
+def _nemotron_h_layer(cfg: ModelConfig, i: int) -> Layer:
+    """One NemotronH block: its RMSNorm, then one mixer: Mamba-2 (M), attention without RoPE or biases (*), the
+    squared-ReLU MLP (-), or the MoE (E: non-gated routed experts, sigmoid router, one shared squared-ReLU MLP)."""
+    x, h = cfg.extra, cfg.hidden_size
+    kind = x["block_types"][i % len(x["block_types"])]
+    blk = L.with_params(L.norm("norm", h))
+    if kind == "M":
+        return L.layer(i, blk + mamba2_mixer(cfg), False)
+    if kind == "*":
+        return L.layer(i, blk + standard_attention(cfg, i, prefix="mixer"), False)
+    if kind == "-":
+        mlp = L.plain_mlp("mixer.up_proj", "mixer.down_proj", h, cfg.intermediate_size, x["mlp_bias"])
+        return L.layer(i, blk + mlp, False)
+    e, ffn, top_k = cfg.n_routed_experts, cfg.expert_intermediate_size, cfg.num_experts_per_tok
+    shared = cfg.shared_expert_intermediate_size or ffn
+    experts = Block(
+        [("mixer.experts.up_proj", (e, ffn, h)), ("mixer.experts.down_proj", (e, h, ffn))],
+        (
+            Gemm("expert_gate_up", ffn, h, L.EXPERT_COLUMN, L.ROUTED, e, top_k),  # up only: no gate
+            Gemm("expert_down", h, ffn, L.EXPERT_ROW, L.ROUTED, e, top_k),
+        ),
+    )
+    shared_mlp = Block(
+        weight("mixer.shared_experts.up_proj", shared, h, x["mlp_bias"])
+        + weight("mixer.shared_experts.down_proj", h, shared, x["mlp_bias"]),
+        (Gemm("shared_gate_up", shared, h, L.COLUMN), Gemm("shared_down", h, shared, L.ROW)),
+        tp_units=(("shared expert intermediate size", shared),),
+    )
+    return L.layer(i, blk + experts + gate(cfg, "mixer.gate") + shared_mlp, True)
+
+
 # --- DeepSeek / GLM / ERNIE ---------------------------------------------------------------------------------
 
 
@@ -784,6 +891,252 @@ def _nemotron_layer(cfg: ModelConfig, i: int) -> Layer:
     return L.layer(i, blk, False)
 
 
+# --- 2025-26 releases -------------------------------------------------------------------------------------
+
+
+def _read_olmo3(r: FieldReader, f: dict[str, Any]) -> None:
+    """OLMo 3: OLMo 2's layer; every fourth layer full, the others sliding (``sliding_window``, 4096)."""
+    f["attention_bias"] = r.flag("attention_bias", False)
+    f["sliding_window"] = _window_or_null(r, "sliding_window", 4096)
+    layer_kinds(r, f, lambda i: L.SLIDING if (i + 1) % 4 else L.FULL)
+
+
+def _window_or_null(r: FieldReader, key: str, hf_default: int | None) -> int | None:
+    """``window``, except that an explicit ``null`` means no window (transformers keeps a None it is given)."""
+    return None if r.given(key) and r.pick(key)[0] is None else window(r, key, hf_default)
+
+
+def _read_smollm3(r: FieldReader, f: dict[str, Any]) -> None:
+    """SmolLM3: Llama's layer; ``no_rope_layers`` (1 = RoPE, default every fourth layer 0 = NoPE) changes no
+    shape, and only NoPE layers slide, with ``use_sliding_window`` and a ``sliding_window`` (transformers: None)."""
+    _read_llama(r, f)
+    use = r.flag("use_sliding_window", False)
+    f["sliding_window"] = window(r, "sliding_window", None) if use else None
+    rope = r.indices("no_rope_layers")
+    interval = r.number("no_rope_layer_interval", 4) or 4
+
+    def rule(i: int) -> str:
+        uses_rope = rope[i] if rope and i < len(rope) else int((i + 1) % interval != 0)
+        return L.FULL if uses_rope else L.SLIDING
+
+    layer_kinds(r, f, rule)
+
+
+def _read_minimax_m2(r: FieldReader, f: dict[str, Any]) -> None:
+    """MiniMax-M2: every layer routes (sigmoid router with a correction-bias buffer, not a parameter); the
+    experts' width is ``intermediate_size`` (there is no dense MLP); partial RoPE (``rotary_dim``) changes no shape."""
+    f["moe_intermediate_size"] = f.get("intermediate_size")
+    if r.pick("n_routed_experts")[0] is None and not r.hf:
+        raise UsageError("missing: every minimax_m2 layer routes to experts", source=r.where, field="n_routed_experts")
+
+
+def _minimax_m2_layer(cfg: ModelConfig, i: int) -> Layer:
+    attn = standard_attention(cfg, i, qk_norm="full")  # q/k RMSNorm over all heads at once, as OLMo 2
+    mlp = gate(cfg, "mlp.gate") + experts(cfg, "mlp.experts")
+    return L.layer(i, attn + mlp + two_norms(cfg), True)
+
+
+def _dense_then_sparse(r: FieldReader, f: dict[str, Any], owner: str) -> None:
+    """``mlp_layer_types`` (``dense``/``sparse`` per layer) where the config gives it, else transformers' default:
+    the first layer dense, every other one routed."""
+    mlp_types = per_layer_list(r, "mlp_layer_types", ("dense", "sparse"), f.get("num_hidden_layers"), owner)
+    if mlp_types is not None:
+        f["moe_layers"] = tuple(i for i, t in enumerate(mlp_types) if t == "sparse")
+    else:
+        f["moe_layers"], f["first_k_dense_replace"], f["moe_layer_freq"] = None, 1, 1
+        f["decoder_sparse_step"], f["mlp_only_layers"] = 1, ()
+
+
+def _read_mimo_v2_flash(r: FieldReader, f: dict[str, Any]) -> None:
+    """MiMo-V2-Flash: the first layer and every sixth full, the others sliding (``sliding_window`` 129 = 128
+    earlier keys and the query's own; ``sliding_window_size`` is that minus one). A sliding layer has twice the
+    KV heads and sinks whether or not it has a window (``extra['swa_layers']``)."""
+    f["attention_bias"] = r.flag("attention_bias", False)
+    if f.get("v_head_dim") is None:
+        raise UsageError("missing: MiMo-V2-Flash's values have their own head_dim", source=r.where, field="v_head_dim")
+    size = r.number("sliding_window_size", zero=True)
+    f["sliding_window"] = size + 1 if size is not None else _window_or_null(r, "sliding_window", 129)
+    n = f.get("num_hidden_layers")
+    given = r.strings("layer_types")
+    if given is not None:
+        swa = tuple(i for i, t in enumerate(given) if t == "sliding_attention")
+    else:
+        swa = tuple(i for i in range(n or 0) if i and (i + 1) % 6)
+    f["extra"]["swa_layers"] = swa
+    layer_kinds(r, f, lambda i: L.SLIDING if i and (i + 1) % 6 else L.FULL)
+    _dense_then_sparse(r, f, "mimo_v2_flash")
+
+
+def _mimo_v2_flash_layer(cfg: ModelConfig, i: int) -> Layer:
+    h, heads, d_qk, d_v = cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim, cfg.v_head_dim or 0
+    b = cfg.attention_bias
+    swa = i in cfg.extra.get("swa_layers", ()) if cfg.num_hidden_layers is not None else bool(i and (i + 1) % 6)
+    kv = cfg.num_key_value_heads * (2 if swa else 1)
+    params: Named = [("self_attn.sinks", (heads,))] if swa else []
+    params += (
+        weight("self_attn.q_proj", heads * d_qk, h, b)
+        + weight("self_attn.k_proj", kv * d_qk, h, b)
+        + weight("self_attn.v_proj", kv * d_v, h, b)
+        + weight("self_attn.o_proj", h, heads * d_v)  # never a bias
+    )
+    attn = Block(
+        params,
+        (Gemm("qkv", heads * d_qk + kv * (d_qk + d_v), h, L.COLUMN), Gemm("attn_out", h, heads * d_v, L.ROW)),
+        (softmax_attention(cfg, i, heads, kv, d_qk, d_v, sinks=swa),),
+        L.head_units(heads, kv),
+    )
+    mlp, is_moe = dense_or_moe(
+        cfg,
+        i,
+        lambda: L.gated_mlp("mlp", h, cfg.intermediate_size),
+        lambda: experts(cfg, "mlp.experts") + gate(cfg, "mlp.gate"),  # sigmoid router; correction bias a buffer
+    )
+    return L.layer(i, attn + mlp + two_norms(cfg), is_moe)
+
+
+def _read_glm_moe_dsa(r: FieldReader, f: dict[str, Any]) -> None:
+    """GLM-5: DeepSeek-V3.2's layer (32 indexer heads by default); ``indexer_types`` (else ``index_topk_pattern``
+    of F/S, else ``index_topk_freq`` / ``index_skip_topk_offset``) says which layers run their own indexer
+    (``full``) and which reuse the previous one's top-k (``shared``: no indexer parameters, no indexer operator)."""
+    _read_deepseek("v32")(r, f)
+    f["extra"]["index_n_heads"] = r.number("index_n_heads", 32)
+    n = f.get("num_hidden_layers")
+    types = per_layer_list(r, "indexer_types", ("full", "shared"), n, "glm_moe_dsa")
+    pattern = r.obj.get("index_topk_pattern")
+    if types is None and isinstance(pattern, str) and set(pattern) <= {"F", "S"}:
+        types = ["full" if c == "F" else "shared" for c in pattern]
+    elif types is None and pattern is not None:
+        types = per_layer_list(r, "index_topk_pattern", ("full", "shared"), n, "glm_moe_dsa")
+    if types is None and n is not None:
+        freq = max(r.number("index_topk_freq", 1) or 1, 1)
+        offset = r.number("index_skip_topk_offset", 2, zero=True) or 0
+        types = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(n)]
+    if types is not None and n is not None and len(types) != n:
+        raise UsageError(f"has {len(types)} entries for {n} layers", source=r.where, field="index_topk_pattern")
+    f["extra"]["shared_index_layers"] = tuple(i for i, t in enumerate(types or ()) if t == "shared")
+
+
+def _glm_moe_dsa_layer(cfg: ModelConfig, i: int) -> Layer:
+    h = cfg.hidden_size
+    if i in cfg.extra.get("shared_index_layers", ()):  # reuses the previous indexer's top-k
+        plain = mla_attention(cfg, i)
+        nope, rope, v = cfg.qk_nope_head_dim or 0, cfg.qk_rope_head_dim or 0, cfg.v_head_dim or 0
+        heads, topk = cfg.num_attention_heads, cfg.extra["index_topk"]
+        sparse = Attention(L.SPARSE, heads, heads, nope + rope, v, topk)
+        attn = Block(plain.params, plain.gemms, (sparse,), plain.tp_units)
+    else:
+        attn = mla_attention(cfg, i, indexer=True)
+    mlp, is_moe = dense_or_moe(
+        cfg,
+        i,
+        lambda: L.gated_mlp("mlp", h, cfg.intermediate_size),  # never biased (mlp_bias is not read)
+        lambda: (
+            experts(cfg, "mlp.experts")
+            + gate(cfg, "mlp.gate")
+            + L.shared_mlp("mlp.shared_experts", h, cfg.shared_intermediate_size)
+        ),
+    )
+    return L.layer(i, attn + mlp + two_norms(cfg), is_moe)
+
+
+def _every_layer_routes(f: dict[str, Any]) -> None:
+    """Architectures whose every decoder layer is MoE whatever a config's DeepSeek/Qwen layer fields say."""
+    f["moe_layers"], f["first_k_dense_replace"], f["moe_layer_freq"] = None, 0, 1
+    f["decoder_sparse_step"], f["mlp_only_layers"] = 1, ()
+
+
+def _qwen3_5_deltanet(cfg: ModelConfig) -> Block:
+    """Qwen3.5's gated DeltaNet: Qwen3-Next's operator and GEMMs, with the input projection split four ways
+    (``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``, ``in_proj_a``) and registered after the norm and out_proj."""
+    x, h, p = cfg.extra, cfg.hidden_size, "linear_attn"
+    kh, vh, dk, dv = (
+        x["linear_num_key_heads"],
+        x["linear_num_value_heads"],
+        x["linear_key_head_dim"],
+        x["linear_value_head_dim"],
+    )
+    qkv = 2 * kh * dk + vh * dv
+    params: Named = [(f"{p}.dt_bias", (vh,)), (f"{p}.A_log", (vh,))]
+    params += [(f"{p}.conv1d.weight", (qkv, 1, x["linear_conv_kernel_dim"]))]
+    params += L.norm(f"{p}.norm", dv) + weight(f"{p}.out_proj", h, vh * dv)
+    params += weight(f"{p}.in_proj_qkv", qkv, h) + weight(f"{p}.in_proj_z", vh * dv, h)
+    params += weight(f"{p}.in_proj_b", vh, h) + weight(f"{p}.in_proj_a", vh, h)
+    same = gated_deltanet(cfg, p)  # linear_in: the four projections fused, as Megatron fuses them
+    return Block(params, same.gemms, same.attention, same.tp_units)
+
+
+def _read_qwen3_5_moe(r: FieldReader, f: dict[str, Any]) -> None:
+    _read_qwen3_next(r, f)
+    _every_layer_routes(f)
+    if f.get("intermediate_size") is None:  # no dense MLP: the width opbench requires is the experts'
+        f["intermediate_size"] = f.get("moe_intermediate_size")
+
+
+def _qwen3_5_layer(cfg: ModelConfig, i: int) -> Layer:
+    """Qwen3.5 (dense and MoE): Qwen3-Next's layer pattern; the MoE variant routes in every layer."""
+    b = cfg.attention_bias
+    if kind_of(cfg, i) == L.LINEAR:
+        mixer = _qwen3_5_deltanet(cfg)
+    else:
+        mixer = standard_attention(cfg, i, qkv_bias=b, o_bias=b, qk_norm="head", q_factor=2)
+    if cfg.is_moe:
+        mlp = (
+            gate(cfg, "mlp.gate")
+            + experts(cfg, "mlp.experts")
+            + shared_gate_block(cfg, "mlp.shared_expert", "mlp.shared_expert_gate")
+        )
+    else:
+        mlp = L.gated_mlp("mlp", cfg.hidden_size, cfg.intermediate_size)
+    return L.layer(i, mixer + mlp + two_norms(cfg), cfg.is_moe)
+
+
+def _read_longcat_flash(r: FieldReader, f: dict[str, Any]) -> None:
+    """LongCat-Flash: ``num_layers`` decoder layers of two MLA sublayers each (transformers' num_hidden_layers is
+    twice it); ``moe_topk`` of ``n_routed_experts`` real and ``zero_expert_num`` zero-computation experts."""
+    x = f["extra"]
+    layers = r.number("num_layers")
+    if layers is None and f.get("num_hidden_layers") is not None:
+        layers = f["num_hidden_layers"] // 2  # transformers' num_hidden_layers setter: num_layers = value // 2
+    f["num_hidden_layers"] = layers
+    f["attention_bias"] = r.flag("attention_bias", False)
+    x["router_bias"] = r.flag("router_bias", False)
+    if r.pick("num_experts_per_tok")[0] is None:
+        f["num_experts_per_tok"] = r.number("moe_topk", r.hf_default(12)) or 0
+    if r.pick("moe_intermediate_size")[0] is None:
+        f["moe_intermediate_size"] = r.number("expert_ffn_hidden_size", r.hf_default(2048))
+    x["zero_expert_num"] = zero = r.number("zero_expert_num", r.hf_default(256), zero=True) or 0
+    if f.get("kv_lora_rank") is None:
+        raise UsageError("missing: LongCat-Flash's attention is MLA", source=r.where, field="kv_lora_rank")
+    experts, top_k = f.get("n_routed_experts") or 0, f.get("num_experts_per_tok") or 0
+    if experts and (top_k * experts) % (experts + zero):
+        raise UsageError(
+            f"top-k {top_k} over {experts} experts and {zero} zero-computation experts routes a fractional "
+            f"{top_k * experts / (experts + zero):g} real experts per token under balanced routing; opbench's GEMM "
+            "rows need a whole number",
+            source=r.where,
+            field="zero_expert_num",
+        )
+    x["real_top_k"] = top_k * experts // (experts + zero) if experts else 0
+    _every_layer_routes(f)
+
+
+def _longcat_flash_layer(cfg: ModelConfig, i: int) -> Layer:
+    """The shortcut MoE (routed from the first sublayer's output, added after the second), then two MLA
+    sublayers, two dense MLPs and their norms. Tokens routed to a zero-computation expert cost only the routing:
+    the expert GEMMs carry the real experts' share of T·top_k, top_k·E/(E+Z) per token (``real_top_k``)."""
+    h, x = cfg.hidden_size, cfg.extra
+    e, z, ffn = cfg.n_routed_experts, x["zero_expert_num"], cfg.expert_intermediate_size
+    # transformers allocates gate_up_proj for the zero experts too (unused), down_proj for the real ones only
+    params: Named = [("mlp.experts.gate_up_proj", (e + z, 2 * ffn, h)), ("mlp.experts.down_proj", (e, h, ffn))]
+    real = L.routed_experts("mlp.experts", e, h, ffn, x["real_top_k"])
+    moe = Block(params, real.gemms) + L.router("mlp.router.classifier", e + z, h, x["router_bias"])
+    blk = moe + mla_attention(cfg, i, "self_attn.0") + mla_attention(cfg, i, "self_attn.1")
+    blk += L.gated_mlp("mlps.0", h, cfg.intermediate_size) + L.gated_mlp("mlps.1", h, cfg.intermediate_size)
+    blk += norms("input_layernorm.0", "input_layernorm.1", "post_attention_layernorm.0", size=h)
+    blk += norms("post_attention_layernorm.1", size=h)
+    return L.layer(i, blk, True)
+
+
 def _layer_norm_final(name: str) -> Callable[[ModelConfig], Named]:
     return lambda c: L.norm(name, c.hidden_size, bias=True)
 
@@ -877,6 +1230,24 @@ _ARCHS: Sequence[Architecture] = (
             num_experts_per_tok=10,
             moe_intermediate_size=512,
             shared_expert_intermediate_size=512,
+        ),
+    ),
+    Architecture(
+        "nemotron_h",
+        "Nemotron-H, Nemotron Nano 2, Nemotron 3 Nano (Mamba-2 hybrids)",
+        _nemotron_h_layer,
+        _read_nemotron_h,
+        ("full_attention", "linear_attention"),
+        moe=True,
+        head_dim_default=128,
+        embeddings=_embedding("model.embeddings.weight"),
+        final=lambda c: L.norm("model.norm_f", c.hidden_size),
+        hf_defaults=dict(
+            num_key_value_heads=8,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=7688,
+            shared_expert_intermediate_size=7688,
         ),
     ),
     Architecture(
@@ -1022,11 +1393,96 @@ _ARCHS: Sequence[Architecture] = (
         final=_layer_norm_final("model.norm"),
         hf_defaults=dict(num_key_value_heads=2),
     ),
+    Architecture("olmo3", "OLMo 3", _olmo2_layer, _read_olmo3, SOFTMAX_LAYER_TYPES),
+    Architecture(
+        "smollm3",
+        "SmolLM3",
+        _llama_layer,
+        _read_smollm3,
+        SOFTMAX_LAYER_TYPES,
+        tie_default=True,
+        hf_defaults=dict(num_key_value_heads=4),
+    ),
+    Architecture(
+        "minimax_m2",
+        "MiniMax-M2",
+        _minimax_m2_layer,
+        _read_minimax_m2,
+        moe=True,
+        head_dim_default=128,
+        hf_defaults=dict(num_key_value_heads=8, n_routed_experts=256, num_experts_per_tok=8),
+    ),
+    Architecture(
+        "mimo_v2_flash",
+        "MiMo-V2-Flash",
+        _mimo_v2_flash_layer,
+        _read_mimo_v2_flash,
+        SOFTMAX_LAYER_TYPES,
+        moe=True,
+        head_dim_default=192,
+        hf_defaults=dict(
+            num_key_value_heads=4,
+            n_routed_experts=256,
+            num_experts_per_tok=8,
+            moe_intermediate_size=2048,
+            v_head_dim=128,
+        ),
+    ),
+    Architecture(
+        "glm_moe_dsa",
+        "GLM-5",
+        _glm_moe_dsa_layer,
+        _read_glm_moe_dsa,
+        ("indexed_attention",),
+        moe=True,
+        hf_defaults=dict(
+            _DEEPSEEK_V3_DEFAULTS,
+            num_key_value_heads=64,
+            q_lora_rank=2048,
+            qk_nope_head_dim=192,
+            v_head_dim=256,
+            intermediate_size=12288,
+        ),
+    ),
+    Architecture(
+        "qwen3_5_text",
+        "Qwen3.5 dense (text; the multimodal 'qwen3_5' config's text_config)",
+        _qwen3_5_layer,
+        _read_qwen3_next,
+        ("full_attention", "linear_attention"),
+        head_dim_default=256,
+        hf_defaults=dict(num_key_value_heads=4),
+    ),
+    Architecture(
+        "qwen3_5_moe_text",
+        "Qwen3.5 MoE (text; the multimodal 'qwen3_5_moe' config's text_config)",
+        _qwen3_5_layer,
+        _read_qwen3_5_moe,
+        ("full_attention", "linear_attention"),
+        moe=True,
+        head_dim_default=256,
+        hf_defaults=dict(
+            num_key_value_heads=2,
+            n_routed_experts=256,
+            num_experts_per_tok=8,
+            moe_intermediate_size=512,
+            shared_expert_intermediate_size=512,
+        ),
+    ),
+    Architecture(
+        "longcat_flash",
+        "LongCat-Flash (zero-computation experts; two MLA sublayers and a shortcut MoE per layer)",
+        _longcat_flash_layer,
+        _read_longcat_flash,
+        moe=True,
+        hf_defaults=dict(n_routed_experts=512, **_MLA_DEFAULTS),
+    ),
 )
 ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in _ARCHS}
 SUPPORTED = tuple(ARCHITECTURES)
 # Multimodal configs whose language model is one of the above, in ``text_config``.
 TEXT_CONFIG_WRAPPERS = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
+TEXT_CONFIG_WRAPPERS.update(qwen3_5="qwen3_5_text", qwen3_5_moe="qwen3_5_moe_text")
 
 
 def unsupported(model_type: str, where: str) -> UsageError:

@@ -9,6 +9,7 @@ config never touches the network.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -193,9 +194,30 @@ def read_json(path: Path) -> Any:
     return parse_json(read_small_text(path, MAX_CONFIG_BYTES, "a JSON file"), source=str(path))
 
 
+# A Hugging Face Hub id as people copy it from the model's page: owner/name, nothing else.
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def refuse_hub_id(path: Path) -> None:
+    """A --model-config-path that is not here but reads like a Hub id (``Qwen/Qwen3-8B``: owner/name, neither a
+    file nor its folder exists, no .json) is one line saying what opbench reads instead and how to fetch it:
+    opbench never downloads (module docstring); 'file not found' alone leaves the user guessing."""
+    text = str(path)
+    if path.exists() or not _HUB_ID.fullmatch(text) or text.endswith(".json") or path.parent.exists():
+        return
+    local = text.split("/")[1]
+    raise UsageError(
+        f"'{text}' is not a file or folder here; it looks like a Hugging Face model id: opbench reads a local "
+        f"config.json (no network) — fetch it with `hf download {text} config.json --local-dir {local}` and pass "
+        f"--model-config-path {local}",
+        field="--model-config-path",
+    )
+
+
 def config_file(path: Path) -> tuple[Path, str]:
     """(the JSON file, the model name it defaults to): a Hugging Face model folder means its ``config.json``, and
     a file called ``config.json`` is named after its folder (``~/hf/Llama-3.1-8B/config.json`` → Llama-3.1-8B)."""
+    refuse_hub_id(path)
     if path.is_dir():
         inner = path / "config.json"
         if not inner.is_file():
@@ -214,6 +236,7 @@ def check_config_path(path: str | None) -> None:
     if not path or path == "builtin":
         return
     p = Path(path)
+    refuse_hub_id(p)
     if not p.exists():
         raise UsageError("no such file", source=path, field="--model-config-path")
     config_file(p)

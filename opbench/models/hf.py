@@ -16,7 +16,7 @@ from .config import ModelConfig
 # Keys of a config.json that are about the file, not the model.
 _NOT_KWARGS = ("model", "name", "model_type", "architectures", "transformers_version", "_name_or_path")
 # Per-layer lists in a config.json, cut to the layer count when --num-layers shortens a model.
-_PER_LAYER = ("layer_types", "mlp_layer_types", "no_rope_layers")
+_PER_LAYER = ("layer_types", "mlp_layer_types", "no_rope_layers", "layers_block_type")  # the last: NemotronH's
 
 
 def hf_config_kwargs(cfg: ModelConfig) -> dict[str, Any]:
@@ -33,6 +33,8 @@ def hf_config_kwargs(cfg: ModelConfig) -> dict[str, Any]:
             for key in _PER_LAYER:
                 if isinstance(own.get(key), list):
                     own[key] = own[key][:n]
+            if isinstance(own.get("hybrid_override_pattern"), str):  # NemotronH's legacy spelling of its blocks
+                own["hybrid_override_pattern"] = own["hybrid_override_pattern"][:n]
             if isinstance(own.get("moe_layers"), list):
                 own["moe_layers"] = [i for i in own["moe_layers"] if i < n]
         return own

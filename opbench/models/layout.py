@@ -32,7 +32,8 @@ CHUNKED = "chunked"  # causal within blocks of `window` tokens (Llama 4)
 SPARSE = "sparse"  # causal over `window` keys an indexer picks (DeepSeek-V3.2 DSA top-k)
 LINEAR = "linear"  # gated DeltaNet, chunkwise (Qwen3-Next); `window` = the chunk size
 INDEXER = "indexer"  # the DSA lightning indexer's scoring of every earlier key
-ATTENTION_KINDS = (FULL, SLIDING, CHUNKED, SPARSE, LINEAR, INDEXER)
+MAMBA2 = "mamba2"  # Mamba-2's chunked state-space scan (SSD, NemotronH); `window` = the chunk size
+ATTENTION_KINDS = (FULL, SLIDING, CHUNKED, SPARSE, LINEAR, INDEXER, MAMBA2)
 LINEAR_CHUNK = 64  # the chunk size of the chunkwise gated delta rule (flash-linear-attention's, transformers')
 
 
