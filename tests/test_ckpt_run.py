@@ -287,6 +287,8 @@ def test_failures_on_one_rank_become_rows_and_a_nonzero_exit(tmp_path):
     assert bad.status == "error" and not bad.verified and "contents differ" in bad.error
     assert bad.save_total_time > 0 and bad.iter_folder_size > 2 * 2**20
     assert not list((tmp_path / "data").iterdir())  # checkpoints cleaned up after the run
+    # the state was written and removed once, untimed, before its first case (ckpt.__main__.prime_storages)
+    assert json.loads((out / "ckpt_benchmark.meta.json").read_text())["states"][0]["prime_s"] > 0
 
 
 def test_srun_environment_is_one_world_and_a_corrupt_rank_is_caught(tmp_path):
@@ -391,7 +393,8 @@ def test_sigterm_to_every_task_cleans_up_like_ctrl_c(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "signame,code,said", [("SIGTERM", 143, "terminated (SIGTERM)"), ("SIGINT", 130, "interrupted; rows finished")]
+    "signame,code,said",
+    [("SIGTERM", 143, "terminated (SIGTERM); "), ("SIGINT", 130, "interrupted; ")],
 )
 def test_a_signal_to_the_launcher_stops_a_dcp_job_and_cleans_up(tmp_path, signame, code, said):
     """SIGTERM or SIGINT to a self-launched `opbench ckpt` (kill PID, `timeout -s INT`; a terminal's Ctrl-C
@@ -449,6 +452,10 @@ def test_a_signal_to_the_launcher_stops_a_dcp_job_and_cleans_up(tmp_path, signam
     assert proc.returncode == code, err[-3000:]
     assert time.monotonic() - stopped_at < 45, err[-3000:]  # 3 × STOP_GRACE_S at most, then the job is killed
     assert err.count(said) == 1 and "Traceback" not in err, err[-3000:]
+    said_line = next(line for line in err.splitlines() if said in line)  # rank 0's, naming its CSV
+    assert said_line.endswith(str(tmp_path / "out" / "ckpt_benchmark.csv")) or (
+        f"({tmp_path / 'out' / 'ckpt_benchmark.csv'} has none)" in said_line
+    ), said_line
     rows = list(csv.DictReader(open(tmp_path / "out" / "ckpt_benchmark.csv")))
     assert all(r["status"] == "ok" for r in rows), rows  # the interrupted case is no row, least of all an error
     assert "Setting OMP_NUM_THREADS" not in err, err[-3000:]

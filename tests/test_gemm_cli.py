@@ -162,7 +162,8 @@ def test_noisy_rows_are_marked_and_listed_by_the_report(run, tmp_path):
         x["status"] == "ok" and x["note"].startswith("noisy: IQR ") and float(x["time_iqr_rel"]) > 0 for x in rows
     )
     # the console says it under the table, with what to do
-    assert "time_iqr_rel" in r.stdout and "2 of 2 rows are noisy" in r.stdout and "larger --budget" in r.stdout
+    said = " ".join(r.stdout.split())  # the advice is wrapped at 120 characters
+    assert "time_iqr_rel" in r.stdout and "2 of 2 rows are noisy" in said and "larger --budget" in said
     rep = run("opbench.report", str(res), "--report-dir-path", str(tmp_path / "rep"))
     assert rep.returncode == 0, rep.stderr
     text = (tmp_path / "rep" / "report.md").read_text()
@@ -182,6 +183,14 @@ def test_noisy_rows_are_marked_and_listed_by_the_report(run, tmp_path):
         (["--mnk", "4096x4096"], "'4096x4096' is not MxNxK with positive integers"),
         (["--mnk", "8x8x0"], "'8x8x0' is not MxNxK"),
         (["--mnk", "8x8x8", "--model", "Llama2_7B"], "raw shapes take no model"),
+        # a misspelled flag or choice names the one meant (difflib over the parser's flags and the choices)
+        (["--seq-len", "512"], "unrecognized arguments: --seq-len 512; did you mean --seqlen? (see --help)"),
+        (["--seq_len=512"], "unrecognized arguments: --seq_len=512; did you mean --seqlen? (see --help)"),
+        (["seqlen", "512"], "unrecognized arguments: seqlen 512; did you mean --seqlen? (see --help)"),
+        (["--cache", "cld"], "field '--cache': invalid choice: 'cld' (choose from "),
+        (["--cache", "cld"], "; did you mean 'cold'?"),
+        (["--layout", "nt"], "; did you mean 'NT'?"),
+        (["--model-config-path", "Qwen/Qwen3-8B"], "it looks like a Hugging Face model id"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(run, tmp_path, args, needle):
@@ -191,6 +200,46 @@ def test_bad_input_is_one_line_exit_2(run, tmp_path, args, needle):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+def test_a_flag_nothing_is_close_to_gets_no_guess(run, tmp_path):
+    """--dry-rn is close to --dry-run; --xyz to nothing: the line says so without a wild guess."""
+    r = run("opbench.gemm", "--dry-rn", "--report-dir-path", str(tmp_path))
+    assert r.returncode == 2 and r.stderr.strip().endswith("--dry-rn; did you mean --dry-run? (see --help)")
+    r = run("opbench.gemm", "--xyz", "--dry-run", "--report-dir-path", str(tmp_path))
+    assert r.returncode == 2 and "did you mean" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "typed,meant", [("gem", "gemm"), ("atention", "attention"), ("selftst", "selftest"), ("nccl_tests", "nccl-tests")]
+)
+def test_a_misspelled_subcommand_names_the_one_meant(run, typed, meant):
+    r = run("opbench", typed)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert r.stderr.startswith(f"opbench: error: unknown subcommand '{typed}'; did you mean {meant}? (choose from ")
+    r = run("opbench", "zzz")
+    assert r.returncode == 2 and "did you mean" not in r.stderr and "(choose from gemm, attention" in r.stderr
+
+
+REQUIRED = {"fsdp": ["--world-size", "8"], "project": ["--world-size", "8"], "trace": ["x.log"]}
+REQUIRED |= {"nccl-tests": ["x.out"], "report": ["results"]}  # parsed before any file is looked at
+
+
+@pytest.mark.parametrize(
+    "tool",
+    ["gemm", "attention", "comm", "fsdp", "trace", "nccl-tests", "ckpt", "report", "selftest", "cluster", "project"],
+)
+def test_every_tool_names_the_flag_meant(tool, capsys):
+    """The one ArgumentParser of core.cli: every tool's misspelled flag gets the hint, in one line, exit 2."""
+    import importlib
+
+    from opbench.core.cli import SUBCOMMANDS
+    from opbench.core.errors import run_cli
+
+    module = importlib.import_module(SUBCOMMANDS[tool][0])
+    assert run_cli(module.main, [*REQUIRED.get(tool, []), "--hepl"], prog=f"opbench {tool}") == 2
+    err = capsys.readouterr().err
+    assert err == f"opbench {tool}: error: unrecognized arguments: --hepl; did you mean --help? (see --help)\n"
+
+
 def test_malformed_json_names_file(run, tmp_path):
     bad = tmp_path / "cfg.json"
     bad.write_text('[{"model": "x", "hidden_size": 1,,}]')
@@ -198,7 +247,10 @@ def test_malformed_json_names_file(run, tmp_path):
     assert r.returncode == 2 and f"{bad}: malformed JSON at line 1" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_ctrl_c_keeps_finished_rows(tmp_path):
+@pytest.mark.parametrize(
+    "sig,code,said", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated (SIGTERM)")]
+)
+def test_ctrl_c_keeps_finished_rows(tmp_path, sig, code, said):
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -221,10 +273,10 @@ def test_ctrl_c_keeps_finished_rows(tmp_path):
     deadline = time.time() + 300
     while time.time() < deadline and (not path.exists() or len(read(path)) < 2):
         time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
-    assert "Traceback" not in err and "interrupted" in err
+    assert proc.returncode == code, err
+    assert "Traceback" not in err and said in err
     rows = read(path)
     assert 2 <= len(rows) < 15
     assert all(r["status"] == "ok" and float(r["time_s"]) > 0 for r in rows)
@@ -232,6 +284,8 @@ def test_ctrl_c_keeps_finished_rows(tmp_path):
     finished = out[out.index(f"interrupted after {len(rows)} of ") :]
     table_rows = [line for line in finished.splitlines() if line.split()[:2] in (["qkv", "fwd"], ["qkv", "dgrad"])]
     assert len(table_rows) >= 2 and f"they are in {path}" in finished
+    # and the one line on stderr names the CSV and its rows, not "the report"
+    assert f"gemm: {said}; the {len(rows)} rows finished so far are in {path}\n" in err, err
 
 
 def test_triton_matmul_compiles_for_gpu_targets_and_fp32_stays_fp32():

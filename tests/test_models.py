@@ -261,6 +261,42 @@ def test_missing_file(tmp_path):
         load_model_configs(tmp_path / "nope.json")
 
 
+def test_a_hugging_face_id_says_opbench_reads_a_local_config_and_how_to_fetch_it(tmp_path, monkeypatch):
+    """`--model-config-path Qwen/Qwen3-8B` (a Hub id, no such path here): one error naming the flag, that opbench
+    reads a local config.json, and the command that fetches one; a missing path that is not id-shaped, or whose
+    folder exists, is still 'file not found'; a local owner/name folder with a config.json is read as usual."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError) as exc:
+        load_model_configs("Qwen/Qwen3-8B")
+    assert str(exc.value) == (
+        "field '--model-config-path': 'Qwen/Qwen3-8B' is not a file or folder here; it looks like a Hugging Face "
+        "model id: opbench reads a local config.json (no network) — fetch it with `hf download Qwen/Qwen3-8B "
+        "config.json --local-dir Qwen3-8B` and pass --model-config-path Qwen3-8B"
+    )
+    for not_an_id in ("Qwen3-8B", "cfg/model.json", "/Qwen/Qwen3-8B", "a/b/c"):
+        with pytest.raises(UsageError, match="file not found") as exc:
+            load_model_configs(not_an_id)
+        assert "Hugging Face" not in str(exc.value)
+    (tmp_path / "Qwen").mkdir()  # the owner is a folder here: a typo of a local path, not an id
+    with pytest.raises(UsageError, match="file not found"):
+        load_model_configs("Qwen/Qwen3-8B")
+    (tmp_path / "meta-llama" / "Llama-3.1-8B").mkdir(parents=True)  # an id-shaped folder that exists is read
+    llama = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4}
+    llama |= {"vocab_size": 1000, "num_hidden_layers": 2}
+    write(tmp_path / "meta-llama" / "Llama-3.1-8B", "config.json", llama)
+    (cfg,) = load_model_configs("meta-llama/Llama-3.1-8B")
+    assert cfg.name == "Llama-3.1-8B"
+
+
+@pytest.mark.parametrize("tool", ["gemm", "attention", "ckpt", "comm", "fsdp", "cluster", "project"])
+def test_every_tool_says_it_of_a_hub_id_in_one_line(run, tool):
+    extra = {"fsdp": ["--world-size", "8"], "project": ["--world-size", "8"], "comm": ["--dry-run"]}
+    r = run("opbench", tool, "--model-config-path", "Qwen/Qwen3-8B", "--model", "x", *extra.get(tool, []))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert f"opbench {tool}: error: field '--model-config-path': 'Qwen/Qwen3-8B' is not a file or folder" in r.stderr
+    assert "`hf download Qwen/Qwen3-8B config.json --local-dir Qwen3-8B`" in r.stderr
+
+
 def test_unknown_model_lists_available():
     with pytest.raises(UsageError) as exc:
         select_models(load_model_configs(), "Llama9")

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from conftest import ROOT
 
 from opbench.attention.__main__ import main as attention_main
@@ -124,3 +125,95 @@ def test_a_reader_that_goes_away_ends_the_help_quietly():
         proc.stdout.close()  # the reader is gone before the first write
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 0 and b"Traceback" not in err, err.decode()
+
+
+def test_notes_are_wrapped_at_120_with_a_continuation_indent():
+    from opbench.core.units import CONSOLE_WIDTH, note, wrapped
+
+    text = "the earlier benchmark_gemm_raw.csv is kept as " + "/tmp/" + "x" * 130 + "/b.csv (--overwrite replaces it)"
+    lines = note(text).splitlines()
+    assert lines[0] == "note: the earlier benchmark_gemm_raw.csv is kept as"
+    assert lines[1] == "  /tmp/" + "x" * 130 + "/b.csv"  # a path longer than a line stands whole, on its own
+    assert lines[2] == "  (--overwrite replaces it)" and " ".join(" ".join(lines).split()) == f"note: {text}"
+    hashed = note("a " * 100, lead="# note: ", indent="#   ").splitlines()
+    assert len(hashed) == 2 and hashed[1].startswith("#   a") and all(len(x) <= CONSOLE_WIDTH for x in hashed)
+    assert wrapped("\nshort\n\nkept") == "\nshort\n\nkept"  # the text's own lines stay
+
+
+def test_the_bare_gemm_note_is_wrapped(run, tmp_path):
+    r = run("opbench", "gemm", "--dry-run", "--device", "cpu", "--report-dir-path", str(tmp_path))
+    assert r.returncode == 0 and all(len(line) <= 120 for line in r.stderr.splitlines()), r.stderr
+    assert "Qwen3_235B_A22B" in r.stderr and r.stderr.count("\n  ") >= 1
+
+
+def test_the_time_left_weighs_rows_by_their_work():
+    """A Qwen3-0.6B-like sweep: 12 GEMMs of 2-6 GFLOP, then 3 of 159 GFLOP. After the 12, counting rows promised
+    the 3 in a quarter of the 12's time; the work-weighted estimate charges each big row what the harness spends on
+    its predicted calls, plus the fixed cost the small rows showed. No clock is read: wall times are given."""
+    from opbench.core.progress import Remaining, Workload
+    from opbench.core.timing import TimingConfig, expected_seconds
+
+    timing = TimingConfig()
+    assert expected_seconds(0.02, timing, extra_calls=1) == pytest.approx(44 * 0.02)  # 3 warm-up, 2×20, 1 check
+    assert expected_seconds(0.75, timing, extra_calls=1) == pytest.approx(8 * 0.75)  # 2 warm-up, 5, 1 check
+    small = [4.3e9, 2.1e9, 6.4e9, 3.2e9] * 3
+    flops = [*small, 159e9, 159e9, 159e9]
+    rate = 0.21e12  # FLOP/s of every call
+    wall = [expected_seconds(f / rate, timing, 1) + 0.1 for f in small]  # 0.1 s fixed per row
+    work = Workload([[f] for f in flops], lambda row: [row["time_s"]], lambda t: expected_seconds(t, timing, 1))
+    left = Remaining(work)
+    assert left.seconds_left(0) is None  # nothing measured yet
+    for i, (f, w) in enumerate(zip(small, wall, strict=True)):
+        left.finished(i, {"time_s": f / rate}, w)
+    by_rows = sum(wall) / 12 * 3
+    expected = 3 * (0.1 + expected_seconds(159e9 / rate, timing, 1))
+    assert left.seconds_left(12) == pytest.approx(expected, rel=1e-6)
+    assert left.seconds_left(12) > 6 * by_rows  # 18.5 s against 2.9 s
+    left.finished(12, {"time_s": None}, 50.0)  # a failed row says nothing about the rate or the fixed cost
+    assert left.seconds_left(13) == pytest.approx(expected * 2 / 3, rel=1e-6)
+
+
+def test_the_bar_shows_the_work_weighted_time_left(monkeypatch, capsys):
+    """On a terminal (OPBENCH_PROGRESS=bar) the bar counts rows and ends with the estimate, not tqdm's own."""
+    from opbench.core.progress import RowProgress, Workload
+
+    work = Workload([[1.0], [1.0], [100.0]], lambda row: [row["t"]], lambda t: 10 * t)
+    with RowProgress(3, "demo", mode=BAR, workload=work) as shown:
+        shown.done({"t": 0.01})
+        assert shown.time_left() != "?" and shown._bar.left == shown.time_left()
+        assert "1/3 [" in str(shown._bar) and str(shown._bar).endswith(f"<{shown.time_left()}]")
+    assert RowProgress(2, "x", mode=OFF).time_left() == "?"  # no workload: tqdm's row count only
+
+
+def test_an_interrupt_names_the_csv_and_its_rows(tmp_path, capsys):
+    """run_cli's Ctrl-C line names every CSV open at that moment and the rows in it; none open: says so."""
+    from opbench.core.errors import run_cli
+    from opbench.core.results import CsvReport
+
+    path = tmp_path / "g.csv"
+
+    def stopped(argv):
+        with CsvReport(path, GEMM) as report:
+            report.append({"model": "m", "status": "ok"})
+            report.append({"model": "m", "status": "ok"})
+            raise KeyboardInterrupt
+
+    assert run_cli(stopped, [], prog="opbench gemm") == 130
+    assert capsys.readouterr().err == f"opbench gemm: interrupted; the 2 rows finished so far are in {path}\n"
+
+    def two(argv):
+        with CsvReport(tmp_path / "a.csv", GEMM), CsvReport(tmp_path / "b.csv", GEMM) as second:
+            second.append({"model": "m"})
+            raise KeyboardInterrupt
+
+    assert run_cli(two, [], prog="p") == 130
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    assert capsys.readouterr().err == f"p: interrupted; the rows finished so far are in {a} (0 rows), {b} (1 row)\n"
+
+    def done_first(argv):
+        with CsvReport(tmp_path / "c.csv", GEMM):
+            pass  # closed before the interrupt: not named
+        raise KeyboardInterrupt
+
+    assert run_cli(done_first, [], prog="p") == 130
+    assert capsys.readouterr().err == "p: interrupted; no CSV was being written\n"

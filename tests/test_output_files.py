@@ -44,7 +44,9 @@ def test_rerun_keeps_the_earlier_csv_and_a_dry_run_never_touches_it(run, tmp_pat
     assert again.returncode == 0, again.stderr
     (kept,) = (tmp_path / "earlier").glob("*/benchmark_gemm_raw.csv")
     assert kept.read_bytes() == before and (kept.parent / "benchmark_gemm_raw.meta.json").is_file()
-    assert f"the earlier benchmark_gemm_raw.csv is kept as {kept}" in again.stderr
+    # wrapped at 120 characters (docs/conventions.md, "Console lines"): the path whole, on a line of its own if long
+    assert f"note: the earlier benchmark_gemm_raw.csv is kept as {kept}" in " ".join(again.stderr.split())
+    assert all(len(line) <= 120 or line.strip().startswith(str(kept)) for line in again.stderr.splitlines())
     assert len(rows_of(measured)) == 2 and measured.read_bytes() != before
 
 
@@ -455,3 +457,46 @@ def test_a_name_too_long_is_one_short_line(capsys, tmp_path):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.count("a" * 300) == 1 and "name too long" in err
     assert os.listdir(tmp_path) == []
+
+
+SMALL_GEMM = ["--layers", "qkv", "--passes", "fwd", "--quick"]
+
+
+def test_each_job_has_its_own_default_folder_and_the_report_reads_the_latest_of_each(run, tmp_path):
+    """No --report-dir-path: each tool writes out/<tool>/, and a bare `opbench gemm` (the quick look) out/gemm-quick/,
+    so it never moves the CSV of `--model Qwen3_0.6B` aside (one file name); rerunning that job keeps its earlier
+    CSV in out/gemm/earlier/, which `opbench report out/` skips: the report has each job's latest rows only."""
+    job = ["opbench", "gemm", "--model", "Qwen3_0.6B", "--seqlen", "64", *SMALL_GEMM]
+    assert run(*job, cwd=tmp_path).returncode == 0
+    look = run("opbench", "gemm", *SMALL_GEMM, cwd=tmp_path)
+    assert look.returncode == 0, look.stderr
+    out = tmp_path / "out"
+    assert {r["seqlen"] for r in rows_of(out / "gemm" / "benchmark_gemm_Qwen3_0.6B.csv")} == {"64"}
+    assert {r["seqlen"] for r in rows_of(out / "gemm-quick" / "benchmark_gemm_Qwen3_0.6B.csv")} == {"128"}
+    assert "into out/gemm-quick/" in " ".join(look.stderr.split()) and not list(out.rglob("earlier"))
+    again = run(*job, cwd=tmp_path)  # the same job again: its earlier CSV goes aside, in its own folder
+    assert again.returncode == 0, again.stderr
+    (kept,) = (out / "gemm" / "earlier").glob("*/benchmark_gemm_Qwen3_0.6B.csv")
+    plan = run("opbench", "attention", "--model", "Qwen3_0.6B", "--seqlen", "64", "--dry-run", cwd=tmp_path)
+    assert plan.returncode == 0 and (out / "attention" / "attention_benchmark.plan.csv").is_file(), plan.stderr
+    rep = run("opbench", "report", "out", "--report-dir-path", str(tmp_path / "rep"), cwd=tmp_path)
+    assert rep.returncode == 0, rep.stderr
+    from opbench.report.discover import discover
+
+    found = discover(out)
+    assert sorted(f.rel for f in found.files) == [
+        "gemm-quick/benchmark_gemm_Qwen3_0.6B.csv",
+        "gemm/benchmark_gemm_Qwen3_0.6B.csv",
+    ]
+    skipped = dict(found.skipped)
+    assert kept.relative_to(out).as_posix() in skipped and "attention/attention_benchmark.plan.csv" in skipped
+
+
+def test_the_default_folders_of_the_other_tools(run, tmp_path):
+    """ckpt's data and CSV go to out/ckpt/, comm's CSVs to out/comm/ (their --help says so); explicit paths win."""
+    r = run("opbench", "ckpt", "--size-mb", "1", "--dry-run", cwd=tmp_path)
+    assert r.returncode == 0 and " out/ckpt/ckpt_data" in r.stdout, r.stderr
+    r = run("opbench", "ckpt", "--size-mb", "1", "--dry-run", "--report-dir-path", "mine", cwd=tmp_path)
+    assert r.returncode == 0 and " mine/ckpt_data" in r.stdout and " out/" not in r.stdout
+    r = run("opbench", "comm", "--help")
+    assert "(default: out/comm)" in " ".join(r.stdout.split())

@@ -12,17 +12,18 @@ import argparse
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from opbench.core import cli, outputs
 from opbench.core.cli import add_device_args, add_timing_args, csv_list, positive_int, timing_config
 from opbench.core.dtypes import FLOAT_DTYPES
 from opbench.core.errors import UsageError, run_cli
-from opbench.core.progress import STATUS, Field, column, figure, time_text
+from opbench.core.progress import STATUS, Field, Workload, column, figure, number, time_text
 from opbench.core.results import CsvReport, environment, summary_table
 from opbench.core.sweep import run_sweep
-from opbench.core.timing import TimingConfig, noisy_advice
-from opbench.core.units import counted, one_line
+from opbench.core.timing import TimingConfig, expected_seconds, noisy_advice
+from opbench.core.units import counted, note, one_line
 from opbench.models import load_model_configs, select_models
 
 from .schema import BACKEND_NAMES, PASSES, SCHEMA, SHAPE_COLUMNS, backends_for
@@ -137,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--passes", type=csv_list(), default=list(PASSES), help="any of fwd,bwd,fwdbwd")
     cli.add_output_args(
         run,
-        dir_help=f"write DIR/{CSV_NAME} (default: out/{CSV_NAME})",
+        dir_help=f"write DIR/{CSV_NAME} (default: {cli.tool_dir('attention')}/{CSV_NAME})",
         csv_help="the CSV itself, written row by row (wins over --report-dir-path)",
     )
     cli.add_dry_run_arg(run, "write the planned rows (status=planned) to <csv name>.plan.csv")
@@ -179,6 +180,19 @@ def builtin_shapes(args: argparse.Namespace) -> bool:
     return True
 
 
+def workload(cases: Sequence[Any], passes: Sequence[str], timing: TimingConfig) -> Workload:
+    """Each case's FLOPs per timed pass (runner.time_passes times each pass on its own), for the bar's time left
+    (core.progress.Workload)."""
+    from .flops import attention_flops
+
+    timed = [p for p in PASSES if p in passes]  # the order time_passes runs them in
+    return Workload(
+        work=[[attention_flops(c.shape, c.batch_size, p) for p in timed] for c in cases],
+        measured=lambda row: [number(row.get(f"{p}_time")) for p in timed],
+        wall=partial(expected_seconds, config=timing),
+    )
+
+
 def check_choices(values: Sequence[str], allowed: Sequence[str], flag: str) -> None:
     bad = [v for v in values if v not in allowed]
     if bad:
@@ -217,16 +231,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         if max_seqlen is None and builtin_shapes(args):
             max_seqlen = CPU_MAX_SEQLEN
             print(
-                f"note: CPU run: the built-in shapes' seqlens scaled down to at most {CPU_MAX_SEQLEN} "
-                "(--max-seqlen 0 for the real lengths; shapes you give are measured as given)",
+                note(
+                    f"CPU run: the built-in shapes' seqlens scaled down to at most {CPU_MAX_SEQLEN} "
+                    "(--max-seqlen 0 for the real lengths; shapes you give are measured as given)"
+                ),
                 file=sys.stderr,
             )
     if device.type == "cpu" and not args.dry_run:
         if not any(getattr(args, f) not in (None, False) for f in TIMING_FLAGS):
             timing = replace(TimingConfig.quick(), budget_s=CPU_BUDGET_S)
             print(
-                f"note: CPU run: quick timing ({CPU_BUDGET_S}s of calls per pass, at least "
-                f"{timing.min_iters}); pass any timing flag to change",
+                note(
+                    f"CPU run: quick timing ({CPU_BUDGET_S}s of calls per pass, at least "
+                    f"{timing.min_iters}); pass any timing flag to change"
+                ),
                 file=sys.stderr,
             )
     shapes = [cap_seqlen(s, max_seqlen) for s in shapes]
@@ -241,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for kind in dict.fromkeys(s.attn_kind for s in shapes):
         if not set(args.backends) & set(backends_for(kind)):
             print(
-                f"note: no backend chosen for the '{kind}' layers (their backends: {','.join(backends_for(kind))})",
+                note(f"no backend chosen for the '{kind}' layers (their backends: {','.join(backends_for(kind))})"),
                 file=sys.stderr,
             )
 
@@ -257,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
     )
     cache = ProblemCache()
-    csv_path = cli.output_csv(args, CSV_NAME) or f"out/{CSV_NAME}"
+    csv_path = cli.output_csv(args, CSV_NAME) or f"{cli.tool_dir('attention')}/{CSV_NAME}"
     if args.dry_run:
         csv_path = str(outputs.plan_path(csv_path))
     with CsvReport(csv_path, SCHEMA, meta, earlier=cli.earlier_policy(args)) as report:
@@ -274,6 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             dry_run=args.dry_run,
             fields=line_fields(args.passes),
             table=SUMMARY,
+            workload=workload(cases, args.passes, timing),
         )
     print(f"attention on {info.name} ({dtype}, passes {','.join(args.passes)})")
     print(summary_table(rows, PLAN_SUMMARY if args.dry_run else SUMMARY, max_rows=args.top, schema=SCHEMA))

@@ -29,6 +29,7 @@ class Storage(Protocol):
     @property
     def options(self) -> Mapping[str, Any]: ...
 
+
 # RankFailure.status (core.dist) of a failure every later case on the same storage would repeat.
 STORAGE_DOWN = "storage_down"
 

@@ -17,7 +17,7 @@ from opbench.core import cli, dist
 from opbench.core.cli import add_device_args, csv_list, positive_bytes, positive_int
 from opbench.core.errors import UsageError, run_cli
 from opbench.core.faults import Faults
-from opbench.core.units import one_line
+from opbench.core.units import one_line, wrapped
 
 from .links import parse_override
 from .plan import CHECKS, PAIRS_PHASE, Sizes, simulate
@@ -190,16 +190,22 @@ def plan(args: argparse.Namespace) -> int:
     gemm_count = 1 + (3 if args.model else 0)
     a = Assumptions()
     print(
-        f"# simulated, not measured: {gpus} GPU(s) per node, {'quick' if args.quick else 'default'} sizes "
-        f"(GEMM {sizes.gemm_n}³, memory {sizes.memory_bytes >> 20} MiB, collectives "
-        f"{','.join(str(b >> 20) + 'M' for b in sizes.comm_bytes)}, pairs {sizes.pair_bytes >> 20} MiB, "
-        f"{sizes.iters}+{sizes.warmup} iterations)"
+        wrapped(
+            f"# simulated, not measured: {gpus} GPU(s) per node, {'quick' if args.quick else 'default'} sizes "
+            f"(GEMM {sizes.gemm_n}³, memory {sizes.memory_bytes >> 20} MiB, collectives "
+            f"{','.join(str(b >> 20) + 'M' for b in sizes.comm_bytes)}, pairs {sizes.pair_bytes >> 20} MiB, "
+            f"{sizes.iters}+{sizes.warmup} iterations)",
+            indent="#   ",
+        )
     )
     print(
-        f"# assumed: {a.intra_gbs:g} GB/s intra-node and {a.nic_gbs:g} GB/s network per GPU, latency "
-        f"{a.intra_latency_s * 1e6:g}/{a.inter_latency_s * 1e6:g} µs per step, {a.gemm_tflops:g} TFLOP/s, "
-        f"{a.hbm_gbs:g} GB/s memory, {a.launch_s:g} s launch, group setup {a.group_setup_s:g} s + "
-        f"{a.group_setup_per_node_s * 1e3:g} ms per node"
+        wrapped(
+            f"# assumed: {a.intra_gbs:g} GB/s intra-node and {a.nic_gbs:g} GB/s network per GPU, latency "
+            f"{a.intra_latency_s * 1e6:g}/{a.inter_latency_s * 1e6:g} µs per step, {a.gemm_tflops:g} TFLOP/s, "
+            f"{a.hbm_gbs:g} GB/s memory, {a.launch_s:g} s launch, group setup {a.group_setup_s:g} s + "
+            f"{a.group_setup_per_node_s * 1e3:g} ms per node",
+            indent="#   ",
+        )
     )
     rows = []
     for n in args.plan or [args.nnodes]:

@@ -17,7 +17,7 @@ from opbench.core.cli import csv_list, parse_bytes, positive_int
 from opbench.core.errors import UsageError, run_cli
 from opbench.core.faults import Faults
 from opbench.core.redact import redact_text
-from opbench.core.units import one_line
+from opbench.core.units import note, one_line
 
 from . import flags
 from .flags import add_refused
@@ -192,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_earlier_args(p)
     add_refused(p.add_argument_group("nccl-tests flags not offered (each stops the run with its reason; docs/comm.md)"))
     g = p.add_argument_group("output")
-    cli.add_output_args(g, dir_default="out", dir_help="where <collective>_benchmark.csv go")
+    cli.add_output_args(g, dir_default=cli.tool_dir("comm"), dir_help="where <collective>_benchmark.csv go")
     cli.add_dry_run_arg(
         g,
         "print every planned case and the matching nccl-tests / rccl-tests command lines "
@@ -319,8 +319,8 @@ def dry_run(args: argparse.Namespace, dist_env: dist.DistEnv | None) -> int:
         + ("" if args.dtype else " (the GPU default; CPU runs use fp32)")
         + f", -n {args.iters} -w {args.warmup_iters}, {args.trials} trial(s)"
     )
-    for note in notes:
-        print(f"# note: {note}")
+    for text in notes:
+        print(note(text, lead="# note: ", indent="#   "))
     if not cases:
         raise UsageError("nothing to run: no sizes for the chosen collectives", field="--collectives")
     rows: list[str] = []
@@ -380,8 +380,8 @@ def run(args: argparse.Namespace, dist_env: dist.DistEnv) -> int:
         if ranks.world_size == 1:
             raise UsageError(ONE_RANK, field="--nproc-per-node")
         if ranks.is_main:
-            for note in notes:
-                print(f"# note: {note}", file=sys.stderr)
+            for text in notes:
+                print(note(text, lead="# note: ", indent="#   "), file=sys.stderr)
         if not cases:
             raise UsageError("nothing to run: no sizes for the chosen collectives", field="--collectives")
         cfg = RunConfig(

@@ -11,6 +11,7 @@ the planned commands, time nothing), ``--top`` (console rows), ``--timeout``; an
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import math
 import os
@@ -38,6 +39,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "selftest": ("opbench.selftest.__main__", "every backend on a tiny case, checked: is this install right?"),
     "cluster": ("opbench.cluster.__main__", "every GPU, node and link of a cluster measured, the slow ones named"),
     "project": ("opbench.project.__main__", "a training step's time and memory per GPU, and the best layout"),
+    "moe": ("opbench.moe.__main__", "an MoE block (router, experts, combine) forward/backward, by phase"),
 }
 
 
@@ -74,8 +76,45 @@ class ArgumentParser(argparse.ArgumentParser):
         if m:
             names = m.group(1).split("/")
             flag = next((n for n in names if n.startswith("--")), names[0])
-            raise UsageError(" ".join(m.group(2).split()), field=flag)
-        raise UsageError(f"{' '.join(message.split())} (see --help)")
+            raise UsageError(" ".join(m.group(2).split()) + _choice_hint(m.group(2)), field=flag)
+        unknown = re.match(r"unrecognized arguments: (.*)", message, re.DOTALL)
+        hint = self._flag_hint(unknown.group(1).split()) if unknown else ""
+        raise UsageError(f"{' '.join(message.split())}{hint} (see --help)")
+
+    def _flag_hint(self, words: Sequence[str]) -> str:
+        """'; did you mean --seqlen?' for the unrecognized words that are close to one of this parser's long flags
+        (``--seq-len``, ``--seq_len``; a bare ``seqlen`` too), empty when none is."""
+        flags = [o for o in self._option_string_actions if o.startswith("--")]
+        guesses = []
+        for word in words:
+            typed = word.split("=", 1)[0]
+            if typed.startswith("-"):
+                found = did_you_mean(typed, flags, cutoff=0.7)  # 0.6 would offer --node-rank for --dry-run
+            else:  # a flag's name without its dashes ('seqlen 512'); a value (512, a model name) matches nothing
+                found = did_you_mean(typed, [f[2:] for f in flags], cutoff=0.8)
+                found = f"--{found}" if found else None
+            if found and found not in guesses:
+                guesses.append(found)
+        return f"; did you mean {' or '.join(guesses)}?" if guesses else ""
+
+
+def did_you_mean(typed: str, choices: Sequence[str], cutoff: float = 0.6) -> str | None:
+    """The choice closest to what was typed (difflib, case aside: 'nt' means NT), or None when none is close: the
+    hint of a one-line error."""
+    by_lower = {c.lower(): c for c in choices}
+    found = difflib.get_close_matches(typed.lower(), list(by_lower), n=1, cutoff=cutoff)
+    return by_lower[found[0]] if found else None
+
+
+def _choice_hint(text: str) -> str:
+    """The hint "; did you mean 'cold'?" for argparse's "invalid choice: 'cld' (choose from 'cold', 'warm')", which
+    lists the choices but leaves the user to spot the one meant; empty for any other message."""
+    m = re.match(r"invalid choice: (.+?) \(choose from (.*)\)\s*$", text, re.DOTALL)
+    if not m:
+        return ""
+    unquote = lambda s: s.strip().strip("'\"")  # noqa: E731 - 3.11 quotes each choice (repr), 3.12.8+ does not
+    found = did_you_mean(unquote(m.group(1)), [unquote(c) for c in m.group(2).split(",")])
+    return f"; did you mean '{found}'?" if found else ""
 
 
 def parser(prog: str, description: str | None, epilog: str | None = None) -> ArgumentParser:
@@ -380,6 +419,16 @@ def add_output_args(
         )
 
 
+OUT = "out"  # the folder every tool's default output folder is inside
+
+
+def tool_dir(name: str) -> str:
+    """A tool's default --report-dir-path, ``out/<name>``: one folder per kind of job, so one tool's run never
+    moves another job's CSV aside under ``earlier/`` (docs/conventions.md, "Earlier results"), and ``opbench
+    report out/`` reads every job's latest CSVs side by side."""
+    return f"{OUT}/{name}"
+
+
 PLAN_SUFFIX = ".plan.csv"  # core.outputs.PLAN_SUFFIX, here without importing the output layer into every parser
 
 
@@ -532,7 +581,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
-        print(f"opbench: error: unknown subcommand '{name}' (choose from {', '.join(SUBCOMMANDS)})", file=sys.stderr)
+        close = did_you_mean(name, list(SUBCOMMANDS))
+        hint = f"; did you mean {close}?" if close else ""
+        choose = ", ".join(SUBCOMMANDS)
+        print(f"opbench: error: unknown subcommand '{name}'{hint} (choose from {choose})", file=sys.stderr)
         return 2
     module = importlib.import_module(SUBCOMMANDS[name][0])
 

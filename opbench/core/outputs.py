@@ -32,6 +32,7 @@ from pathlib import Path
 
 from .errors import UsageError, describe_os_error
 from .redact import redact_text
+from .units import note
 
 KEEP, OVERWRITE, APPEND = "keep", "overwrite", "append"  # what a run does to an earlier CSV at its path
 EARLIER_DIR = "earlier"
@@ -251,8 +252,10 @@ def _acquire(csv_path: Path) -> int | None:
                 if not _warned_no_lock:
                     _warned_no_lock = True
                     print(
-                        f"note: {csv_path.parent} does not support file locks (flock): two runs writing one "
-                        "folder at once are not guarded",
+                        note(
+                            f"{csv_path.parent} does not support file locks (flock): two runs writing one folder "
+                            "at once are not guarded"
+                        ),
                         file=sys.stderr,
                     )
                 return None

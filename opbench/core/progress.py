@@ -91,6 +91,51 @@ def status_cell(row: Row) -> str:
 STATUS = Field("status", 6, status_cell, left=True)
 
 
+@dataclass(frozen=True)
+class Workload:
+    """What each item of a sweep costs, so the bar's remaining time weighs rows by their work, not their count (a
+    Qwen3-0.6B gemm sweep: 12 rows in 10 s, then 3 lm_head rows of 24 s). Per item, the work (FLOPs) of each
+    call it times; per finished row, the per-call seconds it measured for them (None where it measured none);
+    and the wall seconds the timing harness spends on a call of a given length (core.timing.expected_seconds).
+    The finished rows give the rate (work per second of a call) and each row's fixed cost besides timing
+    (operands, reference check); a row to come costs that plus the harness' time for its calls at that rate."""
+
+    work: Sequence[Sequence[float]]
+    measured: Callable[[Row], Sequence[float | None]]
+    wall: Callable[[float], float]
+
+
+class Remaining:
+    """The remaining-time estimate of a sweep with a Workload (its doc says how); None until a row has measured
+    its calls."""
+
+    def __init__(self, workload: Workload):
+        self.workload = workload
+        self.work = 0.0  # work of the calls measured so far ...
+        self.seconds = 0.0  # ... and their per-call seconds
+        self.fixed: list[float] = []  # per measured row: its wall time beyond the harness' (setup, checks)
+
+    def finished(self, index: int, row: Row, wall_s: float) -> None:
+        works = self.workload.work[index] if index < len(self.workload.work) else ()
+        times = list(self.workload.measured(row))
+        pairs = [(w, t) for w, t in zip(works, times, strict=False) if w and w > 0 and t is not None and t > 0]
+        if not pairs or len(pairs) != len(works):
+            return  # a failed or unsupported row: its time says nothing about the rate
+        self.work += sum(w for w, _ in pairs)
+        self.seconds += sum(t for _, t in pairs)
+        self.fixed.append(max(0.0, wall_s - sum(self.workload.wall(t) for _, t in pairs)))
+
+    def seconds_left(self, next_index: int) -> float | None:
+        if self.seconds <= 0 or self.work <= 0:
+            return None
+        rate = self.work / self.seconds
+        fixed = sum(self.fixed) / len(self.fixed)
+        return sum(
+            fixed + sum(self.workload.wall(w / rate) for w in works if w and w > 0)
+            for works in self.workload.work[next_index:]
+        )
+
+
 def progress_mode(enabled: bool = True, environ: Mapping[str, str] | None = None) -> str:
     """bar on an interactive terminal, lines anywhere else; OPBENCH_PROGRESS overrides; off when not enabled
     (ranks other than 0)."""
@@ -114,6 +159,21 @@ def _isatty(stream: TextIO | None) -> bool:
         return False
 
 
+def _bar_with_time_left() -> type:
+    """tqdm whose bar_format may show ``{left}``, a time left the caller sets (tqdm's own {remaining} divides by
+    the rows' rate)."""
+    from tqdm import tqdm
+
+    class Bar(tqdm):
+        left = "?"
+
+        @property
+        def format_dict(self) -> dict[str, Any]:
+            return {**super().format_dict, "left": self.left}
+
+    return Bar
+
+
 class RowProgress:
     """Progress of one sweep: ``done(row)`` after each finished row. See the module doc for where it shows."""
 
@@ -126,13 +186,15 @@ class RowProgress:
         enabled: bool = True,
         stream: TextIO | None = None,
         mode: str | None = None,
+        workload: Workload | None = None,
     ):
         self.total, self.desc, self.fields = total, desc, list(fields)
         self.mode = mode or progress_mode(enabled)
         self.stream = stream
         self.count = 0
         self._bar: Any = None
-        self._t0 = time.monotonic()
+        self._t0 = self._last = time.monotonic()
+        self.remaining = Remaining(workload) if workload is not None else None
 
     @property
     def out(self) -> TextIO:
@@ -142,7 +204,17 @@ class RowProgress:
         if self.mode == BAR:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=self.total, desc=self.desc, leave=False, dynamic_ncols=True, file=sys.stderr)
+            if self.remaining is None:
+                self._bar = tqdm(total=self.total, desc=self.desc, leave=False, dynamic_ncols=True, file=sys.stderr)
+            else:  # the bar still counts rows; the time left after them is the work-weighted estimate
+                self._bar = _bar_with_time_left()(
+                    total=self.total,
+                    desc=self.desc,
+                    leave=False,
+                    dynamic_ncols=True,
+                    file=sys.stderr,
+                    bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{left}]",
+                )
         elif self.mode == LINES:
             of = f"{self.total} rows" if self.total is not None else "rows"
             self._print(f"# {self.desc}: {of}, one line per finished row (the CSV has every column)")
@@ -175,10 +247,23 @@ class RowProgress:
 
     def done(self, row: Row) -> None:
         self.count += 1
+        now = time.monotonic()
+        if self.remaining is not None:
+            self.remaining.finished(self.count - 1, row, now - self._last)
+        self._last = now
         if self.mode == BAR and self._bar is not None:
+            if self.remaining is not None:
+                self._bar.left = self.time_left()
             self._bar.update(1)
         elif self.mode == LINES:
             self._print(self._line([f.cell(row) for f in self.fields]))
+
+    def time_left(self) -> str:
+        """The work-weighted time left, as tqdm writes times (00:24), '?' before any row measured its calls."""
+        from tqdm import tqdm
+
+        left = self.remaining.seconds_left(self.count) if self.remaining is not None else None
+        return "?" if left is None else tqdm.format_interval(left)
 
     def __exit__(self, *exc: object) -> None:
         if self._bar is not None:

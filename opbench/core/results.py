@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 import opbench
 
-from . import clock, outputs
+from . import clock, errors, outputs
 from .errors import UsageError, describe_os_error
 from .launch import launch_command
 from .redact import redact, redact_text
 from .schema import Schema
-from .units import one_line
+from .units import note, one_line
 
 if TYPE_CHECKING:
     import torch
@@ -135,8 +135,10 @@ class CsvReport:
             raise
         if self.moved_to is not None:
             print(
-                f"note: the earlier {one_line(self.path.name)} is kept as {one_line(self.moved_to)} "
-                "(--overwrite replaces earlier results, --append adds to them)",
+                note(
+                    f"the earlier {one_line(self.path.name)} is kept as {one_line(self.moved_to)} "
+                    "(--overwrite replaces earlier results, --append adds to them)"
+                ),
                 file=sys.stderr,
             )
         self._writer = csv.DictWriter(self._fh, fieldnames=self.columns, extrasaction="raise")
@@ -146,6 +148,7 @@ class CsvReport:
         else:
             self._good = self._fh.seek(0, os.SEEK_END)
         self.rows: list[dict[str, Any]] = []
+        errors.writing(self)  # a Ctrl-C from now on names this CSV and its rows (core.errors.run_cli)
         self.write_meta(meta or {})
 
     def _check_header(self) -> None:
@@ -217,6 +220,7 @@ class CsvReport:
             self.append(row)
 
     def close(self) -> None:
+        errors.done_writing(self)  # not after Ctrl-C or SIGTERM: the interrupt's message names this CSV
         try:
             if not self._fh.closed:
                 try:
@@ -229,7 +233,9 @@ class CsvReport:
     def __enter__(self) -> CsvReport:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        if kind is not None and issubclass(kind, KeyboardInterrupt):
+            errors.stopped_writing(self)  # Ctrl-C, SIGTERM: its message names this CSV (core.errors.run_cli)
         self.close()
 
 

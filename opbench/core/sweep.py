@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from .errors import describe_os_error, raise_if_terminated
-from .progress import Field, RowProgress
+from .progress import Field, RowProgress, Workload
 from .results import CsvReport, NullReport, summary_table
 
 T = TypeVar("T")
@@ -73,11 +73,13 @@ def run_sweep(
     dry_run: bool = False,
     fields: Sequence[Field] = (),
     table: Sequence[str] = (),
+    workload: Workload | None = None,
 ) -> list[dict[str, Any]]:
     """Measure each item and append its row; returns the rows in order. Progress shows as ``core.progress``
     says (a bar on a terminal, else one line of ``fields`` per finished row). On Ctrl-C or SIGTERM the rows
     finished so far are printed (``table`` columns) and the interrupt propagates, every finished row on disk.
-    ``dry_run`` writes every item as a ``planned`` row and measures nothing."""
+    ``dry_run`` writes every item as a ``planned`` row and measures nothing. ``workload``: each item's work, so the
+    bar's time left weighs rows by it (core.progress.Workload; without one, rows count alike)."""
     rows: list[dict[str, Any]] = []
     if dry_run:
         rows = [dict(failed_row(item, STATUS_PLANNED, "")) for item in items]
@@ -86,7 +88,7 @@ def run_sweep(
     if total is None and hasattr(items, "__len__"):
         total = len(items)  # type: ignore[arg-type]
     # One rank tells the log: ranks other than 0 write to a NullReport (core.dist.Ranks.open_report).
-    with RowProgress(total, desc, fields, enabled=not isinstance(report, NullReport)) as shown:
+    with RowProgress(total, desc, fields, enabled=not isinstance(report, NullReport), workload=workload) as shown:
         try:
             for item in items:
                 row = _measured_row(item, measure_one, failed_row)

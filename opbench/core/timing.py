@@ -24,6 +24,7 @@ import numpy as np
 
 from .clock import note as clock_note
 from .clock import ns_clock
+from .units import wrapped
 
 if TYPE_CHECKING:
     import torch
@@ -240,6 +241,16 @@ def _run_batch(
     return out, 0.0
 
 
+# The first CPU measurement of a process warms up at least this long, whatever --warmup says. Just after a
+# cold start (page cache dropped, as after an install) a 256³ fp32 matmul on 2 cores took 16 ms a call, not
+# 0.2 ms, for the first ~0.4 s of calls (44 ms for the first), then 0.2 ms: `opbench selftest`'s one warm-up
+# call and 0.5 s budget timed only that and printed 0.0021 TFLOP/s where a second run printed 0.16. A count of
+# calls cannot tell, a time can; later measurements of the process keep their own warm-up.
+FIRST_CPU_WARMUP_S = 1.0
+FIRST_CPU_WARMUP_CALLS = 100_000
+_cpu_warmed = False
+
+
 def measure(
     fn: Callable[[], Any],
     device: torch.device,
@@ -253,16 +264,22 @@ def measure(
 
     # Warm-up: compile/autotune/allocate; also gives the first estimate of the per-call time. Each call is waited
     # for: on a GPU the host would otherwise queue up to the cap before the clock moved (1000 × a 5 ms GEMM: 5 s).
+    # The first CPU measurement of a process warms up FIRST_CPU_WARMUP_S at least (by time, not count: see there).
+    global _cpu_warmed
+    first = device.type == "cpu" and not _cpu_warmed
+    _cpu_warmed = _cpu_warmed or device.type == "cpu"
+    warm_s = max(config.warmup_s, FIRST_CPU_WARMUP_S) if first else config.warmup_s
+    cap = FIRST_CPU_WARMUP_CALLS if first else 1000
     synchronize(device)
     t0 = time.perf_counter()
     n_warm = 0
-    while n_warm < config.warmup_iters or (time.perf_counter() - t0) < config.warmup_s:
+    while n_warm < config.warmup_iters or (time.perf_counter() - t0) < warm_s:
         if before is not None:
             before()
         fn()
         synchronize(device)
         n_warm += 1
-        if n_warm >= 1000:
+        if n_warm >= cap:
             break
     est = max((time.perf_counter() - t0) / max(1, n_warm), 1e-7)
 
@@ -334,6 +351,24 @@ def measure(
     )
 
 
+def expected_seconds(call_s: float, config: TimingConfig = TimingConfig(), extra_calls: int = 0) -> float:
+    """Wall seconds ``measure`` spends on a call that always takes ``call_s``, if the median is stable from its
+    second batch on (the earliest the stop rule allows), plus ``extra_calls`` untimed calls (a correctness
+    check): what a row costs in a sweep's remaining-time estimate (core.progress.Workload). A 20 ms call is
+    ~40 calls (two batches of a fifth of the budget), a 0.75 s one 2 warm-up and 5 timed calls. GPU batching
+    (graphs, groups of calls) is left out: there a row's fixed costs dominate, which the estimate learns."""
+    t = max(call_s, 1e-9)
+    warm = min(1000, max(config.warmup_iters, math.ceil(config.warmup_s / t)))
+    batch = max(1, int(min(max(config.min_iters, config.budget_s / 5 / t), config.max_iters)))
+    timed = batches = 0
+    while True:
+        timed += min(batch, config.max_iters - timed)
+        batches += 1
+        if timed >= config.max_iters or (timed >= config.min_iters and (timed * t >= config.budget_s or batches >= 2)):
+            break
+    return (warm + timed + extra_calls) * t
+
+
 def timing_note(stats: Stats, what: str = "") -> str | None:
     """What a row's note says about its timing: how the calls were timed when not one event pair each, and the
     spread when noisy; None when there is nothing to say."""
@@ -356,7 +391,7 @@ def noisy_advice(rows: Sequence[Mapping[str, Any]]) -> str | None:
     noisy = sum(1 for r in rows if str(r.get("note") or "").startswith("noisy") or "; noisy" in str(r.get("note")))
     if not noisy:
         return None
-    return (
+    return wrapped(  # 240 characters: lines of 120 (docs/conventions.md, "Console lines")
         f"{noisy} of {len(rows)} rows are noisy (their spread stayed above --max-spread until the time budget ran "
         "out): do not compare them. Rerun on a quiet machine, with fewer threads (OMP_NUM_THREADS) on a shared "
         "CPU, or with a larger --budget."

@@ -52,6 +52,34 @@ def one_line(text: object) -> str:
     return _CONTROL.sub("?", str(text))
 
 
+CONSOLE_WIDTH = 120  # characters of a console line of prose (docs/conventions.md, "Console lines")
+
+
+def wrapped(text: object, indent: str = "  ", width: int = CONSOLE_WIDTH) -> str:
+    """Prose for the console in lines of at most ``width`` characters, each continuation line starting with
+    ``indent`` (``"#   "`` under a ``# note:``), each of the text's own lines wrapped on its own. Words are never
+    split: a path longer than a line stays whole on a line of its own."""
+    import textwrap
+
+    return "\n".join(
+        textwrap.fill(
+            part,
+            width=width,
+            subsequent_indent=indent,
+            break_long_words=False,
+            break_on_hyphens=False,  # --max-spread, Qwen3-8B: a flag or a name stays one word
+        )
+        if part.strip()
+        else part
+        for part in str(text).split("\n")
+    )
+
+
+def note(text: object, lead: str = "note: ", indent: str = "  ") -> str:
+    """A console note, ``note: <text>``, wrapped at CONSOLE_WIDTH (``wrapped``)."""
+    return wrapped(f"{lead}{text}", indent=indent)
+
+
 def counted(n: int, noun: str) -> str:
     """'1 row', '15 rows': a count with its noun, singular for one."""
     return f"{n} {noun}" + ("" if n == 1 else "s")

@@ -18,6 +18,7 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,11 +26,11 @@ from opbench.core import cli, outputs
 from opbench.core.cli import add_device_args, add_timing_args, csv_list, positive_int, timing_config
 from opbench.core.dtypes import GEMM_DTYPES
 from opbench.core.errors import UsageError, run_cli
-from opbench.core.progress import STATUS, Field, column, figure, percent, time_text
+from opbench.core.progress import STATUS, Field, Workload, column, figure, number, percent, time_text
 from opbench.core.results import CsvReport, environment, summary_table
 from opbench.core.sweep import run_sweep
-from opbench.core.timing import noisy_advice
-from opbench.core.units import counted, one_line
+from opbench.core.timing import expected_seconds, noisy_advice
+from opbench.core.units import counted, note, one_line
 from opbench.models import load_model_configs, select_models
 
 from .schema import BACKEND_NAMES, SCHEMA
@@ -72,6 +73,9 @@ LINE_FIELDS = [
 # A bare `opbench gemm`: one small model, short on a CPU (module docstring).
 QUICK_MODEL = "Qwen3_0.6B"
 QUICK_CPU_SEQLEN = 128
+# ... into a folder of its own: the quick look is another job than `--model Qwen3_0.6B`, whose CSV has the same
+# name and would be moved aside under earlier/ by it (docs/conventions.md, "Earlier results").
+QUICK_DIR = "gemm-quick"
 
 
 def groups_text(row: Mapping[str, Any]) -> str:
@@ -87,7 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
         f"--model-config-path; with no config either, a quick look: {QUICK_MODEL} at seqlen {QUICK_CPU_SEQLEN} on a "
         "CPU, at its own on a GPU)",
     )
-    cli.add_output_args(p, dir_default="out", dir_help="where benchmark_gemm_<model>.csv files go")
+    cli.add_output_args(
+        p,
+        dir_help=f"where benchmark_gemm_<model>.csv files go (default: {cli.tool_dir('gemm')}; the quick look of a "
+        f"bare `opbench gemm`: {cli.tool_dir(QUICK_DIR)})",
+    )
     p.add_argument("--seqlen", type=cli.sequence_length, default=None, help="sequence length (default: the model's)")
     cli.add_mbs_arg(p)
     p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size")
@@ -160,6 +168,16 @@ def expand_cases(shapes: Sequence[GemmShape], backends: Sequence[str], dtype: st
     return cases
 
 
+def workload(cases: Sequence[GemmCase], timing: TimingConfig) -> Workload:
+    """Each GEMM's FLOPs, for the bar's time left (core.progress.Workload): one timed call per row, after one
+    untimed call for the reference check (runner.run_case)."""
+    return Workload(
+        work=[[c.shape.flops] for c in cases],
+        measured=lambda row: [number(row.get("time_s"))],
+        wall=partial(expected_seconds, config=timing, extra_calls=1),
+    )
+
+
 Plan = tuple[str, dict[str, Any], "int | None", list[GemmShape]]  # model, its config, seqlen, its GEMMs
 
 
@@ -200,7 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.model = QUICK_MODEL
     # Derive every model's shapes first: bad input fails before torch is loaded or anything is written.
     plans = derive_plans(args, par, args.seqlen or (QUICK_CPU_SEQLEN if quick else None))
-    paths = [report_path(args.report_dir_path, name) for name, *_ in plans]
+    folder = args.report_dir_path or cli.tool_dir(QUICK_DIR if quick else "gemm")
+    paths = [report_path(folder, name) for name, *_ in plans]
     if args.dry_run:
         paths = [outputs.plan_path(path) for path in paths]
     with outputs.claimed(*paths):  # a second run into these files stops now, before torch loads, not at one
@@ -217,8 +236,11 @@ def run_plans(args: argparse.Namespace, par: ModelParallel, plans: list[Plan], p
             plans = derive_plans(args, par, None)  # a GPU takes the model's own length in seconds
         names = ", ".join(c.name for c in load_model_configs(None, None))
         print(
-            f"note: no --model: a quick look at {QUICK_MODEL} at seqlen {plans[0][2]}"
-            f"{' (CPU)' if device.type == 'cpu' else ''}; --model NAME[,NAME…] or all for others: {names}",
+            note(
+                f"no --model: a quick look at {QUICK_MODEL} at seqlen {plans[0][2]}"
+                f"{' (CPU)' if device.type == 'cpu' else ''}, into {one_line(paths[0].parent)}/; --model "
+                f"NAME[,NAME…] or all for others: {names}"
+            ),
             file=sys.stderr,
         )
     info = device_info(device)
@@ -280,6 +302,7 @@ class GemmRun:
                 dry_run=args.dry_run,
                 fields=LINE_FIELDS,
                 table=SUMMARY,
+                workload=workload(cases, timing),
             )
         print(f"\n{title}")
         print(summary_table(rows, SUMMARY, max_rows=args.top, schema=SCHEMA))

@@ -79,7 +79,7 @@ def capacity_factor(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     p = cli.parser("opbench moe", __doc__)
     cli.add_model_args(p, model_help="MoE model name(s) from the configs, comma-separated (a dense one is refused)")
-    cli.add_output_args(p, dir_default="out", dir_help="where benchmark_moe_<model>.csv files go")
+    cli.add_output_args(p, dir_default=cli.tool_dir("moe"), dir_help="where benchmark_moe_<model>.csv files go")
     p.add_argument(
         "--seqlen", type=cli.sequence_length, default=None, help="sequence length (default: the model's, else 4096)"
     )

@@ -84,19 +84,22 @@ def gemm_rows(device: torch.device, dtype: str, timing: TimingConfig) -> Iterato
 def attention_rows(device: torch.device, dtype: str, timing: TimingConfig) -> Iterator[dict[str, Any]]:
     """Every attention backend, forward and backward, on a small causal case of the operator it implements (softmax:
     equal q and kv heads, the case every kernel takes; GQA and MLA head layouts are the attention tool's own
-    tests; gated DeltaNet and the DSA indexer: their own small cases)."""
+    tests; gated DeltaNet, the DSA indexer and Mamba-2: their own small cases)."""
     from opbench.attention.backends import BACKENDS
     from opbench.attention.runner import TOLERANCE, AttentionCase, ProblemCache, run_case
-    from opbench.attention.schema import INDEXER_BACKENDS, LINEAR_BACKENDS
+    from opbench.attention.schema import INDEXER_BACKENDS, LINEAR_BACKENDS, MAMBA2_BACKENDS
     from opbench.attention.shapes import AttentionShape
 
     softmax = AttentionShape("selftest", 128, 128, 4, 4, 64, 64, True)
     linear = AttentionShape("selftest", 128, 128, 4, 2, 64, 64, True, "linear", 64)
     indexer = AttentionShape("selftest", 128, 128, 4, 1, 64, 1, True, "indexer", 16)
+    # Mamba-2: 4 heads in 2 groups, state size 16, head dim 32, chunks of 64 (attention.flops.mamba2_flops)
+    mamba2 = AttentionShape("selftest", 128, 128, 4, 2, 16, 32, True, "mamba2", 64)
     cache = ProblemCache()
     tol = TOLERANCE.get(dtype, 5e-3)
     for name in BACKENDS:
-        shape = linear if name in LINEAR_BACKENDS else indexer if name in INDEXER_BACKENDS else softmax
+        kinds = ((LINEAR_BACKENDS, linear), (INDEXER_BACKENDS, indexer), (MAMBA2_BACKENDS, mamba2))
+        shape = next((s for names, s in kinds if name in names), softmax)
         base = row("attention", name, str(device), dtype, tolerance=tol)
         t0 = time.perf_counter()
         try:
