@@ -770,3 +770,141 @@ def test_at_most_so_many_plots_per_benchmark_and_the_report_says_how_many_more(t
     text = (tmp_path / "out" / "report.md").read_text()
     assert len(set(re.findall(r"gemm_tflops_m\d+\.png", text))) == MAX_PLOTS
     assert f"3 more plot(s) not drawn: at most {MAX_PLOTS} per benchmark" in text
+
+
+# ---- rows that are different measurements stay apart (report/identity.py) ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_results(tmp_path_factory) -> Path:
+    """The README's gpt-oss attention command on a tiny gpt-oss config: a full and a sliding-window row per
+    backend, from the real tool."""
+    transformers = pytest.importorskip("transformers")
+    from opbench.attention.__main__ import main as attention_main
+
+    base = tmp_path_factory.mktemp("gpt_oss")
+    config = base / "gpt-oss-tiny"
+    transformers.AutoConfig.for_model(
+        "gpt_oss",
+        num_hidden_layers=2,
+        hidden_size=128,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        sliding_window=16,
+        intermediate_size=128,
+        num_local_experts=2,
+        num_experts_per_tok=1,
+        layer_types=["sliding_attention", "full_attention"],
+    ).save_pretrained(config)
+    res = base / "res"
+    argv = ["--model-config-path", str(config / "config.json"), "--seqlen", "64", "--backends", "sdpa,math"]
+    argv += ["--passes", "fwd", "--device", "cpu", "--warmup", "1", "--min-iters", "3", "--max-iters", "5"]
+    assert run_cli(attention_main, [*argv, "--budget", "0.02", "--report-dir-path", str(res)]) == 0
+    return res
+
+
+def test_full_and_sliding_attention_rows_stay_apart_in_table_and_plot(gpt_oss_results, tmp_path):
+    """A full and a sliding-window row of one backend once showed as two identical-looking table rows and one
+    bar at their median."""
+    from opbench.report.plots import attention_bar_sets
+
+    csv = pd.read_csv(gpt_oss_results / "attention_benchmark.csv")
+    assert set(csv["attn_kind"]) == {"full", "sliding"} and (csv["status"] == "ok").all(), csv
+    report = build_report(gpt_oss_results, tmp_path / "out", plots=False)
+    table = md_tables(section(report.path.read_text(), "Attention"))["Attention"][0]
+    assert {"attn_kind", "window"} <= set(table.columns)
+    shown = table[["backend", "attn_kind", "window"]].astype(str).apply(tuple, axis=1)
+    assert len(set(shown)) == len(table) == 4
+    (attn,) = [s for s in report.sections if s.kind.benchmark == "attention"]
+    cats, sets = attention_bar_sets([attn.ok], "fwd")
+    assert cats == ["gpt-oss-tiny"]
+    bars = {b.label: b.values[0] for b in sets}
+    assert set(bars) == {"sdpa full", "sdpa sliding 16", "math full", "math sliding 16"}
+    for _, row in csv.iterrows():
+        label = f"{row['backend']} full" if row["attn_kind"] == "full" else f"{row['backend']} sliding 16"
+        assert bars[label] == pytest.approx(row["fwd_tflops"], rel=1e-6), label
+
+
+def test_gemm_rows_differing_in_pass_dtype_or_shape_are_separate_rows_and_bars(tmp_path):
+    """Two dtypes of one layer and pass, and one layer at two shapes: separate table rows (dtype, m shown) and
+    separate bars, each bar its own row's TFLOPS."""
+    from opbench.report.plots import GEMM_TIMED, bars_of, gemm_categories, with_band
+
+    rows = gemm_rows(1, 1)
+    base = rows.iloc[0].to_dict()
+    variants = [
+        dict(dtype="bf16", m=64, tflops=1.0, **{"pass": "fwd"}),
+        dict(dtype="fp8", m=64, tflops=3.0, **{"pass": "fwd"}),
+        dict(dtype="bf16", m=128, tflops=2.0, **{"pass": "fwd"}),
+        dict(dtype="bf16", m=64, tflops=5.0, **{"pass": "dgrad"}),
+    ]
+    frame = pd.DataFrame([base | v for v in variants])
+    res = tmp_path / "res"
+    res.mkdir()
+    frame.to_csv(res / "benchmark_gemm_m0.csv", index=False)
+    report = build_report(res, tmp_path / "out", plots=False)
+    table = md_tables(section(report.path.read_text(), "GEMM"))["GEMM"][0]
+    assert len(set(table[["pass", "m", "dtype"]].apply(tuple, axis=1))) == 4
+    (gemm,) = [s for s in report.sections if s.kind.benchmark == "gemm"]
+    (run,) = gemm_categories([gemm.ok])
+    banded = with_band(run, GEMM_TIMED)
+    fwd = banded[banded["pass"] == "fwd"]
+    cats = list(dict.fromkeys(fwd["_x"]))
+    assert len(cats) == 3
+    values = sorted(bars_of(fwd, cats, "fwd", "C0").values)
+    assert values == [1.0, 2.0, 3.0]  # never the median 2.0 of one bar
+
+
+def test_moe_csv_is_read_and_its_routings_stay_apart(tmp_path):
+    """benchmark_moe_*.csv is a kind of its own; rows of two routings are two table rows, routing shown."""
+    from opbench.moe.schema import SCHEMA as MOE
+    from opbench.report.identity import identity_of
+
+    assert {"routing", "phase", "pass", "backend"} <= set(identity_of(MOE))
+    rows = [
+        {c: "" for c in MOE.columns}
+        | dict(
+            model="tiny",
+            routing=r,
+            backend="grouped_mm",
+            phase="experts",
+            mbs=1,
+            seqlen=64,
+            dtype="fp32",
+            time_s=t,
+            tflops=1e-3 / t,
+            imbalance=1.0,
+            status="ok",
+            **{"pass": "fwd"},
+        )  # fmt: skip
+        for r, t in (("uniform", 1e-3), ("skewed", 2e-3))
+    ]
+    res = tmp_path / "res"
+    res.mkdir()
+    pd.DataFrame(rows, columns=list(MOE.columns)).to_csv(res / "benchmark_moe_tiny.csv", index=False)
+    report = build_report(res, tmp_path / "out", plots=False)
+    assert not report.found.skipped
+    assert [f.kind.benchmark for f in report.found.files] == ["moe"]
+    table = md_tables(section(report.path.read_text(), MOE.title))[MOE.title][0]
+    assert sorted(table["routing"]) == ["skewed", "uniform"]
+    assert sorted(float(v) for v in table["time_ms"]) == [1.0, 2.0]
+
+
+def test_a_table_keeps_every_identity_column_that_differs(tmp_path):
+    """A column the spec leaves out (transA here) is shown once two rows differ only in it; the fallback for a
+    kind not declared takes every column that is not a measurement."""
+    from opbench.report.discover import SCHEMAS
+    from opbench.report.identity import IDENTITY, identity_of
+
+    frame = pd.concat([gemm_rows(1, 1)] * 2, ignore_index=True)
+    frame["transA"] = ["N", "T"]
+    res = tmp_path / "res"
+    res.mkdir()
+    frame.to_csv(res / "benchmark_gemm_m0.csv", index=False)
+    report = build_report(res, tmp_path / "out", plots=False)
+    table = md_tables(section(report.path.read_text(), "GEMM"))["GEMM"][0]
+    assert sorted(table["transA"]) == ["N", "T"]
+    comm = identity_of(SCHEMAS["comm"])
+    assert "comm" not in IDENTITY and {"collective", "size_bytes", "dtype", "inplace"} <= set(comm)
+    assert not {"busbw_gbs", "time_us", "status", "note"} & set(comm)

@@ -38,6 +38,7 @@ from opbench.core.results import sidecar_path
 from opbench.core.schema import Schema
 from opbench.fsdp_model.schema import SCHEMA as FSDP
 from opbench.gemm.schema import SCHEMA as GEMM
+from opbench.moe.schema import SCHEMA as MOE
 from opbench.project.schema import SCHEMA as PROJECT
 from opbench.project.schema import VALIDATE_SCHEMA as PROJECT_VALIDATE
 from opbench.selftest.schema import SCHEMA as SELFTEST
@@ -50,6 +51,7 @@ SCHEMAS: dict[str, Schema] = {
         SELFTEST,
         GEMM,
         ATTENTION,
+        MOE,
         COMM,
         NCCL_TESTS,
         FSDP,
@@ -126,6 +128,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "attention": tuple(
         k for k in ATTENTION.keys if k.startswith(("model", "backend", "seqlen", "num_head", "head_dim"))
     ),
+    "moe": ("model", "routing", "backend", "phase", "pass", "time_s"),
     "comm": ("collective", "backend", "dtype", "inplace", "size_bytes", "busbw_gbs"),
     "nccl_tests": ("type", "size_bytes", "ip_busbw_gbs", "oop_busbw_gbs"),
     "fsdp": ("unit", "calls_per_step"),

@@ -22,6 +22,8 @@ import pandas as pd
 from opbench.core.outputs import write_file
 from opbench.core.units import human_bytes
 
+from .discover import SCHEMAS
+from .identity import differing_within, identity_of
 from .tables import Section, cell
 
 PLOT_EXTRA_HINT = "matplotlib is not installed (pip install 'opbench[plot]')"
@@ -288,6 +290,24 @@ def _categories(
 # ---- GEMM: TFLOPS per layer and pass -----------------------------------------------------------------------
 
 
+def gemm_categories(runs: Sequence[pd.DataFrame]) -> list[pd.DataFrame]:
+    """Each run with ``_x``, its bar's category: the layer, the extras that vary over the runs, and every other
+    GEMM identity column (identity.IDENTITY: m, n, k, dtype …) whose values differ among rows of one layer and
+    pass, after its name: a bar is one measurement (or its repeats), never a median over different shapes."""
+    both = pd.concat(list(runs))
+    extra = _varying(both, ("mbs", "backend", "dtype", "tp", "ep", "cp"))
+    within = [c for c in differing_within(both, ("layer", "pass"), identity_of(SCHEMAS["gemm"])) if c != "model"]
+    named = [c for c in within if c not in extra]
+    fmt: dict[str, Callable[[Any], str]] = {c: partial(_named, c) for c in named}
+    cols = [*extra, *named]
+    return [
+        f.assign(_x=f["layer"].map(str) + (f.apply(lambda r: "\n" + _label(r, cols, fmt), axis=1) if cols else ""))
+        if not f.empty
+        else f.assign(_x=pd.Series(dtype=object))
+        for f in runs
+    ]
+
+
 def _draw_gemm(
     model: str, frame: pd.DataFrame, other: pd.DataFrame | None = None, note: str = ""
 ) -> Callable[[Any], None]:
@@ -296,8 +316,7 @@ def _draw_gemm(
 
     def draw(fig: Any) -> None:
         runs = [frame] if other is None else [frame, other]
-        extra = _varying(pd.concat(runs), ("mbs", "backend", "dtype", "tp", "ep", "cp"))
-        runs = [with_band(f, GEMM_TIMED) for f in _categories(runs, "layer", extra)]
+        runs = [with_band(f, GEMM_TIMED) for f in gemm_categories(runs)]
         cats = list(dict.fromkeys(x for f in runs for x in f["_x"]))
         seen = set().union(*(set(f["pass"]) for f in runs))
         passes = [p for p in PASS_ORDER if p in seen] + sorted(seen - set(PASS_ORDER))
@@ -330,6 +349,76 @@ def _draw_gemm(
 
 SHORT = {"seqlen q/kv": "seq", "heads q/kv": "heads", "head_dim qk/v": "dim", "batch_size": "mbs"}
 ATTENTION_EXTRA = ("batch_size", "heads q/kv", "head_dim qk/v", "causal", "dtype", "tp", "cp")
+ATTENTION_KIND = ("attn_kind", "window", "sinks")  # a full and a sliding-window layer are different measurements
+
+
+def _window_text(value: Any, alone: bool) -> str:
+    """'128' after a kind name ('sliding 128'), 'window 128' alone; '' for no window (0 or missing: full)."""
+    number = pd.to_numeric(pd.Series([value]), errors="coerce").iloc[0]
+    if pd.isna(number) or number <= 0:
+        return "" if pd.isna(number) or number == 0 else str(value)
+    return f"{int(number)}" if not alone else f"window {int(number)}"
+
+
+def attention_kind_label(row: Any, cols: Sequence[str]) -> str:
+    """The varying attention-kind values of a row: 'full', 'sliding 128', 'sliding 128 sinks'."""
+    parts = []
+    for c in cols:
+        value = row[c]
+        if c == "window":
+            parts.append(_window_text(value, alone="attn_kind" not in cols))
+        elif c == "sinks":
+            parts.append("sinks" if str(value).strip().lower() in ("true", "1", "1.0") else "no sinks")
+        else:
+            parts.append(cell(value))
+    return " ".join(p for p in parts if p)
+
+
+def attention_series(runs: Sequence[pd.DataFrame]) -> tuple[list[str], list[str]]:
+    """The columns that split attention rows into separate lines or bar sets: the backend and the attention kind
+    columns that vary (attn_kind, window, sinks); and the other extras that vary (shape, dtype, parallelism)."""
+    both = pd.concat(list(runs))
+    return ["backend", *_varying(both, ATTENTION_KIND)], [c for c in _varying(both, ATTENTION_EXTRA) if c != "backend"]
+
+
+def series_label(row: Any, cols: Sequence[str]) -> str:
+    """'sdpa full', 'sdpa sliding 128': the backend, then the attention kind values, then any other column."""
+    kinds = [c for c in cols if c in ATTENTION_KIND]
+    rest = [cell(row[c]) for c in cols if c not in ATTENTION_KIND]
+    return " ".join(p for p in (*rest, attention_kind_label(row, kinds)) if p)
+
+
+def with_series(runs: Sequence[pd.DataFrame], split: Sequence[str]) -> list[pd.DataFrame]:
+    """Each run with ``_s``: its row's series label (series_label over ``split``)."""
+    return [
+        f.assign(_s=f.apply(lambda r: series_label(r, split), axis=1) if not f.empty else pd.Series(dtype=object))
+        for f in runs
+    ]
+
+
+def attention_bar_sets(runs: Sequence[pd.DataFrame], pass_: str) -> tuple[list[str], list[Bars]]:
+    """The categories (model, then each varying shape extra after its short name) and one bar set per backend
+    and attention kind ('sdpa full', 'sdpa sliding 128'), this run's then the other run's: each bar is one
+    measurement's TFLOPS (a median only over repeats equal in every identity column)."""
+    split, _ = attention_series(runs)
+    both = pd.concat(list(runs))
+    extra = [c for c in _varying(both, ("seqlen q/kv", *ATTENTION_EXTRA)) if c != "backend"]
+    # any other identity column still differing inside one bar (seqlen_kv at one seqlen_q …) joins the category
+    raw = {"seqlen_q", "seqlen_kv", "num_head_q", "num_head_kv", "head_dim_qk", "head_dim_v"}
+    inside = differing_within(both, ["model", *split, *extra], identity_of(SCHEMAS["attention"]))
+    extra += [c for c in inside if c not in raw and c not in extra]
+    if raw & set(inside) and "seqlen q/kv" not in extra:
+        extra += [c for c in ("seqlen q/kv", "heads q/kv", "head_dim qk/v") if c not in extra]
+    runs = with_series(_categories(runs, "model", extra, named=True), split)
+    cats = list(dict.fromkeys(x for f in runs for x in f["_x"]))
+    labels = sorted({s for f in runs for s in f["_s"]})
+    sets = []
+    for i, label in enumerate(labels):
+        for j, run in enumerate(runs):
+            part = with_band(run[run["_s"] == label], attention_timed(pass_))
+            name = label + ("" if len(runs) == 1 else (" this run", " other run")[j])
+            sets.append(bars_of(part, cats, name, f"C{i % 10}", faded=j == 1))
+    return cats, sets
 
 
 def _attention_passes(*frames: pd.DataFrame) -> list[str]:
@@ -351,15 +440,16 @@ def _draw_attention(model: str, frame: pd.DataFrame, other: pd.DataFrame | None 
 
         runs = [frame] + ([other] if other is not None and not other.empty else [])
         passes = _attention_passes(*runs)
-        extra = _varying(pd.concat(runs), ATTENTION_EXTRA)
-        groups = sorted({_as_tuple(k) for f in runs for k, _ in f.groupby(["backend", *extra], sort=True)})
+        split, extra = attention_series(runs)
+        by = [*split, *extra]  # one line per backend, attention kind and varying shape: never a median across them
+        groups = sorted({_as_tuple(k) for f in runs for k, _ in f.groupby(by, sort=True)})
         colors = {k: f"C{i % 10}" for i, k in enumerate(groups)}
         axes = fig.subplots(1, max(1, len(passes)), sharey=True, squeeze=False)[0]
         any_noisy = False
         for ax, p in zip(axes, passes):
             for n, run in enumerate(runs):
                 banded = with_band(run, attention_timed(p))
-                for group, part in banded.groupby(["backend", *extra], sort=True):
+                for group, part in banded.groupby(by, sort=True):
                     key = _as_tuple(group)
                     points = part.groupby("seqlen_q")[["_v", "_lo", "_hi"]].median()  # repeated shapes: one point
                     x, y, color = points.index, points["_v"], colors[key]
@@ -378,9 +468,9 @@ def _draw_attention(model: str, frame: pd.DataFrame, other: pd.DataFrame | None 
             ax.set_title(p)
             ax.grid(True, alpha=0.3)
         axes[0].set_ylabel("TFLOPS")
-        handles = [Line2D([], [], color=colors[k], marker="o", label=" ".join(str(v) for v in k)) for k in groups] + (
-            [Line2D([], [], color="gray", linestyle="--", marker="s", label="other run")] if len(runs) > 1 else []
-        )
+        handles = [
+            Line2D([], [], color=colors[k], marker="o", label=series_label(dict(zip(by, k)), by)) for k in groups
+        ] + ([Line2D([], [], color="gray", linestyle="--", marker="s", label="other run")] if len(runs) > 1 else [])
         handles += [Line2D([], [], color="black", marker="x", linestyle="", label="noisy")] if any_noisy else []
         fig.legend(handles=handles, loc="outside lower center", ncols=min(6, len(handles)), fontsize="small")
         fig.suptitle(
@@ -398,18 +488,10 @@ def _draw_attention_bars(frame: pd.DataFrame, other: pd.DataFrame | None = None)
     def draw(fig: Any) -> None:
         runs = [frame] if other is None or other.empty else [frame, other]
         passes = _attention_passes(*runs)
-        extra = [c for c in _varying(pd.concat(runs), ("seqlen q/kv", *ATTENTION_EXTRA)) if c != "backend"]
-        runs = _categories(runs, "model", extra, named=True)
-        cats = list(dict.fromkeys(x for f in runs for x in f["_x"]))
-        backends = sorted({b for f in runs for b in f["backend"]})
         axes = fig.subplots(1, max(1, len(passes)), sharey=True, squeeze=False)[0]
+        sets: list[Bars] = []
         for ax, p in zip(axes, passes):
-            sets = []
-            for i, backend in enumerate(backends):
-                for j, run in enumerate(runs):
-                    part = with_band(run[run["backend"] == backend], attention_timed(p))
-                    name = str(backend) + ("" if len(runs) == 1 else (" this run", " other run")[j])
-                    sets.append(bars_of(part, cats, name, f"C{i % 10}", faded=j == 1))
+            cats, sets = attention_bar_sets(runs, p)
             draw_bars(ax, cats, sets, horizontal=True)
             ax.set_xlabel("TFLOPS")
             ax.set_title(p)
@@ -443,7 +525,11 @@ def _attention_plots(attn: pd.DataFrame, other: pd.DataFrame | None) -> list[Plo
         mine = attn[attn["model"].isin(single)]
         theirs = other[other["model"].isin(single)] if other is not None and "model" in other else None
         cats = mine.groupby(["model", *_varying(mine, ("seqlen q/kv", *ATTENTION_EXTRA))]).ngroups
-        bars = cats * mine["backend"].nunique() * (1 if theirs is None or theirs.empty else 2)
+        bars = (
+            cats
+            * mine.groupby(["backend", *_varying(mine, ATTENTION_KIND)]).ngroups
+            * (1 if theirs is None or theirs.empty else 2)
+        )
         plots.append(
             Plot(
                 "attention",
@@ -523,6 +609,13 @@ PROJECT_PARTS = (
 )
 
 
+def project_labels(frame: pd.DataFrame) -> list[str]:
+    """One bar label per projected row: its layout, and every other identity column (world size, batch, seqlen)
+    whose values differ among rows of one layout, after its name: two bars never read alike."""
+    within = [c for c in differing_within(frame, ("layout",), identity_of(SCHEMAS["project"])) if c != "model"]
+    return [" ".join([str(r["layout"]), *(f"{c} {cell(r[c])}" for c in within)]) for _, r in frame.iterrows()]
+
+
 def _draw_project(frame: pd.DataFrame, note: str = "") -> Callable[[Any], None]:
     """One stacked bar per projected layout: where its step's time goes."""
     frame = frame.sort_values("rank") if "rank" in frame and frame["rank"].notna().any() else frame
@@ -536,7 +629,7 @@ def _draw_project(frame: pd.DataFrame, note: str = "") -> Callable[[Any], None]:
             if values.any():
                 ax.barh(y, values, left=left, label=label)
                 left = left + values
-        ax.set_yticks(y, [str(v) for v in frame["layout"]], fontsize="small")
+        ax.set_yticks(y, project_labels(frame), fontsize="small")
         ax.invert_yaxis()
         ax.set_xlabel("seconds per step")
         ax.set_title(f"Projected step time by layout{note}")

@@ -24,6 +24,7 @@ from opbench.core.schema import Schema
 from opbench.core.units import human_bytes
 
 from .discover import IMPLAUSIBLE, SCHEMAS, Discovery
+from .identity import is_measured, missing_identity
 
 Order = Callable[[pd.DataFrame], list[tuple[str, bool]]]
 
@@ -78,6 +79,9 @@ _SHAPE = (
     "head_dim_qk",
     "head_dim_v",
     "causal",
+    "attn_kind",
+    "window",
+    "sinks",
     "dtype",
 )
 
@@ -120,6 +124,9 @@ SPECS: dict[str, TableSpec] = {
             "heads q/kv",
             "head_dim qk/v",
             "causal",
+            "attn_kind",
+            "window",
+            "sinks",
             "tp",
             "cp",
             "dtype",
@@ -132,9 +139,34 @@ SPECS: dict[str, TableSpec] = {
         ),
         derived=("seqlen q/kv", "heads q/kv", "head_dim qk/v", "fwd_ms", "bwd_ms", "fwdbwd_ms"),
         order=lambda f: [(c, True) for c in _SHAPE] + [("fwd_tflops", False)],
-        optional=("tp", "cp"),
+        optional=("attn_kind", "window", "sinks", "tp", "cp"),
         about="Per shape, the fastest forward backend first. Times are medians; TFLOPS as docs/conventions.md "
         "counts them (causal masks count the visible half).",
+    ),
+    "moe": TableSpec(
+        columns=(
+            "model",
+            "routing",
+            "phase",
+            "pass",
+            "backend",
+            "mbs",
+            "seqlen",
+            "tokens",
+            "experts",
+            "top_k",
+            "dtype",
+            "capacity_factor",
+            "imbalance",
+            "tokens_dropped",
+            "time_ms",
+            "tflops",
+        ),
+        derived=("time_ms",),
+        order=_by("model", "routing", "phase", "pass", "backend"),
+        optional=("mbs", "seqlen", "tokens", "experts", "top_k", "capacity_factor", "tokens_dropped"),
+        about="Per routing, phase and pass, each expert-GEMM backend (phases that do not depend on it are timed "
+        "once, backend eager); imbalance is the busiest expert's tokens over the mean.",
     ),
     "comm": TableSpec(
         columns=(
@@ -558,6 +590,7 @@ def attach_tests(comm: pd.DataFrame, tests: pd.DataFrame) -> pd.DataFrame:
 
 DERIVE: dict[str, Callable[[pd.DataFrame], pd.DataFrame]] = {
     "gemm": _with_time_ms,
+    "moe": _with_time_ms,
     "attention": _derive_attention,
     "comm": lambda f: _with_size(f, "size_bytes"),
     "nccl_tests": _derive_nccl_tests,
@@ -663,15 +696,32 @@ def visible_columns(frame: pd.DataFrame, columns: tuple[str, ...], spec: TableSp
     ]
 
 
+def with_identity(frame: pd.DataFrame, kind: str, shown: list[str]) -> list[str]:
+    """The shown columns plus every identity column (identity.IDENTITY) whose values differ among the rows but
+    that the spec left out, each before the first measured column: two rows that are different measurements
+    never look like duplicates."""
+    extra = missing_identity(SCHEMAS[kind], frame, shown)
+    if not extra:
+        return shown
+    at = next((i for i, c in enumerate(shown) if is_measured(SCHEMAS[kind], c)), len(shown))
+    return [*shown[:at], *extra, *shown[at:]]
+
+
 def sorted_table(
-    frame: pd.DataFrame, spec: TableSpec, columns: tuple[str, ...], title: str | None, top: int | None
+    frame: pd.DataFrame,
+    spec: TableSpec,
+    columns: tuple[str, ...],
+    title: str | None,
+    top: int | None,
+    kind: str | None = None,
 ) -> Table:
     order = [(c, asc) for c, asc in spec.order(frame) if c in frame]
     if order:
         frame = frame.sort_values(
             [c for c, _ in order], ascending=[a for _, a in order], kind="stable", na_position="last"
         )
-    shown = frame[visible_columns(frame, columns, spec)]
+    visible = visible_columns(frame, columns, spec)
+    shown = frame[with_identity(frame, kind, visible) if kind is not None else visible]
     hidden = max(0, len(shown) - top) if top else 0
     return Table(title, shown.head(top) if top else shown, hidden)
 
@@ -704,9 +754,9 @@ def build_section(found: Discovery, kind: str, top: int | None, other: Discovery
         return section
     if spec.split and spec.split in ok:
         for value, part in ok.groupby(spec.split, sort=True):
-            section.tables.append(sorted_table(part, spec, columns, str(value), top))
+            section.tables.append(sorted_table(part, spec, columns, str(value), top, kind))
     else:
-        section.tables.append(sorted_table(ok, spec, columns, None, top))
+        section.tables.append(sorted_table(ok, spec, columns, None, top, kind))
     section.tables += [Table(title, frame) for title, frame in EXTRA_TABLES.get(kind, lambda f: [])(ok)]
     noisy = noisy_rows(ok, kind)
     if not noisy.empty:
