@@ -476,7 +476,7 @@ def test_fp8_runs_the_decoder_gemms_from_fp8_rows_and_pays_for_casts_and_weight_
     weights = sum(g.n * g.k for g in layer.values()) * 32  # every linear of the 32 layers is FP8
     assert mem.fp8_weights(cfg, replace(base, fp8="te"), 0) == (weights, weights // 32)
     none, te, torchao = (projector.memory(replace(base, fp8=f), (1,))[0] for f in ("none", "te", "torchao"))
-    assert te.params - none.params == 2 * weights
+    assert te.params - none.params == 2 * -(-weights // 8)  # FSDP over 8 ranks: the copies of the rank's shards
     per_layer = 8192 * (-4096 - 4096 + 4096 - 14336)  # norm outputs and activation output -1 byte, o +1 byte
     assert mem.te_saved_delta(cfg, lay, replace(base, fp8="te")) == per_layer
     assert te.activations - none.activations == 32 * per_layer
@@ -1412,3 +1412,25 @@ def test_a_16_bit_validation_trains_the_recipe_the_projection_counts(world, shar
         stage_params(cfg, plan, 0), plan, "eager"
     )  # torch's ZeroRedundancyOptimizer: whole parameters
     assert measured.grads == 2 * measured.params and measured.optimizer > 3 * measured.params // world
+
+
+def test_fsdp_shards_transformer_engines_fp8_weight_cache(tmp_path):
+    """Under FSDP each rank holds its shard of the weights, so Transformer Engine's FP8 copies (weight and
+    transpose, 2 B per FP8 weight) are of that shard too, with the gathered layer's copy while it is gathered: a
+    Llama-70B rank on 64 GPUs held 131.6 GiB of parameters when the copy of the whole model was counted on every
+    rank. Parameters per rank × ranks is the same on 16 and 64 GPUs, as FSDP's own shards are."""
+    from opbench.core.errors import run_cli
+    from opbench.project.__main__ import main
+
+    totals = []
+    for world in (16, 64):
+        out = tmp_path / f"w{world}"
+        argv = ["--model", "Llama3.1_70B", "--device", "H100", "--world-size", str(world), "--fsdp", "--fp8", "te",
+                "--seqlen", "8192", "--mbs", "1", "--report-dir-path", str(out)]  # fmt: skip
+        assert run_cli(main, argv, prog="opbench project") == 0
+        with open(out / "project.csv", newline="") as fh:
+            (row,) = list(csv.DictReader(fh))
+        totals.append(float(row["mem_params_gib"]) * world)
+    fp32_and_fp8 = 70.6e9 * (4 + 2) / 2**30  # FSDP's fp32 shards and the FP8 copies of the decoder GEMMs' weights
+    assert totals[0] == pytest.approx(totals[1], rel=0.01)
+    assert totals[1] < fp32_and_fp8

@@ -657,10 +657,15 @@ def memory(
     elif gpu:
         workspace = EAGER_WORKSPACE_BYTES
     fp8_total, fp8_largest = fp8_weights(cfg, plan, stage, layers)
-    if plan.fp8 == "te" and not plan.fp8_param_gather:  # FP8 copies of the weights and their transposes, kept
-        params += TE_WEIGHT_CACHE_BYTES * fp8_total  # across micro-batches and steps
+    fsdp_sharded = plan.sharding == "fsdp" and plan.pp == 1  # weights gathered one unit at a time (below)
+    te_cache = plan.fp8 == "te" and not plan.fp8_param_gather
+    if te_cache:  # FP8 copies of the weights and their transposes, kept across micro-batches and steps: of the
+        # rank's own weights; under FSDP of its shards (a gathered unit's copy lives while the unit is gathered,
+        # counted with it below), never of the whole model on every rank (docs/project.md, "FP8")
+        shards = plan.dp * plan.cp if fsdp_sharded else 1
+        params += TE_WEIGHT_CACHE_BYTES * -(-fp8_total // shards)
     # --fp8-param-gather: the weight is its FP8 copy (1 B) and keeps its transpose (1 B): the 16-bit bytes, no more
-    if plan.sharding == "fsdp" and plan.pp == 1:  # under a pipeline all is gathered already (state_bytes)
+    if fsdp_sharded:  # under a pipeline all is gathered already (state_bytes)
         e = element_size(plan.dtype)
         # FSDP2 keeps the root unit gathered from its forward to the end of backward (it does not reshard the
         # root after forward); at the peak, the loss's backward, the last decoder layer is gathered too (prefetched
@@ -669,6 +674,8 @@ def memory(
         layer_bytes = sp.largest_unit * shard * e
         if plan.fp8 == "torchao":  # its FP8 weights are all-gathered in FP8
             layer_bytes -= fp8_largest * (e - 1)
+        if te_cache:  # the gathered layer's FP8 copy and transpose, while it is gathered
+            layer_bytes += TE_WEIGHT_CACHE_BYTES * fp8_largest
         gathered = sp.root_unit * shard * e + (layer_bytes if shard > 1 else 0)
         if plan.microbatches == 1:
             # The peak is at the start of backward (every activation, no gradient yet) or at its end (every
