@@ -197,3 +197,19 @@ def test_a_small_gpu_call_is_timed_per_call_and_its_budget_counts_every_call(mon
         assert stats.timed_as == "CUDA graph of 143 calls"  # ~1 ms of calls per replay
     assert stats.iters == pytest.approx(0.3 / 7e-6, rel=0.3)
     assert gpu.warm_syncs > gpu.warm_calls >= 2  # every warm-up call waited for (a GPU queues them otherwise)
+
+
+def test_only_a_cpu_measurement_says_it_was_timed_in_cpu_time(monkeypatch):
+    """OPBENCH_CLOCK=cpu changes CPU timings only: a row's note names the clock when the harness timed on a CPU, and
+    a GPU's per-call event timing (no ``timed_as``) is never labelled so (docs/conventions.md, "The CPU clock")."""
+    import torch
+
+    from opbench.core.timing import Stats, TimingConfig, measure, timing_note
+
+    monkeypatch.setenv("OPBENCH_CLOCK", "cpu")
+    cpu = measure(lambda: torch.ones(64).sum(), torch.device("cpu"), TimingConfig.quick())
+    assert cpu.cpu_clock and "timed in process CPU time (OPBENCH_CLOCK=cpu)" in (timing_note(cpu) or "")
+    events = Stats.from_samples([0.01] * 3)  # what a GPU's event pairs give: no timed_as, not on the CPU clock
+    assert timing_note(events) is None
+    monkeypatch.setenv("OPBENCH_CLOCK", "wall")
+    assert not measure(lambda: torch.ones(64).sum(), torch.device("cpu"), TimingConfig.quick()).cpu_clock

@@ -5,7 +5,7 @@ to the process's CPU time (``time.process_time_ns``: user + system time of all i
 kernel costs the CPU, which does not move when other processes share the cores, as wall time does on a shared
 machine (a rate measured minutes before a step, at another load, read 0.5 of it). It is meant for one thread per
 process (OMP_NUM_THREADS=1), where CPU time is the wall time of an idle core; with more threads it sums them. GPU
-timings never read it (device events). Torch-free: imported by the harness, the collectives' loops, the faults
+timings never read it (device events, and wall time where the host waits on a GPU). Torch-free: imported by the harness, the collectives' loops, the faults
 and ``--validate``.
 """
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .clock import note as clock_note
-from .clock import ns_clock
+from .clock import ns_clock, on_cpu_time
 from .units import wrapped
 
 if TYPE_CHECKING:
@@ -48,6 +48,7 @@ class Stats:
     iqr_rel: float = 0.0  # (p75 - p25) / median: the spread the stop rule and the noisy flag look at
     noisy: bool = False  # the measurement ended (budget or iteration cap) with iqr_rel above max_spread
     timed_as: str = ""  # how the calls were timed when not one event pair per call ("CUDA graph of 64 calls")
+    cpu_clock: bool = False  # timed on a CPU in the process's CPU time (OPBENCH_CLOCK=cpu), not wall time
 
     @classmethod
     def from_samples(cls, samples: list[float] | np.ndarray) -> Stats:
@@ -347,7 +348,11 @@ def measure(
     del graph  # its memory pool goes with it
     stats = Stats.from_samples(samples)
     return replace(
-        stats, noisy=stats.iqr_rel > config.max_spread, iters=stats.iters * group * per_sample, timed_as=timed_as
+        stats,
+        noisy=stats.iqr_rel > config.max_spread,
+        iters=stats.iters * group * per_sample,
+        timed_as=timed_as,
+        cpu_clock=device.type != "cuda" and on_cpu_time(),
     )
 
 
@@ -375,7 +380,7 @@ def timing_note(stats: Stats, what: str = "") -> str | None:
     parts = [
         f"timed as {stats.timed_as}" if stats.timed_as else "",
         noisy_note(stats, what) if stats.noisy else "",
-        (clock_note() or "") if not stats.timed_as else "",  # a GPU's events are device time whatever the clock
+        (clock_note() or "") if stats.cpu_clock else "",  # a GPU's events are device time whatever the clock
     ]
     return "; ".join(p for p in parts if p) or None
 
