@@ -341,6 +341,12 @@ def test_srun_environment_is_one_world_and_a_corrupt_rank_is_caught(tmp_path):
     assert json.loads((out / "ckpt_benchmark.meta.json").read_text())["launcher"] == "slurm"
 
 
+def _written(root, suffix: str) -> bool:
+    """Whether a file ending in ``suffix`` is under ``root``, outside the untimed priming writes (ckpt's ``prime``
+    folder), read while the job writes and removes folders (os.walk passes over one that vanished)."""
+    return any(name.endswith(suffix) for folder, _, names in os.walk(root) if "/prime" not in folder for name in names)
+
+
 def test_sigterm_to_every_task_cleans_up_like_ctrl_c(tmp_path):
     """scancel and Slurm's time limit send SIGTERM to every task: the ranks stop as on Ctrl-C, rank 0 removes
     the checkpoint data, rows already written stay, and the exit code is 143. (A rank caught inside a collective
@@ -361,12 +367,10 @@ def test_sigterm_to_every_task_cleans_up_like_ctrl_c(tmp_path):
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     deadline = time.monotonic() + 180
     while (
-        time.monotonic() < deadline
-        and all(p.poll() is None for p in procs)
-        and not any((tmp_path / "data").rglob("*.pt"))
+        time.monotonic() < deadline and all(p.poll() is None for p in procs) and not _written(tmp_path / "data", ".pt")
     ):
         time.sleep(0.2)
-    if not any((tmp_path / "data").rglob("*.pt")):  # say why: a rank that died (rendezvous, import) or a slow one
+    if not _written(tmp_path / "data", ".pt"):  # say why: a rank that died (rendezvous, import) or a slow one
         for p in procs:
             p.kill()
         ends = [(p.returncode, *p.communicate(timeout=60)) for p in procs]
@@ -431,9 +435,9 @@ def test_a_signal_to_the_launcher_stops_a_dcp_job_and_cleans_up(tmp_path, signam
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a CI shell may start us with it ignored
     )
     deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and proc.poll() is None and not any((tmp_path / "data").rglob("*.distcp")):
+    while time.monotonic() < deadline and proc.poll() is None and not _written(tmp_path / "data", ".distcp"):
         time.sleep(0.1)
-    if not any((tmp_path / "data").rglob("*.distcp")):
+    if not _written(tmp_path / "data", ".distcp"):
         proc.kill()
         out, err = proc.communicate(timeout=60)
         pytest.fail(f"no DCP checkpoint written (exit {proc.returncode}):\n{out[-2000:]}\n{err[-4000:]}")
