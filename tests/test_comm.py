@@ -141,6 +141,11 @@ def _simulate(name: str, ctxs: list[Ctx], bufs: list[Buffers]) -> None:
     elif name == "all_to_all":
         for r, b in enumerate(bufs):
             b.recv.copy_(torch.cat([sends[q][r * c : (r + 1) * c] for q in range(n)]))
+    elif name == "all_to_all_v":  # rank q's block for r starts after what q sends the ranks before r
+        s = ctxs[0].splits
+        assert s is not None
+        for r, b in enumerate(bufs):
+            b.recv.copy_(torch.cat([sends[q][sum(s[q][:r]) : sum(s[q][: r + 1])] for q in range(n)]))
     elif name == "send_recv":
         for r, b in enumerate(bufs):
             b.recv.copy_(sends[(r - 1) % n])
@@ -155,8 +160,9 @@ def test_check_values_are_exact_and_catch_one_bad_element(name, dtype):
     op = OPS[name]
     if dtype == torch.float8_e4m3fn and op.reduces:
         dtype = torch.bfloat16  # CPU torch has no fp8 add; the values themselves are fp8-exact
+    splits = ((5, 0, 30), (7, 7, 7), (0, 13, 2)) if name == "all_to_all_v" else None  # empty blocks included
     for inplace in op.variants:
-        ctxs = [Ctx(None, (0, 1, 2), r, 40, dtype, torch.device("cpu")) for r in range(3)]
+        ctxs = [Ctx(None, (0, 1, 2), r, 40, dtype, torch.device("cpu"), splits=splits) for r in range(3)]
         bufs = [op.alloc(ctx, inplace) for ctx in ctxs]
         for ctx, b in zip(ctxs, bufs):
             fill_for_check(op, ctx, b)
@@ -377,3 +383,63 @@ def test_fp8_on_gloo_is_unsupported_not_an_error():
         assert row["status"] == "ok"
     finally:
         ranks.stop()
+
+
+# -- all_to_all_v: nccl-tests 2.19 alltoallv_perf sizes, splits from routing distributions ---------------------------
+def test_alltoallv_size_is_the_busiest_ranks_traffic_as_nccl_tests_2_19():
+    """alltoallv.cu (2.19): size = max over ranks of max(send, recv) (AlltoAllvComputeMaxCounts), algbw = size / time,
+    busbw = algbw · (n−1)/n (AlltoAllvGetBw). Written out by hand here, not through the functions' own docstrings."""
+    from opbench.core.collectives import COLLECTIVES, alltoallv_imbalance, alltoallv_size_elements
+
+    s = [[1, 2, 0], [3, 4, 9], [0, 0, 1]]  # sends 3, 16, 1; receives 4, 6, 10
+    assert alltoallv_size_elements(s) == 16 and alltoallv_imbalance(s) == pytest.approx(16 * 3 / 20)
+    coll = COLLECTIVES["all_to_all_v"]
+    assert (coll.binary, coll.nccl_op) == ("alltoallv_perf", "AlltoAllv")
+    assert coll.busbw_gbs(16_000, 1e-6, 4) == pytest.approx(16_000 / 1e-6 / 1e9 * 3 / 4)
+
+
+def test_zipf_and_balanced_splits_differ_as_stated():
+    """balanced: every entry T·k/n·hidden; zipf: every rank sends T·k·hidden, the hot experts' owner (rank 0) gets
+    the most and the receive totals never increase with rank; combine is dispatch's transpose; max-mean puts R times
+    the mean on expert 0."""
+    from opbench.comm.splits import SplitSpec
+    from opbench.moe.routing import parse_routing
+
+    def spec(text, direction="dispatch"):
+        return SplitSpec(parse_routing(text), 64, 2, 8, 8, direction)
+
+    assert spec("balanced").matrix(4) == [[256] * 4] * 4
+    z = spec("zipf:1.2").matrix(4)
+    sends, recvs = [sum(r) for r in z], [sum(col) for col in zip(*z)]
+    assert sends == [64 * 2 * 8] * 4 and recvs == sorted(recvs, reverse=True) and recvs[0] > 2 * recvs[-1]
+    assert sum(sends) == sum(recvs) == 4 * 4 * 256
+    assert spec("zipf:1.2", "combine").matrix(4) == [list(col) for col in zip(*z)]
+    copies, _ = spec("max-mean:2").expert_copies(4)
+    assert copies[0] == 2 * 64 * 2 // 8 and sum(copies) == 128
+
+
+def test_alltoallv_plan_sweep_and_model_dispatch_and_combine(capsys):
+    """A -b size is what each rank dispatches; the printed size is the busiest rank's; a MoE model gives a dispatch
+    and a combine case per routing; alltoallv_perf gets the matrix file it reads (bytes, row = sender)."""
+    out = _plan(capsys, "-b", "64K", "-d", "fp32", "--collectives", "all_to_all_v", "--routing", "balanced,zipf:1.2",
+                "--hidden", "64")  # fmt: skip
+    bal, zipf = [line.split() for line in out.splitlines() if line.startswith("all_to_all_v")]
+    assert bal[1:3] == ["65536", "8192"] and zipf[2] == "8192" and int(zipf[1]) > 65536
+    assert f"NCCL_TESTS_ALLTOALLV_MATRIX_FILE=alltoallv_matrix_2.txt ./build/alltoallv_perf -b {zipf[1]}" in out
+    model = _plan(capsys, "--model", "Mixtral_8x7B", "--seqlen", "16", "--collectives", "all_to_all_v", "-d", "fp32")
+    cases = [line for line in model.splitlines() if line.startswith("all_to_all_v")]
+    assert len(cases) == 2 and "EP dispatch" in cases[0] and "EP combine" in cases[1]
+    assert cases[0].split()[1] == cases[1].split()[1] == str(16 // 2 * 2 * 4096 * 4)  # seq/tp·k·hidden·elt, balanced
+
+
+@pytest.mark.parametrize(
+    "content, needle",
+    [("tokens\n3\nx\n", "field 'tokens': row 3"), ("[1, 2, 3]", "has 3 counts")],
+)
+def test_a_bad_histogram_is_one_line_naming_the_file_exit_2(tmp_path, capsys, content, needle):
+    path = tmp_path / "hist.csv"
+    path.write_text(content)
+    argv = ["--dry-run", "--nproc-per-node", "2", "-b", "1M", "--collectives", "all_to_all_v"]
+    assert run_cli(main, [*argv, "--routing", f"histogram:{path}"], prog="opbench comm") == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert str(path) in err and needle in err and "Traceback" not in err

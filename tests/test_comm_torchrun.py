@@ -32,6 +32,8 @@ FACTOR = {
     "send_recv": lambda n: 1.0,
     "broadcast": lambda n: 1.0,
 }
+# nccl-tests 2.19 alltoallv.cu AlltoAllvGetBw: (n-1)/n of the busiest rank's bytes (kept apart: FACTOR's loop runs sweeps)
+FACTOR_V = {"all_to_all_v": lambda n: (n - 1) / n}
 # per-rank count for a -b size of fp32 on n ranks: size/elt, divided by n where the buffer holds n chunks
 PER_RANK_CHUNKS = {"all_gather", "reduce_scatter", "all_to_all"}
 
@@ -69,7 +71,9 @@ def assert_nccl_tests_numbers(r: dict[str, str], n: int) -> None:
     assert t > 0 and float(r["time_us_max"]) >= float(r["time_us"]) * 0.999
     assert float(r["time_us_trial_min"]) <= float(r["time_us"]) <= float(r["time_us_trial_max"])
     assert float(r["algbw_gbs"]) == pytest.approx(size / t / 1e9, rel=1e-3)
-    assert float(r["busbw_gbs"]) == pytest.approx(float(r["algbw_gbs"]) * FACTOR[coll](n), rel=1e-3, abs=1e-9)
+    assert float(r["busbw_gbs"]) == pytest.approx(
+        float(r["algbw_gbs"]) * {**FACTOR, **FACTOR_V}[coll](n), rel=1e-3, abs=1e-9
+    )
 
 
 def test_two_ranks_self_launched(tmp_path):
@@ -496,3 +500,33 @@ def test_a_second_job_into_the_same_folder_stops_at_once_naming_the_first(tmp_pa
         except subprocess.TimeoutExpired:
             os.killpg(first.pid, signal.SIGKILL)
             first.wait()
+
+
+def test_all_to_all_v_on_two_ranks_checks_values_and_follows_alltoallv_perf(tmp_path):
+    """Uneven splits from a Zipf routing and a MoE model's dispatch/combine, 2 ranks, gloo. Rank 1 adds 1 to its first
+    send element before each checked call: the check, built from the split matrix, finds exactly that element on
+    rank 0 and every other element as the matrix says. Size, algbw and busbw are nccl-tests 2.19 alltoallv_perf's,
+    written out here: the busiest rank's max(send, recv) bytes, busbw = algbw · (n−1)/n."""
+    out = tmp_path / "r"
+    proc = torchrun(2, "--collectives", "all_to_all_v", "--sizes", "16K", "--routing", "balanced,zipf:1.2",
+                    "--hidden", "16", "--model", "Mixtral_8x7B", "--seqlen", "16", "--check", "--report-dir-path",
+                    str(out), *QUICK, faults="corrupt:1")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = {r["source"]: r for r in rows(out, "all_to_all_v")}
+    assert len(got) == 6 and {r["wrong"] for r in got.values()} == {"1"}, got  # 2 sizes + 2 routings × 2 directions
+    for r in got.values():
+        assert_nccl_tests_numbers(r, 2)  # algbw = size / time; busbw = algbw · (n−1)/n
+    bal = got["sizes a2av dispatch balanced k=2 h=16"]
+    zipf = got["sizes a2av dispatch zipf:1.2 k=2 h=16"]
+    # 16 KiB fp32 = 128 tokens · top-2 · 16 elements per rank; 16 experts, 8 per rank
+    assert (bal["size_bytes"], bal["count"], bal["imbalance"]) == ("16384", "2048", "1")
+    meta = json.loads((out / "all_to_all_v_benchmark.meta.json").read_text())["all_to_all_v"]
+    z = next(m for m in meta if m["routing"] == "zipf:1.2")
+    assert z["send_bytes"] == [16384, 16384] and sum(z["recv_bytes"]) == 32768
+    assert int(zipf["size_bytes"]) == max(z["recv_bytes"]) == z["split_elements"][0][0] * 2 * 4
+    assert float(zipf["imbalance"]) == pytest.approx(max(z["recv_bytes"]) / 16384, rel=1e-4)
+    mixtral = [r for s, r in got.items() if s.startswith("Mixtral") and "balanced" in s]
+    assert [r["size_bytes"] for r in mixtral] == [
+        str(16 // 2 * 2 * 4096 * 4)
+    ] * 2  # seq/tp·k·hidden·elt: dispatch, combine
+    assert "# sizes a2av dispatch zipf:1.2 k=2 h=16; busiest rank / mean" in proc.stdout

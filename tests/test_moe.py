@@ -390,6 +390,9 @@ def test_a_small_cpu_run_writes_rows_and_counts(tmp_path, capsys):
         (["--backends", "cublas"], "--backends"),
         (["--capacity-factor", "0"], "--capacity-factor"),
         (["--model-config-path", "examples/configs/tiny-llama"], "dense"),
+        (["--ep", "3"], "do not split over 3 ranks"),
+        (["--ep", "2", "--capacity-factor", "1.5"], "not offered with --ep"),
+        (["--ep", "2", "--phases", "block"], "drop --phases"),
     ],
 )
 def test_bad_flags_are_one_line_exit_2(tmp_path, capsys, args, needle):
@@ -398,3 +401,67 @@ def test_bad_flags_are_one_line_exit_2(tmp_path, capsys, args, needle):
     err = capsys.readouterr().err
     assert code == 2
     assert err.count("\n") == 1 and needle in err and "Traceback" not in err
+
+
+# --- expert parallelism (--ep) --------------------------------------------------------------------------------------
+
+
+def test_ep_chunk_sort_and_its_inverse():
+    """Received rows come source-major, (source, expert) chunks; the experts want expert-major; combine undoes it."""
+    from opbench.moe.ep import Exchange
+
+    ex = Exchange(recv=[[1, 2], [3, 0]], send_splits=[3, 3], recv_splits=[3, 3])
+    rows = torch.arange(6.0)[:, None]  # chunks: (q0,e0)=[0] (q0,e1)=[1,2] (q1,e0)=[3,4,5] (q1,e1)=[]
+    by_expert = ex.by_expert(rows)
+    assert by_expert.flatten().tolist() == [0, 3, 4, 5, 1, 2] and ex.expert_counts == [4, 2]
+    assert torch.equal(ex.by_source(by_expert), rows)
+
+
+def test_ep_reference_check_can_fail():
+    """On a one-rank group the EP block is the single-rank block (error 0); a 1 % wrong output is caught."""
+    from opbench.core import dist
+    from opbench.moe.ep import EpBlock, reference_error
+
+    spec = block_spec(load_model_configs("examples/configs/tiny-qwen3-moe")[0])
+    g = torch.Generator().manual_seed(0)
+    w = B.make_weights(spec, torch.float32, CPU, g)
+    x = torch.randn((16, spec.hidden), generator=g)
+    idx = torch.from_numpy(assign(target_counts(parse_routing("zipf:1.2"), 16, 2, 8)[0], 16, 2, 0))
+    ranks = dist.Ranks.join(dist.single(), "cpu", 30)
+    try:
+        with torch.no_grad():
+            block = EpBlock(spec, w, x, idx, backends.grouped_mm, 1, 0)
+            out = block.forward()
+            assert reference_error(block, out, backends.torch_loop) < 1e-6
+            assert reference_error(block, out * 1.01, backends.torch_loop) > 5e-3
+    finally:
+        ranks.stop()
+
+
+@pytest.mark.slow
+def test_ep_over_two_ranks_dispatches_combines_and_matches_one_rank(tmp_path):
+    """A real 2-rank torchrun job (gloo): per routing, dispatch / experts / combine / block rows; the output equals
+    the single-rank block on the gathered tokens; the counts exchanged say where the rows went (zipf: the hot experts'
+    rank 0 receives the most, balanced: even)."""
+    import os
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "opbench", "moe", "--model-config-path", "examples/configs/tiny-qwen3-moe",
+           "--seqlen", "32", "--ep", "2", "--routing", "balanced,zipf:1.2", "--backends", "grouped_mm", "--quick",
+           "--device", "cpu", "--report-dir-path", str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = read(tmp_path / "benchmark_moe_tiny-qwen3-moe_ep2.csv")
+    assert [(r["routing"], r["phase"]) for r in rows] == [
+        (routing, phase)
+        for routing in ("balanced", "zipf:1.2")
+        for phase in ("dispatch", "experts", "combine", "block")
+    ]
+    assert all(r["status"] == "ok" and float(r["time_s"]) > 0 and r["ep"] == "2" for r in rows)
+    assert all(float(r["max_rel_err"]) < 1e-5 for r in rows if r["phase"] in ("experts", "block"))
+    meta = json.loads((tmp_path / "benchmark_moe_tiny-qwen3-moe_ep2.meta.json").read_text())["routings"]
+    assert meta["balanced"]["rows_sent"] == [[32, 32], [32, 32]]  # 32 tokens · top-2 per rank, 4 experts per rank
+    zipf = meta["zipf:1.2"]
+    assert zipf["rows_received_per_rank"][0] > zipf["rows_received_per_rank"][1]
+    assert sum(zipf["tokens_per_expert"]) == 2 * 32 * 2 and sum(map(sum, zipf["rows_sent"])) == 128

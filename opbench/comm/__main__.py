@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import sys
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ from opbench.core.units import note, one_line
 from . import flags
 from .flags import add_refused
 from .sizes import RUNNABLE, CommCase, CommGroups, cases_for_sizes, model_cases, sweep_bytes, trace_cases
+from .splits import DEFAULT_HIDDEN, DEFAULT_TOP_K, EXPERTS_PER_RANK, SplitSpec, parse_routings
 
 EXAMPLES = """\
 examples:
@@ -32,6 +34,8 @@ examples:
   srun --ntasks-per-node 8 python -m opbench.comm ...   # needs MASTER_ADDR exported by the job script
   opbench comm --nproc-per-node 8 --sizes-from-trace nccl.log   # replay the sizes an NCCL_DEBUG log saw
   opbench comm --nproc-per-node 8 -b 8 -e 1G -f 2 -d bfloat16 -z 1 -a 3   # nccl-tests' flags, their meanings
+  opbench comm --nproc-per-node 8 --collectives all_to_all_v --model Mixtral_8x7B --routing balanced,zipf:1.2
+      # MoE dispatch/combine with uneven splits (nccl-tests' alltoallv_perf sizes; docs/comm.md)
 
 A world of one rank has no link to measure: opbench comm refuses it (start 2 or more ranks).
 """
@@ -124,6 +128,28 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LOG[,LOG]",
         help="replay the (collective, count, dtype, nranks) an NCCL_DEBUG=INFO log recorded; repeat the flag for "
         "several logs (an existing file is one log even with a comma in its name)",
+    )
+
+    g = p.add_argument_group(
+        "all_to_all_v splits (docs/comm.md, all-to-all-v): a -b size is what each rank dispatches, T·top_k·hidden·elt"
+    )
+    g.add_argument(
+        "--routing",
+        default="balanced",
+        metavar="R[,R…]",
+        help="routing distribution(s) of the uneven splits, as opbench moe's: balanced, zipf:S, max-mean:R, "
+        "histogram:FILE (default: balanced)",
+    )
+    g.add_argument(
+        "--experts",
+        type=positive_int,
+        default=None,
+        help=f"experts over the group, placed on its ranks contiguously (default: {EXPERTS_PER_RANK} per rank; "
+        "--model: the model's)",
+    )
+    g.add_argument("--top-k", type=positive_int, default=DEFAULT_TOP_K, help="experts per token (--model: the model's)")
+    g.add_argument(
+        "--hidden", type=positive_int, default=DEFAULT_HIDDEN, help="elements per token copy (--model: hidden_size)"
     )
 
     g = p.add_argument_group("measurement")
@@ -235,10 +261,16 @@ def build_cases(args: argparse.Namespace, world_size: int, dtype: str) -> tuple[
     notes: list[str] = []
     modelled = bool(args.model_config_path or args.model)
     explicit = args.sizes is not None
+    routings = parse_routings(args.routing) if "all_to_all_v" in args.collectives else []
+    patterns = [SplitSpec(r, 0, args.top_k, args.hidden, args.experts) for r in routings]
+    for p in patterns:  # a histogram of the wrong length, or experts that do not split: one line before any rank runs
+        dataclasses.replace(p, tokens=1).expert_copies(world_size)
     if args.minbytes is not None or args.maxbytes is not None or not (explicit or modelled or args.sizes_from_trace):
-        cases += cases_for_sizes(args.collectives, _sweep(args), dtype, args.source_label or "sweep", args.op)
+        source = args.source_label or "sweep"
+        cases += cases_for_sizes(args.collectives, _sweep(args), dtype, source, args.op, patterns)
     if explicit:
-        cases += cases_for_sizes(args.collectives, args.sizes, dtype, args.source_label or "sizes", args.op)
+        source = args.source_label or "sizes"
+        cases += cases_for_sizes(args.collectives, args.sizes, dtype, source, args.op, patterns)
     if modelled:
         from opbench.models import load_model_configs, select_models
 
@@ -248,7 +280,7 @@ def build_cases(args: argparse.Namespace, world_size: int, dtype: str) -> tuple[
             found = [
                 c
                 for mbs in args.mbs
-                for c in model_cases(model, args.collectives, world_size, par, mbs, args.seqlen, dtype)
+                for c in model_cases(model, args.collectives, world_size, par, mbs, args.seqlen, dtype, routings)
             ]
             cases += found
             if not found:
@@ -301,6 +333,7 @@ def check_plan(args: argparse.Namespace, cases: Sequence[CommCase], world: int) 
 def dry_run(args: argparse.Namespace, dist_env: dist.DistEnv | None) -> int:
     """The plan without torch or ranks: every case, and the nccl-tests / rccl-tests line for each."""
     from opbench.core.collectives import COLLECTIVES, TESTS_REDOP, nccl_tests_command
+    from opbench.core.dtypes import element_size
 
     from .sizes import actual_size, count_for
 
@@ -325,6 +358,7 @@ def dry_run(args: argparse.Namespace, dist_env: dist.DistEnv | None) -> int:
         raise UsageError("nothing to run: no sizes for the chosen collectives", field="--collectives")
     rows: list[str] = []
     commands: dict[str, list[str]] = {"nccl": [], "rccl": []}
+    matrices: list[tuple[str, list[list[int]]]] = []  # all_to_all_v: nccl-tests' matrix files (bytes, row = sender)
     for case in cases:
         nranks = case.group_size or world
         coll = COLLECTIVES[case.collective]
@@ -338,6 +372,12 @@ def dry_run(args: argparse.Namespace, dist_env: dist.DistEnv | None) -> int:
         redop = TESTS_REDOP[case.redop] if coll.has_redop else None
         nodes = -(-nranks // per_node)
         extra = flags.tests_flags(args, coll.has_root)
+        prefix = ""
+        if case.splits is not None:  # alltoallv_perf reads uneven splits from a matrix file of bytes, -b = -e
+            matrix = [[v * element_size(case.dtype) for v in row] for row in case.splits.matrix(nranks)]
+            name = f"alltoallv_matrix_{len(matrices) + 1}.txt"
+            matrices.append((name, matrix))
+            prefix = f"NCCL_TESTS_ALLTOALLV_MATRIX_FILE={name} "
         for flavour, lines in commands.items():
             line = nccl_tests_command(
                 case.collective,
@@ -351,7 +391,7 @@ def dry_run(args: argparse.Namespace, dist_env: dist.DistEnv | None) -> int:
                 iters=args.iters,
                 warmup=args.warmup_iters,
             )
-            lines.append(flags.with_flags(line, extra))
+            lines.append(prefix + flags.with_flags(line, extra))
     print(f"# {'collective':<13} {'size (B)':>12} {'count':>12} {'dtype':>6} {'nranks':>6}  source")
     print("\n".join(rows))
     same = commands["nccl"] == commands["rccl"]
@@ -362,7 +402,23 @@ def dry_run(args: argparse.Namespace, dist_env: dist.DistEnv | None) -> int:
             f"\n# {'nccl-tests and rccl-tests (same flags)' if same else flavour + '-tests'}, from the build directory:"
         )
         print(redact_text("\n".join(dict.fromkeys(lines))))
+    for name, matrix in matrices:
+        print(f"\n# {name} (bytes rank i sends rank j; nccl-tests rounds each down to 16 B):")
+        print("\n".join(" ".join(str(v) for v in row) for row in matrix))
     return 0
+
+
+def splits_meta(cases: Sequence[CommCase], world: int) -> dict[str, list[dict]]:
+    """The sidecar's record of every all_to_all_v case: its pattern's parameters, per-rank send/receive bytes and
+    (groups up to 64 ranks) the split matrix in elements."""
+    from opbench.core.dtypes import element_size
+
+    found = [
+        {"source": c.source, **c.splits.describe(c.group_size or world, element_size(c.dtype))}
+        for c in cases
+        if c.splits is not None
+    ]
+    return {"all_to_all_v": found} if found else {}
 
 
 def run(args: argparse.Namespace, dist_env: dist.DistEnv) -> int:
@@ -417,6 +473,7 @@ def run(args: argparse.Namespace, dist_env: dist.DistEnv) -> int:
                 "check": cfg.check,
                 "per_rank": cfg.per_rank,
                 "timeout_s": cfg.timeout_s,
+                **splits_meta(cases, ranks.world_size),
             },
         )
         output = Output(ranks, args.report_dir_path, meta, earlier=cli.earlier_policy(args))

@@ -26,11 +26,10 @@ import torch
 import torch.distributed as dist
 
 from opbench.core.clock import ns_clock
-from opbench.core.collectives import COLLECTIVES
+from opbench.core.collectives import COLLECTIVES, alltoallv_imbalance
 from opbench.core.device import synchronize, torch_dtype
 from opbench.core.dist import RankFailure, Ranks, job_broken
 from opbench.core.dtypes import dtype as dtype_info
-from opbench.core.dtypes import element_size
 from opbench.core.errors import raise_if_terminated
 from opbench.core.faults import Faults
 from opbench.core.rankstats import rank_stats
@@ -51,7 +50,7 @@ from opbench.core.units import one_line
 from .flags import AVERAGE, BLOCKING
 from .ops import OPS, Buffers, CommOp, Ctx, all_gather_fn, corrupt, count_wrong, fill_for_check
 from .schema import SCHEMA
-from .sizes import CommCase, count_for, group_layout
+from .sizes import CommCase, actual_size, count_for, group_layout
 
 _STATUS_CODES = [STATUS_OK, STATUS_UNSUPPORTED, STATUS_OOM, STATUS_ERROR]  # worst last
 
@@ -201,6 +200,7 @@ class Bench:
             case.redop,
             self.cfg.root,
             self.cfg.p2p_mode,
+            None if case.splits is None else tuple(map(tuple, case.splits.matrix(n))),
         )
 
     # -- one case ------------------------------------------------------------------------------------------
@@ -248,6 +248,12 @@ class Bench:
         """This rank's context and buffers for the case; raises Unsupported / OOM like any allocation."""
         self.cfg.faults.prepare(self.rank)
         ctx = self.context(case)
+        if case.splits is not None and case.splits.tokens == 0:
+            s = case.splits
+            raise Unsupported(
+                f"{case.size_bytes} B is less than one token per rank (top-{s.top_k} · hidden {s.hidden} · "
+                f"{ctx.dtype.itemsize} B)"
+            )
         if ctx.count == 0:
             raise Unsupported(f"{case.size_bytes} B is less than one element per rank")
         if case.collective == "send_recv" and len(ctx.ranks) == 1 and self.backend == "gloo":
@@ -264,7 +270,7 @@ class Bench:
         cfg = self.cfg
         nranks = len(self.group(case.group_size or self.world, case.group_stride)[1])
         count = count_for(case, nranks)
-        size = coll.size_bytes(count, nranks, element_size(case.dtype))
+        size = actual_size(case, nranks)  # all_to_all_v: the busiest rank's bytes (nccl-tests 2.19 alltoallv_perf)
         pattern = cfg.p2p_mode if case.collective == "send_recv" else ""
         row: dict[str, Any] = {
             "collective": case.collective,
@@ -282,6 +288,7 @@ class Bench:
             "iters": cfg.iters,
             "trials": cfg.trials,
             "source": case.source,
+            "imbalance": None if case.splits is None else alltoallv_imbalance(case.splits.matrix(nranks)),
         }
         status, message, wrong = STATUS_OK, "", 0
         times = [math.nan] * cfg.trials
@@ -501,6 +508,8 @@ class Output:
             extra.insert(0, f"nranks {first['nranks']}")
         if first["pattern"]:
             extra.insert(0, first["pattern"])
+        if first.get("imbalance") is not None:
+            extra.append(f"busiest rank / mean {first['imbalance']:.3g}")
         straggler = next((r for r in rows if r.get("slowest_rank") is not None), None)
         if straggler is not None:  # --per-rank
             extra.append(

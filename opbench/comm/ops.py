@@ -38,10 +38,19 @@ class Ctx:
     redop: str = "sum"
     root: int = 0  # index in ``ranks``
     pattern: str = "ring"  # send_recv: "ring" | "pingpong"
+    splits: tuple[tuple[int, ...], ...] | None = None  # all_to_all_v: elements group rank i sends group rank j
 
     @property
     def n(self) -> int:
         return len(self.ranks)
+
+    def send_splits(self) -> list[int]:
+        assert self.splits is not None
+        return list(self.splits[self.rank])
+
+    def recv_splits(self) -> list[int]:
+        assert self.splits is not None
+        return [row[self.rank] for row in self.splits]
 
 
 @dataclass
@@ -134,6 +143,32 @@ def _pair(ctx: Ctx, numel: int) -> Buffers:
     return Buffers(_zeros(ctx, numel), _zeros(ctx, numel))
 
 
+def _alltoallv_buffers(ctx: Ctx, inplace: bool) -> Buffers:
+    return Buffers(_zeros(ctx, sum(ctx.send_splits())), _zeros(ctx, sum(ctx.recv_splits())))
+
+
+def _bind_alltoallv(ctx: Ctx, b: Buffers) -> Callable[[], Any]:
+    return partial(
+        dist.all_to_all_single,
+        b.recv,
+        b.send,
+        output_split_sizes=ctx.recv_splits(),
+        input_split_sizes=ctx.send_splits(),
+        group=ctx.group,
+    )
+
+
+def alltoallv_expected(ctx: Ctx, i: torch.Tensor) -> torch.Tensor:
+    """Receive element ``i`` comes from the source rank whose block of the receive buffer holds it, at the offset
+    of this rank's block in that source's send buffer (nccl-tests' ``AlltoAllvInitData`` expected buffer)."""
+    assert ctx.splits is not None
+    recv = torch.tensor(ctx.recv_splits(), device=i.device)
+    starts = torch.cumsum(recv, 0) - recv  # where each source's block starts in this rank's receive buffer
+    src = torch.bucketize(i, torch.cumsum(recv, 0), right=True)  # the block holding element i
+    before_me = torch.tensor([sum(row[: ctx.rank]) for row in ctx.splits], device=i.device)  # in each source's send
+    return tagged(ctx, src, before_me[src] + i - starts[src])
+
+
 # torch 2.13 names first; the *_tensor names are what older clusters' torch has.
 def all_gather_fn() -> Callable[..., Any]:
     return getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -211,6 +246,7 @@ OPS: dict[str, CommOp] = {
             lambda c, b: partial(dist.all_to_all_single, b.recv, b.send, group=c.group),
             lambda c, i: tagged(c, i // c.count, c.rank * c.count + i % c.count),
         ),
+        CommOp("all_to_all_v", (False,), False, _alltoallv_buffers, _bind_alltoallv, alltoallv_expected),
         CommOp(
             "send_recv",
             (False,),

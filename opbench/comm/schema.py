@@ -29,6 +29,7 @@ SCHEMA = Schema(
         "algbw_gbs",
         "busbw_gbs",
         "wrong",
+        "imbalance",
         "slowest_p50_us",
         "slowest_p95_us",
         "slowest_rank",

@@ -12,17 +12,20 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from opbench.core.collectives import COLLECTIVES
+from opbench.core.collectives import COLLECTIVES, alltoallv_size_elements
 from opbench.core.dtypes import BY_ENUM, element_size
 from opbench.core.errors import UsageError
 from opbench.core.units import one_line
 
+from .splits import DIRECTIONS, SplitSpec
+
 if TYPE_CHECKING:
     from opbench.models import ModelConfig
+    from opbench.moe.routing import Routing
     from opbench.trace.analyze import TraceSize  # the log's record: collective, count, dtype_enum, nranks, …
 
 # The collectives this benchmark runs (core.collectives also knows `reduce`, which the torchrun driver does not time).
-RUNNABLE = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast")
+RUNNABLE = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_to_all_v", "send_recv", "broadcast")
 
 
 @dataclass(frozen=True)
@@ -37,15 +40,22 @@ class CommCase:
     group_size: int | None = None
     group_stride: int = 1
     redop: str = "sum"
+    splits: SplitSpec | None = None  # all_to_all_v: the traffic pattern (comm/splits.py)
 
 
 def count_for(case: CommCase, nranks: int) -> int:
-    """Per-rank NCCL count for the case's size on ``nranks`` ranks (nccl-tests rounds down)."""
+    """Per-rank NCCL count for the case's size on ``nranks`` ranks (nccl-tests rounds down); all_to_all_v: the mean
+    per-peer count of its matrix, nccl-tests' ``paramcount``."""
+    if case.splits is not None:
+        return sum(map(sum, case.splits.matrix(nranks))) // (nranks * nranks)
     return COLLECTIVES[case.collective].count_for_size(case.size_bytes, nranks, element_size(case.dtype))
 
 
 def actual_size(case: CommCase, nranks: int) -> int:
-    """The size nccl-tests prints for this case: max(send, recv) bytes after rounding the count down."""
+    """The size nccl-tests prints for this case: max(send, recv) bytes after rounding the count down; all_to_all_v:
+    the busiest rank's (core.collectives.alltoallv_size_elements)."""
+    if case.splits is not None:
+        return alltoallv_size_elements(case.splits.matrix(nranks)) * element_size(case.dtype)
     return COLLECTIVES[case.collective].size_bytes(count_for(case, nranks), nranks, element_size(case.dtype))
 
 
@@ -76,11 +86,28 @@ MAX_SWEEP_SIZES = 10_000  # nccl-tests' own sweeps have tens of sizes; millions 
 
 
 def cases_for_sizes(
-    collectives: Sequence[str], sizes: Iterable[int], dtype: str, source: str, redop: str = "sum"
+    collectives: Sequence[str],
+    sizes: Iterable[int],
+    dtype: str,
+    source: str,
+    redop: str = "sum",
+    patterns: Sequence[SplitSpec] = (),
 ) -> list[CommCase]:
-    """Every collective at every size, collective-major (one CSV per collective fills in order)."""
+    """Every collective at every size, collective-major (one CSV per collective fills in order). all_to_all_v runs
+    each of ``patterns`` at each size: a size is what each rank dispatches, ``tokens·top_k·hidden·elt``, so the
+    pattern's tokens per rank are ``size // (top_k·hidden·elt)`` (0: the row says less than one token)."""
     sizes = list(sizes)
-    return [CommCase(c, s, dtype, source, redop=redop) for c in collectives for s in sizes]
+    out = []
+    for c in collectives:
+        if c != "all_to_all_v":
+            out += [CommCase(c, s, dtype, source, redop=redop) for s in sizes]
+            continue
+        for p in patterns:
+            for s in sizes:
+                per_token = p.top_k * p.hidden * element_size(dtype)
+                split = SplitSpec(p.routing, s // per_token, p.top_k, p.hidden, p.experts, p.direction)
+                out.append(CommCase(c, s, dtype, f"{source} {split.label}", splits=split))
+    return out
 
 
 # -- groups ---------------------------------------------------------------------------------------------
@@ -134,13 +161,15 @@ def model_cases(
     mbs: int,
     seqlen: int | None,
     dtype: str,
+    routings: Sequence[Routing] = (),
 ) -> list[CommCase]:
     """The activation-sized collectives of one training step of ``model`` (docs/conventions.md, "GEMM shapes of a training step" tokens T = mbs·seq).
 
     TP all-reduce of the layer output (T·hidden, over tp ranks); SP all-gather / reduce-scatter of the same
     activations (size = the gathered T·hidden, count = T·hidden/tp per rank); EP all-to-all of a rank's routed
-    tokens (T/tp·top_k·hidden, MoE models only); PP send/recv of activations (T·hidden between stages).
-    A dimension of size 1 has no traffic and yields no case.
+    tokens (T/tp·top_k·hidden, MoE models only) and, as all_to_all_v, the token dispatch and the combine of each
+    of ``routings`` (default balanced) over the model's experts (comm/splits.py); PP send/recv of activations
+    (T·hidden between stages). A dimension of size 1 has no traffic and yields no case.
     """
     seq = seqlen or model.seqlen
     if not seq:
@@ -151,6 +180,7 @@ def model_cases(
     elt = element_size(dtype)
     act = f"mbs·seq·hidden={mbs}·{seq}·{hidden}"
     plan: dict[str, tuple[int, int, int, str]] = {}  # collective -> (elements, group, stride, label)
+    extra: list[CommCase] = []  # all_to_all_v: one case per routing and direction
     if par.tp > 1:
         plan["all_reduce"] = (tokens * hidden, par.tp, 1, f"TP all-reduce {act} tp={par.tp}")
         plan["all_gather"] = (tokens * hidden, par.tp, 1, f"SP all-gather {act} tp={par.tp}")
@@ -158,7 +188,7 @@ def model_cases(
     if par.ep > 1 and model.is_moe:
         # MoE with tp > 1 runs with sequence parallelism, so a rank dispatches its own T/tp tokens, top_k
         # copies each (docs/conventions.md, "MoE under tensor parallelism"), as gemm's MoE rows assume.
-        if tokens % par.tp and "all_to_all" in collectives:
+        if tokens % par.tp and ("all_to_all" in collectives or "all_to_all_v" in collectives):
             raise UsageError(
                 f"mbs·seqlen = {tokens} tokens do not split over tp={par.tp} (MoE under TP needs sequence parallelism)",
                 field="--seqlen",
@@ -175,13 +205,46 @@ def model_cases(
             par.ep_stride(world_size),
             f"EP all-to-all {local} ep={par.ep}",
         )
+        if "all_to_all_v" in collectives:
+            extra = ep_v_cases(model, tokens // par.tp, par, world_size, dtype, routings, local)
     if par.pp > 1:
         plan["send_recv"] = (tokens * hidden, par.pp, world_size // par.pp, f"PP send/recv {act} pp={par.pp}")
     return [
         CommCase(c, plan[c][0] * elt, dtype, f"{model.name}: {plan[c][3]}", plan[c][1], plan[c][2])
         for c in collectives
         if c in plan
-    ]
+    ] + extra
+
+
+def ep_v_cases(
+    model: ModelConfig,
+    tokens: int,
+    par: CommGroups,
+    world_size: int,
+    dtype: str,
+    routings: Sequence[Routing],
+    what: str,
+) -> list[CommCase]:
+    """all_to_all_v of a MoE model: per routing, the dispatch of a rank's ``tokens`` (top_k copies each) to the EP
+    ranks owning their experts, and the combine back (its transpose)."""
+    from opbench.moe.routing import parse_routing
+
+    if model.n_routed_experts % par.ep:
+        raise UsageError(
+            f"{model.name}'s {model.n_routed_experts} experts do not split over ep={par.ep} (placed contiguously)",
+            field="--ep",
+        )
+    out = []
+    for routing in routings or [parse_routing("balanced")]:
+        for direction in DIRECTIONS:
+            split = SplitSpec(
+                routing, tokens, model.num_experts_per_tok, model.hidden_size, model.n_routed_experts, direction
+            )
+            split.matrix(par.ep)  # experts that do not split over ep, or a histogram of another length: refused here
+            source = f"{model.name}: EP {direction} {what} {routing.label} ep={par.ep}"
+            size = tokens * split.top_k * split.hidden * element_size(dtype)
+            out.append(CommCase("all_to_all_v", size, dtype, source, par.ep, par.ep_stride(world_size), splits=split))
+    return out
 
 
 # -- sizes from an NCCL log ---------------------------------------------------------------------------------

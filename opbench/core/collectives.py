@@ -7,7 +7,7 @@ The semantics are written out in docs/conventions.md, "Collectives: sizes, count
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .dtypes import dtype as _dtype
@@ -62,11 +62,33 @@ COLLECTIVES: dict[str, Collective] = {
         Collective("all_gather", "AllGather", "all_gather_perf", _ring, True),
         Collective("reduce_scatter", "ReduceScatter", "reduce_scatter_perf", _ring, True, has_redop=True),
         Collective("all_to_all", "AlltoAll", "alltoall_perf", _ring, True),
+        # uneven splits: count is the mean per-peer count (nccl-tests' paramcount), size comes from the split
+        # matrix (alltoallv_size_elements), not from count
+        Collective("all_to_all_v", "AlltoAllv", "alltoallv_perf", _ring, True),
         Collective("send_recv", "SendRecv", "sendrecv_perf", _one, False),
         Collective("broadcast", "Broadcast", "broadcast_perf", _one, False, has_root=True),
         Collective("reduce", "Reduce", "reduce_perf", _one, False, has_redop=True, has_root=True),
     )
 }
+
+
+def alltoallv_size_elements(splits: Sequence[Sequence[int]]) -> int:
+    """nccl-tests 2.19 ``alltoallv_perf``'s size (``AlltoAllvComputeMaxCounts``), in elements: of every rank's send
+    total (its row of the split matrix, ``splits[i][j]`` = elements rank i sends to rank j) and receive total (its
+    column), the largest. algbw = that size / time and busbw = algbw · (n−1)/n (``AlltoAllvGetBw``): the busiest
+    rank's traffic, so a skewed matrix is not credited with the bytes an idle rank did not move."""
+    n = len(splits)
+    sends = [sum(row) for row in splits]
+    recvs = [sum(splits[i][j] for i in range(n)) for j in range(n)]
+    return max([0, *sends, *recvs])
+
+
+def alltoallv_imbalance(splits: Sequence[Sequence[int]]) -> float:
+    """The busiest rank's traffic (``alltoallv_size_elements``) over the mean rank's (total elements / n): 1 for
+    even splits."""
+    total = sum(sum(row) for row in splits)
+    return alltoallv_size_elements(splits) * len(splits) / total if total else 0.0
+
 
 # NCCL log op names (all eras, RCCL included) -> opbench collective name.
 NCCL_OP_TO_COLLECTIVE: dict[str, str] = {

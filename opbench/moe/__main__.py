@@ -1,6 +1,7 @@
 """``python -m opbench.moe`` / ``opbench moe``: one MoE block of a model, forward and backward, timed as a whole and
 phase by phase (router, top-k, permutation, the routed experts' grouped GEMMs, shared experts, combine), under the
-routing distributions users see. One rank: no expert-parallel dispatch/combine all-to-all (--ep is a later step).
+routing distributions users see. One rank; with --ep N, the block over N ranks under torchrun (ep.py): tokens
+dispatched to their experts' ranks and combined back with all-to-all-v, forward only.
 
 Rows are written to benchmark_moe_<model>.csv as they finish; the tokens each expert got are in the CSV's
 sidecar (.meta.json). docs/moe.md says what each phase includes and how FLOPs are counted.
@@ -11,6 +12,7 @@ sidecar (.meta.json). docs/moe.md says what each phase includes and how FLOPs ar
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -106,6 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="drop copies past ceil(T·k/E · factor) per expert, the later tokens first (default: none, no drops)",
     )
     p.add_argument("--seed", type=cli.non_negative_int, default=0, help="seed of the weights, tokens and routing")
+    p.add_argument(
+        "--ep",
+        type=positive_int,
+        default=1,
+        help="expert-parallel ranks: N > 1 runs the block over N ranks (torchrun with N ranks here when not already "
+        "under torchrun; gloo on CPU): dispatch, experts, combine and block rows, forward only (docs/moe.md)",
+    )
     cli.add_dry_run_arg(p, "write the planned rows (status=planned) to benchmark_moe_<model>.plan.csv")
     cli.add_top_arg(p, None)
     add_device_args(p)
@@ -162,6 +171,7 @@ Plan = tuple[ModelConfig, BlockSpec, int]  # the model, its block, seqlen
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     check_args(args)
     args.routing = [load(r) for r in args.routing]
@@ -176,12 +186,63 @@ def main(argv: Sequence[str] | None = None) -> int:
             if r.kind != "model":
                 target_counts(r, args.mbs * seqlen, spec.top_k, spec.experts)
         plans.append((cfg, spec, seqlen))
+    if args.ep > 1:
+        return expert_parallel(args, argv, plans)
     paths = [report_path(args.report_dir_path, cfg.name) for cfg, *_ in plans]
     if args.dry_run:
         paths = [outputs.plan_path(p) for p in paths]
     with outputs.claimed(*paths):
         for plan, path in zip(plans, paths, strict=True):
             sweep(args, plan, path)
+    return 0
+
+
+def expert_parallel(args: argparse.Namespace, argv: Sequence[str], plans: Sequence[Plan]) -> int:
+    """--ep N: under torchrun (or started here with N ranks), every rank runs ep.ep_sweep; rank 0 writes
+    benchmark_moe_<model>_ep<N>.csv."""
+    from opbench.core import dist
+
+    if args.capacity_factor is not None:
+        raise UsageError("is not offered with --ep yet (no token drops across ranks)", field="--capacity-factor")
+    if args.dry_run:
+        raise UsageError("plans one rank's rows; run --ep without --dry-run", field="--dry-run")
+    if args.phases:
+        raise UsageError(
+            "--ep times its own phases (dispatch, experts, combine, block); drop --phases", field="--phases"
+        )
+    if "fwd" not in args.passes:
+        raise UsageError("--ep times the forward pass only", field="--passes")
+    for cfg, spec, _ in plans:
+        if spec.experts % args.ep:
+            raise UsageError(f"{cfg.name}'s {spec.experts} experts do not split over {args.ep} ranks", field="--ep")
+    dist_env = dist.detect()
+    if dist_env is None:
+        return dist.relaunch(dist.torchrun_command(argv, args.ep, "opbench.moe"), "opbench moe")
+    if dist_env.world_size != args.ep:
+        raise UsageError(f"the job has {dist_env.world_size} ranks; --ep {args.ep} needs as many", field="--ep")
+    from .ep import ep_sweep
+
+    ranks = dist.Ranks.join(dist_env, args.device, 300.0)
+    try:
+        ranks.same_arguments(args)
+        for cfg, spec, seqlen in plans:
+            path = report_path(args.report_dir_path, f"{cfg.name}_ep{args.ep}")
+            with contextlib.ExitStack() as claims:
+
+                def claim() -> None:
+                    """Rank 0 takes the CSV's writer lock before any collective; a refusal stops every rank."""
+                    if ranks.is_main:
+                        claims.enter_context(outputs.claimed(path))
+
+                try:
+                    ranks.agree(claim, describe=lambda exc: ("error", str(exc)))
+                except dist.RankFailure as exc:
+                    if ranks.is_main:
+                        raise UsageError(str(exc).removeprefix("rank 0: ")) from None
+                    return 2  # rank 0 says why
+                ep_sweep(args, (cfg, spec, seqlen), str(path), ranks)
+    finally:
+        ranks.stop()
     return 0
 
 

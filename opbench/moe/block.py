@@ -12,7 +12,7 @@ Every phase is a function of tensors, so the runner can time each alone, forward
     unpermute_combine  out[t] = Σ_copies weight · y  (+ s)                               [T, h]
 
 ``R`` is the number of copies the experts run: ``T·k`` less those dropped under a capacity factor. One rank: no
-expert-parallel dispatch/combine all-to-all is in any phase (a later step, ``--ep``).
+expert-parallel dispatch/combine all-to-all is in any phase (``--ep`` adds them around these: ep.py).
 """
 
 from __future__ import annotations

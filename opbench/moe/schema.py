@@ -22,6 +22,8 @@ PHASES = (
     "unpermute_combine",
     "block",
 )
+# --ep N (ep.py): forward only, over the EP group; dispatch/combine are the all-to-all-v token exchanges.
+EP_PHASES = ("dispatch", "experts", "combine", "block")
 PASSES = ("fwd", "bwd")
 COMMON_BACKEND = "eager"
 
@@ -69,6 +71,7 @@ SCHEMA = Schema(
         "note",
         "seed",
         "device",
+        "ep",
     ),
     keys=("model", "routing", "backend", "phase", "pass", "mbs", "seqlen", "dtype", "capacity_factor"),
     metrics={"time_s": "s", "tflops": "TFLOP/s"},
