@@ -11,6 +11,7 @@ below, and ``VARIANTS`` adds configs that exercise its flags.
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -21,7 +22,14 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from opbench.attention.flops import attention_flops, gated_deltanet_flops, mamba2_flops, visible_keys  # noqa: E402
+from opbench.attention.flops import (  # noqa: E402
+    attention_flops,
+    gated_deltanet_flops,
+    hc_flops,
+    kda_flops,
+    mamba2_flops,
+    visible_keys,
+)
 from opbench.attention.reference import visible_mask  # noqa: E402
 from opbench.attention.shapes import AttentionShape, model_attention_shapes  # noqa: E402
 from opbench.core.errors import UsageError  # noqa: E402
@@ -29,7 +37,7 @@ from opbench.gemm.shapes import gemm_shapes  # noqa: E402
 from opbench.models import load_model_configs  # noqa: E402
 from opbench.models.architectures import HF_LAYER_TYPES, SUPPORTED, decoder_layers  # noqa: E402
 from opbench.models.config import ALIASES  # noqa: E402
-from opbench.models.layout import FULL, LINEAR, MAMBA2  # noqa: E402
+from opbench.models.layout import FULL, HC, INDEXER, KDA, LINEAR, MAMBA2  # noqa: E402
 from opbench.models.params import parameter_shapes  # noqa: E402
 
 # transformers' default DeepSeek-V2 config routes to None experts per token; its released models use 6. Its
@@ -40,6 +48,7 @@ DERIVED_LISTS = ("layer_types", "mlp_layer_types", "moe_layers", "no_rope_layers
 # What those older configs say instead, which transformers consumes without keeping (Qwen3-Next's interval,
 # GLM-5's indexer schedule)
 CONSUMED = {"full_attention_interval", "index_topk_freq", "index_skip_topk_offset", "index_topk_pattern"}
+CONSUMED.add("compress_ratios")  # DeepSeek-V4's legacy per-layer 0 / 4 / 128 list
 
 _SMALL = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=256)
 _FALCON = dict(hidden_size=64, num_attention_heads=4, vocab_size=256, num_hidden_layers=2)
@@ -317,6 +326,88 @@ VARIANTS: dict[str, tuple[str, dict]] = {
             num_hidden_layers=3,
         ),
     ),
+    # every Kimi Linear layer kind: KDA and MLA mixers (MLA with q LoRA and biases), dense and MoE MLPs, two
+    # shared experts; the KDA layers from the checkpoint's own linear_attn_config (1-indexed full_attn_layers)
+    "kimi_linear_every_layer": (
+        "kimi_linear",
+        dict(
+            _SMALL,
+            num_key_value_heads=4,
+            intermediate_size=96,
+            num_experts=4,
+            num_experts_per_token=2,
+            moe_intermediate_size=32,
+            num_shared_experts=2,
+            kv_lora_rank=32,
+            q_lora_rank=48,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            v_head_dim=24,
+            attention_bias=True,
+            first_k_dense_replace=2,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            linear_attn_config=dict(
+                num_heads=2, head_dim=16, short_conv_kernel_size=3, full_attn_layers=[2, 4], kda_layers=[1, 3]
+            ),
+            num_hidden_layers=4,
+        ),
+    ),
+    # every DeepSeek-V4 layer kind (sliding, CSA, HCA) from the legacy compress_ratios list, hash-routed and top-k
+    # layers, 2 streams, 2 output groups: the FLOP check's 3840 tokens close 960 CSA and 30 HCA windows
+    "deepseek_v4_every_layer": (
+        "deepseek_v4",
+        dict(
+            hidden_size=64,
+            num_attention_heads=4,
+            head_dim=32,
+            vocab_size=256,
+            q_lora_rank=48,
+            o_groups=2,
+            o_lora_rank=16,
+            index_n_heads=2,
+            index_head_dim=16,
+            index_topk=8,
+            hc_mult=2,
+            hc_sinkhorn_iters=3,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            sliding_window=16,
+            compress_ratios=[0, 4, 128, 4],
+            num_hash_layers=2,
+            num_hidden_layers=4,
+        ),
+    ),
+    # every Gemma 4 feature: KV shared by the last 2 of 8 layers (a sliding and a full one), keys as
+    # values in full layers with their own head_dim and KV heads, double-wide MLPs in the shared layers, MoE beside
+    # the dense MLP, per-layer embeddings of 8
+    "gemma4_every_feature": (
+        "gemma4_text",
+        dict(
+            _SMALL,
+            intermediate_size=96,
+            num_hidden_layers=8,
+            num_kv_shared_layers=2,
+            attention_k_eq_v=True,
+            num_global_key_value_heads=1,
+            global_head_dim=32,
+            use_double_wide_mlp=True,
+            enable_moe_block=True,
+            num_experts=4,
+            top_k_experts=2,
+            moe_intermediate_size=32,
+            sliding_window=16,
+            vocab_size_per_layer_input=128,
+            hidden_size_per_layer_input=8,
+            attention_bias=True,
+        ),
+    ),
+    "gemma4_no_ple": (
+        "gemma4_text",
+        dict(_SMALL, intermediate_size=96, num_hidden_layers=6, hidden_size_per_layer_input=0, global_head_dim=24),
+    ),
     "longcat_flash_biases": (
         "longcat_flash",
         dict(
@@ -366,9 +457,11 @@ def write_config(path, hf_cfg, derived: bool = True, consumed: dict | None = Non
 # Layer types whose operator is not HF_LAYER_TYPES' (NemotronH's "linear_attention" is Mamba-2; its MLP and MoE
 # layers have no sequence mixer)
 HF_KINDS = {"nemotron_h": {"linear_attention": MAMBA2, "full_attention": FULL}}
+HF_KINDS["kimi_linear"] = {"linear_attention": KDA, "full_attention": FULL}  # its linear layers are KDA
 
 
-def check_against_hf(hf_cfg, tmp_path, kwargs: dict) -> None:
+def check_against_hf(hf_cfg, tmp_path, kwargs: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """opbench's parameter list of the config equals transformers' model's; returns that list."""
     expected = hf_named_shapes(meta_model(hf_cfg))
     names = HF_KINDS.get(hf_cfg.model_type, HF_LAYER_TYPES)
     hf_kinds = [names.get(t) for t in getattr(hf_cfg, "layer_types", None) or []]
@@ -384,12 +477,17 @@ def check_against_hf(hf_cfg, tmp_path, kwargs: dict) -> None:
                 "chunked": getattr(hf_cfg, "attention_chunk_size", 1),
             }
             assert kinds == [FULL if k in windowless and not windowless[k] else k for k in hf_kinds]
+    return expected
 
 
 @pytest.mark.parametrize("model_type", SUPPORTED)
-def test_default_config_matches_named_parameters(model_type, tmp_path):
+def test_default_config_matches_named_parameters(model_type, tmp_path, record):
     kwargs = DEFAULT_FIXES.get(model_type, {})
-    check_against_hf(transformers.AutoConfig.for_model(model_type, **kwargs), tmp_path, kwargs)
+    hf_cfg = transformers.AutoConfig.for_model(model_type, **kwargs)
+    count = sum(math.prod(shape) for _, shape in check_against_hf(hf_cfg, tmp_path, kwargs))
+    record(
+        f"architecture {model_type}: default config's parameters {count / 1e9:.3f} B, names and shapes as transformers'"
+    )
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -440,7 +538,9 @@ def test_gpt2_ignores_the_kv_heads_and_head_dim_it_does_not_have(tmp_path):
 
 # Layers per FLOP check: enough for every kind of layer (Gemma 3's sixth is full; DeepSeek-V3's fourth is MoE).
 FLOP_LAYERS = {"gemma3_text": 6, "deepseek_v3": 4, "deepseek_v32": 4, "llama4_text": 4, "qwen3_next": 4}
-FLOP_LAYERS.update(olmo3=4, smollm3=4, glm_moe_dsa=4, qwen3_5_text=4, qwen3_5_moe_text=4)
+FLOP_LAYERS.update(olmo3=4, smollm3=4, glm_moe_dsa=4, qwen3_5_text=4, qwen3_5_moe_text=4, kimi_linear=5)
+FLOP_LAYERS.update(gemma4_text=6)
+FLOP_LAYERS.update(deepseek_v4=4)  # HCA, HCA, HCA, CSA
 # Tokens: a multiple of every default config's experts / top-k, so balanced routing is whole rows per expert,
 # and not of the linear-attention chunk (64), so its padding is counted too.
 FLOP_TOKENS = 3840
@@ -451,8 +551,22 @@ def _module_flops(counts, root: str, name: str) -> int:
 
 
 # VARIANTS whose forward FLOPs are checked too
-FLOP_VARIANTS = ("nemotron_h_every_block",)
+FLOP_VARIANTS: tuple[str, ...] = ("nemotron_h_every_block",)
 FLOP_VARIANTS += ("smollm3_nope_sliding", "mimo_v2_flash_small", "glm_moe_dsa_shared_indexer", "qwen3_5_moe_small")
+FLOP_VARIANTS += ("kimi_linear_every_layer", "gemma4_every_feature")
+FLOP_VARIANTS += ("deepseek_v4_every_layer",)
+
+
+def _deepseek_v4_torch_flops(s: AttentionShape) -> float:
+    """What FlopCounterMode counts of DeepSeek-V4's eager operators: csa and hca score every query against all raw
+    keys (the window is a mask) and every pooled key, T + ⌊T/m⌋ (the top-k too is a mask); the compressed indexer
+    scores every pooled key, its per-head weighting elementwise (opbench's formula counts it as a matmul of width
+    1, as for DeepSeek-V3.2); a hyper-connection site is its comb·X matmul, ``hc_flops``."""
+    if s.attn_kind == HC:
+        return hc_flops(s, 1)
+    keys = s.seqlen_kv // s.compress + (0 if s.attn_kind == INDEXER else s.seqlen_kv)
+    width = s.head_dim_qk + (0 if s.attn_kind == INDEXER else s.head_dim_v)
+    return 2.0 * s.num_head_q * s.seqlen_q * keys * width
 
 
 def _mamba2_torch_flops(s: AttentionShape) -> float:
@@ -465,10 +579,21 @@ def _mamba2_torch_flops(s: AttentionShape) -> float:
     return mamba2_flops(s, 1) + chunks * (2 * c * c * n * (h - g) - 2 * n * p * h) + 2 * (chunks + 1) ** 2 * p * n * h
 
 
+def _kda_torch_flops(s: AttentionShape) -> float:
+    """What FlopCounterMode counts of transformers' torch KDA (``chunk_kimi_delta_attention``), from opbench's
+    formula: it builds the two C×C matrices K_β·Kᵀ and Q·Kᵀ (with the per-channel decay) elementwise and sums them,
+    uncounted (−4·C²·d_k), does no triangular solve but multiplies by the inverted matrix, counted (+2·C²·(d_k + d_v));
+    per head and chunk. With d_k = d_v, as in every KDA layer, that is the formula without its solves."""
+    c, dk, dv = s.window, s.head_dim_qk, s.head_dim_v
+    chunks = -(-s.seqlen_q // c)
+    return kda_flops(s, 1, with_solve=False) + chunks * s.num_head_q * (2 * c * c * (dk + dv) - 4 * c * c * dk)
+
+
 @pytest.mark.parametrize("model_type", [*SUPPORTED, *FLOP_VARIANTS])
-def test_forward_flops_match_gemm_and_attention_rows(model_type, tmp_path):
+def test_forward_flops_match_gemm_and_attention_rows(model_type, tmp_path, record):
     from torch.utils.flop_counter import FlopCounterMode
 
+    case = model_type
     model_type, given = VARIANTS.get(model_type, (model_type, {}))
     if model_type == "longcat_flash":
         pytest.skip("its expert loop is data-dependent, no meta forward: test_longcat_flash_forward_flops checks it")
@@ -477,7 +602,7 @@ def test_forward_flops_match_gemm_and_attention_rows(model_type, tmp_path):
         write_config(tmp_path / "config.json", transformers.AutoConfig.for_model(model_type, **kwargs))
     )
     # gpt-oss's and MiMo-V2-Flash's sinks have no SDPA path
-    impl = "eager" if model_type in ("gpt_oss", "mimo_v2_flash") else "sdpa"
+    impl = "eager" if model_type in ("gpt_oss", "mimo_v2_flash", "deepseek_v4") else "sdpa"
     hf_cfg = transformers.AutoConfig.for_model(
         model_type, attn_implementation=impl, experts_implementation="batched_mm", **kwargs
     )
@@ -487,11 +612,14 @@ def test_forward_flops_match_gemm_and_attention_rows(model_type, tmp_path):
     with FlopCounterMode(display=False) as counter:
         model(input_ids=torch.zeros(1, t, dtype=torch.long, device="meta"))
     counts, root = counter.get_flop_counts(), type(model).__name__
+    # a module's count includes its children's: one holding nn.Linear children is left to them (Kimi's forget gate,
+    # whose own (1, 1, heads, 1) A_log is no weight matrix, holds its f_a/f_b projections)
     weight_modules = [
         n
         for n, m in model.named_modules()
         if any(p.dim() >= 2 for p in m.parameters(recurse=False))
         and not isinstance(m, (torch.nn.Embedding, torch.nn.Conv1d))
+        and not any(isinstance(c, torch.nn.Linear) for c in m.modules() if c is not m)
     ]
     gemm_counted = sum(_module_flops(counts, root, n) for n in weight_modules)
 
@@ -523,9 +651,19 @@ def test_forward_flops_match_gemm_and_attention_rows(model_type, tmp_path):
             attention_expected += _mamba2_torch_flops(s) * s.layer_count
             kernel, channels = cfg.extra["conv_kernel"], s.num_head_q * s.head_dim_v + 2 * s.num_head_kv * s.head_dim_qk
             conv += 2 * (t + kernel - 1) * channels * kernel * s.layer_count
+        elif s.compress or s.attn_kind == HC:  # DeepSeek-V4: csa, hca, the compressed indexer, hyper-connections
+            attention_expected += _deepseek_v4_torch_flops(s) * s.layer_count
+        elif s.attn_kind == KDA:  # the scan, and the short conv over q, k and v (T + K − 1 outputs)
+            attention_expected += _kda_torch_flops(s) * s.layer_count
+            kernel, channels = cfg.extra["linear_conv_kernel_dim"], 3 * s.num_head_q * s.head_dim_qk
+            conv += 2 * (t + kernel - 1) * channels * kernel * s.layer_count
         else:
             attention_expected += attention_flops(replace(s, causal=False, attn_kind=FULL), 1) * s.layer_count
     assert _module_flops(counts, root, "") - gemm_counted - conv == attention_expected
+    record(
+        f"architecture {case}: {kwargs['num_hidden_layers']} layers at {t} tokens, GEMM FLOPs "
+        f"{gemm_counted:.4g} and attention FLOPs {attention_expected:.4g}, as transformers' forward counts them"
+    )
 
 
 def test_longcat_flash_forward_flops(tmp_path):
@@ -720,7 +858,9 @@ def test_multimodal_config_reads_its_language_model(tmp_path):
     assert any("its language model (text_config, gemma3_text) is modelled" in n for n in cfg.notes)
 
 
-@pytest.mark.parametrize("wrapper,text", [("qwen3_5", "qwen3_5_text"), ("qwen3_5_moe", "qwen3_5_moe_text")])
+@pytest.mark.parametrize(
+    "wrapper,text", [("qwen3_5", "qwen3_5_text"), ("qwen3_5_moe", "qwen3_5_moe_text"), ("gemma4", "gemma4_text")]
+)
 def test_qwen3_5_wrapper_config_reads_its_text_model(wrapper, text, tmp_path):
     """Qwen3.5's released config.json is the multimodal wrapper; its text_config is the language model, whose
     parameters are those of transformers' text-only causal LM built from the same text config."""
@@ -749,3 +889,93 @@ def test_builtin_and_model_folders_are_one_spelling_in_comm(run, tmp_path):
                 *model)  # fmt: skip
         assert r.returncode == 0, r.stderr
         assert "all_reduce_perf" in r.stdout  # the TP all-reduce of the model's activations is planned
+
+
+def test_gemma4_per_layer_embeddings_are_gemm_rows_and_a_gather(tmp_path):
+    """Gemma 4's per-layer embeddings (PLE): the projection of the input embedding to every layer's slice is one
+    GEMM per step (``ple_model_proj``, listed with layer 0), each layer's gate and projection are GEMM rows
+    (``ple_gate``, ``ple_proj``), and the table lookup is a gather of layers × PLE width per token, counted with
+    the token embedding's in project's embedding work (read and write in forward, an fp32 scatter-add backward)."""
+    from opbench.project.plan import Plan
+    from opbench.project.rates import Assumptions, Rates
+    from opbench.project.workload import embedding_work
+
+    kwargs = dict(num_hidden_layers=6, hidden_size_per_layer_input=256)
+    (cfg,) = load_model_configs(
+        write_config(tmp_path / "config.json", transformers.AutoConfig.for_model("gemma4_text", **kwargs))
+    )
+    rows = {r.layer: r for r in gemm_shapes(cfg, seqlen=4096, passes=["fwd"])}
+    h, d, layers = cfg.hidden_size, 256, 6
+    assert (rows["ple_model_proj"].n, rows["ple_model_proj"].k, rows["ple_model_proj"].layer_count) == (6 * d, h, 1)
+    assert (rows["ple_gate"].n, rows["ple_gate"].k, rows["ple_gate"].layer_count) == (d, h, layers)
+    assert (rows["ple_proj"].n, rows["ple_proj"].k, rows["ple_proj"].layer_count) == (h, d, layers)
+    plain = replace(cfg, extra={**cfg.extra, "ple_dim": 0})
+    assert not any(r.layer.startswith("ple_") for r in gemm_shapes(plain, seqlen=4096, passes=["fwd"]))
+
+    rates = Rates([], "H100", "bf16", Assumptions(), 8)
+    plan = Plan(world=8, seqlen=4096, global_batch=8)
+    fixed = rates.kernel_cost().seconds  # one kernel's fixed cost, on top of bytes / bandwidth
+    with_ple, without = embedding_work(cfg, plan, rates), embedding_work(plain, plan, rates)
+    for ple, base in ((with_ple.fwd, without.fwd), (with_ple.bwd, without.bwd)):
+        (ple_item,), (base_item,) = ple, base
+        ratio = (ple_item.timed.seconds - fixed) / (base_item.timed.seconds - fixed)
+        assert ratio == pytest.approx((h + layers * d) / h)
+
+
+def test_gemma4_config_json_with_global_head_fields(tmp_path):
+    """A Gemma 4 config.json as the Hub writes it gives ``global_head_dim`` and ``num_global_key_value_heads`` (not
+    the ``per_layer_config`` transformers derives from them): the full layers take both, as transformers builds."""
+    _, kwargs = VARIANTS["gemma4_every_feature"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "gemma4_text", **kwargs}))
+    (cfg,) = load_model_configs(path)
+    expected = hf_named_shapes(meta_model(transformers.AutoConfig.for_model("gemma4_text", **kwargs)))
+    assert [(s.name, s.shape) for s in parameter_shapes(cfg)] == expected
+    full = [lay.attention[0] for lay in decoder_layers(cfg) if lay.attention[0].kind == FULL]
+    assert [(op.heads_kv, op.head_dim_qk) for op in full] == [(1, 32), (1, 32)]
+
+
+@pytest.mark.parametrize(
+    "model_type,given,match",
+    [
+        ("gemma4_text", {"num_kv_shared_layers": 3}, "field 'num_kv_shared_layers': 3 of 8 layers reuse KV"),
+        ("gemma4_text", {"use_bidirectional_attention": "all"}, "field 'use_bidirectional_attention'"),
+        ("gemma4_text", {"enable_moe_block": True}, "field 'num_experts': missing"),
+        ("kimi_linear", {"linear_attn_config": [1]}, "field 'linear_attn_config': must be an object"),
+    ],
+)
+def test_kimi_linear_and_gemma4_refuse_what_they_cannot_build(model_type, given, match, tmp_path):
+    """One line naming the field: a KV-shared layer whose kind no earlier layer computes (layers 5–7 of the
+    default pattern s s s s s f s f read a full layer's KV that layers 0–4 do not make), a bidirectional encoder,
+    MoE without experts, a malformed checkpoint sub-config."""
+    base = {"model_type": model_type, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 96}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**base, "vocab_size": 256, "num_hidden_layers": 8, **given}))
+    with pytest.raises(UsageError, match=match):
+        load_model_configs(path)
+
+
+def test_every_decoder_transformers_ships_is_described_or_refused_by_name(tmp_path):
+    """Every causal-LM ``model_type`` transformers ships is either one opbench describes (and the parametrised
+    tests above check it against transformers' own model) or refused in one line that names it: none is laid out
+    as something else. A new release's decoders land here refused until an entry in architectures.py describes
+    them, and then these tests check the entry automatically."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from opbench.models.architectures import TEXT_CONFIG_WRAPPERS
+
+    refused = []
+    for model_type in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
+        if model_type in SUPPORTED or model_type in TEXT_CONFIG_WRAPPERS:
+            continue
+        path = tmp_path / f"{model_type}.json"
+        fields = dict(model_type=model_type, hidden_size=64, num_attention_heads=4, num_key_value_heads=4)
+        path.write_text(json.dumps(dict(fields, num_hidden_layers=2, vocab_size=256, intermediate_size=128)))
+        with pytest.raises(UsageError) as e:
+            load_model_configs(path)
+        message = str(e.value)
+        assert f"model_type '{model_type}' is not an architecture opbench models exactly" in message
+        assert "\n" not in message
+        refused.append(model_type)
+    # transformers 5.24 ships 196 causal LMs; most are refused, and every described one is among them
+    assert len(refused) + sum(t in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES for t in SUPPORTED) >= 100

@@ -165,6 +165,8 @@ KIND_CASES = [
     (AttentionShape("dsa-indexer", 40, 40, 3, 1, 16, 1, True, "indexer", 8), ["indexer_torch"]),
     # Mamba-2: 4 heads of 8 in 2 groups sharing a 16-wide state, chunks of 16 (the last one padded)
     (AttentionShape("nemotron-h", 40, 40, 4, 2, 16, 8, True, "mamba2", 16), ["mamba2_torch"]),
+    # Kimi Delta Attention: 3 heads of 16, chunks of 32 (two blocks of 16 each; the last chunk padded)
+    (AttentionShape("kimi-linear", 40, 40, 3, 3, 16, 16, True, "kda", 32), ["kda_torch"]),
 ]
 
 

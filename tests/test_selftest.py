@@ -19,12 +19,15 @@ def test_gemm_and_attention_backends_on_cpu(tmp_path, capsys):
     out = tmp_path / "st.csv"
     assert main(["--areas", "gemm,attention", "--report-csv-path", str(out)]) == 0
     rows = _rows(out)
-    for key in (("gemm", "torch"), ("gemm", "torch_grouped"), ("attention", "math"), ("attention", "sdpa_math")):
+    keys = (("gemm", "torch"), ("gemm", "torch_grouped"), ("attention", "math"), ("attention", "sdpa_math"))
+    for key in (*keys, ("attention", "kda_torch"), ("attention", "v4_torch"), ("attention", "hc_torch")):
         r = rows[key]
         assert (r["available"], r["correct"], r["status"]) == ("True", "True", "ok"), r
         assert float(r["max_error"]) <= float(r["tolerance"]) and float(r["tflops"]) > 0
     fp8 = rows[("gemm", "fp8")]  # no GPU here: not available, with the reason, and not counted as wrong
     assert (fp8["available"], fp8["correct"], fp8["status"]) == ("False", "", "unsupported") and "GPU" in fp8["error"]
+    kda_fla = rows[("attention", "kda_fla")]
+    assert (kda_fla["available"], kda_fla["status"]) == ("False", "unsupported") and "GPU" in kda_fla["error"]
     assert json.loads(out.with_suffix(".meta.json").read_text())["benchmark"] == "selftest"
     assert "all correct" in capsys.readouterr().out
 

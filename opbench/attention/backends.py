@@ -25,7 +25,14 @@ import torch.nn.functional as F
 from opbench.core.sweep import Unsupported
 from opbench.models.layout import FULL, SLIDING
 
-from .operators import chunked_gated_delta_rule, chunked_ssd, indexer_scores
+from .operators import (
+    chunked_gated_delta_rule,
+    chunked_kda,
+    chunked_ssd,
+    compressed_attention_op,
+    hyper_connection,
+    indexer_scores,
+)
 from .reference import eager_attention, visible_mask
 from .schema import BACKEND_NAMES
 from .shapes import AttentionShape
@@ -324,10 +331,32 @@ def _build_gdn_fla(shape: AttentionShape, device: torch.device, dtype: str) -> P
 
 
 def _build_indexer_torch(shape: AttentionShape, device: torch.device, dtype: str) -> Prepared:
+    pooled = f" over keys pooled {shape.compress}:1 (DeepSeek-V4)" if shape.compress else ""
     return Prepared(
-        partial(indexer_scores, top_k=shape.window),
-        f"scores in torch ops (8 index heads at a time) + top-{shape.window} keys per query",
+        partial(indexer_scores, top_k=shape.window, compress=shape.compress or 1, seqlen_kv=shape.seqlen_kv),
+        f"scores in torch ops (8 index heads at a time) + top-{shape.window} keys per query{pooled}",
     )
+
+
+# --- DeepSeek-V4: compressed attention (csa, hca) and hyper-connections (hc) ----------------------------------
+
+
+def _build_v4_torch(shape: AttentionShape, device: torch.device, dtype: str) -> Prepared:
+    """The compressor's pooling and the attention over the window's raw keys and the pooled keys, in torch ops
+    (operators.compressed_attention_op): every score is computed and masked, 8 heads at a time. DeepSeek's own
+    kernels (FlashMLA's sparse attention, TileLang's) are built for CUDA SM90/SM100 from source and are not
+    installable here; this is the check and the CPU baseline, not the fast path."""
+    topk = shape.topk if shape.attn_kind == "csa" else 0
+    fn = partial(compressed_attention_op, window=shape.window, rate=shape.compress, topk=topk)
+    picked = f", top-{topk} pooled keys by a fixed stand-in score" if topk else ""
+    return Prepared(fn, f"dense scores under the window + pooled-key mask, torch ops{picked}")
+
+
+def _build_hc_torch(shape: AttentionShape, device: torch.device, dtype: str) -> Prepared:
+    """One hyper-connection site in torch ops (operators.hyper_connection): memory-bound elementwise work and n×n
+    Sinkhorn steps, a dozen small kernels per iteration unfused (Megatron-Core fuses them with torch.compile or
+    its cuTile kernels); timed as the unfused eager sequence transformers runs."""
+    return Prepared(partial(hyper_connection, iters=shape.window), f"eager torch ops, {shape.window} Sinkhorn steps")
 
 
 # --- Mamba-2's chunked scan (SSD) ----------------------------------------------------------------------------
@@ -357,6 +386,36 @@ def _build_mamba2_ssm(shape: AttentionShape, device: torch.device, dtype: str) -
     return Prepared(fn, "mamba_ssm mamba_chunk_scan_combined")
 
 
+# --- Kimi Delta Attention (KDA) --------------------------------------------------------------------------------
+
+
+def _build_kda_torch(shape: AttentionShape, device: torch.device, dtype: str) -> Prepared:
+    fn = partial(chunked_kda, chunk=shape.window)
+    return Prepared(fn, f"chunkwise KDA in torch ops, chunk {shape.window}, fp32 accumulation")
+
+
+def _build_kda_fla(shape: AttentionShape, device: torch.device, dtype: str) -> Prepared:
+    """flash-linear-attention's chunk KDA kernel (``fla.ops.kda.chunk_kda``, Triton; fla ≥ 0.4), as transformers'
+    Kimi Linear calls it from the Hub: per-channel log-decay g, L2 norm of q and k inside the kernel, scale
+    d_k^−½; its chunk is the kernel's own 64 (the kda kind's). Not run on a GPU yet. On the CPU it cannot run:
+    its kernels are autotuned, which needs a GPU driver, and Triton's interpreter (TRITON_INTERPRET=1, autotuning
+    cut to one config) fails inside them (fla 0.6.0, Triton 3.9: docs/models.md, "Kimi Linear")."""
+    if device.type != "cuda":
+        raise Unsupported("flash-linear-attention's KDA kernels run on CUDA/ROCm GPUs only")
+    try:
+        from fla.ops.kda import chunk_kda
+    except ImportError as exc:
+        raise Unsupported(
+            f"flash-linear-attention is not installed ({exc.msg}); pip install flash-linear-attention"
+        ) from None
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+        out = chunk_kda(q, k, v, g, beta, scale=shape.head_dim_qk**-0.5, use_qk_l2norm_in_kernel=True)
+        return out[0] if isinstance(out, tuple) else out
+
+    return Prepared(fn, "fla chunk_kda")
+
+
 BACKENDS: dict[str, Backend] = {
     "math": Backend("math", BHSD, _build_math, "eager matmul + softmax (materialises the scores)"),
     "sdpa": Backend("sdpa", BHSD, partial(_build_sdpa, None), "torch SDPA, torch picks the kernel"),
@@ -371,6 +430,10 @@ BACKENDS: dict[str, Backend] = {
     "indexer_torch": Backend("indexer_torch", BSHD, _build_indexer_torch, "DSA lightning indexer, torch ops"),
     "mamba2_torch": Backend("mamba2_torch", BSHD, _build_mamba2_torch, "Mamba-2 chunked scan (SSD), torch ops"),
     "mamba2_ssm": Backend("mamba2_ssm", BSHD, _build_mamba2_ssm, "Mamba-2 SSD, mamba_ssm's Triton kernel"),
+    "kda_torch": Backend("kda_torch", BSHD, _build_kda_torch, "Kimi Delta Attention, chunkwise, torch ops"),
+    "kda_fla": Backend("kda_fla", BSHD, _build_kda_fla, "Kimi Delta Attention, flash-linear-attention's kernel"),
+    "v4_torch": Backend("v4_torch", BSHD, _build_v4_torch, "DeepSeek-V4 csa/hca: compressor + attention, torch ops"),
+    "hc_torch": Backend("hc_torch", BSHD, _build_hc_torch, "DeepSeek-V4 hyper-connection site, torch ops"),
 }
 if tuple(BACKENDS) != BACKEND_NAMES:  # the CLI lists schema.BACKEND_NAMES without importing this module
     raise RuntimeError(f"attention backends {tuple(BACKENDS)} differ from schema.BACKEND_NAMES {BACKEND_NAMES}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from opbench.models.layout import CHUNKED, INDEXER, LINEAR, LINEAR_CHUNK, MAMBA2, SLIDING, SPARSE
+from opbench.models.layout import CHUNKED, CSA, HC, INDEXER, KDA, LINEAR, LINEAR_CHUNK, MAMBA2, SLIDING, SPARSE
 
 from .shapes import AttentionShape
 
@@ -57,12 +57,72 @@ def visible_keys(shape: AttentionShape) -> float:
     query's own included), a sparse top-k layer at most ``window`` of them, a chunked layer those in p's block
     of ``window`` positions."""
     sq, skv = shape.seqlen_q, shape.seqlen_kv
+    if shape.compress and shape.causal:
+        return compressed_keys(shape) / sq
     if not shape.causal or shape.attn_kind not in (SLIDING, SPARSE, CHUNKED):
         return visible_kv(sq, skv, shape.causal)
     first = max(1, skv - sq + 1)  # keys seen by the first row that sees any: p + 1 at p = max(0, skv − sq)
     if shape.attn_kind == CHUNKED:
         return (_sum_chunk_positions(shape.window, skv) - _sum_chunk_positions(shape.window, first - 1)) / sq
     return _sum_min(shape.window, first, skv) / sq
+
+
+def _sum_pooled(m: int, cap: int, lo: int, hi: int) -> int:
+    """Σ_{x=lo}^{hi} min(cap, ⌊x/m⌋) for 0 ≤ lo (0 when hi < lo; cap 0: no cap): the pooled keys a causal query at
+    position x − 1 sees, one per closed window of m tokens (transformers' ``(position + 1) // compress_rate``)."""
+
+    def upto(b: int) -> int:  # Σ_{x=0}^{b} ⌊x/m⌋
+        q, r = divmod(b + 1, m)
+        return m * q * (q - 1) // 2 + q * r if b >= 0 else 0
+
+    if hi < lo:
+        return 0
+    if not cap:
+        return upto(hi) - upto(lo - 1)
+    edge = cap * m  # from x = cap·m on, the cap binds
+    below = upto(min(hi, edge - 1)) - upto(lo - 1) if lo <= edge - 1 else 0
+    return below + cap * max(0, hi - max(lo, edge) + 1)
+
+
+def compressed_keys(shape: AttentionShape) -> int:
+    """Keys all query rows of a DeepSeek-V4 shape see together: row i at position p = i + seqlen_kv − seqlen_q sees
+    the last ``window`` raw keys (its own included) and the ⌊(p+1)/m⌋ pooled keys of the windows closed before it,
+    at most ``topk`` of them for csa (the indexer's pick); the compressed indexer scores the pooled keys alone."""
+    sq, skv, m = shape.seqlen_q, shape.seqlen_kv, shape.compress
+    first = max(1, skv - sq + 1)  # p + 1 of the first row
+    pooled = _sum_pooled(m, shape.topk if shape.attn_kind == CSA else 0, first, skv)
+    return pooled if shape.attn_kind == INDEXER else pooled + _sum_min(shape.window, first, skv)
+
+
+def hc_flops(shape: AttentionShape, batch_size: int) -> float:
+    """Forward FLOPs of one hyper-connection site (Xie et al., "mHC: Manifold-Constrained Hyper-Connections",
+    2026; DeepSeek-V4 §2.2), its n = ``num_head_q`` streams of h = ``head_dim_qk``: the residual mix comb·X, an
+    n×n by n×h matmul per token, 2·n²·h. The collapse (pre), the expansion (post), the RMS scale and the Sinkhorn
+    iterations on n×n are elementwise, counted in bytes only (``hc_bytes``); the n·h → (2+n)·n projection is the
+    ``hc_attn``/``hc_ffn`` GEMM row."""
+    n, h = shape.num_head_q, shape.head_dim_qk
+    return float(batch_size * shape.seqlen_q * 2 * n * n * h)
+
+
+def hc_bytes(shape: AttentionShape, batch_size: int, element_size: int) -> float:
+    """Forward bytes of one hyper-connection site at minimum traffic, the figure a memory-bound op is timed
+    against: the n streams read for the collapse and again for the mix, the block output read and the n new streams
+    written (3·n·h + h elements per token), plus the fp32 (2+n)·n mixing logits read (and pre, post, comb written
+    back, another (2+n)·n) per token; the Sinkhorn iterations stay in registers."""
+    n, h = shape.num_head_q, shape.head_dim_qk
+    per_token = (3 * n * h + h) * element_size + 2 * (2 + n) * n * 4
+    return float(batch_size * shape.seqlen_q * per_token)
+
+
+def compressed_attention_bytes(shape: AttentionShape, batch_size: int, element_size: int) -> float:
+    """Forward bytes of DeepSeek-V4's csa/hca at minimum traffic: q read and the output written (heads × d each
+    per query), the one shared KV head (key and value are one tensor) read once, raw and pooled; the compressor's
+    pooling reads its kv and gate projections (2·d per token for hca, 4·d for csa's two overlapping series) and the
+    top-k indices (int32) of csa are read once per query."""
+    sq, skv, m, d = shape.seqlen_q, shape.seqlen_kv, max(1, shape.compress), shape.head_dim_qk
+    series = 2 if shape.attn_kind == CSA else 1
+    elems = sq * shape.num_head_q * (d + shape.head_dim_v) + (skv + skv // m) * d + skv * 2 * series * d
+    return float(batch_size * (elems * element_size + (sq * shape.topk * 4 if shape.attn_kind == CSA else 0)))
 
 
 def gated_deltanet_flops(shape: AttentionShape, batch_size: int, with_solve: bool = True) -> float:
@@ -83,6 +143,29 @@ def gated_deltanet_flops(shape: AttentionShape, batch_size: int, with_solve: boo
     if with_solve:
         per_chunk += chunk * chunk * (dk + dv)
     return float(batch_size * shape.num_head_q * chunks * per_chunk)
+
+
+def kda_flops(shape: AttentionShape, batch_size: int, with_solve: bool = True) -> float:
+    """Forward FLOPs of Kimi Delta Attention (Kimi Team, "Kimi Linear: An Expressive, Efficient Attention
+    Architecture", arXiv:2510.26692, 2025, §3; flash-linear-attention's ``chunk_kda``): the gated delta rule with a
+    decay per channel instead of per head. The decay multiplies q and k elementwise inside a chunk (Q ∘ e^γ,
+    K ∘ e^−γ), so the matmuls are the gated DeltaNet's chunk form, counted by ``gated_deltanet_flops`` (one formula):
+    per head and chunk of C tokens 4·C²·d_k + 2·C²·d_v + 6·C·d_k·d_v, and the two triangular solves
+    C²·(d_k + d_v). Every head has its own q and k (``num_head_q`` = ``num_head_kv``)."""
+    return gated_deltanet_flops(shape, batch_size, with_solve)
+
+
+def kda_bytes(shape: AttentionShape, batch_size: int, element_size: int) -> float:
+    """Forward bytes of KDA at minimum traffic: q, k, the per-channel log-decay g (d_k each), v, β (one per head)
+    read once and the output (d_v) written once per token and head, in ``element_size`` bytes; plus the state
+    entering every chunk, (d_k × d_v) fp32 per head, which the chunk kernels write for the backward (fla's
+    ``chunk_kda`` forward, as its gated DeltaNet's). With d = 128: 641 elements per token and head, and 64 KiB of
+    state per head and chunk of 64 tokens."""
+    dk, dv, heads, t = shape.head_dim_qk, shape.head_dim_v, shape.num_head_q, shape.seqlen_q
+    chunk = shape.window if shape.window > 0 else LINEAR_CHUNK
+    per_token = heads * (3 * dk + 2 * dv + 1) * element_size
+    states = math.ceil(t / chunk) * heads * dk * dv * 4
+    return float(batch_size * (t * per_token + states))
 
 
 def mamba2_flops(shape: AttentionShape, batch_size: int) -> float:
@@ -110,6 +193,10 @@ def attention_flops(shape: AttentionShape, batch_size: int, pass_: str = "fwd") 
         return gated_deltanet_flops(shape, batch_size) * MATMUL_PASS_MULTIPLIER[pass_]
     if shape.attn_kind == MAMBA2:
         return mamba2_flops(shape, batch_size) * MATMUL_PASS_MULTIPLIER[pass_]
+    if shape.attn_kind == KDA:
+        return kda_flops(shape, batch_size) * MATMUL_PASS_MULTIPLIER[pass_]
+    if shape.attn_kind == HC:
+        return hc_flops(shape, batch_size) * MATMUL_PASS_MULTIPLIER[pass_]
     fwd = (
         2
         * batch_size

@@ -4,11 +4,14 @@ Backward is timed alone: the forward runs once, untimed, keeping its graph, and 
 ``torch.autograd.grad(out, inputs, grad_out, retain_graph=True)``; the harness' untimed ``before`` hook
 swaps in a different ``grad_out`` for every call. The forward is timed as in training (inputs require grad, so autograd
 records and the kernel saves what backward needs). Inputs are (q, k, v) for softmax attention, (q, k, v, g, β)
-for gated DeltaNet, (q, k, w) for the DSA indexer and (x, Δ, A, B, C, D) for Mamba-2's scan.
+for gated DeltaNet, (q, k, w) for the DSA indexer and (x, Δ, A, B, C, D) for Mamba-2's scan; DeepSeek-V4's csa/hca
+take (q, kv, compressor kv, compressor gate, position bias, sinks) and its hyper-connection (streams, mixing
+logits, base, scale, block output).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 import zlib
@@ -21,11 +24,18 @@ import torch
 from opbench.core.device import torch_dtype
 from opbench.core.sweep import STATUS_ERROR, STATUS_OK, STATUS_UNSUPPORTED, Unsupported
 from opbench.core.timing import Stats, TimingConfig, measure, timing_note
-from opbench.models.layout import CHUNKED, FULL, INDEXER, LINEAR, MAMBA2
+from opbench.models.layout import CHUNKED, CSA, FULL, HC, HCA, INDEXER, KDA, LINEAR, MAMBA2
 
 from .backends import BACKENDS, from_layout, to_layout
 from .flops import attention_flops
-from .operators import indexer_reference, recurrent_gated_delta_rule, ssd_reference
+from .operators import (
+    compressed_attention_op,
+    hyper_connection,
+    indexer_reference,
+    recurrent_gated_delta_rule,
+    recurrent_kda,
+    ssd_reference,
+)
 from .reference import grad_errors, max_errors, reference_attention, reference_precision
 from .schema import STAT_SUFFIXES
 from .shapes import AttentionShape
@@ -138,6 +148,14 @@ def make_problem(s: AttentionShape, b: int, dtype: str, device: torch.device, wi
         inputs: tuple[torch.Tensor, ...] = (q, k, v, g, beta)
         oracle: Callable[..., tuple[torch.Tensor, ...]] = partial_reference(recurrent_gated_delta_rule)
         out_shape = (b, s.seqlen_q, s.num_head_q, s.head_dim_v)
+    elif s.attn_kind == KDA:
+        # every head its own q and k; g: a per-channel log-decay ≤ 0 (0.6–1 per token), β in (0, 1)
+        h, t = s.num_head_q, s.seqlen_q
+        q, k = randn(b, t, h, s.head_dim_qk), randn(b, t, h, s.head_dim_qk)
+        g = -0.5 * torch.rand(b, t, h, s.head_dim_qk, generator=gen, device=device, dtype=dt)
+        inputs = (q, k, randn(b, t, h, s.head_dim_v), g, torch.sigmoid(randn(b, t, h)))
+        oracle = partial_reference(recurrent_kda)
+        out_shape = (b, t, h, s.head_dim_v)
     elif s.attn_kind == MAMBA2:
         # heads_q = heads, heads_kv = B/C groups, head_dim_qk = state size, head_dim_v = head dim. Δ = softplus of
         # a normal shifted by −3 (≈ 0.002–0.5, Mamba's dt_min…dt_max range around its init), A in [−16, −1] (the
@@ -151,10 +169,32 @@ def make_problem(s: AttentionShape, b: int, dtype: str, device: torch.device, wi
         oracle = partial_reference(ssd_reference)
         out_shape = (b, t, h, s.head_dim_v)
     elif s.attn_kind == INDEXER:
-        inputs = (randn(b, s.seqlen_q, s.num_head_q, s.head_dim_qk), randn(b, s.seqlen_kv, 1, s.head_dim_qk))
+        keys = s.seqlen_kv // s.compress if s.compress else s.seqlen_kv  # DeepSeek-V4: one key per pooled window
+        inputs = (randn(b, s.seqlen_q, s.num_head_q, s.head_dim_qk), randn(b, keys, 1, s.head_dim_qk))
         inputs += (randn(b, s.seqlen_q, s.num_head_q),)
-        oracle = partial_reference(indexer_reference)
-        out_shape = (b, s.seqlen_q, s.seqlen_kv)
+        oracle = partial_reference(
+            functools.partial(indexer_reference, compress=s.compress or 1, seqlen_kv=s.seqlen_kv)
+        )
+        out_shape = (b, s.seqlen_q, keys)
+    elif s.attn_kind in (CSA, HCA):
+        # DeepSeek-V4: q and the one shared key/value head (both normed and rotated already), the compressor's kv and
+        # gate projections of every token (two series of d for csa, one for hca), its position bias, a sink per head
+        width = (2 if s.attn_kind == CSA else 1) * s.head_dim_qk
+        inputs = (randn(b, s.seqlen_q, s.num_head_q, s.head_dim_qk), randn(b, s.seqlen_kv, 1, s.head_dim_qk))
+        inputs += (randn(b, s.seqlen_kv, width), randn(b, s.seqlen_kv, width), randn(s.compress, width))
+        inputs += (randn(s.num_head_q),)
+        topk = s.topk if s.attn_kind == CSA else 0
+        oracle = partial_reference(
+            functools.partial(compressed_attention_op, window=s.window, rate=s.compress, topk=topk)
+        )
+        out_shape = (b, s.seqlen_q, s.num_head_q, s.head_dim_v)
+    elif s.attn_kind == HC:
+        # n streams of h, the (2+n)·n mixing logits the hc GEMM produced, their bias and three scales, the block's
+        # output that the site expands back into the streams
+        n, h, t = s.num_head_q, s.head_dim_qk, s.seqlen_q
+        inputs = (randn(b, t, n, h), randn(b, t, (2 + n) * n), randn((2 + n) * n), randn(3), randn(b, t, h))
+        oracle = partial_reference(functools.partial(hyper_connection, iters=s.window))
+        out_shape = (b, t, n + 1, h)
     else:
         inputs = (
             randn(b, s.seqlen_q, s.num_head_q, s.head_dim_qk),
@@ -172,7 +212,7 @@ def make_problem(s: AttentionShape, b: int, dtype: str, device: torch.device, wi
     n = CHECK_PREFIX
     if s.attn_kind == MAMBA2:  # its oracle holds every head's (seq × seq) matrix
         n = MAMBA2_CHECK_PREFIX
-    if s.attn_kind not in (LINEAR, INDEXER, MAMBA2) or s.seqlen_q != s.seqlen_kv or s.seqlen_q <= n:
+    if s.attn_kind not in (LINEAR, INDEXER, MAMBA2, KDA) or s.compress or s.seqlen_q != s.seqlen_kv or s.seqlen_q <= n:
         return Problem(key, inputs, grad_out, tuple(oracle(*inputs, grad_out)))
     part = (slice(None), slice(0, n)) + ((slice(0, n),) if s.attn_kind == INDEXER else ())
     if grad_out is not None:  # no gradient flows from past the prefix: the inputs' past it are zero
@@ -284,7 +324,8 @@ def run_case(
             return {**case.as_row(), "status": STATUS_UNSUPPORTED, "error": str(exc)}
         problem = cache.get(kernel, batch, case.dtype, device, with_grads)
         errors = check(prepared.fn, backend.layout, problem, prepared.adapt_inputs)
-    notes = [prepared.note, kernel_note, problem.note, SINKS_NOTE if case.shape.sinks else ""]
+    sinks_dropped = case.shape.sinks and case.shape.attn_kind not in (CSA, HCA)  # DeepSeek-V4's ops take theirs
+    notes = [prepared.note, kernel_note, problem.note, SINKS_NOTE if sinks_dropped else ""]
     row = {**case.as_row(), "note": "; ".join(n for n in notes if n) or None, **errors}
     tol = TOLERANCE.get(case.dtype, 5e-3)
     wrong = [

@@ -20,14 +20,18 @@ SOFTMAX_BACKENDS = (
 LINEAR_BACKENDS = ("gdn_torch", "gdn_fla")
 INDEXER_BACKENDS = ("indexer_torch",)
 MAMBA2_BACKENDS = ("mamba2_torch", "mamba2_ssm")
-BACKEND_NAMES = (*SOFTMAX_BACKENDS, *LINEAR_BACKENDS, *INDEXER_BACKENDS, *MAMBA2_BACKENDS)
+KDA_BACKENDS = ("kda_torch", "kda_fla")  # Kimi Delta Attention (kind "kda", Kimi Linear)
+# DeepSeek-V4's compressed attention (kinds "csa", "hca") and hyper-connection mixing (kind "hc")
+V4_BACKENDS, HC_BACKENDS = ("v4_torch",), ("hc_torch",)
+BACKEND_NAMES: tuple[str, ...] = (*SOFTMAX_BACKENDS, *LINEAR_BACKENDS, *INDEXER_BACKENDS, *MAMBA2_BACKENDS)
+BACKEND_NAMES += (*KDA_BACKENDS, *V4_BACKENDS, *HC_BACKENDS)
 
 
 def backends_for(kind: str) -> tuple[str, ...]:
     """The backends that implement an attention kind's operator."""
-    return {"linear": LINEAR_BACKENDS, "indexer": INDEXER_BACKENDS, "mamba2": MAMBA2_BACKENDS}.get(
-        kind, SOFTMAX_BACKENDS
-    )
+    own = {"linear": LINEAR_BACKENDS, "indexer": INDEXER_BACKENDS, "mamba2": MAMBA2_BACKENDS, "kda": KDA_BACKENDS}
+    own.update(csa=V4_BACKENDS, hca=V4_BACKENDS, hc=HC_BACKENDS)
+    return own.get(kind, SOFTMAX_BACKENDS)
 
 
 # Per pass: the median time and its spread (the timing harness' Stats), calls timed, TFLOP/s from the median.
@@ -55,6 +59,8 @@ SHAPE_COLUMNS = (
     "attn_kind",
     "window",
     "sinks",
+    "compress",
+    "topk",
     "layer_count",
     "dtype",
     "backend",
@@ -64,7 +70,9 @@ SHAPE_COLUMNS = (
 SCHEMA = Schema(
     benchmark="attention",
     title="Attention",
-    version=3,  # 2: <pass>_time_iqr_rel, noisy passes in note; 3: attn_kind, window, sinks, layer_count
+    # 2: <pass>_time_iqr_rel, noisy passes in note; 3: attn_kind, window, sinks, layer_count (compress, topk added
+    # later: new columns, no change of meaning)
+    version=3,
     columns=(
         *SHAPE_COLUMNS,
         *PASS_COLUMNS,
@@ -91,6 +99,8 @@ SCHEMA = Schema(
         "causal",
         "attn_kind",
         "window",
+        "compress",
+        "topk",
         "dtype",
         "backend",
         "tp",

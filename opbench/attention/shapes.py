@@ -21,13 +21,14 @@ from opbench.core.errors import UsageError
 from opbench.models import ModelConfig
 from opbench.models.architectures import decoder_layers
 from opbench.models.config import read_json
-from opbench.models.layout import ATTENTION_KINDS, FULL, INDEXER, LINEAR, MAMBA2, Attention
+from opbench.models.layout import ATTENTION_KINDS, CSA, FULL, HC, HCA, INDEXER, KDA, LINEAR, MAMBA2, Attention
 
 BUILTIN_SHAPES = Path(__file__).resolve().parent.parent / "shapes" / "attention_shapes.json"
 
 # Primus' attention shape schema, in its key order.
 SCHEMA_INT_FIELDS = ("seqlen_q", "seqlen_kv", "num_head_q", "num_head_kv", "head_dim_qk", "head_dim_v")
 OPTIONAL_FIELDS = ("attn_kind", "window", "sinks")  # opbench's additions; Primus' files have none of them
+V4_FIELDS = ("compress", "topk")  # DeepSeek-V4's csa, hca and compressed indexer (docs/models.md, "DeepSeek-V4")
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class AttentionShape:
     attn_kind: str = FULL
     window: int = 0  # sliding window, chunk size, top-k keys, or the linear and mamba2 kinds' chunk size
     sinks: bool = False  # gpt-oss: a learned logit per head joins the softmax (not applied when timed)
+    compress: int = 0  # DeepSeek-V4: keys pooled compress:1 (csa, hca; the indexer scoring the pooled keys)
+    topk: int = 0  # DeepSeek-V4's csa: pooled keys the indexer keeps per query
     layer_count: int | None = None  # layers of the model with this operator (derived shapes; None: unknown)
 
     @property
@@ -89,7 +92,7 @@ def parse_shape(obj: Any, where: str) -> AttentionShape:
             source=where,
             field="num_head_kv",
         )
-    unknown = sorted(set(obj) - {"model", "causal", *SCHEMA_INT_FIELDS, *OPTIONAL_FIELDS})
+    unknown = sorted(set(obj) - {"model", "causal", *SCHEMA_INT_FIELDS, *OPTIONAL_FIELDS, *V4_FIELDS})
     if unknown:
         raise UsageError(
             f"unknown field(s) {unknown}; the schema is model, {', '.join(SCHEMA_INT_FIELDS)}, causal "
@@ -110,7 +113,17 @@ def parse_shape(obj: Any, where: str) -> AttentionShape:
     sinks = obj.get("sinks", False)
     if not isinstance(sinks, bool):
         raise UsageError(f"must be true or false, got {sinks!r}", source=where, field="sinks")
-    return AttentionShape(model=model, causal=causal, attn_kind=kind, window=window, sinks=sinks, **values)
+    v4: dict[str, int] = {}
+    for name in V4_FIELDS:
+        v = obj.get(name, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v > 1 << 24:
+            raise UsageError(f"must be an integer from 0 to {1 << 24}, got {v!r}", source=where, field=name)
+        v4[name] = v
+    if kind in (CSA, HCA) and not v4["compress"]:
+        raise UsageError(f"a '{kind}' shape needs its compress rate", source=where, field="compress")
+    if kind == CSA and not v4["topk"]:
+        raise UsageError("a 'csa' shape needs the indexer's top-k", source=where, field="topk")
+    return AttentionShape(model=model, causal=causal, attn_kind=kind, window=window, sinks=sinks, **values, **v4)
 
 
 def load_attention_shapes(path: str | Path | None = None) -> list[AttentionShape]:
@@ -136,7 +149,16 @@ def operator_shape(cfg: ModelConfig, op: Attention, seqlen: int, tp: int, cp: in
     """One rank's kernel of ``op``: tensor parallel splits heads (not the replicated DSA indexer's); context
     parallel is Megatron's ring, each step a kernel over seqlen/cp queries and one seqlen/cp block of keys."""
     local = _split(seqlen, cp, "seqlen", "--cp", cfg.name)
-    if op.kind == INDEXER:
+    seqlen_q = seqlen_kv = local
+    if op.kind in (CSA, HCA) or op.compress:
+        # DeepSeek-V4 under Megatron-Core's context parallelism (contiguous THD split, the window's keys exchanged
+        # at the boundary): a rank's queries see every earlier pooled key; the shape is the last rank's, whose
+        # queries end the sequence (bottom-right causal over all seqlen keys), the longest of the ranks
+        seqlen_kv = seqlen
+    if op.kind == HC:  # a hyper-connection runs where the residual lives: the rank's sequence-parallel tokens
+        seqlen_q = seqlen_kv = _split(local, tp, "seqlen / cp (sequence parallel)", "--tp", cfg.name)
+        heads_q, heads_kv = op.heads_q, op.heads_kv
+    elif op.kind == INDEXER:
         heads_q, heads_kv = op.heads_q, op.heads_kv
     elif op.kind == LINEAR:
         heads_q = _split(op.heads_q, tp, "linear_num_value_heads", "--tp", cfg.name)
@@ -144,13 +166,15 @@ def operator_shape(cfg: ModelConfig, op: Attention, seqlen: int, tp: int, cp: in
     elif op.kind == MAMBA2:  # Megatron-Core's MambaMixer: heads and B/C groups split over TP ranks
         heads_q = _split(op.heads_q, tp, "mamba_num_heads", "--tp", cfg.name)
         heads_kv = _split(op.heads_kv, tp, "n_groups", "--tp", cfg.name)
+    elif op.kind == KDA:  # column-parallel over heads, as the gated DeltaNet (docs/models.md, "Kimi Linear")
+        heads_q = heads_kv = _split(op.heads_q, tp, "linear_num_heads", "--tp", cfg.name)
     else:
         heads_q = _split(op.heads_q, tp, "num_attention_heads", "--tp", cfg.name)
         heads_kv = _split(op.heads_kv, tp, "num_key_value_heads", "--tp", cfg.name)
     return AttentionShape(
         model=cfg.name,
-        seqlen_q=local,
-        seqlen_kv=local,
+        seqlen_q=seqlen_q,
+        seqlen_kv=seqlen_kv,
         num_head_q=heads_q,
         num_head_kv=heads_kv,
         head_dim_qk=op.head_dim_qk,
@@ -159,6 +183,8 @@ def operator_shape(cfg: ModelConfig, op: Attention, seqlen: int, tp: int, cp: in
         attn_kind=op.kind,
         window=op.window,
         sinks=op.sinks,
+        compress=op.compress,
+        topk=op.topk,
     )
 
 
@@ -192,10 +218,12 @@ def cap_seqlen(shape: AttentionShape, max_seqlen: int | None) -> AttentionShape:
     if not max_seqlen or longest <= max_seqlen:
         return shape
     scale = max_seqlen / longest
-    keep = shape.attn_kind in (LINEAR, MAMBA2) or not shape.window
+    keep = shape.attn_kind in (LINEAR, MAMBA2, KDA, HC) or not shape.window
     window = shape.window if keep else max(1, math.floor(shape.window * scale))
+    topk = max(1, math.floor(shape.topk * scale)) if shape.topk else 0  # csa's compress rate is the model's: kept
     return replace(
         shape,
+        topk=topk,
         seqlen_q=max(1, math.floor(shape.seqlen_q * scale)),
         seqlen_kv=max(1, math.floor(shape.seqlen_kv * scale)),
         window=window,

@@ -22,8 +22,12 @@ DENSE_LAYERS = ("qkv", "attn_out", "mlp_gate_up", "mlp_up", "mlp_down", "lm_head
 MOE_LAYERS = ("router", "expert_gate_up", "expert_down", "shared_gate_up", "shared_down", "shared_gate")
 MLA_LAYERS = ("mla_q", "mla_q_down", "mla_q_up", "mla_kv_down", "mla_kv_up")
 DSA_LAYERS = ("index_q", "index_k", "index_weights")
-LINEAR_ATTENTION_LAYERS = ("linear_in", "linear_out")
-ALL_LAYERS = (*DENSE_LAYERS, *MOE_LAYERS, *MLA_LAYERS, *DSA_LAYERS, *LINEAR_ATTENTION_LAYERS)
+LINEAR_ATTENTION_LAYERS = ("linear_in", "linear_out", "kda_gate_down", "kda_forget_up", "kda_gate_up")
+# DeepSeek-V4 (docs/models.md, "DeepSeek-V4"): its attention, compressors and hyper-connection mixing
+V4_LAYERS: tuple[str, ...] = ("hc_attn", "v4_q_down", "v4_q_up", "v4_kv", "compress_kv", "index_compress_kv")
+V4_LAYERS += ("v4_out_a", "v4_out_b", "hc_ffn", "hc_head")
+PLE_LAYERS = ("ple_model_proj", "ple_gate", "ple_proj")  # Gemma 4's per-layer embeddings
+ALL_LAYERS = (*DENSE_LAYERS, *MOE_LAYERS, *MLA_LAYERS, *DSA_LAYERS, *LINEAR_ATTENTION_LAYERS, *V4_LAYERS, *PLE_LAYERS)
 VOCAB_PAD = 128  # Megatron's --make-vocab-size-divisible-by default
 
 
@@ -169,7 +173,7 @@ def layer_gemms(lay: Layer, tokens: int, local: int, par: ModelParallel) -> list
     out = []
     for gemm in lay.gemms:
         n, k = _split(gemm, par.tp, par.expert_tp)
-        groups, rows = 1, {ALL: tokens, LOCAL: local}.get(gemm.rows, tokens)
+        groups, rows = gemm.groups, {ALL: tokens, LOCAL: local}.get(gemm.rows, tokens)
         if gemm.rows == ROUTED:
             # Megatron-Core: experts are split by etp (default tp); the dispatcher brings etp·ep ranks' tokens
             groups = gemm.experts // par.ep

@@ -29,6 +29,8 @@ HF_LAYER_TYPES = {
     "chunked_attention": L.CHUNKED,
     "linear_attention": L.LINEAR,
     "indexed_attention": L.SPARSE,
+    "compressed_sparse_attention": L.CSA,  # DeepSeek-V4
+    "heavily_compressed_attention": L.HCA,
 }
 
 
@@ -289,6 +291,22 @@ def two_norms(cfg: ModelConfig) -> Block:
 def dense_or_moe(cfg: ModelConfig, i: int, dense: Callable[[], Block], moe: Callable[[], Block]) -> tuple[Block, bool]:
     is_moe = cfg.is_moe_layer(i)
     return (moe() if is_moe else dense()), is_moe
+
+
+def mlp_or_shared_moe(cfg: ModelConfig, i: int) -> tuple[Block, bool]:
+    """DeepSeek-style FFN: a gated ``mlp`` on dense layers; routed ``mlp.experts``, the router's ``mlp.gate`` and
+    ``mlp.shared_experts`` (shared_intermediate_size wide) on MoE layers."""
+    h = cfg.hidden_size
+    return dense_or_moe(
+        cfg,
+        i,
+        lambda: L.gated_mlp("mlp", h, cfg.intermediate_size),
+        lambda: (
+            experts(cfg, "mlp.experts")
+            + gate(cfg, "mlp.gate")
+            + L.shared_mlp("mlp.shared_experts", h, cfg.shared_intermediate_size)
+        ),
+    )
 
 
 def experts(cfg: ModelConfig, prefix: str, **kw: Any) -> Block:
@@ -616,26 +634,180 @@ def _deepseek_layer(indexer: bool) -> Callable[[ModelConfig, int], Layer]:
     return build
 
 
+# --- DeepSeek-V4 ----------------------------------------------------------------------------------------------
+
+# transformers' DeepSeek-V4 layer types and the compress rates its legacy ``compress_ratios`` list maps to them
+_V4_LAYER_TYPES = ("sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention")
+_V4_RATIOS = {0: L.SLIDING, 4: L.CSA, 128: L.HCA}
+_V4_SCORING = ("sqrtsoftplus", "softmax", "sigmoid")
+# Megatron-Core's DSv4HybridAttention asserts a tensor-parallel size of 1 (docs/models.md, "DeepSeek-V4")
+_V4_NO_TP = "its shared KV heads (Megatron-Core runs DeepSeek-V4's attention at TP 1 only)"
+
+
+def _read_deepseek_v4(r: FieldReader, f: dict[str, Any]) -> None:
+    """DeepSeek-V4 (Flash, Pro): every layer a hyper-connected MoE layer whose attention is a 128-token sliding
+    window alone, or with compressed sparse (CSA, rate 4, indexer top-k) or heavily compressed (HCA, rate 128)
+    pooled keys; ``layer_types`` (else the legacy ``compress_ratios``, else transformers' rule: two HCA layers,
+    then CSA and HCA alternating)."""
+    x = f["extra"]
+    for key, default in (
+        ("o_groups", 8),
+        ("o_lora_rank", 1024),
+        ("index_n_heads", 64),
+        ("index_head_dim", 128),
+        ("index_topk", 512),
+        ("hc_mult", 4),
+        ("hc_sinkhorn_iters", 20),
+    ):
+        x[key] = r.number(key, default)
+    # transformers builds the multi-token-prediction layers of the checkpoint nowhere (its MTP weights are skipped)
+    x["num_nextn_predict_layers"] = r.number("num_nextn_predict_layers", 1, zero=True)
+    f["sliding_window"] = window(r, "sliding_window", 128)
+    if f["sliding_window"] is None:
+        raise UsageError(
+            "missing: every DeepSeek-V4 layer attends over its sliding window", source=r.where, field="sliding_window"
+        )
+    rates = r.obj.get("compress_rates") or {}
+    if not isinstance(rates, dict):
+        raise UsageError("must be an object of layer type -> rate", source=r.where, field="compress_rates")
+    for name, kind, default in (
+        ("compressed_sparse_attention", "csa", 4),
+        ("heavily_compressed_attention", "hca", 128),
+    ):
+        value = rates.get(name, r.obj.get(f"compress_rate_{kind}", default))  # the legacy top-level field
+        x[f"{kind}_compress"] = r._check_int("compress_rates", value, zero=False)
+    x["scoring_func"] = r.obj.get("scoring_func", "sqrtsoftplus")
+    if x["scoring_func"] not in _V4_SCORING:
+        raise UsageError(
+            f"must be one of {', '.join(_V4_SCORING)}, got {x['scoring_func']!r}", source=r.where, field="scoring_func"
+        )
+    if f.get("q_lora_rank") is None:
+        raise UsageError("missing: DeepSeek-V4's query is low-rank", source=r.where, field="q_lora_rank")
+    heads, groups = f.get("num_attention_heads"), x["o_groups"]
+    if heads and groups and heads % groups:
+        raise UsageError(
+            f"{heads} attention heads do not split into {groups} output groups", source=r.where, field="o_groups"
+        )
+    f["num_key_value_heads"] = 1  # transformers' kv_proj is one head of head_dim whatever the config says
+    if r.pick("moe_intermediate_size")[0] is None and f.get("intermediate_size") is not None:
+        f["moe_intermediate_size"] = f["intermediate_size"]  # transformers' attribute_map: one field, two names
+    f["intermediate_size"] = f.get("moe_intermediate_size")  # the shared expert's width (no dense MLP)
+    # transformers builds one shared expert of the expert width whatever n_shared_experts says
+    f["shared_expert_intermediate_size"], f["n_shared_experts"] = f["intermediate_size"], 1
+    n = f.get("num_hidden_layers")
+    ratios = r.indices("compress_ratios")
+    if ratios is not None and r.strings("layer_types") is None:
+        bad = sorted({v for v in ratios if v not in _V4_RATIOS})
+        if bad:
+            raise UsageError(f"{bad} are not among 0, 4, 128", source=r.where, field="compress_ratios")
+        if n is not None and len(ratios) != n:
+            raise UsageError(f"has {len(ratios)} entries for {n} layers", source=r.where, field="compress_ratios")
+        layer_kinds(r, f, lambda i: _V4_RATIOS[ratios[i]])
+    else:
+        layer_kinds(r, f, lambda i: L.CSA if i >= 2 and i % 2 else L.HCA)
+    mlp_types = per_layer_list(r, "mlp_layer_types", ("hash_moe", "moe"), n, "deepseek_v4")
+    if mlp_types is None:  # the first num_hash_layers layers route by a frozen token -> expert table
+        hashed = r.number("num_hash_layers", 3, zero=True) or 0
+        mlp_types = ["hash_moe" if i < hashed else "moe" for i in range(n or 0)]
+    x["hash_layers"] = tuple(i for i, t in enumerate(mlp_types) if t == "hash_moe")
+    _every_layer_routes(f)
+
+
+def _hyper_connection(name: str, streams: int, hidden: int, gemm: str) -> Block:
+    """One mHC site: ``fn`` maps the n flattened streams to the pre (n), post (n) and Sinkhorn-projected comb (n×n)
+    weights, replicated and run where the residual lives, on the rank's sequence-parallel tokens (Megatron-Core's
+    HyperConnectionModule marks its weights sequence-parallel); its mixing is the ``hc`` operator."""
+    width = (2 + streams) * streams
+    params: Named = [(f"{name}.fn", (width, streams * hidden)), (f"{name}.base", (width,)), (f"{name}.scale", (3,))]
+    return Block(params, (Gemm(gemm, width, streams * hidden, L.REPLICATED, L.LOCAL),))
+
+
+def _deepseek_v4_attention(cfg: ModelConfig, i: int) -> Block:
+    """Shared-KV multi-query attention with sinks (one KV head of ``head_dim``, read as both key and value), a
+    low-rank query, the grouped low-rank output (``o_a_proj``: ``o_groups`` blocks, then ``o_b_proj``), and for CSA
+    and HCA layers the compressor (kv and gate projections, softmax-pooled per window of m tokens), CSA's with its
+    own lightning indexer. Every GEMM is replicated: Megatron-Core runs this attention at TP 1."""
+    x, h, heads, d = cfg.extra, cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim
+    q_rank, g, o_rank, win = cfg.q_lora_rank or 0, x["o_groups"], x["o_lora_rank"], cfg.sliding_window or 0
+    p, rep = "self_attn", L.REPLICATED
+    params: Named = [(f"{p}.sinks", (heads,))]
+    params += weight(f"{p}.q_a_proj", q_rank, h) + L.norm(f"{p}.q_a_norm", q_rank)
+    params += weight(f"{p}.q_b_proj", heads * d, q_rank)
+    params += weight(f"{p}.kv_proj", d, h) + L.norm(f"{p}.kv_norm", d)
+    params += weight(f"{p}.o_a_proj", g * o_rank, heads * d // g) + weight(f"{p}.o_b_proj", h, g * o_rank)
+    gemms = [
+        Gemm("v4_q_down", q_rank, h, rep),
+        Gemm("v4_q_up", heads * d, q_rank, rep),
+        Gemm("v4_kv", d, h, rep),
+        Gemm("v4_out_a", o_rank, heads * d // g, rep, groups=g),
+        Gemm("v4_out_b", h, g * o_rank, rep),
+    ]
+    kind = kind_of(cfg, i, L.SLIDING)
+    ops: tuple[Attention, ...] = (Attention(L.SLIDING, heads, 1, d, d, win, sinks=True),)
+    c = f"{p}.compressor"
+    if kind == L.CSA:  # two overlapping series per token (2·head_dim), pooled over 2m slots with stride m
+        m, ih, idim, topk = x["csa_compress"], x["index_n_heads"], x["index_head_dim"], x["index_topk"]
+        params += [(f"{c}.position_bias", (m, 2 * d))] + weight(f"{c}.kv_proj", 2 * d, h)
+        params += weight(f"{c}.gate_proj", 2 * d, h) + L.norm(f"{c}.kv_norm", d)
+        ix = f"{c}.indexer"
+        params += [(f"{ix}.position_bias", (m, 2 * idim))] + weight(f"{ix}.kv_proj", 2 * idim, h)
+        params += weight(f"{ix}.gate_proj", 2 * idim, h) + L.norm(f"{ix}.kv_norm", idim)
+        params += weight(f"{ix}.q_b_proj", ih * idim, q_rank) + weight(f"{ix}.scorer.weights_proj", ih, h)
+        gemms += [
+            Gemm("compress_kv", 4 * d, h, rep),  # kv_proj and gate_proj read the same input: one GEMM
+            Gemm("index_compress_kv", 4 * idim, h, rep),
+            Gemm("index_q", ih * idim, q_rank, rep),
+            Gemm("index_weights", ih, h, rep),
+        ]
+        ops = (
+            Attention(L.INDEXER, ih, 1, idim, 1, topk, compress=m),
+            Attention(L.CSA, heads, 1, d, d, win, sinks=True, compress=m, topk=topk),
+        )
+    elif kind == L.HCA:  # one series, non-overlapping windows of m tokens
+        m = x["hca_compress"]
+        params += [(f"{c}.position_bias", (m, d))] + weight(f"{c}.kv_proj", d, h)
+        params += weight(f"{c}.gate_proj", d, h) + L.norm(f"{c}.kv_norm", d)
+        gemms.append(Gemm("compress_kv", 2 * d, h, rep))
+        ops = (Attention(L.HCA, heads, 1, d, d, win, sinks=True, compress=m),)
+    return Block(params, tuple(gemms), ops, ((_V4_NO_TP, 1),))
+
+
+def _deepseek_v4_layer(cfg: ModelConfig, i: int) -> Layer:
+    """Attention, then the MoE (router, routed experts, one shared expert of the expert width; hash-routed layers
+    have the same weights), the two norms and the two hyper-connections (attention's, then the MoE's). The two
+    ``hc`` operators come first in ``attention``, so the last operator is the layer's own kind; the last layer also
+    runs the final stream collapse (``hc_head``, its weights the model's ``hc_head``)."""
+    h, x, n = cfg.hidden_size, cfg.extra, cfg.extra["hc_mult"]
+    ffn = cfg.expert_intermediate_size
+    mlp = gate(cfg, "mlp.gate") + experts(cfg, "mlp.experts") + L.shared_mlp("mlp.shared_experts", h, ffn)
+    blk = _deepseek_v4_attention(cfg, i) + mlp + two_norms(cfg)
+    blk += _hyper_connection("attn_hc", n, h, "hc_attn") + _hyper_connection("ffn_hc", n, h, "hc_ffn")
+    site = Attention(L.HC, n, n, h, h, x["hc_sinkhorn_iters"])
+    blk = Block(blk.params, blk.gemms, (site, site, *blk.attention), blk.tp_units)
+    if cfg.num_hidden_layers is not None and i == cfg.num_hidden_layers - 1:
+        blk += Block(gemms=(Gemm("hc_head", n, n * h, L.REPLICATED, L.LOCAL),))
+    return L.layer(i, blk, True)
+
+
+def _deepseek_v4_final(cfg: ModelConfig) -> Named:
+    n, h = cfg.extra["hc_mult"], cfg.hidden_size
+    return L.norm("model.norm", h) + [
+        ("model.hc_head.hc_fn", (n, n * h)),
+        ("model.hc_head.hc_base", (n,)),
+        ("model.hc_head.hc_scale", (1,)),
+    ]
+
+
 def _read_glm4_moe(r: FieldReader, f: dict[str, Any]) -> None:
     f["attention_bias"] = r.flag("attention_bias", False)
     f["extra"]["use_qk_norm"] = r.flag("use_qk_norm", False)
 
 
 def _glm4_moe_layer(cfg: ModelConfig, i: int) -> Layer:
-    h = cfg.hidden_size
     attn = standard_attention(
         cfg, i, qkv_bias=cfg.attention_bias, qk_norm="head" if cfg.extra.get("use_qk_norm") else None
     )
-    mlp, is_moe = dense_or_moe(
-        cfg,
-        i,
-        lambda: L.gated_mlp("mlp", h, cfg.intermediate_size),
-        lambda: (
-            experts(cfg, "mlp.experts")
-            + gate(cfg, "mlp.gate")
-            + L.shared_mlp("mlp.shared_experts", h, cfg.shared_intermediate_size)
-        ),
-    )
+    mlp, is_moe = mlp_or_shared_moe(cfg, i)
     return L.layer(i, attn + mlp + two_norms(cfg), is_moe)
 
 
@@ -1017,7 +1189,6 @@ def _read_glm_moe_dsa(r: FieldReader, f: dict[str, Any]) -> None:
 
 
 def _glm_moe_dsa_layer(cfg: ModelConfig, i: int) -> Layer:
-    h = cfg.hidden_size
     if i in cfg.extra.get("shared_index_layers", ()):  # reuses the previous indexer's top-k
         plain = mla_attention(cfg, i)
         nope, rope, v = cfg.qk_nope_head_dim or 0, cfg.qk_rope_head_dim or 0, cfg.v_head_dim or 0
@@ -1026,16 +1197,7 @@ def _glm_moe_dsa_layer(cfg: ModelConfig, i: int) -> Layer:
         attn = Block(plain.params, plain.gemms, (sparse,), plain.tp_units)
     else:
         attn = mla_attention(cfg, i, indexer=True)
-    mlp, is_moe = dense_or_moe(
-        cfg,
-        i,
-        lambda: L.gated_mlp("mlp", h, cfg.intermediate_size),  # never biased (mlp_bias is not read)
-        lambda: (
-            experts(cfg, "mlp.experts")
-            + gate(cfg, "mlp.gate")
-            + L.shared_mlp("mlp.shared_experts", h, cfg.shared_intermediate_size)
-        ),
-    )
+    mlp, is_moe = mlp_or_shared_moe(cfg, i)  # never biased (mlp_bias is not read)
     return L.layer(i, attn + mlp + two_norms(cfg), is_moe)
 
 
@@ -1135,6 +1297,227 @@ def _longcat_flash_layer(cfg: ModelConfig, i: int) -> Layer:
     blk += norms("input_layernorm.0", "input_layernorm.1", "post_attention_layernorm.0", size=h)
     blk += norms("post_attention_layernorm.1", size=h)
     return L.layer(i, blk, True)
+
+
+# --- Kimi Linear (KDA + MLA), Gemma 4 -----------------------------------------------------------------------
+
+
+def _read_kimi_linear(r: FieldReader, f: dict[str, Any]) -> None:
+    """Kimi Linear: KDA layers (transformers' ``linear_attention``) beside MLA layers without RoPE
+    (``full_attention``); the linear heads, head dim and conv kernel from ``linear_attn_config`` (the checkpoint's
+    spelling, which wins, as in transformers) or the top-level ``linear_*`` fields; its config.json names the expert
+    fields ``num_experts``, ``num_experts_per_token``, ``num_shared_experts``. Layers are dense before
+    ``first_k_dense_replace`` (transformers: 1) unless ``mlp_layer_types`` says which."""
+    f["attention_bias"] = r.flag("attention_bias", False)
+    x, sub = f["extra"], r.obj.get("linear_attn_config")
+    if sub is not None and not isinstance(sub, Mapping):
+        raise UsageError("must be an object", source=r.where, field="linear_attn_config")
+    sub = sub or {}
+    for key, inner, default in (
+        ("linear_num_heads", "num_heads", 32),
+        ("linear_head_dim", "head_dim", 128),
+        ("linear_conv_kernel_dim", "short_conv_kernel_size", 4),
+    ):
+        value = sub.get(inner)
+        x[key] = r.number(key, default) if value is None else type(r)(sub, r.where, r.hf).number(inner)
+    if r.pick("num_experts_per_tok")[0] is None and r.obj.get("num_experts_per_token") is not None:
+        f["num_experts_per_tok"] = r.number("num_experts_per_token")
+    if r.pick("n_shared_experts")[0] is None and r.obj.get("num_shared_experts") is not None:
+        f["n_shared_experts"] = r.number("num_shared_experts", zero=True)
+    if f.get("kv_lora_rank") is None:
+        raise UsageError("missing: Kimi Linear's full-attention layers are MLA", source=r.where, field="kv_lora_rank")
+    n = f.get("num_hidden_layers")
+    mlp_types = per_layer_list(r, "mlp_layer_types", ("dense", "sparse"), n, "kimi_linear")
+    f["moe_layers"] = None if mlp_types is None else tuple(i for i, t in enumerate(mlp_types) if t == "sparse")
+    f["first_k_dense_replace"] = r.number("first_k_dense_replace", 1 if r.hf else 0, zero=True) or 0
+    f["moe_layer_freq"], f["decoder_sparse_step"], f["mlp_only_layers"] = 1, 1, ()
+    full = sub.get("full_attn_layers")
+    if r.strings("layer_types") is None and isinstance(full, list) and "kda_layers" in sub and n is not None:
+        full_set = {i - 1 for i in full if isinstance(i, int)}  # 1-indexed; transformers reads the pair only
+        layer_kinds(r, f, lambda i: L.FULL if i in full_set else L.KDA)
+    else:
+        layer_kinds(r, f, lambda i: L.FULL if i and i % 4 == 0 else L.KDA)
+    if "layer_types" in f:  # transformers' "linear_attention" is KDA here, not the gated DeltaNet
+        f["layer_types"] = tuple(L.KDA if k == L.LINEAR else k for k in f["layer_types"])
+
+
+def kda_mixer(cfg: ModelConfig, prefix: str = "self_attn") -> Block:
+    """Kimi Delta Attention as transformers registers it: q, k, v, the short conv over them, the forget gate (its
+    own dt_bias and A_log, then its low-rank f_a/f_b projections), β (``b_proj``), the output gate's low-rank
+    g_a/g_b, the gated RMSNorm and o_proj. No Megatron implementation exists; opbench splits it as Megatron splits
+    the gated DeltaNet (docs/models.md, "Kimi Linear"): q, k, v, β fused column-parallel over heads (``linear_in``),
+    the two rank-d down projections fused and replicated (``kda_gate_down``, as MLA's), their up projections
+    column-parallel (``kda_forget_up``, ``kda_gate_up``), o_proj row-parallel (``linear_out``)."""
+    x, h, p = cfg.extra, cfg.hidden_size, prefix
+    heads, d, kernel = x["linear_num_heads"], x["linear_head_dim"], x["linear_conv_kernel_dim"]
+    inner = heads * d
+    params = weight(f"{p}.q_proj", inner, h) + weight(f"{p}.k_proj", inner, h) + weight(f"{p}.v_proj", inner, h)
+    params += [(f"{p}.conv1d.weight", (3 * inner, 1, kernel))]
+    params += [(f"{p}.forget_gate.dt_bias", (inner,)), (f"{p}.forget_gate.A_log", (1, 1, heads, 1))]
+    params += weight(f"{p}.forget_gate.f_a_proj", d, h) + weight(f"{p}.forget_gate.f_b_proj", inner, d)
+    params += weight(f"{p}.b_proj", heads, h) + weight(f"{p}.g_a_proj", d, h) + weight(f"{p}.g_b_proj", inner, d)
+    params += L.norm(f"{p}.o_norm", d) + weight(f"{p}.o_proj", h, inner)
+    gemms = (
+        Gemm("linear_in", 3 * inner + heads, h, L.COLUMN),
+        Gemm("kda_gate_down", 2 * d, h, L.REPLICATED),
+        Gemm("kda_forget_up", inner, d, L.COLUMN),
+        Gemm("kda_gate_up", inner, d, L.COLUMN),
+        Gemm("linear_out", h, inner, L.ROW),
+    )
+    op = Attention(L.KDA, heads, heads, d, d, L.LINEAR_CHUNK)
+    return Block(params, gemms, (op,), (("linear_num_heads", heads),))
+
+
+def _kimi_linear_layer(cfg: ModelConfig, i: int) -> Layer:
+    """A KDA or an MLA mixer (MLA without RoPE: the same shapes), then a dense MLP or the MoE (routed experts, the
+    sigmoid router's weight, shared experts of moe_intermediate_size × n_shared_experts)."""
+    mixer = kda_mixer(cfg) if kind_of(cfg, i) == L.KDA else mla_attention(cfg, i)
+    mlp, is_moe = mlp_or_shared_moe(cfg, i)
+    return L.layer(i, mixer + mlp + two_norms(cfg), is_moe)
+
+
+_GEMMA4_LAYER_KEYS = ("head_dim", "num_key_value_heads")  # what a Gemma 4 per_layer_config entry may override
+
+
+def _read_gemma4(r: FieldReader, f: dict[str, Any]) -> None:
+    """Gemma 4 (text): Gemma 3's sliding pattern (every sixth layer full, the last one always), a 512 window;
+    full layers with their own head_dim (``global_head_dim``, 512) and, with ``attention_k_eq_v``, their own KV heads
+    (``num_global_key_value_heads``) and no v_proj, or as ``per_layer_config`` writes them; the last
+    ``num_kv_shared_layers`` layers read the KV of the last earlier layer of their kind (no k/v projections, and a
+    double-wide MLP with ``use_double_wide_mlp``); per-layer input embeddings (PLE) of
+    ``hidden_size_per_layer_input`` per layer (0: none); with ``enable_moe_block`` every layer adds routed experts
+    beside its dense MLP."""
+    if r.obj.get("use_bidirectional_attention") == "all":
+        raise UsageError(
+            "'all': a bidirectional Gemma 4 is not a causal language model",
+            source=r.where,
+            field="use_bidirectional_attention",
+        )
+    f["attention_bias"] = r.flag("attention_bias", False)
+    f["sliding_window"] = window(r, "sliding_window", 512)
+    layer_kinds(r, f, lambda i: L.SLIDING if (i + 1) % 6 else L.FULL)
+    x, n = f["extra"], f.get("num_hidden_layers")
+    x["k_eq_v"] = r.flag("attention_k_eq_v", False)
+    x["double_wide"] = r.flag("use_double_wide_mlp", False)
+    x["ple_dim"] = r.number("hidden_size_per_layer_input", 256, zero=True) or 0
+    x["ple_vocab"] = r.number("vocab_size_per_layer_input", 262144)
+    x["kv_shared"] = shared = r.number("num_kv_shared_layers", 0, zero=True) or 0
+    per = r.obj.get("per_layer_config")
+    if per is None:  # transformers derives it for the full layers
+        kv = r.number("num_global_key_value_heads") if x["k_eq_v"] else None
+        x["global_heads"] = (r.number("global_head_dim", 512), kv)
+    elif not isinstance(per, Mapping) or not all(isinstance(v, Mapping) for v in per.values()):
+        raise UsageError("must be an object of per-layer objects", source=r.where, field="per_layer_config")
+    else:
+        heads: dict[int, tuple[int | None, int | None]] = {}
+        for key, over in per.items():
+            if not str(key).isdigit() or set(over) - set(_GEMMA4_LAYER_KEYS):
+                raise UsageError(
+                    f"entry {key!r} overrides {sorted(set(over))}; opbench models layer indices overriding "
+                    f"{', '.join(_GEMMA4_LAYER_KEYS)} only",
+                    source=r.where,
+                    field="per_layer_config",
+                )
+            sub = type(r)(over, r.where, r.hf)
+            heads[int(key)] = (sub.number("head_dim"), sub.number("num_key_value_heads"))
+        x["layer_heads"] = heads
+    if r.flag("enable_moe_block", False):
+        if not f.get("n_routed_experts"):
+            raise UsageError("missing: enable_moe_block routes to experts", source=r.where, field="num_experts")
+        f["num_experts_per_tok"] = r.number("top_k_experts", alias=("num_experts_per_tok",))
+        if not f["num_experts_per_tok"]:
+            raise UsageError("missing: enable_moe_block routes to experts", source=r.where, field="top_k_experts")
+        _every_layer_routes(f)
+    else:
+        f["n_routed_experts"] = f["num_experts_per_tok"] = 0
+    if x["ple_dim"] and n is None:
+        raise UsageError(
+            "missing: Gemma 4's per-layer embeddings are num_hidden_layers × hidden_size_per_layer_input wide",
+            source=r.where,
+            field="num_hidden_layers",
+        )
+    kinds = f.get("layer_types")
+    if shared and n is not None and kinds:
+        kinds = (*kinds[: n - 1], L.FULL)
+        if shared >= n or set(kinds[: n - shared]) != set(kinds):
+            raise UsageError(
+                f"{shared} of {n} layers reuse KV that no earlier layer of their kind computes",
+                source=r.where,
+                field="num_kv_shared_layers",
+            )
+
+
+def _gemma4_layer(cfg: ModelConfig, i: int) -> Layer:
+    """Attention (q/k norms, a v norm without weights; k and v projections only where the layer computes its KV, v
+    only where k ≠ v), the GeGLU MLP (twice as wide in KV-shared layers with ``use_double_wide_mlp``), Gemma 3's four
+    norms, the PLE gate and projection, then the routed experts with their router and three norms. The PLE GEMMs
+    are replicated across TP ranks (no Megatron implementation; docs/models.md, "Gemma 4"); the model-level PLE
+    projection (hidden → layers × PLE width, once per step) is listed with layer 0 as ``ple_model_proj``."""
+    x, h, heads, b = cfg.extra, cfg.hidden_size, cfg.num_attention_heads, cfg.attention_bias
+    n = cfg.num_hidden_layers
+    kind = L.FULL if n is not None and i == n - 1 else kind_of(cfg, i)  # transformers forces the last layer full
+    hd, kv = cfg.head_dim, cfg.num_key_value_heads
+    if "layer_heads" in x:
+        over_hd, over_kv = x["layer_heads"].get(i, (None, None))
+    else:
+        over_hd, over_kv = x["global_heads"] if kind == L.FULL else (None, None)
+    hd, kv = over_hd or hd, over_kv or kv
+    shared = bool(x["kv_shared"]) and n is not None and i >= n - x["kv_shared"]
+    k_eq_v = x["k_eq_v"] and kind == L.FULL
+    p = "self_attn"
+    params = weight(f"{p}.q_proj", heads * hd, h, b) + L.norm(f"{p}.q_norm", hd)
+    if not shared:
+        params += L.norm(f"{p}.k_norm", hd) + weight(f"{p}.k_proj", kv * hd, h, b)
+        params += [] if k_eq_v else weight(f"{p}.v_proj", kv * hd, h, b)
+    params += weight(f"{p}.o_proj", h, heads * hd, b)
+    n_qkv = heads * hd + (0 if shared else kv * hd * (1 if k_eq_v else 2))
+    window = (cfg.sliding_window or 0) if kind == L.SLIDING else 0
+    attn = Block(
+        params,
+        (Gemm("qkv", n_qkv, h, L.COLUMN), Gemm("attn_out", h, heads * hd, L.ROW)),
+        (Attention(kind, heads, kv, hd, hd, window),),
+        L.head_units(heads, kv),
+    )
+    ffn = cfg.intermediate_size * (2 if x["double_wide"] and shared else 1)
+    blk = attn + L.gated_mlp("mlp", h, ffn)
+    blk += norms(
+        "input_layernorm",
+        "post_attention_layernorm",
+        "pre_feedforward_layernorm",
+        "post_feedforward_layernorm",
+        size=h,
+    )
+    d = x["ple_dim"]
+    if d:
+        blk += Block(
+            weight("per_layer_input_gate", d, h) + weight("per_layer_projection", h, d),
+            (Gemm("ple_gate", d, h, L.REPLICATED), Gemm("ple_proj", h, d, L.REPLICATED)),
+        ) + L.with_params(L.norm("post_per_layer_input_norm", h))
+        if i == 0 and n is not None:
+            blk += Block([], (Gemm("ple_model_proj", n * d, h, L.REPLICATED),))
+    if cfg.is_moe:
+        e = cfg.n_routed_experts
+        blk += Block(
+            [("router.scale", (h,)), ("router.per_expert_scale", (e,))] + weight("router.proj", e, h),
+            (Gemm("router", e, h, L.REPLICATED, L.LOCAL),),
+        )
+        blk += experts(cfg, "experts")
+        blk += norms(
+            "post_feedforward_layernorm_1", "post_feedforward_layernorm_2", "pre_feedforward_layernorm_2", size=h
+        )
+    return L.layer(i, blk, cfg.is_moe)
+
+
+def _gemma4_final(c: ModelConfig) -> Named:
+    """The final norm, then the PLE parameters the model registers after its layers: the per-layer embedding table
+    (all layers' slices side by side), the projection of the input embedding to every layer's slice, its norm."""
+    params = L.norm("model.norm", c.hidden_size)
+    d, n = c.extra["ple_dim"], c.num_hidden_layers or 0
+    if d:
+        params += [("model.embed_tokens_per_layer.weight", (c.extra["ple_vocab"], n * d))]
+        params += weight("model.per_layer_model_projection", n * d, c.hidden_size)
+        params += L.norm("model.per_layer_projection_norm", d)
+    return params
 
 
 def _layer_norm_final(name: str) -> Callable[[ModelConfig], Named]:
@@ -1280,6 +1663,24 @@ _ARCHS: Sequence[Architecture] = (
         ("indexed_attention",),
         moe=True,
         hf_defaults=_DEEPSEEK_V3_DEFAULTS,
+    ),
+    Architecture(
+        "deepseek_v4",
+        "DeepSeek-V4-Flash, V4-Pro (CSA/HCA attention, hyper-connections)",
+        _deepseek_v4_layer,
+        _read_deepseek_v4,
+        _V4_LAYER_TYPES,
+        moe=True,
+        head_dim_default=512,
+        final=_deepseek_v4_final,
+        hf_defaults=dict(
+            num_key_value_heads=1,
+            q_lora_rank=1024,
+            n_routed_experts=256,
+            num_experts_per_tok=6,
+            moe_intermediate_size=2048,
+            n_shared_experts=1,
+        ),
     ),
     Architecture(
         "glm4_moe",
@@ -1477,12 +1878,42 @@ _ARCHS: Sequence[Architecture] = (
         moe=True,
         hf_defaults=dict(n_routed_experts=512, **_MLA_DEFAULTS),
     ),
+    Architecture(
+        "kimi_linear",
+        "Kimi Linear 48B-A3B (Kimi Delta Attention + MLA hybrid)",
+        _kimi_linear_layer,
+        _read_kimi_linear,
+        ("full_attention", "linear_attention"),
+        moe=True,
+        hf_defaults=dict(
+            num_key_value_heads=32,
+            n_routed_experts=256,
+            num_experts_per_tok=8,
+            moe_intermediate_size=1024,
+            n_shared_experts=1,
+            kv_lora_rank=512,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            v_head_dim=128,
+        ),
+    ),
+    Architecture(
+        "gemma4_text",
+        "Gemma 4 (text; per-layer embeddings, KV shared across layers, optional MoE)",
+        _gemma4_layer,
+        _read_gemma4,
+        layer_types=SOFTMAX_LAYER_TYPES,
+        tie_default=True,  # MoE only with enable_moe_block (its reader checks the expert fields)
+        head_dim_default=256,
+        final=_gemma4_final,
+        hf_defaults=dict(num_key_value_heads=4),
+    ),
 )
 ARCHITECTURES: dict[str, Architecture] = {a.model_type: a for a in _ARCHS}
 SUPPORTED = tuple(ARCHITECTURES)
 # Multimodal configs whose language model is one of the above, in ``text_config``.
 TEXT_CONFIG_WRAPPERS = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
-TEXT_CONFIG_WRAPPERS.update(qwen3_5="qwen3_5_text", qwen3_5_moe="qwen3_5_moe_text")
+TEXT_CONFIG_WRAPPERS.update(qwen3_5="qwen3_5_text", qwen3_5_moe="qwen3_5_moe_text", gemma4="gemma4_text")
 
 
 def unsupported(model_type: str, where: str) -> UsageError:

@@ -35,6 +35,8 @@ def hf_config_kwargs(cfg: ModelConfig) -> dict[str, Any]:
                     own[key] = own[key][:n]
             if isinstance(own.get("hybrid_override_pattern"), str):  # NemotronH's legacy spelling of its blocks
                 own["hybrid_override_pattern"] = own["hybrid_override_pattern"][:n]
+            if isinstance(own.get("per_layer_config"), dict):  # Gemma 4's per-layer overrides, keyed by index
+                own["per_layer_config"] = {k: v for k, v in own["per_layer_config"].items() if int(k) < n}
             if isinstance(own.get("moe_layers"), list):
                 own["moe_layers"] = [i for i in own["moe_layers"] if i < n]
         return own

@@ -33,7 +33,13 @@ SPARSE = "sparse"  # causal over `window` keys an indexer picks (DeepSeek-V3.2 D
 LINEAR = "linear"  # gated DeltaNet, chunkwise (Qwen3-Next); `window` = the chunk size
 INDEXER = "indexer"  # the DSA lightning indexer's scoring of every earlier key
 MAMBA2 = "mamba2"  # Mamba-2's chunked state-space scan (SSD, NemotronH); `window` = the chunk size
-ATTENTION_KINDS = (FULL, SLIDING, CHUNKED, SPARSE, LINEAR, INDEXER, MAMBA2)
+KDA = "kda"  # Kimi Delta Attention: the gated delta rule with a per-channel decay (Kimi Linear); `window` = chunk
+# DeepSeek-V4 (docs/models.md, "DeepSeek-V4"): the sliding window plus keys pooled `compress`:1 by a learned
+# compressor; `csa` keeps the indexer's `topk` pooled entries (m = 4), `hca` every causal one (m = 128)
+CSA = "csa"  # compressed sparse attention: `window` raw keys + the top-k of the rate-`compress` pooled keys
+HCA = "hca"  # heavily compressed attention: `window` raw keys + every causal rate-`compress` pooled key
+HC = "hc"  # a manifold-constrained hyper-connection site: `heads_q` residual streams of `head_dim_qk` mixed
+ATTENTION_KINDS = (FULL, SLIDING, CHUNKED, SPARSE, LINEAR, INDEXER, MAMBA2, KDA, CSA, HCA, HC)
 LINEAR_CHUNK = 64  # the chunk size of the chunkwise gated delta rule (flash-linear-attention's, transformers')
 
 
@@ -51,6 +57,7 @@ class Gemm:
     rows: str = ALL
     experts: int = 0  # routed: experts in the bank
     top_k: int = 0  # routed: experts per token
+    groups: int = 1  # a grouped GEMM of `groups` weights, each on its own slice of K (DeepSeek-V4's o_a_proj)
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,8 @@ class Attention:
     head_dim_v: int
     window: int = 0
     sinks: bool = False  # gpt-oss: one learned logit per head joins each softmax
+    compress: int = 0  # DeepSeek-V4: keys pooled compress:1 (csa, hca, and the indexer that scores them)
+    topk: int = 0  # DeepSeek-V4's csa: pooled keys the indexer keeps per query
 
 
 @dataclass(frozen=True)
@@ -199,6 +208,13 @@ def routed_experts(
 # The order a layer's forward runs its GEMMs in (parameters keep their registration order, which differs: DeepSeek
 # registers its experts before the router).
 GEMM_ORDER = (
+    "ple_model_proj",
+    "hc_attn",
+    "v4_q_down",
+    "v4_q_up",
+    "v4_kv",
+    "compress_kv",
+    "index_compress_kv",
     "mla_q",
     "mla_q_down",
     "mla_q_up",
@@ -209,17 +225,26 @@ GEMM_ORDER = (
     "index_weights",
     "qkv",
     "linear_in",
+    "kda_gate_down",
+    "kda_forget_up",
+    "kda_gate_up",
     "attn_out",
     "linear_out",
+    "v4_out_a",
+    "v4_out_b",
     "mlp_gate_up",
     "mlp_up",
     "mlp_down",
+    "hc_ffn",
     "router",
     "expert_gate_up",
     "expert_down",
     "shared_gate_up",
     "shared_down",
     "shared_gate",
+    "ple_gate",
+    "ple_proj",
+    "hc_head",
 )
 
 

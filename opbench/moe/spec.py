@@ -11,6 +11,10 @@ The routing rules are transformers' own (5.x modeling files), per ``model_type``
   sum of their two best scores; the weights are the chosen (unbiased) scores, renormalised (``norm_topk_prob``) and
   times ``routed_scaling_factor``. A config's ``scoring_func`` other than sigmoid (``sqrtsoftplus``, DeepSeek-V4's;
   ``softmax``) is honoured, although transformers' DeepseekV3 itself always uses sigmoid.
+- ``deepseek_v4``: ``sqrtsoftplus`` scores (or the config's ``scoring_func``) of a GEMM in the model dtype; top-k
+  of scores + ``e_score_correction_bias``, never group-limited (transformers' DeepseekV4TopKRouter reads no
+  ``n_group``); the chosen scores always renormalised (+1e-20), times ``routed_scaling_factor`` (1.5). Its
+  hash-routed first layers and its clamped SwiGLU (``swiglu_limit``) are timed as this router and a plain SwiGLU.
 - ``deepseek_v2``: softmax; ``topk_method`` greedy, or group_limited_greedy (group score = its best expert);
   times ``routed_scaling_factor``.
 - ``gpt_oss``: top-k of the router's logits (the router has a bias), softmax over the k; the experts have biases and
@@ -124,6 +128,19 @@ def router_spec(cfg: ModelConfig) -> tuple[RouterSpec, str]:
             fp32_logits=True,
         )
         note = ""
+    elif arch == "deepseek_v4":
+        spec = RouterSpec(
+            scoring=scoring or "sqrtsoftplus",
+            top_k=k,
+            correction_bias=True,
+            norm_topk_prob=True,
+            norm_eps=1e-20,
+            scaling=_float(cfg, "routed_scaling_factor", 1.5),
+        )
+        note = (
+            "deepseek_v4: the hash-routed layers (a token -> expert table) are timed with the top-k router and the "
+            "clamped SwiGLU (swiglu_limit) as a plain SwiGLU"
+        )
     elif arch == "deepseek_v2":
         method = _raw(cfg, "topk_method", "greedy")
         if method not in ("greedy", "group_limited_greedy"):

@@ -87,7 +87,14 @@ def attention_rows(device: torch.device, dtype: str, timing: TimingConfig) -> It
     tests; gated DeltaNet, the DSA indexer and Mamba-2: their own small cases)."""
     from opbench.attention.backends import BACKENDS
     from opbench.attention.runner import TOLERANCE, AttentionCase, ProblemCache, run_case
-    from opbench.attention.schema import INDEXER_BACKENDS, LINEAR_BACKENDS, MAMBA2_BACKENDS
+    from opbench.attention.schema import (
+        HC_BACKENDS,
+        INDEXER_BACKENDS,
+        KDA_BACKENDS,
+        LINEAR_BACKENDS,
+        MAMBA2_BACKENDS,
+        V4_BACKENDS,
+    )
     from opbench.attention.shapes import AttentionShape
 
     softmax = AttentionShape("selftest", 128, 128, 4, 4, 64, 64, True)
@@ -95,10 +102,23 @@ def attention_rows(device: torch.device, dtype: str, timing: TimingConfig) -> It
     indexer = AttentionShape("selftest", 128, 128, 4, 1, 64, 1, True, "indexer", 16)
     # Mamba-2: 4 heads in 2 groups, state size 16, head dim 32, chunks of 64 (attention.flops.mamba2_flops)
     mamba2 = AttentionShape("selftest", 128, 128, 4, 2, 16, 32, True, "mamba2", 64)
+    # Kimi Delta Attention: 4 heads of 64, chunks of 64 (attention.flops.kda_flops)
+    kda = AttentionShape("selftest", 128, 128, 4, 4, 64, 64, True, "kda", 64)
+    # DeepSeek-V4: csa over a 16-token window and the top-8 of keys pooled 4:1, one shared KV head, sinks; a
+    # hyper-connection site of 4 streams of 64 with 20 Sinkhorn steps (attention.operators)
+    csa = AttentionShape("selftest", 128, 128, 4, 1, 64, 64, True, "csa", 16, True, compress=4, topk=8)
+    hc = AttentionShape("selftest", 128, 128, 4, 4, 64, 64, True, "hc", 20)
     cache = ProblemCache()
     tol = TOLERANCE.get(dtype, 5e-3)
     for name in BACKENDS:
-        kinds = ((LINEAR_BACKENDS, linear), (INDEXER_BACKENDS, indexer), (MAMBA2_BACKENDS, mamba2))
+        kinds: tuple[tuple[tuple[str, ...], AttentionShape], ...] = (
+            (LINEAR_BACKENDS, linear),
+            (INDEXER_BACKENDS, indexer),
+            (MAMBA2_BACKENDS, mamba2),
+            (KDA_BACKENDS, kda),
+            (V4_BACKENDS, csa),
+            (HC_BACKENDS, hc),
+        )
         shape = next((s for names, s in kinds if name in names), softmax)
         base = row("attention", name, str(device), dtype, tolerance=tol)
         t0 = time.perf_counter()
