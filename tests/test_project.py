@@ -1308,7 +1308,7 @@ def test_eager_memory_ops_run_at_their_share_of_the_copy_rate_on_a_gpu(run):
     H100 is longer, and its memory-bound time says why."""
     from opbench.project.rates import EAGER_MEMORY_EFFICIENCY
 
-    h100 = Rates([], "H100", "bf16", Assumptions(), 8)
+    h100 = Rates([], "H100", "bf16", Assumptions(kernel_us=0), 8)  # the rate alone, no fixed cost per kernel
     eager = h100.memory_time(1e9, eager=True)
     assert eager.seconds == pytest.approx(h100.memory_time(1e9).seconds / EAGER_MEMORY_EFFICIENCY)
     assert "(eager)" in eager.note

@@ -19,6 +19,9 @@ class Peak:
     # GEMM reaches of the peak differs by part (H100 0.80, MI300X 0.51 in bf16); None: nothing published
     mamf_bf16_tflops: float | None = None
     mamf_fp8_tflops: float | None = None
+    # the part whose best matmul's share of the peak these figures take (None: measured on this part itself): its
+    # rates are datasheet estimates, which a projection says (docs/project.md, "Parts")
+    matmul_of: str | None = None
 
     def tflops(self, dtype: str) -> float | None:
         return {
@@ -68,19 +71,19 @@ def _at(peak: float, share: float) -> float:
 
 PEAKS: list[tuple[str, Peak]] = [
     (r"mi355", Peak(2516.6, 5033.2, 157.3, 8.0, 1565.0)),
-    (r"mi350", Peak(2306.9, 4613.7, 144.2, 8.0, _at(2306.9, _CDNA4_BF16))),
+    (r"mi350", Peak(2306.9, 4613.7, 144.2, 8.0, _at(2306.9, _CDNA4_BF16), matmul_of="MI355X")),
     (r"mi325", Peak(1307.4, 2614.9, 163.4, 6.0, 784.9, 1519.0)),
-    (r"mi300a", Peak(980.6, 1961.2, 122.6, 5.3, _at(980.6, _CDNA3_BF16), _at(1961.2, _CDNA3_FP8))),
+    (r"mi300a", Peak(980.6, 1961.2, 122.6, 5.3, _at(980.6, _CDNA3_BF16), _at(1961.2, _CDNA3_FP8), "MI300X")),
     (r"mi300x|mi300", Peak(1307.4, 2614.9, 163.4, 5.3, 668.4, 1273.0)),
-    (r"(?<!g)h200.*nvl", Peak(835.0, 1671.0, 60.0, 4.8, _at(835.0, _H100_BF16), _at(1671.0, 1453.4 / 1979.0))),
+    (r"(?<!g)h200.*nvl", Peak(835.0, 1671.0, 60.0, 4.8, _at(835.0, _H100_BF16), _at(1671.0, 1453.4 / 1979.0), "H200")),
     (r"(?<!g)h200", Peak(989.0, 1979.0, 67.0, 4.8, 794.5, 1453.4)),
-    (r"(?<!g)h100.*pcie", Peak(756.0, 1513.0, 51.0, 2.0, _at(756.0, _H100_BF16), _at(1513.0, _H100_FP8))),
-    (r"(?<!g)h100.*nvl", Peak(835.0, 1671.0, 60.0, 3.9, _at(835.0, _H100_BF16), _at(1671.0, _H100_FP8))),
+    (r"(?<!g)h100.*pcie", Peak(756.0, 1513.0, 51.0, 2.0, _at(756.0, _H100_BF16), _at(1513.0, _H100_FP8), "H100 SXM")),
+    (r"(?<!g)h100.*nvl", Peak(835.0, 1671.0, 60.0, 3.9, _at(835.0, _H100_BF16), _at(1671.0, _H100_FP8), "H100 SXM")),
     (r"(?<!g)h100", Peak(989.0, 1979.0, 67.0, 3.35, 794.5, 1402.6)),
     (r"gb200", Peak(2500.0, 5000.0, 80.0, 8.0, 1822.0, 3615.6)),
     (r"b200", Peak(2250.0, 4500.0, 75.0, 8.0, 1745.0, 3432.5)),
     (r"a100.*pcie", Peak(312.0, None, 19.5, 1.935, 252.9)),
-    (r"a100.*40gb", Peak(312.0, None, 19.5, 1.555, _at(312.0, _A100_BF16))),
+    (r"a100.*40gb", Peak(312.0, None, 19.5, 1.555, _at(312.0, _A100_BF16), matmul_of="A100 80GB SXM")),
     (r"a100", Peak(312.0, None, 19.5, 2.039, 271.2)),
 ]
 H100_BF16_MATMUL_SHARE = _H100_BF16  # the share the projection's default GEMM efficiency is set against
@@ -92,3 +95,16 @@ def lookup_peak(name: str) -> Peak | None:
         if re.search(pattern, low):
             return peak
     return None
+
+
+# GPUs sharing one NVLink/NVSwitch fabric where it reaches beyond the node (docs/project.md, "NVLink domains"):
+# NVIDIA's GB200 NVL72 and GB300 NVL72 datasheets, "72 Blackwell GPUs ... NVLink domain", fifth-generation NVLink
+# at 1.8 TB/s per GPU (900 GB/s per direction) through the rack's NVLink switch trays. Every other part's domain is
+# its node (HGX boards of 8, MI300X/MI325X/MI355X platforms of 8 on xGMI).
+NVLINK_DOMAINS: list[tuple[str, int]] = [(r"gb[23]00", 72)]
+
+
+def nvlink_domain_of(name: str | None) -> int | None:
+    """The NVLink domain a part is sold in when it is larger than a node (GB200/GB300: 72); None: the node."""
+    low = (name or "").lower()
+    return next((size for pattern, size in NVLINK_DOMAINS if re.search(pattern, low)), None)

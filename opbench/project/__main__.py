@@ -13,14 +13,17 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 
 from opbench.core import cli, outputs
 from opbench.core.cli import finite_float, positive_int
 from opbench.core.errors import UsageError, run_cli
+from opbench.core.peaks import nvlink_domain_of
 from opbench.core.results import CsvReport, environment, summary_table
 from opbench.core.units import counted, one_line
 from opbench.models import ModelConfig, load_model_configs, select_models
 
+from .megatron_flags import NCCL_ALGOS, check_flags
 from .pipeline import SCHEDULES
 from .plan import (
     ATTENTION_BACKENDS,
@@ -130,6 +133,13 @@ def build_parser() -> argparse.ArgumentParser:
     lay = p.add_argument_group("layout (data parallel = the rest: world / (tp·pp·cp))")
     lay.add_argument("--world-size", type=cli.world_size, required=True, help="GPUs in the job")
     lay.add_argument("--gpus-per-node", type=positive_int, default=8, help="GPUs per node (default: 8)")
+    lay.add_argument(
+        "--nvlink-domain",
+        type=cli.world_size,
+        default=None,
+        help="GPUs sharing one NVLink/NVSwitch or xGMI fabric: TP/CP/EP groups inside one use the link, groups "
+        "crossing domains the NICs (default: 72 for GB200/GB300 NVL72, else the node, --gpus-per-node)",
+    )
     for flag, what in (
         ("--tp", "tensor parallel"),
         ("--pp", "pipeline parallel"),
@@ -149,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=SCHEDULES,
         default=None,
         help="pipeline schedule (default: interleaved when --vpp > 1); zero-bubble = ZB-H1, "
-        "interleaved-zero-bubble, zbv = ZB-V with --vpp 2 (docs/project.md, 'A step')",
+        "interleaved-zero-bubble, zbv = ZB-V with --vpp 2; v-half, v-min = Primus' V-Half and V-Min with --vpp 2 "
+        "(about 1/2 and 1/3 of 1F1B's activations, more bubble) (docs/project.md, 'A step')",
     )
     lay.add_argument("--fsdp", action="store_true", help="shard parameters, gradients and optimizer (FSDP2/ZeRO-3)")
     lay.add_argument("--zero", type=cli.integer, choices=[0, 1], default=0, help="1: shard the optimizer only (ZeRO-1)")
@@ -351,11 +362,42 @@ def build_parser() -> argparse.ArgumentParser:
         "--memory-bandwidth-gbs", type=cli.within(1, 1e6, "GB/s"), default=None, help="memory bandwidth, GB/s"
     )
     r.add_argument(
+        "--kernel-us",
+        type=cli.within(0, 1e5, "µs"),
+        default=None,
+        help="a kernel's fixed cost, µs: no GEMM, attention or memory-bound kernel takes less (default: measured "
+        "from a tiny GEMM and a tiny copy row in --results, else 3.8 on a GPU, NVIDIA's figure; 0 on a CPU; "
+        "docs/project.md, 'Fixed cost per kernel')",
+    )
+    r.add_argument(
+        "--moe-imbalance",
+        type=cli.within(1.0, 1e4, "(max / mean)"),
+        default=a.moe_imbalance,
+        help="the busiest expert-parallel rank's routed tokens over the mean: its experts' GEMMs and activation and "
+        "its all-to-all take this much longer (default: 1, balanced, as published benchmarks force it; give a real "
+        "run's from its logged tokens per expert; docs/project.md, 'MoE cost model')",
+    )
+    r.add_argument(
+        "--moe-a2a-hidden",
+        type=fraction,
+        default=a.moe_a2a_hidden,
+        help="the most of each all-to-all --moe-a2a-overlap hides (default: 0.3655, what Nsight measured on "
+        "Megatron-Bridge's Qwen3-30B-A3B; docs/project.md, 'MoE cost model')",
+    )
+    r.add_argument(
         "--compute-scale",
         type=scale_factor,
         default=1.0,
         help="calibration: every compute time × this (--validate on one node of the target prints it: what a real "
         "step spends beyond its kernels' rates) (default: 1)",
+    )
+    r.add_argument(
+        "--calibration",
+        type=cli.path_text,
+        default=None,
+        metavar="FILE",
+        help="per-class calibration written by `opbench step --calibrate` from a profiled step: GEMM, attention "
+        "and memory-bound times × their own factors (replaces --compute-scale; docs/step.md)",
     )
     r.add_argument(
         "--optimizer-bytes-per-param",
@@ -376,8 +418,45 @@ def build_parser() -> argparse.ArgumentParser:
         "--memory-ops",
         choices=["fused", "eager"],
         default="fused",
-        help="what the memory-bound operators move: fused kernels (Megatron/TE, torch.compile) or PyTorch eager op "
-        "by op, as transformers' model runs them (--validate always)",
+        help="what the memory-bound operators move: fused kernels (Megatron/TE) or PyTorch eager op "
+        "by op, as transformers' model runs them (--validate always; torch.compile: --compile)",
+    )
+    r.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile of every decoder block (torchtitan's): implies --memory-ops eager and "
+        "--activation-profile eager, then the blocks' memory-bound time x --compile-memory-time and their "
+        "activations as Inductor saves them; with --validate, trains eager and compiled and measures the effect "
+        "(docs/project.md, 'torch.compile')",
+    )
+    r.add_argument(
+        "--compile-memory-time",
+        type=cli.within(0.0, 10.0, "of eager's time"),
+        default=None,
+        metavar="R",
+        help="--compile: the blocks' memory-bound time under compile, of eager's (implies --compile; --validate "
+        "--compile prints the measured one; default 0.614, from torchtitan's published Llama-3.1-8B ratio)",
+    )
+    meg = p.add_argument_group("Megatron flags that cost time (docs/project.md, 'Flags that cost time')")
+    meg.add_argument(
+        "--deterministic-mode",
+        action="store_true",
+        help="Megatron's flag: NCCL_ALGO=Ring (--nccl-algo ring), no --cross-entropy-loss-fusion or --tp-overlap "
+        "(refused, as Megatron refuses them); its deterministic attention backward is not modelled",
+    )
+    meg.add_argument(
+        "--no-gradient-accumulation-fusion",
+        action="store_false",
+        dest="gradient_accumulation_fusion",
+        help="Megatron's flag: weight gradients added into the main gradients by a separate pass per micro-batch "
+        "(gradient + main gradient read, main gradient written), not in the GEMM",
+    )
+    meg.add_argument(
+        "--nccl-algo",
+        choices=NCCL_ALGOS,
+        default="default",
+        help="NCCL_ALGO the job pins: all-reduces take NCCL's own tuning model's time of that algorithm over the "
+        "one NCCL would choose of Ring and Tree (default: NCCL's choice)",
     )
     s = p.add_argument_group("search and validation")
     s.add_argument("--search", action="store_true", help="rank every valid layout of --world-size GPUs")
@@ -397,6 +476,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.compile or args.compile_memory_time is not None:  # torch.compile starts from PyTorch's own ops
+        args.compile, args.memory_ops, args.activation_profile = True, "eager", "eager"
+    check_flags(args)  # what Megatron itself refuses with --deterministic-mode, --no-gradient-accumulation-fusion
+    if args.deterministic_mode:
+        print(
+            "note: --deterministic-mode: attention's deterministic backward (NVTE_ALLOW_NONDETERMINISTIC_ALGO=0) is "
+            "not modelled: no published figure of its cost",
+            file=sys.stderr,
+        )
     if args.model_config_path is None and args.model is None:
         raise UsageError("name the model (--model, from the built-in configs, or --model-config-path)", field="--model")
     configs = select_models(load_model_configs(args.model_config_path, args.model_name), args.model)
@@ -477,6 +565,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return validate(cfg, plan, args)
     rates = Rates(args.results, args.device, args.dtype, assumptions(args), args.gpus_per_node)
+    rates = calibrated(rates, args)
+    if args.nvlink_domain is None and nvlink_domain_of(rates.device):  # the part's own domain (GB200 NVL72)
+        plan = replace(plan, nvlink_domain=nvlink_domain_of(rates.device))
+        print(
+            f"note: {rates.device}: a {plan.nvlink_domain}-GPU NVLink domain (its NVL{plan.nvlink_domain} rack); "
+            "groups inside one use NVLink, not the NIC (--nvlink-domain to change)",
+            file=sys.stderr,
+        )
     from opbench.report.inert import one_line as inert_line  # names from the folder: one line, credentials masked
 
     notes = [inert_line(note) for note in rates.notes]  # rows of --results left out, rates no part has: named
@@ -528,8 +624,8 @@ def _project(
         best, rejected, seen = search(cfg, plan, projector, args.top, args.global_batch is not None)
         rows = [row(cfg, r, i + 1, rates.device, memory_gib) for i, r in enumerate(best)]
         print(
-            f"{cfg.name}, {plan.world} × {rates.device or 'the target'}, seqlen {plan.seqlen}, global batch "
-            f"{plan.global_batch}: {seen} layouts, {sum(rejected.values())} rejected, {len(rows)} best shown"
+            f"{cfg.name}, {plan.world} × {rates.device or 'the target'}, NVLink domain {plan.domain} GPUs, seqlen "
+            f"{plan.seqlen}, global batch {plan.global_batch}: {seen} layouts, {sum(rejected.values())} rejected, {len(rows)} best shown"
         )
         flagged = any(r["status"] == "implausible" for r in rows)  # the column says which are no result
         print(summary_table(rows, SEARCH_COLUMNS + (["status"] if flagged else [])))
@@ -567,6 +663,48 @@ def _project(
             for r in rows:
                 report.append(r)
         print(f"wrote {one_line(csv_path)} ({counted(len(rows), 'row')})")
+
+
+CALIBRATED = {"gemm": "gemm_time", "attention": "attention_time", "memory": "memory_time"}  # class -> Rates method
+
+
+def calibrated(rates: Rates, args: argparse.Namespace) -> Rates:
+    """``--calibration FILE``: each class's times × the factor a profiled step measured for it (``opbench step
+    --calibrate`` writes ``{"factors": {"gemm": …, "attention": …, "memory": …}}``); rates unchanged without it."""
+    path = getattr(args, "calibration", None)
+    if not path:
+        return rates
+    import json
+    import math
+    from dataclasses import replace as _replace
+    from typing import Any
+
+    if args.compute_scale != 1.0:
+        raise UsageError("give --calibration or --compute-scale, not both", field="--calibration")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            factors = json.load(fh).get("factors")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise UsageError(f"cannot read calibration: {one_line(exc)}", source=path, field="factors") from None
+    if not isinstance(factors, dict) or not factors:
+        raise UsageError("no per-class factors (write it with opbench step --calibrate)", source=path, field="factors")
+    for klass, factor in factors.items():
+        ok = isinstance(factor, (int, float)) and not isinstance(factor, bool) and math.isfinite(factor)
+        if klass not in CALIBRATED or not ok or not 1e-6 <= factor <= 1e6:
+            raise UsageError(
+                f"{klass}: {factor!r} is no factor of {sorted(CALIBRATED)} in [1e-6, 1e6]",
+                source=path,
+                field="factors",
+            )
+        method = getattr(rates, CALIBRATED[klass])
+
+        def scaled(*a: Any, _m: Any = method, _f: float = float(factor), _k: str = klass, **kw: Any) -> Any:
+            t = _m(*a, **kw)
+            return _replace(t, seconds=t.seconds * _f, note=f"{t.note}, × {_f:.3g} ({_k}, --calibration)")
+
+        setattr(rates, CALIBRATED[klass], scaled)
+    print(f"calibrated: {', '.join(f'{k} × {float(v):.3g}' for k, v in factors.items())} (--calibration {path})")
+    return rates
 
 
 def _device_memory_gib(device: str | None) -> float | None:

@@ -378,7 +378,9 @@ def op_sac_bytes(cfg: ModelConfig, lay: Layer, plan: Plan) -> int:
     return total
 
 
-def layer_activation_bytes(cfg: ModelConfig, lay: Layer, plan: Plan, profile: str = "fused") -> int:
+def layer_activation_bytes(
+    cfg: ModelConfig, lay: Layer, plan: Plan, profile: str = "fused", compiled: bool = False
+) -> int:
     """Bytes one decoder layer saves for backward per micro-batch (docs/project.md, "Activations"): each block's
     norm input and output (the GEMM input; T/tp of them with sequence parallelism), what the attention kernel
     keeps (q, k, v, output and its fp32 log-sum-exp; gated DeltaNet: its convolution's input and output, gate,
@@ -393,7 +395,7 @@ def layer_activation_bytes(cfg: ModelConfig, lay: Layer, plan: Plan, profile: st
         return t_seq * cfg.hidden_size * e
     if plan.recompute == "op":
         return op_sac_bytes(cfg, lay, plan)
-    parts = activation_parts(cfg, lay, plan, profile)
+    parts = activation_parts(cfg, lay, plan, profile, compiled)
     return sum(n for module, n in parts.items() if module not in recomputed_modules(plan))
 
 
@@ -411,24 +413,29 @@ def has_qk_norm(lay: Layer) -> bool:
     return any(name.endswith(("q_norm.weight", "k_norm.weight")) for name, _ in lay.params)
 
 
-def activation_parts(cfg: ModelConfig, lay: Layer, plan: Plan, profile: str = "fused") -> dict[str, int]:
+def activation_parts(
+    cfg: ModelConfig, lay: Layer, plan: Plan, profile: str = "fused", compiled: bool = False
+) -> dict[str, int]:
     """What a layer saves for backward, by the Megatron-Core module whose selective recomputation
     (``--recompute-modules``) would drop it: ``layernorm`` (the two blocks' norm outputs), ``core_attn`` (what the
     attention kernel keeps beyond its q, k, v inputs: the log-sum-exp, or unfused the scores), ``mla_up_proj`` (MLA's
     up-projected q, k, v), ``mlp`` (a dense MLP's intermediates), ``shared_experts``, ``moe_act`` (the experts'
-    activation output), ``moe`` (everything the routed experts and their router keep) and ``rest``."""
+    activation output), ``moe`` (everything the routed experts and their router keep) and ``rest``. ``compiled``:
+    the eager profile's layer under torch.compile, whose fused kernels keep their inputs, not their elementwise
+    intermediates (torch_compile.py: no fp32 norm copy, x·rsqrt or silu output)."""
     e = element_size(plan.dtype)
     t, h, tp = plan.tokens, cfg.hidden_size, plan.tp
     t_seq = t // tp if plan.sp else t
     eager = profile == "eager"
+    kept = eager and not compiled  # elementwise intermediates kept: PyTorch eager op by op
     parts = dict.fromkeys(RECOMPUTE_MODULES, 0) | {"rest": 0}
     qk_norm = has_qk_norm(lay)
     # two blocks' norm input and output (the GEMMs' input); under sequence parallelism PyTorch's DTensor keeps
     # the all-gathered output, Megatron the local shard (it gathers again in backward, workload.tp_comm_items)
     # (eager: transformers' RMSNorm upcasts its input to fp32 and keeps that copy, EAGER_NORM_INPUT_BYTES)
-    parts["rest"] += 2 * t_seq * h * (EAGER_NORM_INPUT_BYTES if eager else e)
+    parts["rest"] += 2 * t_seq * h * (EAGER_NORM_INPUT_BYTES if kept else e)
     parts["layernorm"] += 2 * (t if eager else t_seq) * h * e
-    if eager:
+    if kept:
         parts["rest"] += 2 * t_seq * h * e  # RMSNorm keeps x·rsqrt (16-bit) besides its input and output
     mla = any(g.layer in ("mla_q_up", "mla_kv_up") for g in lay.gemms)
     for op in lay.attention:
@@ -463,20 +470,20 @@ def activation_parts(cfg: ModelConfig, lay: Layer, plan: Plan, profile: str = "f
             if op.kind == SPARSE:
                 parts["core_attn"] += t * op.window * 4  # the selected key indices (int32)
             if qk_norm:  # q/k norms keep their input (eager: its fp32 copy, and the normalised 16-bit one)
-                parts["rest"] += t * (hq + hkv) * op.head_dim_qk * (EAGER_NORM_INPUT_BYTES + e if eager else e)
+                parts["rest"] += t * (hq + hkv) * op.head_dim_qk * (EAGER_NORM_INPUT_BYTES + e if kept else e)
     local = t // tp if cfg.is_moe else t
     for g in lay.gemms:
         if g.layer in ("mlp_gate_up", "shared_gate_up"):
             width = g.n // 2 // tp
             # gate and up, and their product (down's input)
-            parts["mlp" if g.layer == "mlp_gate_up" else "shared_experts"] += (3 + (1 if eager else 0)) * t * width * e
+            parts["mlp" if g.layer == "mlp_gate_up" else "shared_experts"] += (3 + (1 if kept else 0)) * t * width * e
         elif g.layer == "mlp_up":
             parts["mlp"] += 2 * t * g.n // tp * e
         elif g.layer == "expert_gate_up":
             rows = local * g.top_k * plan.expert_tp
             width = g.n // 2 // plan.expert_tp
             parts["moe_act"] += rows * width * e  # the activation's output (the down projection's input)
-            parts["moe"] += rows * h * e + (2 + (1 if eager else 0)) * rows * width * e
+            parts["moe"] += rows * h * e + (2 + (1 if kept else 0)) * rows * width * e
             parts["moe"] += local * g.experts * 4 * 2  # router logits and probabilities, fp32
             parts["moe"] += rows * h * e  # each expert's output, kept for the routing-weight product
         elif g.layer in ("mla_q_up", "mla_kv_up", "linear_out"):
@@ -570,10 +577,11 @@ def activation_bytes(
     in_flight: int,
     profile: str = "fused",
     all_layers: Sequence[Layer] | None = None,
+    compiled: bool = False,
 ) -> tuple[int, int]:
     """(activations kept at the peak, transient buffers) on stage ``stage`` holding ``in_flight`` micro-batch
     chunks. Transient: the last stage's fp32 logits and their gradient; a recomputed layer's activations under
-    full recomputation."""
+    full recomputation. ``compiled``: decoder layers under torch.compile (``activation_parts``)."""
     layers = stage_layers(cfg, plan, stage, all_layers)
     # a few kinds of layer, many of each; --recompute-method block: the first N of each chunk recomputed, the rest not
     index = Counter[int]()
@@ -584,7 +592,8 @@ def activation_bytes(
     first = {(lay.gemms, lay.attention): lay for _, lay in reversed(layers)}
     plain = replace(plan, recompute="none")
     per_chunk = sum(
-        n * layer_activation_bytes(cfg, first[k[:2]], plan if k[2] else plain, profile) for k, n in kinds.items()
+        n * layer_activation_bytes(cfg, first[k[:2]], plan if k[2] else plain, profile, compiled)
+        for k, n in kinds.items()
     )
     if plan.recompute == "full" and plan.recompute_method == "uniform" and plan.recompute_num_layers > 1:
         # groups of N layers keep one input each (every layer's full-recompute bytes are its input)
@@ -592,7 +601,8 @@ def activation_bytes(
         per_chunk = groups * (plan.tokens // (plan.tp if plan.sp else 1)) * cfg.hidden_size * element_size(plan.dtype)
     kept = per_chunk // max(1, plan.vpp) * in_flight
     if plan.moe_a2a_overlap and layers:  # a combined 1F1B step: the forward's first layers beside all of the chunk
-        kept += max(layer_activation_bytes(cfg, lay, plan, profile) for lay in first.values())  # its backward frees
+        # its backward frees
+        kept += max(layer_activation_bytes(cfg, lay, plan, profile, compiled) for lay in first.values())
     if stage == 0 and plan.hidden_dropout:  # the embedding's dropout mask, one per micro-batch of the first chunk
         kept += plan.tokens // (plan.tp if plan.sp else 1) * cfg.hidden_size * -(-in_flight // max(1, plan.vpp))
     e = element_size(plan.dtype)
@@ -601,7 +611,8 @@ def activation_bytes(
         full = replace(plan, recompute="none")
         buffers += max(  # none (op under TP can keep more than no recomputation: matmul outputs, whole sequences)
             0,
-            *(layer_activation_bytes(cfg, lay, full, profile) - layer_activation_bytes(cfg, lay, plan, profile)
+            *(layer_activation_bytes(cfg, lay, full, profile, compiled)
+              - layer_activation_bytes(cfg, lay, plan, profile, compiled)
               for lay in first.values()),
         ) * (plan.recompute_num_layers if plan.recompute == "full" and plan.recompute_method == "uniform" else 1)  # fmt: skip
     if stage == plan.last_stage:
@@ -642,14 +653,15 @@ def memory(
     layers: Sequence[Layer] | None = None,
     tp_overlap: float = 0.0,
     gpu: bool = True,
+    compiled: bool = False,
 ) -> Memory:
     """Stage ``stage``'s memory per GPU at its peak, holding ``in_flight`` micro-batch chunks (``tp_overlap``, the
     --tp-overlap share: above 0 under sequence parallelism, Transformer Engine's userbuffers overlap TP
     communication, on streams with workspaces of their own; ``gpu``: False for a CPU, which has no math library
-    workspaces, as --validate trains the eager profile there)."""
+    workspaces, as --validate trains the eager profile there; ``compiled``: decoder layers under torch.compile)."""
     sp = known or stage_params(cfg, plan, stage, layers)
     params, grads, opt = state_bytes(sp, plan, profile)
-    acts, buffers = activation_bytes(cfg, plan, stage, in_flight, profile, layers)
+    acts, buffers = activation_bytes(cfg, plan, stage, in_flight, profile, layers, compiled)
     workspace = 0
     if profile == "fused":
         workspace = LIBRARY_WORKSPACE_BYTES + (UB_WORKSPACE_BYTES if tp_overlap > 0 and plan.sp else 0)

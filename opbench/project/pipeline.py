@@ -12,6 +12,7 @@ or the next stage's backward, plus the point-to-point send). Pure Python, no tor
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from opbench.core.errors import UsageError
 
@@ -26,10 +27,11 @@ class StageTimes:
     wgrad: float = 0.0
 
 
-SCHEDULES = ("1f1b", "interleaved", "zero-bubble", "interleaved-zero-bubble", "zbv")
+SCHEDULES = ("1f1b", "interleaved", "zero-bubble", "interleaved-zero-bubble", "zbv", "v-half", "v-min")
 INTERLEAVED = ("interleaved", "interleaved-zero-bubble")  # model chunks (--vpp) as Megatron interleaves them
 ZERO_BUBBLE = ("zero-bubble", "interleaved-zero-bubble")  # 1F1B's and the interleaved order, weight gradients deferred
-V_SHAPED = ("zbv",)  # two chunks per stage in a V: stage s holds pieces s and 2p − 1 − s
+V_SHAPED = ("zbv", "v-half", "v-min")  # two chunks per stage in a V: stage s holds pieces s and 2p − 1 − s
+CONTROLLABLE = ("v-half", "v-min")  # the V of "Pipeline Parallelism with Controllable Memory": less memory, more bubble
 
 
 def piece_of(chunk: int, stage: int, p: int, schedule: str = "1f1b") -> int:
@@ -111,6 +113,125 @@ def _order_zbv(stage: int, p: int, m: int) -> list[tuple[str, int, int]]:
     return [op for op in ops if op[1] < m]
 
 
+Op = tuple[str, int, int]  # (direction, micro-batch, chunk)
+
+
+@lru_cache(maxsize=64)
+def _orders_controllable(p: int, m: int, schedule: str) -> tuple[tuple[Op, ...], ...]:
+    """V-Half and V-Min (Qi et al., "Pipeline Parallelism with Controllable Memory", 2024, section 4), every stage's
+    order as Primus-pipeline builds it (``primus/core/pipeline_parallel/scheduler/algorithms/zbv_greedy.py``, the
+    schedules its pipeline blog measured). On a grid of unit time slots, every micro-batch repeats the paper's
+    stable pattern 6 slots later: on stage s, V-Min puts chunk 0's forward at s, chunk 1's at 2p − s − 1, their
+    input gradients at 2p + g + s (chunk 1) and 4p + g − s − 1 (chunk 0), g = 2 when 3 divides p, else 0; V-Half at
+    2s, 3p − s − 2, 3p + g + 2s − 1 and 6p + g − s − 2, g = 3 for even p, else 0. Weight gradients go into the free
+    slots, oldest first; then every op moves to the earliest free slot its inputs allow, a forward only where the
+    stage stays within the pattern's peak in-flight count; then the cooldown (after the last chunk-1 forward) is
+    squeezed again without that limit, its weight gradients placed last. Primus drops weight gradients that find
+    no slot in the first placement's window; here they run after it (they must run for the step to be right).
+    A stage's order is its ops by slot."""
+    pattern = {
+        "v-min": lambda s, g: ((("F", 0), s), (("F", 1), 2 * p - s - 1), (("B", 1), 2 * p + g + s),
+                               (("B", 0), 4 * p + g - s - 1)),
+        "v-half": lambda s, g: ((("F", 0), 2 * s), (("F", 1), 3 * p - s - 2), (("B", 1), 3 * p + g + 2 * s - 1),
+                                (("B", 0), 6 * p + g - s - 2)),
+    }[schedule]  # fmt: skip
+    gap = (2 if p % 3 == 0 else 0) if schedule == "v-min" else (3 if p % 2 == 0 else 0)
+    delta = {"F": 1, "B": 0, "W": -1}  # chunk activations held: kept at a forward, freed at its weight gradient
+    slots: list[dict[int, tuple[str, int, int]]] = [{} for _ in range(p)]  # stage -> slot -> (kind, chunk, mb)
+    when: list[dict[tuple[str, int, int], int]] = [{} for _ in range(p)]  # stage -> (kind, chunk, mb) -> slot
+    phase: dict[tuple[int, str, int, int], str] = {}
+    for s in range(p):
+        for mb in range(m):
+            for (kind, chunk), t in pattern(s, gap):
+                slots[s][t + 6 * mb] = (kind, chunk, mb)
+                when[s][(kind, chunk, mb)] = t + 6 * mb
+    # weight gradients into the free slots, oldest first; the phase of every op (cooldown: after the last chunk-1 F)
+    held: list[list[int]] = []
+    for s in range(p):
+        queue: list[tuple[str, int, int]] = []
+        now, level, footprint = "warmup", 0, []
+        end = max(slots[s]) + 2
+        t = 0
+        while t <= end or queue:
+            if t in slots[s]:
+                kind, chunk, mb = slots[s][t]
+                phase[(s, kind, chunk, mb)] = now
+                queue += [("W", chunk, mb)] if kind == "B" else []
+                level += delta[kind]
+                if kind == "B" and chunk == 0 and mb == 0:
+                    now = "steady"
+                elif kind == "F" and chunk == 1 and mb == m - 1:
+                    now = "cooldown"
+            elif queue:
+                op = queue.pop(0)
+                slots[s][t], when[s][op], phase[(s, *op)] = op, t, now
+                level -= 1
+            footprint.append(level)
+            t += 1
+        held.append(footprint)
+    limit = max(max(f) for f in held)
+
+    def earliest(s: int, kind: str, chunk: int, mb: int) -> int:
+        t = when[s][(kind, chunk, mb - 1)] if mb > 0 else 0
+        if kind == "W":  # after its own input gradient (its slot is taken, so the search starts past it)
+            return max(t, when[s][("B", chunk, mb)])
+        piece = piece_of(chunk, s, p, "zbv")
+        src = piece - 1 if kind == "F" else piece + 1
+        if 0 <= src < 2 * p:  # the op of the neighbouring piece that sends this one its input
+            t = max(t, when[_v_stage(src, p)][(kind, _v_chunk(src, p), mb)])
+        elif kind == "B":  # the last piece's input gradient waits for its own forward
+            t = max(t, when[s][("F", chunk, mb)])
+        return t + 1
+
+    def move(s: int, t: int, to: int) -> None:
+        op = slots[s].pop(t)
+        slots[s][to], when[s][op] = op, to
+
+    def squeeze(cooldown: bool) -> None:
+        last = max(max(x) for x in slots)
+        pending: list[list[tuple[str, int, int]]] = [[] for _ in range(p)]
+        for t in range(last + 1):
+            for s in range(p):
+                if t not in slots[s]:
+                    continue
+                kind, chunk, mb = op = slots[s][t]
+                if cooldown and phase[(s, *op)] != "cooldown":
+                    continue  # the cooldown's pass leaves the earlier phases as they are
+                if cooldown and kind == "W":
+                    pending[s].append(op)
+                    del slots[s][t]
+                    continue
+                start = earliest(s, kind, chunk, mb)
+                for i in range(start, t):
+                    if i in slots[s]:
+                        continue
+                    if not cooldown:  # within the peak: an op moved earlier holds (or frees) its chunk sooner
+                        if any(held[s][j] + delta[kind] > limit for j in range(i, t)):
+                            continue
+                        for j in range(i, t):
+                            held[s][j] += delta[kind]
+                    move(s, t, i)
+                    break
+        for s in range(p):
+            for op in pending[s]:
+                i = earliest(s, *op)
+                while i in slots[s]:
+                    i += 1
+                slots[s][i], when[s][op] = op, i
+
+    squeeze(cooldown=False)
+    squeeze(cooldown=True)
+    return tuple(tuple((kind, mb, chunk) for _, (kind, chunk, mb) in sorted(slots[s].items())) for s in range(p))
+
+
+def _v_stage(piece: int, p: int) -> int:
+    return piece if piece < p else 2 * p - 1 - piece
+
+
+def _v_chunk(piece: int, p: int) -> int:
+    return 0 if piece < p else 1
+
+
 def _order_interleaved(stage: int, p: int, m: int, v: int) -> list[tuple[str, int, int]]:
     """Megatron's interleaved order: forward k runs chunk (k // p) % v of micro-batch (k // (p·v))·p + k % p;
     backwards run the chunks in reverse. Warm-up: (p − stage − 1)·2 + (v − 1)·p forwards (all of them when that
@@ -165,7 +286,9 @@ def simulate(
     deferred, v_shaped = schedule in ZERO_BUBBLE, schedule in V_SHAPED
     if v_shaped and v != 2:
         raise ValueError("a V-shaped schedule runs two model chunks per stage")
-    if v_shaped:
+    if schedule in CONTROLLABLE:
+        orders = [list(o) for o in _orders_controllable(p, m, schedule)]
+    elif v_shaped:
         orders = [_order_zbv(s, p, m) for s in range(p)]
     else:
         orders = [_order_interleaved(s, p, m, v) if v > 1 else _order_1f1b(s, p, m) for s in range(p)]
@@ -269,7 +392,10 @@ def estimate(
 def in_flight(p: int, m: int, v: int = 1, schedule: str = "1f1b") -> tuple[int, ...]:
     """Micro-batch chunks each stage holds activations for at its peak, by Megatron's warm-up counts (1F1B:
     p − s; interleaved: 2(p − s − 1) + (v − 1)p + 1); a zero-bubble schedule holds the first stage's count on every
-    stage, ZB-V 2p chunks (p micro-batches' worth, as 1F1B's first stage)."""
+    stage, ZB-V 2p chunks (p micro-batches' worth, as 1F1B's first stage); V-Half and V-Min as their orders hold
+    them (a chunk from its forward to its weight gradient)."""
+    if schedule in CONTROLLABLE:
+        return tuple(_peak_held(order) for order in _orders_controllable(p, m, schedule))
     if schedule in V_SHAPED:
         return (min(2 * p, 2 * m),) * p
     if v == 1:
@@ -277,3 +403,12 @@ def in_flight(p: int, m: int, v: int = 1, schedule: str = "1f1b") -> tuple[int, 
     else:
         counts = tuple(min(2 * (p - s - 1) + (v - 1) * p + 1, m * v) for s in range(p))
     return (max(counts),) * p if schedule in ZERO_BUBBLE else counts
+
+
+def _peak_held(order: tuple[Op, ...]) -> int:
+    """The most chunks an order holds activations for at once: one from its forward to its weight gradient."""
+    level = most = 0
+    for kind, _, _ in order:
+        level += {"F": 1, "B": 0, "W": -1}[kind]
+        most = max(most, level)
+    return most

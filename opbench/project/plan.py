@@ -59,6 +59,10 @@ class Plan:
     schedule: str = "1f1b"
     sequence_parallel: bool = True  # with tp > 1 (Megatron's --sequence-parallel)
     gpus_per_node: int = 8
+    # GPUs sharing one NVLink/NVSwitch (or xGMI) fabric: a group inside one talks at the link rate, one that crosses
+    # domains goes through the NICs; None: the node (--gpus-per-node). GB200/GB300 NVL72: 72 (docs/project.md,
+    # "NVLink domains")
+    nvlink_domain: int | None = None
     dtype: str = "bf16"
     grad_dtype: str = "fp32"  # main gradients and their DP reduction without FSDP (Megatron: fp32; NeMo may use bf16)
     # Uneven pipeline pieces, as Megatron-Core's flags: decoder layers of the first and last piece, and the
@@ -140,9 +144,17 @@ class Plan:
         """The stage that runs the last piece (lm_head and the loss): the first in a V."""
         return 0 if self.schedule in V_SHAPED else self.pp - 1
 
+    @property
+    def domain(self) -> int:
+        """GPUs of one NVLink/xGMI domain: --nvlink-domain, else the node."""
+        return self.nvlink_domain or self.gpus_per_node
+
     def spans_nodes(self, group: int, stride: int) -> bool:
-        """Whether a group of ``group`` ranks ``stride`` apart reaches past one node."""
-        return group > 1 and group * stride > self.gpus_per_node
+        """Whether a group of ``group`` ranks ``stride`` apart reaches past one NVLink domain (the node unless
+        --nvlink-domain says more). Ranks are Megatron-Core's order (tp, cp, ep/dp, pp), and a group whose span
+        fits a domain is placed inside one, as a scheduler that hands out whole groups per rack does (Slurm's
+        --segment on NVL72: a domain's GPUs beyond whole groups stay spare)."""
+        return group > 1 and group * stride > self.domain
 
     def piece_layers(self, n_layers: int) -> list[int] | None:
         """Decoder layers of each pipeline piece (piece c·pp + s is model chunk c of stage s), or None when they
@@ -182,9 +194,10 @@ class Plan:
         )
 
     def node_share(self, group: int, stride: int) -> int:
-        """How many ranks of a group of ``group`` ranks ``stride`` apart sit on one node: across nodes a ring
-        collective drives that many NICs per node (one per GPU), so its bus bandwidth scales with it."""
-        return max(1, min(group, self.gpus_per_node // max(1, stride)))
+        """How many ranks of a group of ``group`` ranks ``stride`` apart sit in one NVLink domain (the node by
+        default): across domains a ring collective drives that many NICs per domain (one per GPU), so its bus
+        bandwidth scales with it."""
+        return max(1, min(group, self.domain // max(1, stride)))
 
     def label(self) -> str:
         parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
@@ -369,8 +382,11 @@ def flex_problems(cfg: ModelConfig, plan: Plan) -> list[tuple[str, str]]:
     if plan.ep == 1:
         return [("--ep", "the flex dispatcher dispatches over expert-parallel ranks: give --ep 2 or more")]
     group = plan.ep * plan.expert_tp
-    if group > plan.gpus_per_node and group % plan.gpus_per_node:
-        return [("--ep", f"the flex dispatcher's expert group (ep·etp = {group}) must fill whole nodes or fit in one")]
+    if group > plan.domain and group % plan.domain:
+        where = "NVLink domains" if plan.nvlink_domain else "nodes"
+        return [
+            ("--ep", f"the flex dispatcher's expert group (ep·etp = {group}) must fill whole {where} or fit in one")
+        ]
     return []
 
 
@@ -398,11 +414,13 @@ def _model_chunks(cfg: ModelConfig, pp: int) -> list[int]:
 
 
 def layouts(cfg: ModelConfig, base: Plan, max_tp: int | None = None) -> Iterator[Plan]:
-    """Every layout of ``base.world`` GPUs worth trying: tp up to a node (TP across nodes is never faster), pp,
-    cp, ep (MoE), vpp, mbs, sharding and recompute, each combination yielded once (validity is checked later,
-    so the caller can say why each was rejected)."""
+    """Every layout of ``base.world`` GPUs worth trying: tp up to a node (TP across nodes is never faster), or up
+    to 8 inside an NVLink domain larger than the node (GB200's nodes of 4 in an NVL72 rack), pp, cp, ep (MoE), vpp,
+    mbs, sharding and recompute, each combination yielded once (validity is checked later, so the caller can say why
+    each was rejected)."""
     world = base.world
-    tps = [t for t in _divisors(world) if t <= (max_tp or base.gpus_per_node)]
+    widest = max(base.gpus_per_node, min(base.domain, 8))  # Megatron's recipes stop at TP 8 on NVL72 as on HGX
+    tps = [t for t in _divisors(world) if t <= (max_tp or widest)]
     for tp in tps:
         for pp in _divisors(world // tp):
             for cp in _divisors(world // (tp * pp)):

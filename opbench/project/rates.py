@@ -6,6 +6,7 @@ from the nearest measured row, or, where no CSV covers it, estimated from a stat
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,6 +26,8 @@ from opbench.core.peaks import H100_BF16_MATMUL_SHARE, Peak, lookup_peak
 from opbench.core.plausible import UNIT_OF, how_far, part_range
 from opbench.core.units import counted
 from opbench.gemm.shapes import gemm_bytes, gemm_flops
+
+from .moe_rates import A2A_HIDDEN, IMBALANCE, MoeRows
 
 MEASURED, INTERPOLATED, ESTIMATED = "measured", "interpolated", "estimated"
 # Collectives NCCL/RCCL run as rings (or trees) over every GPU's NIC at once: across nodes their busbw grows with
@@ -50,6 +53,8 @@ class Assumptions:
     memory_bandwidth_gbs: float | None = None  # overrides the measured / peak memory bandwidth
     tp_overlap: float = 0.0  # share of TP/SP collectives hidden behind GEMMs (Megatron --tp-comm-overlap: ~0.6-0.9)
     ep_overlap: float = 0.0  # share of the EP all-to-all hidden (shared-expert / batch-level overlap)
+    moe_imbalance: float = IMBALANCE  # busiest EP rank's routed tokens / the mean (docs/project.md, "MoE cost model")
+    moe_a2a_hidden: float = A2A_HIDDEN  # the most of an all-to-all --moe-a2a-overlap hides (measured: 0.3655)
     cp_overlap: bool = True  # the context-parallel ring overlaps its sends with attention (Megatron/TE do)
     dp_overlap: bool = True  # data-parallel gradient reduction overlaps the last micro-batch's backward
     optimizer_bytes_per_param: float | None = None  # None: by precision (docs/project.md, "Optimizer")
@@ -59,6 +64,18 @@ class Assumptions:
     # Calibration: every compute time (GEMM, attention, memory-bound) × this; --validate on one node of the target
     # measures it (what the step spends beyond its kernels' rates: launch gaps, synchronisation, the framework)
     compute_scale: float = 1.0
+    # torch.compile of every decoder block (--compile): the blocks' memory-bound time × this, of PyTorch eager's;
+    # None: not compiled (torch_compile.py; docs/project.md, "torch.compile")
+    compile_memory_time: float | None = None
+    # Megatron's flags that cost time (megatron_flags.py; docs/project.md, "Flags that cost time"): the algorithm
+    # NCCL's all-reduces are pinned to (NCCL_ALGO), and whether the weight-gradient GEMMs accumulate into the main
+    # gradients (--no-gradient-accumulation-fusion: False)
+    nccl_algo: str = "default"
+    grad_accum_fusion: bool = True
+    # A kernel's fixed cost in µs, added to each kernel a roofline times (launch, ramp-up, drain: what a tiny
+    # kernel takes); None: measured from tiny --results rows, else the vendor's default
+    # (KERNEL_US; docs/project.md, "Fixed cost per kernel")
+    kernel_us: float | None = None
 
 
 # PyTorch eager's elementwise and reduction kernels on a GPU, of the measured copy rate: on an H200 (torch 2.11)
@@ -66,6 +83,14 @@ class Assumptions:
 # moving the 272.7 GB --memory-ops eager counts: 2.49 TB/s, 0.60 of the 4.16 TB/s copy (docs/project.md)
 EAGER_MEMORY_EFFICIENCY = 0.60
 GPU_NAME_WORDS = ("nvidia", "geforce", "tesla", "quadro", "instinct", "radeon")  # in the device names torch reports
+# A kernel's fixed cost by vendor, µs (docs/project.md, "Fixed cost per kernel"): NVIDIA's "Getting Started with CUDA
+# Graphs" (developer.nvidia.com/blog/cuda-graphs, 2019) measures 3.8 µs per kernel for short kernels launched back to
+# back on a stream (2.9 µs of it the kernel itself, V100, CUDA 10.1). No published AMD figure was found: AMD's is
+# NVIDIA's, an estimate. A CPU target has none unless measured or given (--kernel-us).
+KERNEL_US = {"nvidia": 3.8, "amd": 3.8}
+# Rows whose time is their fixed cost: a GEMM of at most 64³ multiply-adds (0.5 MFLOP: under 1 µs of math on any
+# listed part) and a copy of at most 1 MiB (under 1 µs at 1 TB/s); the fastest of each kind counts
+TINY_GEMM_MNK, TINY_COPY_BYTES = 64**3, 1 << 20
 H100_GEMM_EFFICIENCY = 0.75  # what training's bf16 GEMMs reach of an H100's peak without a measured row
 
 
@@ -278,7 +303,7 @@ class Rates:
                 where = f"{folder}/{f.rel}"
                 lines = f.lines if f.lines is not None else [None] * len(f.frame)
                 frames.setdefault(f.kind.benchmark, []).append(f.frame.assign(file=where, _line=lines))
-                if f.kind.benchmark in CHECKED:
+                if f.kind.benchmark in (*CHECKED, "moe"):  # moe: opbench moe rows (moe_rates.py)
                     self.left_out += [
                         LeftOut(where, d.line, d.field, f"{d.why} ({d.detail()})" if d.value else d.why)
                         for d in f.dropped
@@ -307,6 +332,7 @@ class Rates:
 
         self.dtype = dtype
         self.a = assumptions
+        self._kernel: Timed | None = None
         self.gpus_per_node = gpus_per_node
         measured = one_device(measured_on)
         self.device = device or measured
@@ -320,8 +346,11 @@ class Rates:
         (self.attention,) = kind("attention")
         (self.comm,) = kind("comm")
         (self.memory_rows,) = kind("cluster_memory")
+        self.moe = MoeRows(frames.get("moe", []), dtype)  # opbench moe rows (moe_rates.py)
+        self.left_out += [LeftOut(f, line, field, why) for f, line, field, why in self.moe.left_out]
         self.left_out.sort(key=lambda b: (b.file, b.line or 0))
-        if self.left_out and not any(len(f) for f in (self.gemm, self.attention, self.comm, self.memory_rows)):
+        usable = (self.gemm, self.attention, self.comm, self.memory_rows, self.moe.rows)
+        if self.left_out and not any(len(f) for f in usable):
             first = self.left_out[0]
             raise UsageError(
                 f"{first.why}; no usable row is left in --results ({len(self.left_out)} row(s) left out)",
@@ -480,6 +509,13 @@ class Rates:
         attention were used and the figure is not H100's (else None)."""
         if not self.peak:
             return None
+        sibling = self.peak.matmul_of
+        estimate = (
+            f"{self.device} has no published measured matmul of its own: its GEMM and attention rates are datasheet "
+            f"estimates ({sibling}'s measured share of its peak; docs/project.md, 'Parts')"
+            if sibling and ((gemm and not self.a.gemm_efficiency) or (attention and not self.a.attention_efficiency))
+            else None
+        )
         parts = []
         if gemm and not self.a.gemm_efficiency:
             dtypes = [self.dtype, "fp8"] if fp8 and self.dtype != "fp8" else [self.dtype]
@@ -494,7 +530,7 @@ class Rates:
                 [f"{e:.2f} of its {self.dtype} peak for attention"] if round(e, 2) != H100_ATTENTION_EFFICIENCY else []
             )
         if not parts:
-            return None
+            return estimate
         share = ", ".join(
             f"{d} {s:.2f}"
             for d in dict.fromkeys((self.dtype, "fp8" if fp8 else self.dtype))
@@ -504,13 +540,13 @@ class Rates:
             f"what no row covers runs at {', '.join(parts)} on {self.device}: H100's 0.75 (GEMMs) and 0.45 "
             f"(attention) scaled by its best published matmul's share of the peak ({share}) over H100's bf16 "
             f"{H100_BF16_MATMUL_SHARE:.2f} (docs/project.md, 'Rates'; --gemm-efficiency, --attention-efficiency "
-            "set them)"
+            "set them)" + (f"; {estimate}" if estimate else "")
         )
 
     def gemm_time(self, m: int, n: int, k: int, groups: int = 1, fp8: bool = False) -> Timed:
         """The GEMM's time (``_gemm_time``) × the calibration's compute scale; ``fp8``: an FP8 GEMM (``--fp8``),
         from `opbench gemm --dtype fp8` rows or the FP8 peak."""
-        return _scaled(self._gemm_time(m, n, k, groups, fp8), self.a.compute_scale)
+        return _scaled(self.with_fixed(self._gemm_time(m, n, k, groups, fp8)), self.a.compute_scale)
 
     def _gemm_time(self, m: int, n: int, k: int, groups: int = 1, fp8: bool = False) -> Timed:
         """Exact (m, n, k, groups) row; else the measured row nearest in FLOPs (log scale), scaled by FLOPs; else
@@ -540,7 +576,8 @@ class Rates:
 
     def attention_time(self, shape: AttentionShape, batch: int, pass_: str) -> Timed:
         """The attention pass's time (``_attention_time``) × the calibration's compute scale."""
-        return _scaled(self._attention_time(shape, batch, pass_), self.a.compute_scale)
+        kernels = 2 if pass_ == "bwd" else 1  # flash backward: a preprocessing kernel (dO·O) and the main one
+        return _scaled(self.with_fixed(self._attention_time(shape, batch, pass_), kernels), self.a.compute_scale)
 
     def _attention_time(self, shape: AttentionShape, batch: int, pass_: str) -> Timed:
         """The fastest measured backend on exactly this shape; else the same kind's row nearest in FLOPs, scaled;
@@ -602,14 +639,67 @@ class Rates:
             field="--results" if self.asked else "--device",
         )
 
-    def memory_time(self, nbytes: float, eager: bool = False) -> Timed:
-        """A memory-bound operator moving ``nbytes``, × the calibration's compute scale; ``eager``: PyTorch's eager
-        elementwise and reduction kernels, which reach EAGER_MEMORY_EFFICIENCY of the streaming rate on a GPU."""
+    def memory_time(self, nbytes: float, eager: bool = False, kernels: int = 1) -> Timed:
+        """Memory-bound operators moving ``nbytes`` in ``kernels`` kernels, their fixed cost included, × the
+        calibration's compute scale; ``eager``: PyTorch's eager elementwise and reduction kernels, which reach
+        EAGER_MEMORY_EFFICIENCY of the streaming rate on a GPU."""
         bw = self.memory_bandwidth()
         if eager and self.on_gpu:
             note = f"{bw.note} × {EAGER_MEMORY_EFFICIENCY} (eager)"
             bw = replace(bw, seconds=bw.seconds * EAGER_MEMORY_EFFICIENCY, note=note)
-        return _scaled(Timed(nbytes / bw.seconds, bw.source, bw.note), self.a.compute_scale)
+        timed = self.with_fixed(Timed(nbytes / bw.seconds, bw.source, bw.note), kernels, modelled=True)
+        return _scaled(timed, self.a.compute_scale)
+
+    def kernel_cost(self) -> Timed:
+        """A kernel's fixed cost (``seconds``), what a roofline leaves out: --kernel-us; else measured, the mean of the fastest tiny GEMM row
+        (m·n·k at most TINY_GEMM_MNK) and the fastest tiny copy row (at most TINY_COPY_BYTES) the --results hold
+        (either alone where only one is there); else the vendor's (KERNEL_US); 0 on a CPU (docs/project.md, "Fixed
+        cost per kernel")."""
+        if self._kernel is None:
+            self._kernel = self._kernel_cost()
+        return self._kernel
+
+    def _kernel_cost(self) -> Timed:
+        if self.a.kernel_us is not None:
+            return Timed(self.a.kernel_us * 1e-6, ESTIMATED, "--kernel-us")
+        found: list[tuple[float, str]] = []
+        g = self.gemm
+        if not g.empty:
+            tiny = g[(g["m"] * g["n"] * g["k"] * g["groups"]) <= TINY_GEMM_MNK]
+            if not tiny.empty:
+                r = tiny.loc[tiny["time_s"].astype(float).idxmin()]
+                found.append((float(r["time_s"]), f"{r['file']}: {int(r['m'])}x{int(r['n'])}x{int(r['k'])} GEMM"))
+        rows = self.memory_rows
+        if not rows.empty:
+            copy = rows[rows["kernel"].astype(str) == "copy"] if "kernel" in rows else rows
+            tiny = copy[copy["size_bytes"] <= TINY_COPY_BYTES]
+            if not tiny.empty:
+                times = tiny["size_bytes"].astype(float) / (tiny["gbs"].astype(float) * 1e9)
+                i = times.idxmin()
+                found.append((float(times[i]), f"{tiny.loc[i, 'file']}: {int(tiny.loc[i, 'size_bytes'])} B copy"))
+        if found:
+            return Timed(sum(t for t, _ in found) / len(found), MEASURED, "; ".join(n for _, n in found))
+        vendor = self.vendor
+        if vendor:
+            return Timed(KERNEL_US[vendor] * 1e-6, ESTIMATED, f"{vendor} default")
+        return Timed(0.0, ESTIMATED, "no fixed cost (a CPU: --kernel-us sets one)")
+
+    @property
+    def vendor(self) -> str | None:
+        """'amd' or 'nvidia' for a GPU target, None for a CPU."""
+        if not self.on_gpu:
+            return None
+        return "amd" if re.search(r"\bmi\d|instinct|radeon|amd", (self.device or "").lower()) else "nvidia"
+
+    def with_fixed(self, t: Timed, kernels: int = 1, modelled: bool = False) -> Timed:
+        """``t`` plus the fixed cost of its ``kernels`` kernels where ``t`` is a model's (a roofline has none; a
+        measured or interpolated row holds its own, timed back to back); ``modelled``: bytes over a bandwidth, a
+        model whatever the bandwidth's source."""
+        cost = kernels * self.kernel_cost().seconds
+        if not cost or t.seconds == 0 or (t.source != ESTIMATED and not modelled):
+            return t
+        note = f"{t.note}; + {kernels} kernel(s) × {cost / kernels * 1e6:.3g} µs fixed"
+        return Timed(t.seconds + cost, t.source, note)
 
     @property
     def on_gpu(self) -> bool:

@@ -13,10 +13,12 @@ from dataclasses import replace
 from typing import Any
 
 from opbench.core.errors import UsageError
+from opbench.core.peaks import nvlink_domain_of
 from opbench.core.redact import redact_text
 from opbench.core.units import one_line
 from opbench.models import ModelConfig
 
+from .megatron_flags import nccl_algo
 from .memory import GIB
 from .pipeline import in_flight
 from .plan import (
@@ -28,6 +30,7 @@ from .plan import (
 from .rates import Assumptions
 from .schema import COMM_KINDS, SCHEMA
 from .step import Projection, Projector
+from .torch_compile import compile_factor
 
 CSV_NAME = "project.csv"
 # The layout flags --search chooses itself (plan.layouts), by their argparse names
@@ -66,11 +69,17 @@ def assumptions(args: argparse.Namespace) -> Assumptions:
         memory_bandwidth_gbs=args.memory_bandwidth_gbs,
         tp_overlap=args.tp_overlap,
         ep_overlap=args.ep_overlap,
+        moe_imbalance=args.moe_imbalance,
+        moe_a2a_hidden=args.moe_a2a_hidden,
         cp_overlap=not args.no_cp_overlap,
         dp_overlap=not args.no_dp_overlap,
         optimizer_bytes_per_param=args.optimizer_bytes_per_param,
-        memory_ops=args.memory_ops,
+        memory_ops="eager" if compile_factor(args) is not None else args.memory_ops,  # --compile: torch's own ops
         compute_scale=args.compute_scale,
+        compile_memory_time=compile_factor(args),
+        nccl_algo=nccl_algo(args),
+        grad_accum_fusion=getattr(args, "gradient_accumulation_fusion", True),
+        kernel_us=getattr(args, "kernel_us", None),
     )
 
 
@@ -138,6 +147,7 @@ def base_plan(cfg: ModelConfig, args: argparse.Namespace) -> Plan:
         embedding_as_layer=args.account_for_embedding_in_pipeline_split,
         loss_as_layer=args.account_for_loss_in_pipeline_split,
         gpus_per_node=args.gpus_per_node,
+        nvlink_domain=getattr(args, "nvlink_domain", None) or nvlink_domain_of(getattr(args, "device", None)),
         dtype=args.dtype,
     )
     if args.global_batch and args.microbatches:

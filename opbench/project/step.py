@@ -11,15 +11,16 @@ from dataclasses import dataclass, field, replace
 from opbench.attention.flops import attention_flops
 from opbench.attention.shapes import model_attention_shapes
 from opbench.core.dtypes import element_size
-from opbench.gemm.shapes import gemm_shapes
+from opbench.gemm.shapes import gemm_shapes, padded_vocab
 from opbench.models import ModelConfig
 from opbench.models.architectures import decoder_layers
 
 from . import memory as mem
+from .megatron_flags import pinned_allreduce, unfused_accumulation_bytes
 from .pipeline import ScheduleResult, StageTimes, estimate, simulate
 from .plan import Plan, check
 from .rates import ESTIMATED, INTERPOLATED, MEASURED, Rates, Timed
-from .workload import COMPUTE_KINDS, Item, Work, embedding_work, head_work, layer_work, mtp_work
+from .workload import COMPUTE_KINDS, MEMORY, Item, Work, embedding_work, head_work, layer_work, mtp_work
 
 # Bytes the optimizer reads and writes per parameter (docs/project.md, "Optimizer"): a fused Adam reads gradient,
 # master weight and two moments and writes the last three (and the 16-bit copy in mixed precision); PyTorch's
@@ -105,6 +106,18 @@ class Projector:
             self._work[key] = layer_work(self.cfg, lay, plan, self.rates, self.profile)
         return self._work[key]
 
+    def _unfused_accumulation(self, plan: Plan, stage: int, chunk: int) -> Work:
+        """Megatron's gradient accumulation without its fusion, one micro-batch of chunk ``chunk``: the backward hook
+        adds each linear weight's gradient into its main gradient (megatron_flags.py). Counted over the chunk's
+        decoder layers (norms and biases, a few per mille, included) and lm_head on the last piece."""
+        weights = sum(mem.layer_numel(lay, plan) for c, lay in mem.stage_layers(self.cfg, plan, stage, self.layers)
+                      if c == chunk)  # fmt: skip
+        if plan.piece(chunk, stage) == plan.pp * plan.vpp - 1:
+            weights += padded_vocab(self.cfg.vocab_size, plan.tp) // plan.tp * self.cfg.hidden_size
+        nbytes = unfused_accumulation_bytes(weights, plan.dtype, mem.grad_bytes_per_param(plan))
+        timed = self.rates.memory_time(nbytes)
+        return Work((), (Item(MEMORY, "gradient accumulation (unfused)", timed, timed.seconds),))
+
     def stage_work(self, plan: Plan) -> list[list[Work]]:
         """work[stage][chunk]: one micro-batch through that piece of the model."""
         out = []
@@ -125,6 +138,8 @@ class Projector:
                         depth = mtp_work(self.cfg, plan, self.rates)
                         for _ in range(plan.mtp_layers):
                             chunks[c] = chunks[c] + depth
+            if not self.rates.a.grad_accum_fusion:  # --no-gradient-accumulation-fusion (megatron_flags.py)
+                chunks = [w + self._unfused_accumulation(plan, s, c) for c, w in enumerate(chunks)]
             out.append(chunks)
         return out
 
@@ -132,7 +147,10 @@ class Projector:
         """One stage's memory per GPU at its peak, holding ``in_flight`` micro-batch chunks."""
         sp = self.stage_params(plan, stage)
         overlap = self.rates.a.tp_overlap
-        return mem.memory(self.cfg, plan, stage, in_flight, self.profile, sp, self.layers, overlap, self.rates.on_gpu)
+        compiled = self.rates.a.compile_memory_time is not None  # --compile: the blocks keep what Inductor saves
+        return mem.memory(
+            self.cfg, plan, stage, in_flight, self.profile, sp, self.layers, overlap, self.rates.on_gpu, compiled
+        )
 
     def memory(self, plan: Plan, in_flight: tuple[int, ...]) -> tuple[mem.Memory, int]:
         per_stage = [self.stage_memory(plan, s, in_flight[s]) for s in range(plan.pp)]
@@ -210,7 +228,11 @@ class Projector:
                     dp_items.append(Item("dp_comm", "FSDP gathers and reduce-scatters", fsdp_comm[0], fsdp_comm[1]))
             elif groups and not fsdp:
                 grad_bytes = mem.grad_bytes_per_param(plan)
-                ar = _summed(rates.collective_time("all_reduce", n * grad_bytes, r, i, k) for n, r, i, k in groups)
+                ar = _summed(
+                    pinned_allreduce(rates.a, rates.collective_time("all_reduce", n * g, r, i, k), n * g, r, i, k)
+                    for n, r, i, k in groups
+                    for g in (grad_bytes,)
+                )  # --nccl-algo: NCCL's model of the pinned algorithm (megatron_flags.py)
                 exposed = max(0.0, ar.seconds - (last_bwd if rates.a.dp_overlap else 0.0))
                 dp_items.append(Item("dp_comm", "DP all-reduce", ar, exposed))
             opt_numel = (

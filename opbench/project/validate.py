@@ -415,8 +415,17 @@ def _tracked_peak(model: Any, optimizer: Any, batch: Any, fsdp: bool) -> int | N
         return None
 
 
-def train(cfg: ModelConfig, plan: Plan, steps: int, device: str, rank: int = 0, world: int = 1) -> Measured:
-    """Real training steps: micro-batches of random tokens, forward + backward each, then AdamW."""
+def train(
+    cfg: ModelConfig,
+    plan: Plan,
+    steps: int,
+    device: str,
+    rank: int = 0,
+    world: int = 1,
+    compile_blocks: bool = False,
+) -> Measured:
+    """Real training steps: micro-batches of random tokens, forward + backward each, then AdamW. ``compile_blocks``:
+    every decoder layer through torch.compile first (Inductor), as torchtitan compiles each block before FSDP."""
     import torch
 
     from opbench.models.hf import build_model, decoder_layer_list
@@ -435,6 +444,9 @@ def train(cfg: ModelConfig, plan: Plan, steps: int, device: str, rank: int = 0, 
         experts_implementation=experts,
     )
     model.train()
+    if compile_blocks:  # torchtitan's apply_compile: each block on its own, before fully_shard
+        for layer in decoder_layer_list(model, cfg):
+            layer.compile()
     optimizer: Any
     if fsdp:  # the recipe the projection assumes for FSDP: param_dtype 16-bit, reduce_dtype fp32 (torchtitan's)
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -515,6 +527,7 @@ def _worker(
     device: str,
     out: str,
     timeout_s: float = 300.0,
+    compile_blocks: bool = False,
 ) -> None:
     import datetime
     import json
@@ -533,7 +546,7 @@ def _worker(
         "nccl" if gpu is not None else "gloo", rank=rank, world_size=world, timeout=timeout, device_id=gpu
     )
     try:
-        m = train(cfg, plan, steps, device, rank, world)
+        m = train(cfg, plan, steps, device, rank, world, compile_blocks)
         times = torch.tensor(m.step_s, device=gpu)  # NCCL reduces GPU tensors only
         dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a step ends when the slowest rank's does
         if rank == 0:
@@ -542,7 +555,9 @@ def _worker(
         dist.destroy_process_group()
 
 
-def train_distributed(cfg: ModelConfig, plan: Plan, steps: int, device: str, timeout_s: float = 300.0) -> Measured:
+def train_distributed(
+    cfg: ModelConfig, plan: Plan, steps: int, device: str, timeout_s: float = 300.0, compile_blocks: bool = False
+) -> Measured:
     """Train on ``plan.world`` ranks (spawned); a rank that dies, fails or hangs past ``timeout_s`` in a collective
     ends it with RankFailed (the others are stopped), never a traceback or a wait without end."""
     import json
@@ -554,7 +569,7 @@ def train_distributed(cfg: ModelConfig, plan: Plan, steps: int, device: str, tim
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank0.json")
-        args = (plan.world, port, cfg, plan, steps, device, out, timeout_s)
+        args = (plan.world, port, cfg, plan, steps, device, out, timeout_s, compile_blocks)
         ctx = mp.start_processes(_worker, args=args, nprocs=plan.world, join=False, start_method="spawn")
         try:
             while not ctx.join(timeout=1.0):
@@ -733,7 +748,8 @@ def validate(cfg: ModelConfig, plan: Plan, args: argparse.Namespace) -> int:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"cannot create the folder: {describe_os_error(exc)}", source=str(folder)) from None
-    stated = replace(assumptions(args), memory_ops="eager")  # transformers' model runs its operators op by op
+    # transformers' model runs its operators op by op; --compile trains it compiled as well, projected below
+    stated = replace(assumptions(args), memory_ops="eager", compile_memory_time=None)
     if device == "cpu":  # gloo's collectives run on the same cores as the compute: nothing hides behind it
         stated = replace(stated, dp_overlap=False, cp_overlap=False)
     elif plan.dtype != "fp32" and plan.sharding != "fsdp":  # MainGradAdamW reduces its buffer after backward
@@ -785,6 +801,14 @@ def validate(cfg: ModelConfig, plan: Plan, args: argparse.Namespace) -> int:
                 "(docs/project.md, 'Validation')",
                 file=sys.stderr,
             )
+    compiled_rows: list[tuple[str, float, float]] = []
+    compiled_ok = True
+    if getattr(args, "compile", False):
+        try:
+            compiled_rows = validate_compile(cfg, plan, args, rates, projection, measured, scale, device)
+        except CompileFailed as exc:
+            print(f"opbench project: error: --compile: {one_line(redact_text(str(exc)))}", file=sys.stderr)
+            compiled_ok = False
     meta = environment(None, {"model_config": cfg.to_dict(), "plan": plan.__dict__, "steps": measured.step_s})
     with CsvReport(folder / "project_validate.csv", VALIDATE_SCHEMA, meta, earlier=earlier_policy(args)) as out:
         for key, projected, got in rows:
@@ -799,5 +823,94 @@ def validate(cfg: ModelConfig, plan: Plan, args: argparse.Namespace) -> int:
                     "ratio": projected / got if got else None,
                 }
             )
+        if compiled_rows:
+            for key, projected, got in compiled_rows:
+                out.append(
+                    {
+                        "model": cfg.name,
+                        "layout": plan.label(),
+                        "world_size": plan.world,
+                        "quantity": f"compiled_{key}",
+                        "projected": projected,
+                        "measured": got,
+                        "ratio": projected / got if got else None,
+                    }
+                )
     print(f"wrote {one_line(str(folder / 'project_validate.csv'))}")
-    return 0
+    return 0 if compiled_ok else 1
+
+
+class CompileFailed(Exception):
+    """torch.compile could not compile the model here (no C++ compiler for Inductor's CPU kernels, an operator it
+    cannot trace): one line, exit 1, after the eager comparison."""
+
+
+def validate_compile(
+    cfg: ModelConfig,
+    plan: Plan,
+    args: argparse.Namespace,
+    rates: Rates,
+    eager: Projection,
+    measured: Measured,
+    scale: float | None,
+    device: str,
+) -> list[tuple[str, float, float]]:
+    """``--validate --compile``: train the same layout with every decoder block compiled, set the compiled projection
+    beside it, and print compile's effect as measured and as projected: step time, activations and peak, compiled
+    over eager, and the ``--compile-memory-time`` the two measured steps imply (torch_compile.py)."""
+    from torch._dynamo.exc import TorchDynamoException
+
+    from .torch_compile import compile_factor, implied_memory_time
+
+    factor = compile_factor(args)
+    assert factor is not None  # --compile is set
+    t0 = time.perf_counter()
+    try:
+        if plan.world > 1:
+            got = train_distributed(cfg, plan, args.steps, device, args.timeout, compile_blocks=True)
+        else:
+            got = train(cfg, plan, args.steps, device, compile_blocks=True)
+    except TorchDynamoException as exc:  # BackendCompilerFailed, InductorError (a missing C++ compiler among them)
+        raise CompileFailed(f"torch.compile failed here ({type(exc).__name__}: {exc})") from None
+    print(f"\ntrained {cfg.name} compiled (torch.compile of every decoder block): {args.steps} timed steps "
+          f"({time.perf_counter() - t0:.0f} s, compiling included)")  # fmt: skip
+    projector = Projector(cfg, _with_compile(rates, factor), profile="eager")
+    projection = projector.project(plan)
+    one = projector.project(replace(plan, global_batch=plan.mbs * plan.dp)).memory.total if device == "cpu" else None
+    rows = comparison(projection, got, device == "cuda", one)
+    print(report(rows, got, on_cpu=device == "cpu"))
+    # compile's effect, compiled over eager, as measured here and as projected
+    effect = [("step time", projection.step_s / eager.step_s, got.median_s / measured.median_s)]
+    if got.activations and measured.activations:
+        effect.append(("activations", projection.memory.activations / eager.memory.activations,
+                       got.activations / measured.activations))  # fmt: skip
+    if device == "cuda":
+        peak, eager_peak = got.peak, measured.peak
+        projected = projection.memory.total / eager.memory.total
+    else:  # the CPU's tracked step runs one micro-batch: its projection too
+        peak, eager_peak = got.peak_one_microbatch, measured.peak_one_microbatch
+        one_eager = Projector(cfg, rates, profile="eager").project(replace(plan, global_batch=plan.mbs * plan.dp))
+        projected = (one or 0) / one_eager.memory.total
+    if peak and eager_peak:
+        effect.append(("peak memory" + ("" if device == "cuda" else ", one micro-batch"), projected, peak / eager_peak))
+    print("torch.compile's effect, compiled / eager:  projected  measured")
+    for name, proj, meas in effect:
+        print(f"  {name:<38}  {proj:9.3f}  {meas:8.3f}")
+    # the blocks' memory-bound time in the eager step: what a factor of 0 would remove, in measured terms
+    none = Projector(cfg, _with_compile(rates, 0.0), profile="eager").project(plan)
+    memory_s = (eager.step_s - none.step_s) * (scale / rates.a.compute_scale if scale else 1.0)
+    implied = implied_memory_time(measured.median_s, got.median_s, memory_s)
+    if implied is not None:
+        print(
+            f"the two measured steps imply --compile-memory-time {implied:.3g} (the blocks' memory-bound time "
+            f"compiled, of eager's, here; projected with {factor:.3g}); steps timed minutes apart move with this "
+            "machine's load: pass it for this machine's kind only after a run on a quiet one"
+        )
+    return rows
+
+
+def _with_compile(rates: Rates, factor: float) -> Rates:
+    """The same measured rates projecting every decoder block compiled, its memory-bound time × ``factor``."""
+    compiled = copy.copy(rates)
+    compiled.a = replace(rates.a, compile_memory_time=factor)
+    return compiled

@@ -12,13 +12,16 @@ from dataclasses import dataclass, replace
 from opbench.attention.flops import attention_flops
 from opbench.attention.shapes import AttentionShape, operator_shape
 from opbench.core.dtypes import element_size
-from opbench.gemm.shapes import LinearLayer, layer_gemms, lm_head_gemm, pass_shape
+from opbench.gemm.shapes import LinearLayer, gemm_flops, layer_gemms, lm_head_gemm, pass_shape
 from opbench.models import ModelConfig
-from opbench.models.layout import ALL, COLUMN, LINEAR, REPLICATED, Gemm, Layer
+from opbench.models.layout import ALL, CHUNKED, COLUMN, FULL, LINEAR, REPLICATED, SLIDING, Gemm, Layer
 
+from .megatron_flags import pinned_allreduce
 from .memory import has_qk_norm, op_matmuls
+from .moe_rates import EXPERT_PHASES, TOKEN_PHASES, MoeShape, PhaseTime, k_share
 from .plan import Plan, fp8_gemm
-from .rates import Rates, Timed
+from .rates import ESTIMATED, INTERPOLATED, MEASURED, Rates, Timed
+from .torch_compile import compiled
 
 # Item categories, the columns of the breakdown
 GEMM, ATTENTION, MEMORY = "gemm", "attention", "memory"
@@ -66,11 +69,31 @@ def _compute(category: str, name: str, timed: Timed) -> Item:
 def _gemm_items(rates: Rates, g: LinearLayer, fp8: bool = False) -> tuple[list[Item], list[Item]]:
     fwd: list[Item] = []
     bwd: list[Item] = []
+    expert = _in_moe_block(g.name)
     for p in ("fwd", "dgrad", "wgrad"):
         m, n, k, _, _ = pass_shape(p, g.tokens, g.n, g.k)
-        item = _compute(GEMM, f"{g.name} {p}", rates.gemm_time(m, n, k, g.groups, fp8))
+        t = expert_gemm_time(rates, m, n, k, g.groups, fp8) if expert else rates.gemm_time(m, n, k, g.groups, fp8)
+        item = _compute(GEMM, f"{g.name} {p}", t)
         (fwd if p == "fwd" else bwd).append(item)
     return fwd, bwd
+
+
+def expert_gemm_time(rates: Rates, m: int, n: int, k: int, groups: int = 1, fp8: bool = False) -> Timed:
+    """A routed experts' grouped GEMM: a measured row as any GEMM's; estimated, its math runs at ``k_share`` of the
+    dense estimate's rate, as its reduction width ``k`` sets (the experts' width, or in the weight gradient the rows
+    each expert got: narrow experts and few rows per expert run below a large GEMM's rate; docs/project.md, "MoE
+    cost model")."""
+    t = rates.gemm_time(m, n, k, groups, fp8)
+    share = k_share(k, fp8)
+    if t.source != ESTIMATED or share >= 1.0 or rates.peak is None:
+        return t
+    dtype = "fp8" if fp8 else rates.dtype
+    peak = rates.peak.tflops(dtype)
+    if not peak:
+        return t
+    math_s = gemm_flops(m, n, k, groups) / (peak * 1e12 * rates.gemm_efficiency(dtype)) * rates.a.compute_scale
+    note = f"{t.note}; reduction over {k} at {share:.2f} of a large GEMM's rate"
+    return Timed(t.seconds + math_s * (1 / share - 1), ESTIMATED, note)
 
 
 def fp8_cast_bytes(plan: Plan, g: LinearLayer) -> tuple[float, float]:
@@ -100,6 +123,10 @@ def _attention_items(rates: Rates, shape: AttentionShape, plan: Plan) -> tuple[I
     """One rank's attention for a micro-batch. With context parallelism the rank computes its seqlen/cp queries
     against the whole sequence in cp ring steps, load-balanced: 1/cp of the full causal work, timed at the rate
     the one-step shape achieves."""
+    if plan.unfused_attention and shape.attn_kind in UNFUSED_KINDS:
+        fwd, bwd = (unfused_attention_time(rates, shape, plan, p) for p in ("fwd", "bwd"))
+        name = f"{shape.attn_kind} attention (unfused)"
+        return _compute(ATTENTION, name + " fwd", fwd), _compute(ATTENTION, name + " bwd", bwd)
     fwd = rates.attention_time(shape, plan.mbs, "fwd")
     bwd = rates.attention_time(shape, plan.mbs, "bwd")
     if plan.cp > 1 and shape.attn_kind != LINEAR:
@@ -108,6 +135,41 @@ def _attention_items(rates: Rates, shape: AttentionShape, plan: Plan) -> tuple[I
         fwd, bwd = (Timed(t.seconds * scale, t.source, t.note) for t in (fwd, bwd))
     name = f"{shape.attn_kind} attention"
     return _compute(ATTENTION, name + " fwd", fwd), _compute(ATTENTION, name + " bwd", bwd)
+
+
+UNFUSED_KINDS = (FULL, SLIDING, CHUNKED)  # softmax attention: what Megatron's unfused core attention runs
+
+
+def unfused_scores_bytes(plan: Plan, scores: int, pass_: str) -> float:
+    """Bytes the elementwise passes over the score matrix move besides the batched GEMMs' own operands
+    (docs/project.md, "Unfused attention"): forward the fused scale-mask-softmax reads the scores and writes the
+    probabilities (2e per score), dropout reads them and writes its 1-byte mask and the dropped copy (2e + 1);
+    backward dropout reads the gradient and the mask and writes (2e + 1), the softmax backward reads the
+    probabilities and their gradient and writes the scores' gradient (3e)."""
+    e = element_size(plan.dtype)
+    drop = (2 * e + 1) if plan.attention_dropout else 0
+    return scores * ((2 * e if pass_ == "fwd" else 3 * e) + drop)
+
+
+def unfused_attention_time(rates: Rates, shape: AttentionShape, plan: Plan, pass_: str) -> Timed:
+    """Megatron-Core's unfused core attention (``DotProductAttention``: baddbmm Q·Kᵀ over every query head, the
+    fused scale-mask-softmax, dropout, bmm P·V) for one rank and micro-batch: its batched GEMMs at the GEMM rate
+    (forward Q·Kᵀ and P·V; backward dP = dO·Vᵀ, dV = Pᵀ·dO, dQ = dS·K, dK = dSᵀ·Q), each over b·h/tp batches of the
+    whole s/cp × s matrix (masked scores are computed too), plus the elementwise passes over the scores at the
+    memory rate (``unfused_scores_bytes``)."""
+    sq, sk, batches = plan.seqlen // plan.cp, plan.seqlen, plan.mbs * shape.num_head_q
+    dqk, dv = shape.head_dim_qk, shape.head_dim_v
+    if pass_ == "fwd":
+        shapes = [(sq, sk, dqk), (sq, dv, sk)]
+    else:
+        shapes = [(sq, sk, dv), (sk, dv, sq), (sq, dqk, sk), (sk, dqk, sq)]
+    gemms = [rates.gemm_time(m, n, k, batches) for m, n, k in shapes]
+    passes = (1 if pass_ == "fwd" else 2) + (1 if plan.attention_dropout else 0)
+    elementwise = rates.memory_time(unfused_scores_bytes(plan, batches * sq * sk, pass_), kernels=passes)
+    parts = [*gemms, elementwise]
+    source = ESTIMATED if any(t.source == ESTIMATED for t in parts) else INTERPOLATED
+    note = f"unfused: {len(gemms)} batched GEMMs ({gemms[0].note}) + softmax passes ({elementwise.note})"
+    return Timed(sum(t.seconds for t in parts), source, note)
 
 
 def memory_bytes(cfg: ModelConfig, lay: Layer, plan: Plan) -> float:
@@ -130,14 +192,48 @@ def memory_bytes(cfg: ModelConfig, lay: Layer, plan: Plan) -> float:
         elif g.layer == "mlp_up":
             total += 2 * t * g.n // tp * e  # GELU: read, write
         elif g.layer == "expert_gate_up":
-            total += routing_bytes(g, t // tp, h, e)
+            total += routing_bytes(g, t // tp, h, e, sorts_chunks(plan, g))
     return total + expert_memory_bytes(lay, plan)
 
 
-def routing_bytes(g: Gemm, local: int, h: int, e: int) -> int:
+# Kernels one layer's memory-bound operators launch (docs/project.md, "Fixed cost per kernel"). Fused (Megatron-Core
+# with Transformer Engine): per block a norm and a residual add (dropout fused in), fused RoPE on q and on k, the
+# fused activation; backward each again, the norms' weight-gradient reduction besides. Eager, op by op as transformers
+# runs them: an RMSNorm is 8 kernels (upcast, pow, mean, add eps, rsqrt, mul, downcast, × weight), rotary 5 on each
+# of q and k (× cos, neg, cat, × sin, add), the attention output's transpose copy, SwiGLU's silu and mul, a residual
+# add; backward about twice as many. A MoE layer's router adds softmax/top-k and the permutation there and back.
+FUSED_KERNELS = {"norm": 1, "add": 1, "rotary": 2, "act": 1, "router": 3, "permute": 2}
+EAGER_KERNELS = {"norm": 8, "add": 1, "rotary": 10, "act": 2, "router": 6, "permute": 4, "transpose": 1}
+
+
+def memory_kernels(cfg: ModelConfig, lay: Layer, eager: bool) -> tuple[int, int]:
+    """(forward, backward) kernels the memory-bound operators ``memory_bytes`` (or ``eager_memory_bytes``) counts
+    launch for one layer and micro-batch."""
+    k = EAGER_KERNELS if eager else FUSED_KERNELS
+    fwd = 2 * (k["norm"] + k["add"])
+    for op in lay.attention:
+        if op.kind not in (LINEAR, "indexer"):
+            fwd += k["rotary"] + k.get("transpose", 0) + (2 * k["norm"] if eager and has_qk_norm(lay) else 0)
+    for g in lay.gemms:
+        if g.layer in ("mlp_gate_up", "shared_gate_up", "mlp_up"):
+            fwd += k["act"]
+        elif g.layer == "expert_gate_up":
+            fwd += k["router"] + k["permute"] + k["act"]
+    return fwd, 2 * fwd + 2  # backward: each again, twice the work, and the norms' weight gradients
+
+
+def routing_bytes(g: Gemm, local: int, h: int, e: int, sort: bool = False) -> int:
     """A MoE layer's router softmax and top-k over fp32 logits and the token permutation there and back (read and
-    write each) for ``local`` tokens, forward."""
-    return 2 * local * g.experts * 4 + 4 * local * g.top_k * h * e
+    write each) for ``local`` tokens, forward; ``sort``: the all-to-all dispatcher's regrouping of the received
+    tokens by local expert after the dispatch and back before the combine (read and write each) as well."""
+    return 2 * local * g.experts * 4 + (8 if sort else 4) * local * g.top_k * h * e
+
+
+def sorts_chunks(plan: Plan, g: Gemm) -> bool:
+    """Whether Megatron's all-to-all dispatcher sorts the tokens it received by local expert (``sort_chunks_by_idxs``
+    in ``token_dispatcher.py``: with EP and more than one local expert); the flex dispatcher permutes once, after
+    its dispatch."""
+    return plan.dispatcher != "flex" and plan.ep > 1 and g.experts // plan.ep > 1
 
 
 # Bytes per element that PyTorch eager's operators read and write, op by op, where transformers' model runs them
@@ -193,7 +289,7 @@ def eager_memory_bytes(cfg: ModelConfig, lay: Layer, plan: Plan) -> tuple[float,
             width = t * g.n // tp
             fwd, bwd = fwd + 2 * e * width, bwd + 3 * e * width
         elif g.layer == "expert_gate_up":
-            routing = routing_bytes(g, t // tp, h, e)
+            routing = routing_bytes(g, t // tp, h, e, sorts_chunks(plan, g))
             # the tokens a rank's experts see, as expert_memory_bytes counts them
             width = plan.tokens // tp * g.top_k * plan.expert_tp * (g.n // 2 // plan.expert_tp)
             fwd, bwd = fwd + routing + 5 * e * width, bwd + 2 * routing + 9 * e * width
@@ -227,7 +323,10 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
     bwd: list[Item] = []
     cast_fwd = cast_bwd = expert_cast = 0.0
     in_fp8: set[str] = set()
+    measured = measured_moe(cfg, lay, plan, rates)
     for g in layer_gemms(lay, t, local, par):
+        if isinstance(measured, tuple) and g.name in MEASURED_GEMMS:
+            continue  # opbench moe's rows time them
         fp8 = fp8_gemm(plan, g.name, g.n, g.k, g.groups)
         in_fp8 |= {g.name} if fp8 else set()
         f, b = _gemm_items(rates, g, fp8)
@@ -244,11 +343,26 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
         attn_fwd.append(af)
         fwd.append(af)
         bwd.append(ab)
+    if isinstance(measured, str):  # the estimate stands: its expert GEMMs' notes say why no row was used
+        fwd = [_noted(i, measured) if i.category == GEMM and _in_moe_block(i.name) else i for i in fwd]
     mem = memory_bytes(cfg, lay, plan)
     eager = rates.a.memory_ops == "eager"
     mem_fwd, mem_bwd = eager_memory_bytes(cfg, lay, plan) if eager else (mem, 2 * mem)
-    fwd.append(_compute(MEMORY, "norms, residuals, rotary, activations", rates.memory_time(mem_fwd, eager)))
-    bwd.append(_compute(MEMORY, "norms, residuals, rotary, activations", rates.memory_time(mem_bwd, eager)))
+    # the busiest expert-parallel rank's experts see imbalance × the mean tokens (docs/project.md, "MoE cost model")
+    imbalance = rates.a.moe_imbalance if lay.moe and plan.ep > 1 else 1.0
+    expert_bytes = 0 if isinstance(measured, tuple) else expert_memory_bytes(lay, plan)
+    extra = (imbalance - 1) * expert_bytes
+    if isinstance(measured, tuple):
+        moe_f, moe_b = moe_memory_bytes(cfg, lay, plan, eager)
+        mem, mem_fwd, mem_bwd = mem - moe_f if not eager else mem, mem_fwd - moe_f, mem_bwd - moe_b
+    mem, mem_fwd, mem_bwd = mem + extra, mem_fwd + extra, mem_bwd + 2 * extra
+    k_fwd, k_bwd = memory_kernels(cfg, lay, eager)
+    mem_f, mem_b = (compiled(rates.a, rates.memory_time(n, eager, k)) for n, k in ((mem_fwd, k_fwd), (mem_bwd, k_bwd)))
+    fwd.append(_compute(MEMORY, "norms, residuals, rotary, activations", mem_f))  # compiled: --compile fuses them
+    bwd.append(_compute(MEMORY, "norms, residuals, rotary, activations", mem_b))
+    if isinstance(measured, tuple):
+        fwd += measured[0]
+        bwd += measured[1]
     if cast_fwd:
         fwd.append(_compute(MEMORY, "FP8 casts", rates.memory_time(cast_fwd)))
         bwd.append(_compute(MEMORY, "FP8 casts", rates.memory_time(cast_bwd)))
@@ -269,7 +383,7 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
         stride = plan.expert_tp
         if plan.dispatcher == "flex":  # DeepEP / HybridEP: a token once per node and per GPU its experts are on
             experts = next((g.experts for g in lay.gemms if g.experts), cfg.n_routed_experts)
-            a2a = rates.flex_dispatch_time(h * e, local, top_k, experts, plan.ep, stride, plan.gpus_per_node)
+            a2a = rates.flex_dispatch_time(h * e, local, top_k, experts, plan.ep, stride, plan.domain)
         else:
             a2a = rates.collective_time(
                 "all_to_all",
@@ -281,6 +395,8 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
         keep_ep = 1 - rates.a.ep_overlap
         fwd += [Item(EP_COMM, "EP all-to-all", a2a, a2a.seconds * keep_ep)] * 2
         bwd += [Item(EP_COMM, "EP all-to-all", a2a, a2a.seconds * keep_ep)] * 2
+    if imbalance != 1.0:
+        fwd, bwd = imbalanced(fwd, imbalance), imbalanced(bwd, imbalance)
 
     # Context parallelism: the ring passes K and V (and in backward their gradients too) cp − 1 times.
     if plan.cp > 1:
@@ -317,11 +433,92 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
         bwd = [replace(i, exposed=i.exposed if i.category == TP_COMM else i.timed.seconds) for i in redo] + bwd
     if plan.moe_a2a_overlap and lay.moe and plan.ep > 1:
         shares = {
-            "norms, residuals, rotary, activations": expert_memory_bytes(lay, plan) / mem,
+            "norms, residuals, rotary, activations": imbalance * expert_bytes / mem if mem else 0.0,
             "FP8 casts": expert_cast / (cast_fwd + cast_bwd) if cast_fwd + cast_bwd else 0.0,
         }
-        fwd, bwd = a2a_overlapped(fwd, bwd, shares, paired_share(plan))
+        fwd, bwd = a2a_overlapped(fwd, bwd, shares, paired_share(plan), rates.a.moe_a2a_hidden)
     return Work(tuple(fwd), tuple(bwd))
+
+
+# The GEMMs a MoE layer's measured block (opbench moe rows) replaces; the shared experts stay GEMM rows
+MEASURED_GEMMS = ("router", "expert_gate_up", "expert_down")
+
+
+def measured_moe(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates) -> tuple[list[Item], list[Item]] | str | None:
+    """A MoE layer's router (+ scoring and top-k), local permutation there and back, and routed experts (gate/up,
+    activation, down), forward and backward, from ``opbench moe`` rows of its shape (docs/project.md, "MoE cost
+    model"): the phases on the rank's own T/tp tokens at that many tokens; the experts' at the tokens that give each
+    expert the rows it gets here (etp·ep·T/tp over all the experts), × 1/ep (the rank holds E/ep of them). The
+    all-to-all stays the comm rows' or the link model's, the shared experts GEMM rows. None: not a MoE layer or no
+    rows; a string: why the rows were not used (the estimate stands)."""
+    gate_up = next((g for g in lay.gemms if g.layer == "expert_gate_up"), None)
+    if not lay.moe or gate_up is None or not rates.moe:
+        return None
+    if plan.fp8 != "none":
+        return f"benchmark_moe rows time {plan.dtype} experts; --fp8 runs them in FP8: not used"
+    shape = MoeShape(cfg.hidden_size, gate_up.experts, gate_up.top_k, gate_up.n // 2 // plan.expert_tp)
+    local = plan.tokens // plan.tp
+    found: dict[tuple[str, str], PhaseTime] = {}
+    for phase in TOKEN_PHASES + EXPERT_PHASES:
+        tokens = local if phase in TOKEN_PHASES else plan.expert_tp * plan.ep * local
+        for p in ("fwd", "bwd"):
+            got = rates.moe.phase_time(shape, phase, p, tokens)
+            if isinstance(got, str):
+                return got
+            found[(phase, p)] = got
+
+    def timed(p: str, phases: tuple[str, ...], share: float = 1.0) -> Timed:
+        parts = [found[(ph, p)] for ph in phases]
+        source = MEASURED if all(x.exact for x in parts) else INTERPOLATED
+        seconds = sum(x.seconds for x in parts) * share * rates.a.compute_scale
+        return Timed(seconds, source, "; ".join(x.note for x in parts))
+
+    out: tuple[list[Item], list[Item]] = ([], [])
+    for items, p in zip(out, ("fwd", "bwd")):
+        items += [
+            _compute(GEMM, f"router {p}", timed(p, ("router", "topk"))),
+            _compute(MEMORY, "token permutation (opbench moe)", timed(p, ("permute", "unpermute_combine"))),
+            _compute(GEMM, f"expert_gate_up {p}", timed(p, ("gate_up",), 1 / plan.ep)),
+            _compute(MEMORY, "expert activation (routed tokens)", timed(p, ("activation",), 1 / plan.ep)),
+            _compute(GEMM, f"expert_down {p}", timed(p, ("down",), 1 / plan.ep)),
+        ]
+    return out
+
+
+def moe_memory_bytes(cfg: ModelConfig, lay: Layer, plan: Plan, eager: bool) -> tuple[float, float]:
+    """The (forward, backward) memory-bound bytes of a layer that measured MoE rows replace: the router's scoring
+    and top-k, the local permutation there and back and the experts' activation, as ``memory_bytes`` (or
+    ``eager_memory_bytes``) counts them; the all-to-all dispatcher's regrouping stays (opbench moe runs one GPU)."""
+    e, t, h, tp = element_size(plan.dtype), plan.tokens, cfg.hidden_size, plan.tp
+    fwd = bwd = 0.0
+    for g in lay.gemms:
+        if g.layer == "expert_gate_up":
+            routing = routing_bytes(g, t // tp, h, e)
+            width = t // tp * g.top_k * plan.expert_tp * (g.n // 2 // plan.expert_tp)
+            act_f, act_b = (5 * e * width, 9 * e * width) if eager else (3 * e * width, 6 * e * width)
+            fwd, bwd = fwd + routing + act_f, bwd + 2 * routing + act_b
+    return fwd, bwd
+
+
+def imbalanced(items: list[Item], factor: float) -> list[Item]:
+    """The items the busiest expert-parallel rank's extra tokens lengthen, × ``factor``: its routed experts' GEMMs
+    and activation, their expert-TP gathers, and the all-to-alls (the dispatch and combine end when the busiest
+    rank has received, or sent back, all of its tokens)."""
+
+    def hit(i: Item) -> bool:
+        routed = i.name.endswith("(routed tokens)") or i.category == EP_COMM
+        return routed or (i.category == GEMM and _in_moe_block(i.name))
+
+    return [
+        Item(i.category, i.name, replace(i.timed, seconds=i.timed.seconds * factor), i.exposed * factor)
+        if hit(i)
+        else i
+        for i in items
+    ]
+
+
+def _noted(i: Item, why: str) -> Item:
+    return replace(i, timed=replace(i.timed, note=f"{i.timed.note}; {why}" if i.timed.note else why))
 
 
 def _in_moe_block(gemm: str) -> bool:
@@ -358,10 +555,11 @@ def a2a_pair_exposed(a2a: float, pre_f: float, mlp_b: float, mlp_dw: float, mlp_
 
 
 def a2a_overlapped(
-    fwd: list[Item], bwd: list[Item], moe_shares: dict[str, float], paired: float
+    fwd: list[Item], bwd: list[Item], moe_shares: dict[str, float], paired: float, hidden: float = 1.0
 ) -> tuple[list[Item], list[Item]]:
     """The layer's items with its all-to-alls exposed as Megatron's A2A overlap leaves them: ``paired`` of the
-    micro-batches run each layer's forward beside another's backward (``a2a_pair_exposed``), the rest alone
+    micro-batches run each layer's forward beside another's backward (``a2a_pair_exposed``), of each all-to-all at
+    most ``hidden`` hidden (--moe-a2a-hidden: what was measured, docs/project.md, "MoE cost model"), the rest alone
     (all of every all-to-all exposed). ``moe_shares``: the part of each memory-bound item that is the MoE
     block's."""
 
@@ -386,7 +584,7 @@ def a2a_overlapped(
     pre_f, mlp_f, _ = split(fwd)
     pre_b, mlp_b, mlp_dw = split(bwd)
     pair = a2a_pair_exposed(a2a, pre_f, mlp_b, mlp_dw, mlp_f, pre_b)
-    exposed = (1 - paired) * a2a + paired * pair / len(a2as)
+    exposed = (1 - paired) * a2a + paired * max(pair / len(a2as), (1 - hidden) * a2a)
 
     def hide(items: list[Item]) -> list[Item]:
         return [replace(i, exposed=exposed) if i.category == EP_COMM else i for i in items]
@@ -488,7 +686,9 @@ def tp_comm_items(
             if fused:
                 bwd_tp.append(item("TP all-gather (input again)", ag_in[b], dgrad[b]))
         return fwd_tp + routed, bwd_tp + routed
-    ar = rates.collective_time("all_reduce", act, plan.tp, inter, share)
+    ar = pinned_allreduce(
+        rates.a, rates.collective_time("all_reduce", act, plan.tp, inter, share), act, plan.tp, inter, share
+    )
     return [item("TP all-reduce", ar) for _ in blocks], [
         item("TP all-reduce", ar, wgrad[b] if fused else 0) for b in blocks
     ]
@@ -543,9 +743,10 @@ def mtp_work(cfg: ModelConfig, plan: Plan, rates: Rates) -> Work:
 
 def embedding_work(cfg: ModelConfig, plan: Plan, rates: Rates) -> Work:
     """The first piece's extra: the embedding gather (read and write T·h) and, in backward, its scatter-add into
-    an fp32 gradient."""
+    an fp32 gradient. Gemma 4's per-layer embeddings gather layers × PLE width more per token the same way (their
+    projection and gates are GEMM rows: ple_model_proj, ple_gate, ple_proj)."""
     e = element_size(plan.dtype)
-    act = plan.tokens * cfg.hidden_size
+    act = plan.tokens * (cfg.hidden_size + (cfg.num_hidden_layers or 0) * cfg.extra.get("ple_dim", 0))
     return Work(
         (_compute(MEMORY, "embedding", rates.memory_time(2 * act * e)),),
         (_compute(MEMORY, "embedding", rates.memory_time(act * (e + 8))),),

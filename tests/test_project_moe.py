@@ -1,0 +1,158 @@
+"""opbench project's MoE cost model (docs/project.md, "MoE cost model"): measured ``opbench moe`` rows replace the
+estimate by phase, the grouped GEMMs' reduction width sets their estimated rate, and --moe-imbalance and
+--moe-a2a-hidden move the time as documented. CPU, no torch, seconds."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from opbench.models import load_model_configs, select_models
+from opbench.models.architectures import decoder_layers
+from opbench.project.moe_rates import K0_FP8, K_REFERENCE, fit_k0, k_share
+from opbench.project.plan import Plan
+from opbench.project.rates import Assumptions, Rates
+from opbench.project.workload import EP_COMM, GEMM, expert_gemm_time, layer_work
+
+TINY = "examples/configs/tiny-qwen3-moe"  # hidden 384, 8 experts, top-2, expert width 256
+HEADER = "model,routing,backend,phase,pass,mbs,seqlen,tokens,hidden,experts,top_k,expert_intermediate,dtype,imbalance,time_s,status"
+# the phases the projection reads: on the rank's own tokens, and on the tokens its experts get
+TOKEN_PHASES = ("router", "topk", "permute", "unpermute_combine")
+EXPERT_PHASES = ("gate_up", "activation", "down")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    (cfg,) = load_model_configs(TINY)
+    return cfg, decoder_layers(cfg)[0]
+
+
+def _rows(tokens: int, phases: tuple[str, ...], seconds: float, hidden: int = 384, backend: str = "eager") -> list[str]:
+    return [
+        f"tiny,balanced,{backend},{ph},{p},1,{tokens},{tokens},{hidden},8,2,256,bf16,1,{seconds * (2 if p == 'bwd' else 1)},ok"
+        for ph in phases
+        for p in ("fwd", "bwd")
+    ]
+
+
+def _planted(folder, rows: list[str]):
+    folder.mkdir(exist_ok=True)
+    (folder / "benchmark_moe_tiny.csv").write_text(HEADER + "\n" + "\n".join(rows) + "\n")
+    return Rates([folder], "H100", "bf16", Assumptions(), 8)
+
+
+def _items(work, p: str = "fwd") -> dict:
+    return {i.name: i for i in (work.fwd if p == "fwd" else work.bwd)}
+
+
+def test_the_reduction_width_constant_is_the_fit_of_deepgemms_table():
+    """K0 is what the fit over DeepGEMM's published table gives (redone here); the share is 1 at the reference
+    width, falls with narrower reductions, and FP8 (twice the K steps a second) loses more than bf16."""
+    assert fit_k0() == K0_FP8
+    assert k_share(K_REFERENCE, False) == k_share(2 * K_REFERENCE, True) == 1.0
+    assert k_share(768, True) < k_share(768, False) < k_share(2048, False) < 1.0
+    rates = Rates([], "H100", "bf16", Assumptions(), 8)
+    dense, expert = rates.gemm_time(4096, 1536, 768, 8), expert_gemm_time(rates, 4096, 1536, 768, 8)
+    assert dense.source == expert.source == "estimated" and expert.seconds > dense.seconds
+    wide = (rates.gemm_time(4096, 1536, 8192, 8), expert_gemm_time(rates, 4096, 1536, 8192, 8))
+    assert wide[0] == wide[1]  # a wide reduction runs at the dense estimate's rate
+
+
+def test_measured_moe_rows_replace_the_estimate_by_phase(tiny, tmp_path):
+    """A planted benchmark_moe CSV times the layer's router, permutation and experts as its rows say: the phases on
+    the rank's own tokens at that many tokens, the experts' at the tokens giving each expert its rows here (ep·T),
+    × 1/ep; between two measured token counts linearly; the all-to-all stays the link model's."""
+    cfg, lay = tiny
+    plan = Plan(world=2, seqlen=512, global_batch=2, ep=2)  # 512 tokens a rank; its 4 experts see 2 × 512 tokens
+    rows = _rows(512, TOKEN_PHASES, 1e-4) + _rows(1024, EXPERT_PHASES, 1e-3) + _rows(2048, EXPERT_PHASES, 3e-3)
+    rows += _rows(1024, ("gate_up",), 5e-4, backend="grouped_mm")  # the fastest backend wins
+    bad = _rows(1024, ("down",), 1e-5, backend="grouped_mm")[0].replace(",1e-05,", ",-1,")
+    rates = _planted(tmp_path / "r", [*rows, bad])
+    assert [(b.line, b.field) for b in rates.left_out] == [(len(rows) + 2, "time_s")]  # named, not used
+    work = layer_work(cfg, lay, plan, rates)
+    fwd, bwd = _items(work), _items(work, "bwd")
+    assert fwd["expert_gate_up fwd"].timed.seconds == pytest.approx(5e-4 / 2)
+    assert fwd["expert_gate_up fwd"].timed.source == "measured"
+    assert fwd["expert_down fwd"].timed.seconds == pytest.approx(1e-3 / 2)
+    assert bwd["expert_down bwd"].timed.seconds == pytest.approx(2e-3 / 2)
+    assert fwd["router fwd"].timed.seconds == pytest.approx(2e-4)  # router + top-k
+    assert fwd["token permutation (opbench moe)"].timed.seconds == pytest.approx(2e-4)
+    assert "expert_gate_up dgrad" not in bwd and "router wgrad" not in bwd
+    estimated = layer_work(cfg, lay, plan, Rates([], "H100", "bf16", Assumptions(), 8))
+    a2a = [i.timed for i in work.fwd if i.category == EP_COMM]
+    assert a2a == [i.timed for i in estimated.fwd if i.category == EP_COMM]
+    # 768 tokens a rank: its experts see 1,536, halfway between the rows of 1,024 and 2,048
+    rates = _planted(tmp_path / "i", _rows(768, TOKEN_PHASES, 1e-4) + rows[len(TOKEN_PHASES) * 2 :])
+    down = _items(layer_work(cfg, lay, replace(plan, seqlen=768), rates))["expert_down fwd"].timed
+    assert down.source == "interpolated" and down.seconds == pytest.approx(2e-3 / 2)
+
+
+def test_moe_rows_of_another_shape_or_beyond_their_tokens_are_not_used(tiny, tmp_path):
+    """A row of another shape is not used, nor one that would have to be extrapolated in tokens: the estimate
+    stands and its note says why."""
+    cfg, lay = tiny
+    plan = Plan(world=2, seqlen=512, global_batch=2, ep=2)
+    base = _items(layer_work(cfg, lay, plan, Rates([], "H100", "bf16", Assumptions(), 8)))["expert_gate_up fwd"]
+    other = _planted(tmp_path / "o", _rows(512, TOKEN_PHASES, 1e-4, 512) + _rows(1024, EXPERT_PHASES, 1e-3, 512))
+    got = _items(layer_work(cfg, lay, plan, other))["expert_gate_up fwd"].timed
+    assert got.seconds == base.timed.seconds and got.source == "estimated"
+    assert "hidden 512" in got.note and "not used" in got.note
+    far = _planted(tmp_path / "f", _rows(512, TOKEN_PHASES, 1e-4) + _rows(4096, EXPERT_PHASES, 1e-3))
+    got = _items(layer_work(cfg, lay, plan, far))["expert_gate_up fwd"].timed
+    assert got.source == "estimated" and "not extrapolated" in got.note
+
+
+def test_moe_imbalance_lengthens_the_busiest_ranks_experts_and_all_to_alls(tiny):
+    """--moe-imbalance R: under expert parallelism the busiest rank's routed-expert GEMMs and all-to-alls take R
+    times as long; attention and the dense GEMMs do not move; without EP nothing moves."""
+    cfg, lay = tiny
+    plan = Plan(world=2, seqlen=512, global_batch=2, ep=2)
+    base = layer_work(cfg, lay, plan, Rates([], "H100", "bf16", Assumptions(), 8))
+    hot = layer_work(cfg, lay, plan, Rates([], "H100", "bf16", Assumptions(moe_imbalance=1.5), 8))
+    for b, h in zip((*base.fwd, *base.bwd), (*hot.fwd, *hot.bwd)):
+        routed = b.category == EP_COMM or (b.category == GEMM and b.name.startswith("expert_"))
+        if routed:
+            assert h.timed.seconds == pytest.approx(1.5 * b.timed.seconds), b.name
+        elif b.category != "memory":
+            assert h.timed.seconds == b.timed.seconds, b.name
+    assert hot.fwd_s > base.fwd_s
+    alone = replace(plan, ep=1)
+    flat = Rates([], "H100", "bf16", Assumptions(moe_imbalance=1.5), 8)
+    assert layer_work(cfg, lay, alone, flat).fwd_s == layer_work(cfg, lay, alone, base_rates()).fwd_s
+
+
+def base_rates() -> Rates:
+    return Rates([], "H100", "bf16", Assumptions(), 8)
+
+
+def test_moe_a2a_hidden_caps_what_the_overlap_hides():
+    """--moe-a2a-hidden H: under --moe-a2a-overlap at most H of each all-to-all is hidden. H = 1 is the stream model
+    alone, H = 0 hides nothing (as without the overlap), the measured default lies between."""
+    (cfg,) = select_models(load_model_configs(), "Qwen3_30B_A3B")
+    lay = decoder_layers(cfg)[0]
+    plan = Plan(world=16, seqlen=4096, global_batch=64, ep=16, moe_a2a_overlap=True)
+
+    def exposed(hidden: float | None) -> float:
+        a = Assumptions() if hidden is None else Assumptions(moe_a2a_hidden=hidden)
+        work = layer_work(cfg, lay, plan, Rates([], "H100", "bf16", a, 8))
+        return sum(i.exposed for i in (*work.fwd, *work.bwd) if i.category == EP_COMM)
+
+    work = layer_work(cfg, lay, replace(plan, moe_a2a_overlap=False), base_rates())
+    whole = sum(i.timed.seconds for i in (*work.fwd, *work.bwd) if i.category == EP_COMM)
+    assert exposed(0.0) == pytest.approx(whole)
+    assert exposed(1.0) < exposed(None) < exposed(0.0)
+    paired = 3 / 4  # 4 micro-batches: the first forward and the last backward alone
+    assert exposed(None) >= whole * (1 - paired * 0.3655) - 1e-12
+
+
+def test_moe_flags_are_checked(capsys):
+    """--moe-imbalance below 1 and --moe-a2a-hidden beyond 1 are one line naming the flag, exit code 2."""
+    from opbench.core.errors import run_cli
+    from opbench.project.__main__ import main
+
+    for flag in (["--moe-imbalance", "0.5"], ["--moe-a2a-hidden", "1.5"]):
+        argv = ["--model", "Qwen3_30B_A3B", "--world-size", "16", "--ep", "16", "--device", "H100", *flag]
+        assert run_cli(main, argv, prog="opbench project") == 2
+        out, err = capsys.readouterr()
+        assert flag[0] in err and len(err.splitlines()) == 1 and not out, err

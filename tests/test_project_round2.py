@@ -1,0 +1,205 @@
+"""opbench project, issue 44: NVLink domains larger than a node, parts' rates from measured figures, a fixed cost
+per kernel and unfused attention timed as unfused. Torch-free; every projection here runs in well under a second."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from opbench.core.peaks import nvlink_domain_of
+from opbench.models import load_model_configs, select_models
+from opbench.models.architectures import decoder_layers
+from opbench.project.plan import Plan, problems
+from opbench.project.rates import Assumptions, Rates
+from opbench.project.workload import EP_COMM, layer_work
+
+
+@pytest.fixture(scope="module")
+def dsv3():
+    (cfg,) = select_models(load_model_configs(), "DeepSeek_V3")
+    return cfg
+
+
+def _a2a(cfg, plan: Plan, rates: Rates):
+    moe = next(lay for lay in decoder_layers(cfg) if lay.moe)
+    return next(i.timed for i in layer_work(cfg, moe, plan, rates).fwd if i.category == EP_COMM)
+
+
+def test_an_ep64_all_to_all_inside_a_gb200_nvl72_domain_runs_at_nvlink_rate(dsv3):
+    """DeepSeek-V3's EP64 (etp 1: 64 neighbouring ranks) on GB200 nodes of 4: in a 72-GPU NVLink domain the
+    all-to-all stays on NVLink 5 (900 GB/s a direction), so its time drops by the link ratio over the 50 GB/s NIC;
+    on H100 nodes of 8 (domain = node) it crosses nodes as before, with or without the flag saying 8."""
+    assert nvlink_domain_of("NVIDIA GB200") == 72 and nvlink_domain_of("GB300") == 72
+    assert nvlink_domain_of("H100") is None and nvlink_domain_of("B200") is None
+    a = Assumptions()
+    plan = Plan(world=256, seqlen=4096, global_batch=1024, tp=2, ep=64, etp=1, pp=4, gpus_per_node=4)
+    gb200 = Rates([], "GB200", "bf16", a, 4)
+    across, inside = (_a2a(dsv3, p, gb200) for p in (plan, replace(plan, nvlink_domain=72)))
+    assert plan.spans_nodes(64, 1) and not replace(plan, nvlink_domain=72).spans_nodes(64, 1)
+    assert "network" in across.note and "NVLink 5" in inside.note
+    # across: a rank's 60 of 64 shares through its NIC (4 on its node); inside: 63 of 64 over NVLink
+    size = (across.seconds - a.latency_us_inter * 1e-6) * a.nic_gbs * a.link_efficiency * 1e9 * 64 / 60
+    nvlink = a.latency_us_intra * 1e-6 + size * 63 / 64 / (900 * a.link_efficiency * 1e9)
+    assert inside.seconds == pytest.approx(nvlink, rel=1e-9)
+    assert across.seconds / inside.seconds > 900 / 50 * 0.9
+    # H100 (domain = node of 8): unchanged by saying so
+    h100 = Rates([], "H100", "bf16", a, 8)
+    base = replace(plan, gpus_per_node=8)
+    assert _a2a(dsv3, base, h100).seconds == _a2a(dsv3, replace(base, nvlink_domain=8), h100).seconds
+    # a group wider than the domain still crosses it: EP64 at etp 2 spans 128 GPUs
+    wide = replace(plan, nvlink_domain=72, etp=2)
+    assert wide.spans_nodes(64, 2) and wide.node_share(64, 2) == 36
+
+
+def test_the_cli_defaults_gb200_to_its_nvl72_domain_and_the_search_says_the_domain(capsys):
+    """--device GB200 says its 72-GPU domain in a note; --nvlink-domain overrides; a projection on the rack is
+    faster than on nodes of 4 (EP32 over 8 nodes); --search prints the domain; a bad domain is one line."""
+    from opbench.core.errors import run_cli
+    from opbench.project.__main__ import main
+
+    flags = [
+        "--model", "Qwen3_30B_A3B", "--world-size", "64", "--gpus-per-node", "4", "--ep", "32", "--seqlen", "4096",
+        "--global-batch", "256", "--device", "GB200",
+    ]  # fmt: skip
+
+    def step(*extra: str) -> tuple[float, str]:
+        assert run_cli(main, [*flags, *extra], prog="opbench project") == 0
+        out = capsys.readouterr()
+        return float(out.out.split("step ", 1)[1].split(" s", 1)[0]), out.err
+
+    (rack, said), (nodes, quiet) = step(), step("--nvlink-domain", "4")
+    assert "72-GPU NVLink domain" in said and "NVLink domain" not in quiet
+    assert rack < nodes
+    small = ["--model", "Qwen3_0.6B", "--world-size", "16", "--gpus-per-node", "4", "--seqlen", "4096"]
+    assert run_cli(main, [*small, "--global-batch", "16", "--device", "GB200", "--search", "--top", "1"]) == 0
+    assert "NVLink domain 72 GPUs" in capsys.readouterr().out
+    assert run_cli(main, [*flags, "--nvlink-domain", "0"], prog="opbench project") == 2
+    err = capsys.readouterr().err
+    assert "--nvlink-domain" in err and "Traceback" not in err
+
+
+def test_the_flex_dispatcher_fills_whole_domains(dsv3):
+    plan = Plan(world=256, seqlen=4096, global_batch=1024, tp=2, ep=64, etp=1, pp=4, gpus_per_node=4)
+    flex = replace(plan, dispatcher="flex")
+    assert not [p for p in problems(dsv3, flex) if p[0] == "--ep"]  # 64 fills 16 nodes of 4
+    odd = problems(dsv3, replace(flex, nvlink_domain=48))  # 64 neither fits in 48 nor fills whole 48s
+    assert any(flag == "--ep" and "NVLink domains" in why for flag, why in odd)
+
+
+def test_a_kernel_has_a_fixed_cost_by_vendor_measured_from_tiny_rows_or_given():
+    """Every kernel a roofline times gets a fixed cost on top: 3.8 µs on an NVIDIA part (NVIDIA's CUDA Graphs post) and on an
+    AMD one (no AMD figure published: NVIDIA's, said to be an estimate), none on a CPU; tiny GEMM and copy rows in
+    --results measure it (the mean of the fastest of each), --kernel-us gives it."""
+    import pandas as pd
+
+    from opbench.project.rates import ESTIMATED, MEASURED
+
+    h100, mi300x, cpu = (Rates([], d, "bf16", Assumptions(), 8) for d in ("H100", "MI300X", "cpu"))
+    assert h100.kernel_cost().seconds == pytest.approx(3.8e-6) and h100.kernel_cost().source == ESTIMATED
+    assert "amd" in mi300x.kernel_cost().note and cpu.kernel_cost().seconds == 0
+    assert Rates([], "H100", "bf16", Assumptions(kernel_us=7.0), 8).kernel_cost().seconds == pytest.approx(7e-6)
+    # a tiny GEMM takes its fixed cost beside its nanoseconds of math; a large one is its math
+    zero = Rates([], "H100", "bf16", Assumptions(kernel_us=0), 8)
+    for m in (16, 8192):
+        assert h100.gemm_time(m, m, m).seconds - zero.gemm_time(m, m, m).seconds == pytest.approx(3.8e-6)
+    assert "fixed" in h100.gemm_time(16, 16, 16).note
+    measured = Rates([], "H100", "bf16", Assumptions(), 8)
+    measured.gemm = pd.DataFrame(
+        {"m": [64, 8192], "n": [64, 8192], "k": [64, 8192], "groups": [1, 1], "time_s": [5e-6, 2e-3], "file": "g"}
+    )
+    measured.memory_rows = pd.DataFrame(
+        {"kernel": ["copy", "copy", "triad"], "size_bytes": [4096, 1 << 30, 4096], "gbs": [1.0, 3000.0, 0.1],
+         "file": "m"}
+    )  # fmt: skip
+    cost = measured.kernel_cost()  # the 64³ GEMM (5 µs) and the 4 KiB copy (4.1 µs); not the triad, not 1 GiB
+    assert cost.source == MEASURED and cost.seconds == pytest.approx((5e-6 + 4096 / 1e9) / 2)
+    assert "64x64x64" in cost.note and "4096 B copy" in cost.note
+
+
+def test_the_fixed_cost_slows_a_small_model_and_leaves_a_large_one():
+    """Qwen3-0.6B (hidden 1024, the DeepSeek-V3 proxy's width) at 1,024 tokens a micro-batch: hundreds of kernels
+    of a few µs each a layer, so the fixed cost adds a visible share; Llama-3.1-70B's kernels are milliseconds:
+    under 1 %."""
+    from opbench.project.step import Projector
+
+    (llama,) = select_models(load_model_configs(), "Llama3.1_70B")
+    (qwen,) = select_models(load_model_configs(), "Qwen3_0.6B")
+    ratios = []
+    for cfg, plan in (
+        (llama, Plan(world=64, seqlen=8192, global_batch=64, tp=8)),
+        (qwen, Plan(world=8, seqlen=1024, global_batch=8)),
+    ):
+        zero, default = (
+            Projector(cfg, Rates([], "H100", "bf16", Assumptions(kernel_us=k), 8)).project(plan).step_s
+            for k in (0.0, None)
+        )
+        ratios.append(default / zero)
+    assert ratios[0] < 1.01 and ratios[1] > 1.05, ratios
+
+
+def test_unfused_attention_is_timed_as_its_batched_gemms_and_softmax_passes():
+    """--attention-backend unfused: forward Q·Kᵀ and P·V over b·h/tp batches of the whole s × s matrix at the GEMM
+    rate plus the softmax's read and write of every score (2e) at the memory rate; backward four batched GEMMs and
+    3e a score; dropout 2e + 1 more each way. Slower than flash at 8k tokens; the memory-only model it replaces
+    gave the same time for both."""
+    from opbench.attention.shapes import operator_shape
+    from opbench.project.workload import ATTENTION, unfused_scores_bytes
+
+    (cfg,) = select_models(load_model_configs(), "Llama3.1_8B")
+    lay = decoder_layers(cfg)[0]
+    rates = Rates([], "H100", "bf16", Assumptions(), 8)
+    plan = Plan(world=8, seqlen=8192, global_batch=8, tp=2, attention_backend="unfused")
+    shape = operator_shape(cfg, lay.attention[0], plan.seqlen, plan.tp, plan.cp)
+    b, s, d = 16, 8192, 128  # 32 heads / tp 2, one sequence
+    scores = b * s * s
+    assert unfused_scores_bytes(plan, scores, "fwd") == 4 * scores
+    assert unfused_scores_bytes(replace(plan, attention_dropout=0.1), scores, "bwd") == (6 + 5) * scores
+    fwd = next(i for i in layer_work(cfg, lay, plan, rates).fwd if i.category == ATTENTION)
+    expect = rates.gemm_time(s, s, d, b).seconds + rates.gemm_time(s, d, s, b).seconds
+    expect += rates.memory_time(4 * scores, kernels=1).seconds  # each with its fixed cost
+    assert fwd.timed.seconds == pytest.approx(expect) and "unfused" in fwd.name
+    flash = next(i for i in layer_work(cfg, lay, replace(plan, attention_backend="auto"), rates).fwd
+                 if i.category == ATTENTION)  # fmt: skip
+    assert fwd.timed.seconds > 2 * flash.timed.seconds
+    assert shape.num_head_q == b
+    dropped = next(
+        i for i in layer_work(cfg, lay, replace(plan, attention_dropout=0.1), rates).bwd if i.category == ATTENTION
+    )
+    plain = next(i for i in layer_work(cfg, lay, plan, rates).bwd if i.category == ATTENTION)
+    extra = 5 * scores / rates.memory_bandwidth().seconds + rates.kernel_cost().seconds  # one kernel more
+    assert dropped.timed.seconds - plain.timed.seconds == pytest.approx(extra)
+
+
+def test_the_search_ranks_a_racks_layouts_on_their_nvlink_times():
+    """Qwen3-0.6B on 16 GB200 in nodes of 4: in one 72-GPU domain TP 8 is tried (it stays inside the domain) and
+    the data-parallel reductions run on NVLink, so the best layouts differ from those on nodes of 4 (domain =
+    node), and the best step is no slower."""
+    from opbench.project.search import search
+    from opbench.project.step import Projector
+
+    (cfg,) = select_models(load_model_configs(), "Qwen3_0.6B")
+    projector = Projector(cfg, Rates([], "GB200", "bf16", Assumptions(), 4))
+    base = Plan(world=16, seqlen=4096, global_batch=16, gpus_per_node=4)
+    found = {domain: search(cfg, replace(base, nvlink_domain=domain), projector, 5, True)[0] for domain in (None, 72)}
+    labels = {domain: [r.plan.label() for r in best] for domain, best in found.items()}
+    assert labels[None] != labels[72]
+    assert found[72][0].step_s <= found[None][0].step_s
+    from opbench.project.plan import layouts
+
+    widest = {domain: max(p.tp for p in layouts(cfg, replace(base, nvlink_domain=domain))) for domain in (None, 72)}
+    assert widest == {None: 4, 72: 8}
+
+
+def test_a_part_without_a_measured_matmul_of_its_own_says_its_rates_are_datasheet_estimates():
+    """H100 NVL and MI350X take a sibling's measured matmul share: the note says so; H100 SXM and GB200 have their
+    own measured figure (no such note), and neither does a run whose efficiencies are given."""
+    notes = {
+        d: Rates([], d, "bf16", Assumptions(), 8).efficiency_note(fp8=False, attention=True)
+        for d in ("H100 NVL", "MI350X", "H100", "GB200")
+    }
+    assert "datasheet estimates (H100 SXM's" in str(notes["H100 NVL"])
+    assert "datasheet estimates (MI355X's" in str(notes["MI350X"])
+    assert "datasheet" not in str(notes["H100"]) and "datasheet" not in str(notes["GB200"])
+    given = Rates([], "H100 NVL", "bf16", Assumptions(gemm_efficiency=0.7, attention_efficiency=0.4), 8)
+    assert given.efficiency_note(fp8=False, attention=True) is None
