@@ -213,3 +213,13 @@ def test_only_a_cpu_measurement_says_it_was_timed_in_cpu_time(monkeypatch):
     assert timing_note(events) is None
     monkeypatch.setenv("OPBENCH_CLOCK", "wall")
     assert not measure(lambda: torch.ones(64).sum(), torch.device("cpu"), TimingConfig.quick()).cpu_clock
+
+
+@pytest.mark.parametrize("variable,value", [("OPBENCH_CLOCK", "gpu"), ("OPBENCH_FIRST_CPU_WARMUP_S", "61")])
+def test_a_bad_timing_variable_is_one_line_before_anything_runs(run, tmp_path, variable, value):
+    """The clock and the first warm-up come from the environment (core/clock.py); a bad value is one line naming
+    the variable, exit 2, whichever way the tool is started, and no CSV is written."""
+    for module in (("opbench", "gemm"), ("opbench.gemm",)):
+        r = run(*module, "--mnk", "64x64x64", env={variable: value}, cwd=tmp_path)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and variable in r.stderr, r.stderr
+        assert not (tmp_path / "out").exists()

@@ -89,6 +89,7 @@ def test_the_first_cpu_measurement_of_a_process_warms_up_by_time(monkeypatch):
     from opbench.core import timing
 
     monkeypatch.setattr(timing, "_cpu_warmed", False)  # as in a fresh process
+    monkeypatch.delenv("OPBENCH_FIRST_CPU_WARMUP_S", raising=False)  # the user's default, not the suite's
     calls: list[float] = []
 
     def call() -> None:  # a call of a millisecond or so, as a small GEMM's on a CPU

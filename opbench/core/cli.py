@@ -20,7 +20,6 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn, TypeVar
 
-from . import clock
 from .errors import UsageError, run_cli
 from .launch import LAUNCH_COMMAND_ENV  # noqa: F401 - its home was here
 from .limits import MAX_LAYERS, MAX_MIB, MAX_SEQLEN, MAX_WORLD
@@ -40,6 +39,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "cluster": ("opbench.cluster.__main__", "every GPU, node and link of a cluster measured, the slow ones named"),
     "project": ("opbench.project.__main__", "a training step's time and memory per GPU, and the best layout"),
     "moe": ("opbench.moe.__main__", "an MoE block (router, experts, combine) forward/backward, by phase"),
+    "step": ("opbench.steptrace.__main__", "a profiled training step's kernels attributed, beside the projection"),
 }
 
 
@@ -588,11 +588,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     module = importlib.import_module(SUBCOMMANDS[name][0])
 
-    def checked(args: Sequence[str] | None) -> int | None:
-        clock.kind()  # a bad OPBENCH_CLOCK is one line before anything is timed
-        return module.main(args)
-
-    return run_cli(checked, rest, prog=f"opbench {name}")
+    return run_cli(module.main, rest, prog=f"opbench {name}")
 
 
 def console_main() -> None:

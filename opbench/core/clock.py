@@ -19,6 +19,7 @@ from .errors import UsageError
 
 ENV = "OPBENCH_CLOCK"
 CLOCKS = ("wall", "cpu")
+WARMUP_ENV = "OPBENCH_FIRST_CPU_WARMUP_S"
 
 
 def kind() -> str:
@@ -48,3 +49,19 @@ def seconds_clock() -> Callable[[], float]:
 def note() -> str | None:
     """What a row or a report says when its CPU times are CPU time, not wall time (None for wall time)."""
     return f"timed in process CPU time ({ENV}=cpu)" if on_cpu_time() else None
+
+
+def first_cpu_warmup_s(default: float) -> float:
+    """How long a process's first CPU measurement warms up (core/timing.py, FIRST_CPU_WARMUP_S, says why): the
+    default, or OPBENCH_FIRST_CPU_WARMUP_S in [0, 60] seconds. The test suite sets it shorter (docs/development.md,
+    "Tests"): its hundreds of short-lived processes check behaviour, not rates; a user keeps the default."""
+    raw = os.environ.get(WARMUP_ENV, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value <= 60:
+        raise UsageError(f"{raw!r} is not a warm-up in seconds within [0, 60]", field=WARMUP_ENV)
+    return value

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .clock import first_cpu_warmup_s, ns_clock, on_cpu_time
 from .clock import note as clock_note
-from .clock import ns_clock, on_cpu_time
 from .units import wrapped
 
 if TYPE_CHECKING:
@@ -269,7 +269,7 @@ def measure(
     global _cpu_warmed
     first = device.type == "cpu" and not _cpu_warmed
     _cpu_warmed = _cpu_warmed or device.type == "cpu"
-    warm_s = max(config.warmup_s, FIRST_CPU_WARMUP_S) if first else config.warmup_s
+    warm_s = max(config.warmup_s, first_cpu_warmup_s(FIRST_CPU_WARMUP_S)) if first else config.warmup_s
     cap = FIRST_CPU_WARMUP_CALLS if first else 1000
     synchronize(device)
     t0 = time.perf_counter()
