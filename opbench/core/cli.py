@@ -18,8 +18,9 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
+from . import clock
 from .errors import UsageError, run_cli
 from .launch import LAUNCH_COMMAND_ENV  # noqa: F401 - its home was here
 from .limits import MAX_LAYERS, MAX_MIB, MAX_SEQLEN, MAX_WORLD
@@ -70,6 +71,11 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 class ArgumentParser(argparse.ArgumentParser):
     """argparse with opbench's error contract: a bad flag is ONE line naming it, exit code 2 (via run_cli),
     not argparse's usage block."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        clock.kind()  # a bad OPBENCH_CLOCK or OPBENCH_FIRST_CPU_WARMUP_S: one line before anything runs
+        clock.first_cpu_warmup_s(0.0)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:  # raises where argparse would exit
         m = re.match(r"argument ([^:]+): (.*)", message, re.DOTALL)

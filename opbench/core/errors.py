@@ -147,10 +147,6 @@ def run_cli(
     _WRITING.clear()  # this run's CSVs only (a test runs several in one process)
     _STOPPED.clear()
     try:
-        from . import clock  # (clock imports this module)
-
-        clock.kind()  # a bad OPBENCH_CLOCK or OPBENCH_FIRST_CPU_WARMUP_S: one line before anything is timed
-        clock.first_cpu_warmup_s(0.0)
         return int(main(argv) or 0)
     except UsageError as exc:
         from .redact import redact_text

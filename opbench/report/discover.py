@@ -42,6 +42,8 @@ from opbench.moe.schema import SCHEMA as MOE
 from opbench.project.schema import SCHEMA as PROJECT
 from opbench.project.schema import VALIDATE_SCHEMA as PROJECT_VALIDATE
 from opbench.selftest.schema import SCHEMA as SELFTEST
+from opbench.steptrace.schema import ITEMS as STEP_ITEMS
+from opbench.steptrace.schema import KERNELS as STEP_KERNELS
 from opbench.trace.schema import NCCL_TESTS, TRACE, TRACE_FSDP, TRACE_PER_COMM, TRACE_PER_RANK
 
 # Report order: one section per schema, in this order.
@@ -67,6 +69,8 @@ SCHEMAS: dict[str, Schema] = {
         CLUSTER_PAIRS,
         PROJECT,
         PROJECT_VALIDATE,
+        STEP_ITEMS,
+        STEP_KERNELS,
     )
 }
 
@@ -132,6 +136,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "comm": ("collective", "backend", "dtype", "inplace", "size_bytes", "busbw_gbs"),
     "nccl_tests": ("type", "size_bytes", "ip_busbw_gbs", "oop_busbw_gbs"),
     "fsdp": ("unit", "calls_per_step"),
+    "step": ("trace", "rank", "item", "measured_s"),  # plots._draw_step
     "ckpt": ("storage", "method", "save_bandwidth_mib_per_s", "load_bandwidth_mib_per_s"),
     "cluster_compute": ("gemm", "dtype", "node", "local_rank", "m", "n", "k", "tflops", "time_s"),
     "cluster_memory": ("time_s",),

@@ -640,6 +640,61 @@ def _draw_project(frame: pd.DataFrame, note: str = "") -> Callable[[Any], None]:
     return draw
 
 
+STEP_PARTS = (
+    ("gemm", "GEMM"),
+    ("attention", "attention"),
+    ("memory", "memory-bound"),
+    ("optimizer", "optimizer"),
+    ("other", "other"),
+    ("comm", "exposed comm"),
+    ("memcpy", "copies"),
+    ("bubble", "pipeline bubble"),
+    ("idle", "idle"),
+)
+
+
+def _draw_step(frame: pd.DataFrame) -> Callable[[Any], None]:
+    """``opbench step``: one stacked bar per rank's measured step and one for the projection (when the CSV has
+    it), by line item; the collectives' kinds (``comm:<kind>``) are summed into exposed comm."""
+    item = frame["item"].astype(str)
+    measured_s, projected_s = _numbers(frame, "measured_s"), _numbers(frame, "projected_s")
+    bars: list[tuple[str, dict[str, float]]] = []
+    for (trace, rank), part in frame.groupby(["trace", "rank"], sort=True):
+        parts: dict[str, float] = {}
+        for i in part.index:
+            name = "comm" if item[i].startswith("comm:") else item[i]
+            if item[i] != "comm" and pd.notna(measured_s[i]):
+                parts[name] = parts.get(name, 0.0) + float(measured_s[i])
+        bars.append((f"{trace} rank {rank}", parts))
+    if projected_s.notna().any():
+        first = frame.index[(frame["trace"] == frame["trace"].iloc[0]) & (frame["rank"] == frame["rank"].iloc[0])]
+        projected = {
+            item[i]: float(projected_s[i])
+            for i in first
+            if pd.notna(projected_s[i]) and not item[i].startswith("comm:")
+        }
+        bars.append(("projected", projected))
+
+    def draw(fig: Any) -> None:
+        ax = fig.add_subplot()
+        y = list(range(len(bars)))
+        left = [0.0] * len(bars)
+        for key, label in STEP_PARTS:
+            values = [max(0.0, parts.get(key, 0.0)) for _, parts in bars]
+            if any(values):
+                ax.barh(y, values, left=left, label=label)
+                left = [a + b for a, b in zip(left, values)]
+        ax.set_yticks(y, [name for name, _ in bars], fontsize="small")
+        ax.invert_yaxis()
+        ax.set_xlabel("seconds per step")
+        ax.set_title("Training step by line item (opbench step)")
+        ax.grid(True, axis="x", alpha=0.3)
+        if any(left):
+            fig.legend(loc="outside lower center", ncols=5, fontsize="small")
+
+    return draw
+
+
 # ---- cluster: heatmaps of GPUs and of pairs ----------------------------------------------------------------
 
 HEATMAP_ANNOTATE_MAX = 400  # cells; above this the numbers would not fit and only the colours remain
@@ -834,6 +889,11 @@ def plan_plots(sections: Sequence[Section]) -> list[Plot]:
                 _draw_project(best, note),
                 figsize=(9.0, height),
             )
+        )
+    step = by_kind.get("step", pd.DataFrame())
+    if not step.empty:
+        plots.append(
+            Plot("step", "step_items.png", "Training step from its trace: measured vs projected", _draw_step(step))
         )
     for section in sections:
         if section.ok.empty:

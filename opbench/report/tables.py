@@ -462,6 +462,47 @@ SPECS: dict[str, TableSpec] = {
         optional=("model",),
         about="The projection against real training steps on the machine that ran opbench project --validate.",
     ),
+    "step": TableSpec(
+        columns=(
+            "trace",
+            "rank",
+            "item",
+            "measured_s",
+            "share",
+            "exposed_s",
+            "overlapped_s",
+            "projected_s",
+            "measured_over_projected",
+            "note",
+        ),  # fmt: skip
+        optional=("trace",),
+        sparse=("exposed_s", "overlapped_s", "projected_s", "measured_over_projected", "note"),
+        about="A profiled step cut into line items (opbench step): the classes add up to the step; beside the "
+        "projection of the same layout where one was asked for.",
+    ),
+    "step_kernels": TableSpec(
+        columns=(
+            "trace",
+            "rank",
+            "class",
+            "kind",
+            "name",
+            "m",
+            "n",
+            "k",
+            "dtype",
+            "bytes",
+            "calls",
+            "time_s",
+            "share",
+            "tflops",
+            "measured_over_projected",
+        ),  # fmt: skip
+        order=lambda frame: [("rank", True), ("time_s", False)],
+        optional=("trace",),
+        sparse=("m", "n", "k", "dtype", "bytes", "tflops", "measured_over_projected"),
+        about="Each kernel (a CPU trace: each operator) of a profiled step, most time first.",
+    ),
 }
 assert set(SPECS) == set(SCHEMAS)
 ALWAYS_DERIVED = ("file",)  # Discovery.frame adds the file each row came from

@@ -1,0 +1,288 @@
+"""Read a Kineto trace (``torch.profiler``'s ``export_chrome_trace`` / ``tensorboard_trace_handler`` JSON, plain or
+gzipped) one event at a time, keeping only what attribution needs.
+
+A trace of a real job is gigabytes, most of it Python stack frames and flow arrows; loading it whole (``json.load``,
+what HolisticTraceAnalysis does through pandas) needs several times its size in memory. Here the file is read in
+pieces and ``json.JSONDecoder.raw_decode`` (the standard library's C scanner) decodes the ``traceEvents`` array one
+element at a time: memory is one piece of the file plus the compact records kept (CPU operators, kernels, launches,
+step markers). Names of both vendors' runtimes are recognised (HolisticTraceAnalysis issue #219: ROCm traces name
+their launches ``hipLaunchKernel`` / ``hipExtModuleLaunchKernel`` and put kernels on stream 0, which filters that
+assume CUDA's launch names or a non-zero stream drop). No torch import.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import math
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from opbench.core.errors import UsageError, describe_os_error
+
+from .rules import COMM, GEMM, op_class
+
+CHUNK_CHARS = 4 << 20  # characters read at a time: the reader's memory, besides the records it keeps
+MAX_VALUE_CHARS = 256 << 20  # one JSON value longer than this is no trace event: the file is refused, not held
+
+# Kineto categories (libkineto/src/output_json.cpp; ActivityType names); "cuda_runtime" holds the HIP runtime's
+# launches on ROCm too, and "cuda_driver" the driver API's (cuLaunchKernel, hipModuleLaunchKernel)
+CPU_CATS = frozenset({"cpu_op", "user_annotation"})
+GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "runtime"})
+GPU_ANNOTATION = "gpu_user_annotation"
+STEP_PREFIX = "ProfilerStep#"
+
+
+@dataclass(slots=True)
+class CpuOp:
+    """A CPU operator or annotation span (µs). ``dims``/``types``: its ``Input Dims`` / ``Input type`` (with
+    ``record_shapes=True``); ``comm``: the record_param_comms arguments of a collective."""
+
+    name: str
+    tid: int
+    ts: float
+    dur: float
+    ext: int | None
+    dims: list[Any] | None = None
+    types: list[Any] | None = None
+    strides: list[Any] | None = None  # a matmul's ``Input Strides``: which operand is transposed tells dgrad from wgrad
+    comm: dict[str, Any] | None = None
+
+
+@dataclass(slots=True)
+class GpuEvent:
+    """A kernel, copy or memset on a GPU stream (µs)."""
+
+    name: str
+    cat: str
+    device: int
+    stream: int
+    ts: float
+    dur: float
+    corr: int | None
+    ext: int | None
+
+
+@dataclass
+class Trace:
+    """What one rank's trace holds that attribution uses."""
+
+    path: str
+    rank: int | None = None
+    cpu_ops: list[CpuOp] = field(default_factory=list)
+    gpu: list[GpuEvent] = field(default_factory=list)
+    launches: dict[int, tuple[int | None, float, str]] = field(default_factory=dict)  # corr -> (ext, ts, name)
+    steps: list[tuple[str, float, float]] = field(default_factory=list)  # (ProfilerStep#N, ts, dur), CPU side
+    gpu_steps: dict[str, tuple[float, float]] = field(default_factory=dict)  # the same on the GPU timeline
+    events: int = 0  # traceEvents read
+    kept: int = 0
+    device_names: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def on_gpu(self) -> bool:
+        return any(e.cat == "kernel" for e in self.gpu)
+
+
+def _open_text(path: str) -> TextIO:
+    try:
+        raw = open(path, "rb")
+    except OSError as exc:
+        raise UsageError(f"cannot read trace: {describe_os_error(exc)}", source=path) from None
+    buffered = io.BufferedReader(raw)
+    stream: Any = gzip.GzipFile(fileobj=buffered, mode="rb") if buffered.peek(2)[:2] == b"\x1f\x8b" else buffered
+    return io.TextIOWrapper(stream, encoding="utf-8", errors="replace")
+
+
+class _Scanner:
+    """JSON values decoded one at a time from a file read in pieces."""
+
+    def __init__(self, fh: TextIO, path: str):
+        self.fh, self.path = fh, path
+        self.buf, self.pos, self.eof = "", 0, False
+        self.decoder = json.JSONDecoder()
+        self.read_chars = 0
+
+    def _more(self) -> bool:
+        if self.eof:
+            return False
+        try:
+            piece = self.fh.read(CHUNK_CHARS)
+        except (OSError, EOFError, gzip.BadGzipFile) as exc:
+            raise UsageError(f"cannot read trace: {describe_os_error(exc)}", source=self.path) from None
+        if not piece:
+            self.eof = True
+            return False
+        self.read_chars += len(piece)
+        self.buf = self.buf[self.pos :] + piece
+        self.pos = 0
+        return True
+
+    def peek(self) -> str:
+        """The next non-blank character ('' at the end of the file)."""
+        while True:
+            while self.pos < len(self.buf) and self.buf[self.pos] in " \t\r\n":
+                self.pos += 1
+            if self.pos < len(self.buf):
+                return self.buf[self.pos]
+            if not self._more():
+                return ""
+
+    def take(self, char: str) -> None:
+        got = self.peek()
+        if got != char:
+            raise UsageError(
+                f"not a Kineto trace: expected '{char}' at character {self.read_chars - len(self.buf) + self.pos}, "
+                f"found {got!r}"
+                if got
+                else "not a Kineto trace: the file ends early",
+                source=self.path,
+            )
+        self.pos += 1
+
+    def value(self) -> Any:
+        """The next JSON value; more of the file is read until it is whole."""
+        self.peek()
+        while True:
+            try:
+                obj, end = self.decoder.raw_decode(self.buf, self.pos)
+                if end < len(self.buf) or self.eof:  # a number at the piece's end may go on in the next one
+                    self.pos = end
+                    return obj
+            except json.JSONDecodeError as exc:
+                if self.eof:
+                    raise UsageError(
+                        f"not valid JSON: {exc.msg} (the trace may be cut short)", source=self.path
+                    ) from None
+            if len(self.buf) - self.pos > MAX_VALUE_CHARS:
+                raise UsageError(
+                    f"one JSON value is longer than {MAX_VALUE_CHARS >> 20} MiB: not a Kineto trace", source=self.path
+                )
+            self._more()
+
+
+def events(path: str, meta: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+    """Each element of the top-level ``traceEvents`` array, in file order; the other top-level keys go into ``meta``
+    (small: device properties, distributed info). Memory stays one piece of the file."""
+    with _open_text(path) as fh:
+        scan = _Scanner(fh, path)
+        scan.take("{")
+        if scan.peek() == "}":
+            return
+        while True:
+            key = scan.value()
+            scan.take(":")
+            if key == "traceEvents":
+                scan.take("[")
+                if scan.peek() == "]":
+                    scan.pos += 1
+                else:
+                    while True:
+                        item = scan.value()
+                        if isinstance(item, dict):
+                            yield item
+                        sep = scan.peek()
+                        if sep == "]":
+                            scan.pos += 1
+                            break
+                        scan.take(",")
+            else:
+                value = scan.value()
+                if meta is not None:
+                    meta[str(key)] = value
+            sep = scan.peek()
+            if sep == "}":
+                return
+            scan.take(",")
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+COMM_ARGS = ("Collective name", "In msg nelems", "Out msg nelems", "dtype", "Group size", "Process Group Name",
+             "Process Group Description", "Process Group Ranks", "In split size", "Out split size")  # fmt: skip
+
+
+def read(path: str) -> Trace:
+    """One rank's trace: the CPU operators, GPU events, launches and step spans; everything else is passed over."""
+    meta: dict[str, Any] = {}
+    trace = Trace(path)
+    bad = 0
+    for ev in events(path, meta):
+        trace.events += 1
+        if ev.get("ph") != "X":
+            continue
+        cat = ev.get("cat")
+        ts, dur = _num(ev.get("ts")), _num(ev.get("dur"))
+        name = ev.get("name")
+        if ts is None or dur is None or dur < 0 or not isinstance(name, str):
+            bad += 1
+            continue
+        args = ev.get("args")
+        args = args if isinstance(args, dict) else {}
+        name = sys.intern(name)  # a kernel's name is hundreds of characters, repeated thousands of times: held once
+        if cat in CPU_CATS:
+            if name.startswith(STEP_PREFIX):
+                trace.steps.append((name, ts, dur))
+                trace.kept += 1
+                continue
+            op = CpuOp(name, _int(ev.get("tid")) or 0, ts, dur, _int(args.get("External id")))
+            if "Input Dims" in args and op_class(name) in (GEMM, COMM):  # shapes: matmuls' and collectives' only
+                op.dims = args.get("Input Dims")
+                op.types = args.get("Input type")
+                op.strides = args.get("Input Strides")
+            if name == "record_param_comms" or "Collective name" in args:
+                op.comm = {k: args[k] for k in COMM_ARGS if k in args}
+            trace.cpu_ops.append(op)
+            trace.kept += 1
+        elif cat in GPU_CATS:
+            trace.gpu.append(
+                GpuEvent(
+                    name,
+                    cat,
+                    _int(args.get("device")) or 0,
+                    _int(args.get("stream", ev.get("tid"))) or 0,
+                    ts,
+                    dur,
+                    _int(args.get("correlation")),
+                    _int(args.get("External id")),
+                )
+            )
+            trace.kept += 1
+        elif cat in RUNTIME_CATS:
+            corr = _int(args.get("correlation"))
+            if corr is not None:
+                trace.launches[corr] = (_int(args.get("External id")), ts, name)
+                trace.kept += 1
+        elif cat == GPU_ANNOTATION and name.startswith(STEP_PREFIX):
+            trace.gpu_steps[name] = (ts, dur)
+    if bad:
+        trace.warnings.append(f"{bad} complete event(s) without a name, a time or a duration skipped")
+    trace.rank = (
+        _int((meta.get("distributedInfo") or {}).get("rank")) if isinstance(meta.get("distributedInfo"), dict) else None
+    )
+    props = meta.get("deviceProperties")
+    if isinstance(props, list):
+        trace.device_names = [str(p.get("name")) for p in props if isinstance(p, dict) and p.get("name")]
+    if trace.events == 0:
+        raise UsageError("no traceEvents: not a Kineto trace (torch.profiler's export_chrome_trace)", source=path)
+    return trace

@@ -1,0 +1,186 @@
+"""From attributed steps to the rows of the tables: line items per rank, kernel rows, and across ranks the slowest
+one and the collectives its peers waited in. Times are means over a trace's steps. No torch import."""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import attribute, rules
+from .reader import Trace, read
+
+# line items in table order: compute classes, then collectives (by kind), copies, idle
+ITEM_ORDER = (*rules.COMPUTE, rules.MEMCPY)
+
+
+@dataclass
+class RankSteps:
+    """One trace (one rank): its attributed steps."""
+
+    path: str
+    rank: int
+    on_gpu: bool
+    steps: list[attribute.StepResult]
+    warnings: list[str] = field(default_factory=list)
+    events: int = 0
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path)
+
+    @property
+    def step_s(self) -> float:
+        return attribute.median([s.dur_us for s in self.steps]) / 1e6 if self.steps else 0.0
+
+    def mean(self, values: list[float]) -> float:
+        return sum(values) / len(self.steps) / 1e6 if self.steps else 0.0
+
+
+def analyse(paths: list[str]) -> list[RankSteps]:
+    """Read and attribute each trace; ranks come from the trace's distributedInfo, else its position."""
+    out = []
+    for i, path in enumerate(paths):
+        trace: Trace = read(path)
+        results = attribute.steps(trace)
+        rank = trace.rank if trace.rank is not None else i
+        out.append(RankSteps(path, rank, trace.on_gpu, results, trace.warnings, trace.events))
+    ranks = [r.rank for r in out]
+    if len(set(ranks)) != len(ranks):  # two traces of the same rank (or no distributedInfo): number by position
+        for i, r in enumerate(out):
+            r.rank = i
+    return out
+
+
+def items(rs: RankSteps) -> dict[str, dict[str, float]]:
+    """Line item -> {measured_s, busy_s, exposed_s, overlapped_s}: the step's partition, each collective kind
+    with its exposed and overlapped time, means over the steps."""
+    part: dict[str, float] = defaultdict(float)
+    busy: dict[str, float] = defaultdict(float)
+    comm_busy: dict[str, float] = defaultdict(float)
+    comm_exposed: dict[str, float] = defaultdict(float)
+    for s in rs.steps:
+        for k, v in s.partition.items():
+            part[k] += v
+        for k, v in s.busy.items():
+            busy[k] += v
+        for k, v in s.comm_busy.items():
+            comm_busy[k] += v
+        for k, v in s.comm_exposed.items():
+            comm_exposed[k] += v
+    out: dict[str, dict[str, float]] = {}
+    for klass in ITEM_ORDER:
+        if klass in part or klass in busy:
+            out[klass] = {"measured_s": rs.mean([part.get(klass, 0.0)]), "busy_s": rs.mean([busy.get(klass, 0.0)])}
+    for kind in sorted(set(comm_busy) | {k.split(":", 1)[1] for k in part if k.startswith("comm:")}):
+        exposed = rs.mean([comm_exposed.get(kind, 0.0)])
+        busy_kind = rs.mean([comm_busy.get(kind, 0.0)])
+        out[f"comm:{kind}"] = {
+            "measured_s": rs.mean([part.get(f"comm:{kind}", 0.0)]),
+            "busy_s": busy_kind,
+            "exposed_s": exposed,
+            "overlapped_s": max(0.0, busy_kind - exposed),
+        }
+    out[attribute.IDLE] = {"measured_s": rs.mean([part.get(attribute.IDLE, 0.0)])}
+    out["step"] = {"measured_s": rs.mean([s.dur_us for s in rs.steps])}
+    return out
+
+
+def item_rows(rs: RankSteps, projected: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    got = items(rs)
+    step = got["step"]["measured_s"] or 1.0
+    rows = []
+    for item, v in got.items():
+        row: dict[str, Any] = {"trace": rs.name, "rank": rs.rank, "steps": len(rs.steps), "item": item, **v}
+        row["share"] = v["measured_s"] / step
+        rows.append(row)
+    return rows
+
+
+def kernel_rows(rs: RankSteps) -> list[dict[str, Any]]:
+    """One row per kernel key (class, kind, name, shape), time per step, most time first."""
+    merged: dict[attribute.Key, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for s in rs.steps:
+        for key, (calls, us) in s.kernels.items():
+            merged[key][0] += calls
+            merged[key][1] += us
+    n = len(rs.steps) or 1
+    step = rs.mean([s.dur_us for s in rs.steps]) or 1.0
+    rows = []
+    for key, (calls, us) in sorted(merged.items(), key=lambda kv: -kv[1][1]):
+        time_s = us / n / 1e6
+        flops = 2.0 * key.m * key.n * key.k * (key.groups or 1) if key.m and key.n and key.k else None
+        rows.append(
+            {
+                "trace": rs.name,
+                "rank": rs.rank,
+                "class": key.klass,
+                "kind": key.kind,
+                "name": key.name,
+                "m": key.m,
+                "n": key.n,
+                "k": key.k,
+                "groups": key.groups,
+                "dtype": key.dtype,
+                "bytes": key.nbytes,
+                "group_ranks": key.group,
+                "calls": calls / n,
+                "time_s": time_s,
+                "share": time_s / step,
+                "tflops": flops * (calls / n) / time_s / 1e12 if flops and time_s > 0 else None,
+            }
+        )
+    return rows
+
+
+def compute_s(rs: RankSteps) -> float:
+    """Seconds per step the rank's device was computing (its compute classes in the partition)."""
+    got = items(rs)
+    return sum(got[k]["measured_s"] for k in rules.COMPUTE if k in got)
+
+
+@dataclass
+class Straggler:
+    rank: int
+    compute_s: float  # per step
+    median_compute_s: float  # the other ranks' median
+    kernels: list[tuple[str, float]]  # (kernel row, seconds per step more than the other ranks' median)
+    waits: list[tuple[int, str, float]]  # (rank, collective kind, seconds per step more exposed than the straggler)
+
+
+def straggler(ranks: list[RankSteps], top: int = 5) -> Straggler | None:
+    """The slowest rank, the kernel rows where it spent most beyond the other ranks' median, and the collectives
+    where the other ranks sat exposed longer than it did: waiting for it. Collectives make every rank's step as
+    long as the slowest one's, so the slowest rank is the one that computed longest, not the longest step."""
+    if len(ranks) < 2:
+        return None
+    slow = max(ranks, key=compute_s)
+    others = [r for r in ranks if r is not slow]
+    per: list[dict[str, float]] = []
+    for r in ranks:
+        d: dict[str, float] = defaultdict(float)
+        for row in kernel_rows(r):
+            if row["class"] in rules.COMPUTE:
+                d[f"{row['class']} {row['kind']} {row['name']}".strip()] += row["time_s"]
+        per.append(d)
+    mine = per[ranks.index(slow)]
+    theirs = [per[ranks.index(r)] for r in others]
+    extra = []
+    for name, t in mine.items():
+        ref = attribute.median([d.get(name, 0.0) for d in theirs])
+        if t - ref > 0:
+            extra.append((name, t - ref))
+    extra.sort(key=lambda x: -x[1])
+    slow_items = items(slow)
+    waits = []
+    for r in others:
+        for item, v in items(r).items():
+            if item.startswith("comm:"):
+                more = v.get("exposed_s", 0.0) - slow_items.get(item, {}).get("exposed_s", 0.0)
+                if more > 0:
+                    waits.append((r.rank, item.split(":", 1)[1], more))
+    waits.sort(key=lambda x: -x[2])
+    return Straggler(
+        slow.rank, compute_s(slow), attribute.median([compute_s(r) for r in others]), extra[:top], waits[:top]
+    )
