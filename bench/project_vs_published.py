@@ -102,8 +102,10 @@ BRIDGE_FLAGS = "--zero 1 --grad-dtype bf16 --mbs 1 --recompute none"
 # The same table's 25.11 runs on DGX H100 (the archive at commit 0a25f91, which says "In MoE training benchmarks, we
 # force-balance the token distribution among experts and all benchmarks are token-dropless"): an older container,
 # its own group, calibrated on its Llama-3 70B. Its MoE layouts differ from 26.04's (batch, micro-batch, Qwen3-30B-A3B
-# inside one node); the dispatcher and overlap are not in the table: those of the 26.04 recipes, or for 30B-A3B in
-# one node DeepEP with the overlap, are guesses (`note`)
+# inside one node); the dispatcher and overlap are not in the table: those of the 26.04 recipes are guesses (`note`).
+# Qwen3-30B-A3B's are the recipe's of the time (Megatron-Bridge at 5776a6d90, 2025-12-10,
+# scripts/performance/configs/qwen/: the H100 FP8 base config sets moe_a2a_overlap and no flex backend, so
+# apply_flex_dispatcher_backend leaves the Qwen3 provider's moe_token_dispatcher_type "alltoall"; no CUDA graphs)
 BRIDGE_2511 = (
     "github.com/NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md at 0a25f91 (25.11 NeMo container, "
     "DGX H100)"
@@ -131,6 +133,10 @@ MOE_BEFORE = {
     "Mixtral-8x22B bf16, 64 MI355X, pp4 vp2 ep8": (0.837, None),
 }
 DENSE_BEFORE_MEDIAN = 0.0345
+# Calibrated MoE runs (median, worst |error|) before the flex dispatcher's RDMA stage counted a token's own node
+# (docs/project.md, "MoE cost model") and before 25.11's Qwen3-30B-A3B run took its recipe's all-to-all dispatcher:
+# this script's output of 2026-11-29, eleven runs
+MOE_BEFORE_FLEX = (0.151, 0.670)
 
 
 RUNS = [
@@ -404,11 +410,10 @@ RUNS = [
         "Megatron-Bridge 25.11",
         "Qwen3-30B-A3B fp8, 16 GPUs, pp2 vp24 ep8, mbs 2",
         f"--model Qwen3_30B_A3B --world-size 16 --pp 2 --vpp 24 --ep 8 --global-batch 512 --seqlen 4096 --fp8 te "
-        f"--fp8-param-gather --fp8-recipe tensorwise --moe-token-dispatcher-type flex --moe-a2a-overlap "
-        f"{BRIDGE_FLAGS.replace('--mbs 1', '--mbs 2')}",
+        f"--fp8-param-gather --fp8-recipe tensorwise --moe-a2a-overlap {BRIDGE_FLAGS.replace('--mbs 1', '--mbs 2')}",
         512 * 4096 / (5275 * 16),
         BRIDGE_2511,
-        "5,275 tokens/s/GPU; DeepEP with the overlap (guess)",
+        "5,275 tokens/s/GPU; all-to-all dispatcher, overlap (25.11's recipe)",
     ),
     # DeepSeek-V3's 61 layers: the sources do not give the pipeline split (the first/last pieces here are a guess);
     # NeMo 25.04 recomputes MLA's up projections (its recompute_modules)
@@ -632,12 +637,16 @@ GPT_7B = {
 # CI runs its GPT 7B memory/speed tests on DGX H100 and DGX GB200 (8 GPUs: two trays of 4, one NVL72 domain) and
 # publishes each step's iteration time; step = the median of the logged steps 4-24 (step 2 warms up)
 MEGATRON_CI_ON = "github.com/NVIDIA/Megatron-LM tests/functional_tests/test_cases/gpt/{}/golden_values_dev_dgx_{}.json"
+# The CI's model_config.yaml sets --deterministic-mode and --no-gradient-accumulation-fusion (NCCL_ALGO=Ring), on
+# both parts; its attention dropout is Megatron's default, 0.1
+CI_FLAGS = "--deterministic-mode --no-gradient-accumulation-fusion"
 GPT_7B_PP4 = (
     "--world-size 8 --pp 4 --vpp 8 --schedule interleaved --mbs 1 --global-batch 8 --zero 1 --seqlen 8192 "
-    "--hidden-dropout 0.1"
+    f"--hidden-dropout 0.1 {CI_FLAGS}"
 )
 GPT_7B_TP4 = (
-    "--world-size 8 --tp 4 --no-sequence-parallel --mbs 2 --global-batch 8 --zero 1 --seqlen 8192 --hidden-dropout 0.1"
+    "--world-size 8 --tp 4 --no-sequence-parallel --mbs 2 --global-batch 8 --zero 1 --seqlen 8192 --hidden-dropout 0.1 "
+    f"{CI_FLAGS}"
 )
 RUNS += [
     Published(
@@ -909,13 +918,13 @@ MEMORY = [
 
 # The small model of the hardware block: Megatron's 12×512 GPT test (dist. optimizer, TE, flash) on DGX H100 and
 # DGX GB200, each step's iteration time published; step = the median of steps 3-100 (H100) and 9-100 (GB200, the
-# steps the stored file holds). Its kernels take microseconds: the step is set by their fixed costs (GB200's Grace
-# host launches them slower than H100's x86 host: 82 vs 58 ms)
+# steps the stored file holds). Its kernels take microseconds: the step is the host's (GB200's Grace host issues
+# them slower than H100's x86 host: 82 vs 58 ms; docs/project.md, "Host-bound steps")
 RUNS += [
     Published(
         "Megatron CI hardware",
         f"Megatron GPT 12×512, dist. optimizer, 8 {device}",
-        f"{SMALL} --zero 1 {DROPOUT}" + (" --gpus-per-node 4" if device == "GB200" else ""),
+        f"{SMALL} --zero 1 {DROPOUT} {CI_FLAGS}" + (" --gpus-per-node 4" if device == "GB200" else ""),
         step,
         MEGATRON_CI_ON.format("gpt3_mcore_te_tp1_pp1_resume_torch_dist_dist_optimizer", device.lower()),
         "iteration-time, median; host-bound",
@@ -923,6 +932,47 @@ RUNS += [
         GPT_SMALL,
     )
     for device, step in (("H100", 0.057765), ("GB200", 0.08218))
+]
+# The same table on several parts (Megatron-Bridge's performance summary, 25.11 NeMo container: DGX H100, DGX B200,
+# DGX GB200 in one release), so the parts' ratio is checked on production recipes as well as on the CI's runs:
+# Llama-3 8B FP8 current scaling on 8 GPUs (H100: mbs 1 under Megatron FSDP; B200/GB200: mbs 2, DDP) and Llama-3 70B
+# on 64 GB200 (FSDP, mbs 2). Its H100 70B run is the "Megatron-Bridge 25.11" group's first. The recipes' CUDA graphs
+# (GB200 8B: "CUDA graph local") are not modelled; the host-issue model says these layers are not host-bound anyway.
+BRIDGE_2511_PARTS = (
+    "github.com/NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md (25.11 NeMo container: DGX-H100, DGX-B200, "
+    "DGX-GB200 tables)"
+)
+BRIDGE_FP8 = "--seqlen 8192 --fp8 te --fp8-recipe tensorwise --grad-dtype bf16 --recompute none"
+DDP_FP8 = "--zero 1 --fp8-param-gather"  # FP8 parameters under FSDP are not modelled: the FSDP runs gather in bf16
+RUNS += [
+    Published(
+        "Bridge 25.11 parts",
+        name,
+        f"--model {model} {layout} {BRIDGE_FP8}" + (" --gpus-per-node 4" if device == "GB200" else ""),
+        gbs * 8192 / (tps * world),
+        BRIDGE_2511_PARTS,
+        f"{tps:,} tokens/s/GPU",
+        device,
+    )
+    for name, model, layout, gbs, world, tps, device in (
+        ("Llama-3-8B fp8, 8 H100, FSDP", "Llama3.1_8B", "--world-size 8 --mbs 1 --global-batch 128 --fsdp", 128, 8,
+         14451, "H100"),
+        ("Llama-3-8B fp8, 8 B200, mbs 2", "Llama3.1_8B", f"--world-size 8 --mbs 2 --global-batch 128 {DDP_FP8}", 128, 8,
+         30624, "B200"),
+        ("Llama-3-8B fp8, 8 GB200, mbs 2", "Llama3.1_8B", f"--world-size 8 --mbs 2 --global-batch 128 {DDP_FP8}", 128,
+         8, 31508, "GB200"),
+        ("Llama-3-70B fp8, 64 GB200, FSDP mbs 2", "Llama3.1_70B", "--world-size 64 --mbs 2 --global-batch 256 --fsdp",
+         256, 64, 4312, "GB200"),
+    )
+]  # fmt: skip
+# Published throughput ratios between parts, each a pair of RUNS by name (the first the faster part)
+PART_RATIOS = [
+    ("Megatron GPT 7B, tp1 pp4 vpp8, 8 GB200", "Megatron GPT 7B, tp1 pp4 vpp8, 8 H100"),
+    ("Megatron GPT 7B, tp4 (no SP) mbs 2, 8 GB200", "Megatron GPT 7B, tp4 (no SP) mbs 2, 8 H100"),
+    ("Megatron GPT 12×512, dist. optimizer, 8 H100", "Megatron GPT 12×512, dist. optimizer, 8 GB200"),
+    ("Llama-3-8B fp8, 8 GB200, mbs 2", "Llama-3-8B fp8, 8 H100, FSDP"),
+    ("Llama-3-8B fp8, 8 B200, mbs 2", "Llama-3-8B fp8, 8 H100, FSDP"),
+    ("Llama-3-70B fp8, 64 GB200, FSDP mbs 2", "Llama-3-70B fp8, 64 GPUs, tp4 pp8 vp5"),
 ]
 
 
@@ -940,8 +990,8 @@ def projected_memory(run: PublishedMemory) -> int:
 def project(
     flags: str, scale: float | None = None, device: str = "H100", config: dict | None = None, before: bool = False
 ) -> tuple[Projection, Projector, object]:
-    """``before``: as the projection was before issue 44's hardware round (no fixed cost per kernel, every NVLink
-    domain a node); the unfused attention's timing and the other rounds' changes stay."""
+    """``before``: as the projection was before issue 44's hardware round (no fixed cost per kernel, no host issue
+    time, every NVLink domain a node); the unfused attention's timing and the other rounds' changes stay."""
     if config is None:
         args = build_parser().parse_args(shlex.split(f"{flags} --device {device}"))
         (cfg,) = select_models(load_model_configs(args.model_config_path, args.model_name), args.model)
@@ -953,7 +1003,7 @@ def project(
     plan = base_plan(cfg, args)
     stated = assumptions(args)
     if before:
-        plan, stated = replace(plan, nvlink_domain=None), replace(stated, kernel_us=0.0)
+        plan, stated = replace(plan, nvlink_domain=None), replace(stated, kernel_us=0.0, host_us_per_op=0.0)
     rates = Rates([], device, args.dtype, stated, args.gpus_per_node)
     if scale is not None:
         rates = rates_scaled(rates, scale)
@@ -966,10 +1016,13 @@ def main() -> None:
     scale: dict[str, float] = {}
     moe_rows, moe_errors, dense_errors = [], [], []
     uncalibrated: list[tuple[float, float]] = []  # (before, now) projected / published, every run
+    # name -> (tokens per GPU a step, published step, projected, before); a later run of a name replaces an earlier
+    per_gpu: dict[str, tuple[float, float, float, float]] = {}
     for run in RUNS:
         base, projector, plan = project(run.flags, device=run.device, config=run.config)
         earlier = project(run.flags, device=run.device, config=run.config, before=True)[0]
         uncalibrated.append((earlier.step_s / run.step_s, base.step_s / run.step_s))
+        per_gpu[run.name] = (plan.global_batch * plan.seqlen / plan.world, run.step_s, base.step_s, earlier.step_s)
         if run.framework not in scale:  # the framework's first run calibrates the rest
             factor = calibration(base, run.step_s, 1.0, lambda k, r=run: project(r.flags, k, r.device, r.config)[0])
             assert factor is not None, run.name
@@ -999,7 +1052,7 @@ def main() -> None:
                 f"{base.step_s / run.step_s:.3f}",
                 "(calibrates: ×" + f"{scale[run.framework]:.3f})" if calibrated is None else f"{calibrated:.3f}",
                 f"{base.memory.total / 2**30:.1f}",
-                run.note,
+                run.note + (f"; host-bound (+{base.host_wait_s * 1e3:.3g} ms)" if base.host_wait_s > 0 else ""),
             ]
         )
     headers = [
@@ -1012,8 +1065,14 @@ def main() -> None:
     print(
         f"uncalibrated, all {len(uncalibrated)} runs: median |error| {error_now:.1%} (before: {error_before:.1%}; "
         "target 10 %); "
-        "'before' leaves out the fixed cost per kernel and NVLink domains beyond the node"
+        "'before' leaves out the fixed cost per kernel, the host's issue time and NVLink domains beyond the node"
     )
+    for faster, slower in PART_RATIOS:  # tokens/s per GPU of the first over the second, uncalibrated
+        (ta, pa, ja, ba), (tb, pb, jb, bb) = per_gpu[faster], per_gpu[slower]
+        print(
+            f"{faster} over {slower}: published {ta / pa / (tb / pb):.2f}×, projected {ta / ja / (tb / jb):.2f}× "
+            f"(before {ta / ba / (tb / bb):.2f}×)"
+        )
     for framework, errs in errors.items():
         worst = max(errs, key=abs)
         print(
@@ -1022,7 +1081,7 @@ def main() -> None:
         )
     print(
         f"sources: {DGXC}; {DGXC_2411.format('*')}; {BRIDGE}; {BRIDGE_2511}; {DGXC_DSV3}; {NEMO_B200}; {TITAN_2412}; "
-        f"{TITAN_2506}"
+        f"{TITAN_2506}; {BRIDGE_2511_PARTS}"
     )
     print()
     headers = ["MoE run", "before: projected / published", "before: calibrated", "now", "now: calibrated"]
@@ -1031,7 +1090,8 @@ def main() -> None:
     print(
         f"calibrated MoE runs: median |error| {statistics.median(abs(e) for e in moe_errors):.1%}, the worst "
         f"{max(abs(e) for e in moe_errors):.1%} (targets 10 %, 25 %; before the MoE cost model "
-        f"{statistics.median(was):.1%} and {max(was):.1%}); dense runs: median |error| "
+        f"{statistics.median(was):.1%} and {max(was):.1%}; before the flex dispatcher's RDMA-stage count and 25.11's "
+        f"Qwen3-30B-A3B recipe {MOE_BEFORE_FLEX[0]:.1%} and {MOE_BEFORE_FLEX[1]:.1%}); dense runs: median |error| "
         f"{statistics.median(abs(e) for e in dense_errors):.2%} ({DENSE_BEFORE_MEDIAN:.2%} over the dense runs of "
         "2026-11-29; no dense layer takes any of the MoE model)"
     )

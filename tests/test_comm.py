@@ -443,3 +443,22 @@ def test_a_bad_histogram_is_one_line_naming_the_file_exit_2(tmp_path, capsys, co
     assert run_cli(main, [*argv, "--routing", f"histogram:{path}"], prog="opbench comm") == 2
     (err,) = capsys.readouterr().err.strip().splitlines()
     assert str(path) in err and needle in err and "Traceback" not in err
+
+
+def test_routing_precheck_follows_the_cases_that_use_it(tmp_path, capsys):
+    """A histogram of the model's expert count runs with --model alone (the default sweep's 8 per rank is not
+    asked); the same file with a sweep is refused naming the run's experts, not a model; max-mean states its E/k
+    bound without a probe's token count."""
+    path = tmp_path / "h8.txt"
+    path.write_text("\n".join(["3"] * 8))  # Mixtral_8x7B: 8 experts
+    argv = ["--collectives", "all_to_all_v", "--routing", f"histogram:{path}"]
+    out = _plan(capsys, "--model", "Mixtral_8x7B", "--seqlen", "16", *argv)
+    assert sum(line.startswith("all_to_all_v") for line in out.splitlines()) == 2
+    base = ["--dry-run", "--nproc-per-node", "2", *argv]
+    assert run_cli(main, [*base, "-b", "1M"], prog="opbench comm") == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert "has 8 counts, the run has 16 experts" in err and "model" not in err
+    mm = ["--dry-run", "--nproc-per-node", "2", "--collectives", "all_to_all_v", "--routing", "max-mean:100"]
+    assert run_cli(main, mm, prog="opbench comm") == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert "at most E/k = 16/2 = 8" in err and "tokens (" not in err and "1 tokens" not in err

@@ -438,6 +438,42 @@ def test_ep_reference_check_can_fail():
         ranks.stop()
 
 
+def test_ep_backward_matches_one_rank_and_can_fail(monkeypatch):
+    """On a one-rank group the EP block's gradients (tokens, router, experts, shared experts) are the single-rank
+    block's; a backward all-to-all that sends 1 % too much is caught; the explicit reverse all-to-alls are the
+    autograd ones (dispatch's backward is the combine's exchange and the other way round)."""
+    from opbench.core import dist
+    from opbench.moe import ep as EP
+
+    spec = block_spec(load_model_configs("examples/configs/tiny-qwen3-moe")[0])
+    g = torch.Generator().manual_seed(0)
+    w = B.make_weights(spec, torch.float32, CPU, g)
+    x = torch.randn((16, spec.hidden), generator=g)
+    grad = torch.randn((16, spec.hidden), generator=g)
+    idx = torch.from_numpy(assign(target_counts(parse_routing("zipf:1.2"), 16, 2, 8)[0], 16, 2, 0))
+    ranks = dist.Ranks.join(dist.single(), "cpu", 30)
+    try:
+        block = EP.EpBlock(spec, w, x, idx, backends.torch_loop, 1, 0)
+        assert EP.grads_reference_error(block, grad, backends.torch_loop) < 1e-6
+        assert not block.x.requires_grad  # grads() leaves the block's tokens as they were
+        rows = torch.randn((32, spec.hidden), generator=g)
+        with torch.enable_grad():
+            leaf = rows.clone().requires_grad_()
+            (via_autograd,) = torch.autograd.grad(block.combine(leaf), leaf, rows)
+        assert torch.equal(block.combine_backward(rows), via_autograd)  # 1 rank: the exchange keeps the rows
+        assert torch.equal(block.dispatch_backward(block.combine_backward(rows)), rows)
+        real = EP.AllToAllV.backward
+
+        def off_by_one_percent(ctx, grad_rows):
+            back, *rest = real(ctx, grad_rows)
+            return (back * 1.01, *rest)
+
+        monkeypatch.setattr(EP.AllToAllV, "backward", staticmethod(off_by_one_percent))
+        assert EP.grads_reference_error(block, grad, backends.torch_loop) > 5e-3
+    finally:
+        ranks.stop()
+
+
 @pytest.mark.slow
 def test_ep_over_two_ranks_dispatches_combines_and_matches_one_rank(tmp_path):
     """A real 2-rank torchrun job (gloo): per routing, dispatch / experts / combine / block rows; the output equals
@@ -453,10 +489,10 @@ def test_ep_over_two_ranks_dispatches_combines_and_matches_one_rank(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = read(tmp_path / "benchmark_moe_tiny-qwen3-moe_ep2.csv")
-    assert [(r["routing"], r["phase"]) for r in rows] == [
-        (routing, phase)
-        for routing in ("balanced", "zipf:1.2")
-        for phase in ("dispatch", "experts", "combine", "block")
+    passes = [("dispatch", "fwd"), ("dispatch", "bwd"), ("experts", "fwd"), ("combine", "fwd"), ("combine", "bwd")]
+    passes += [("block", "fwd"), ("block", "bwd")]  # bwd: the reverse all-to-alls; the block's gradients checked
+    assert [(r["routing"], r["phase"], r["pass"]) for r in rows] == [
+        (routing, phase, p) for routing in ("balanced", "zipf:1.2") for phase, p in passes
     ]
     assert all(r["status"] == "ok" and float(r["time_s"]) > 0 and r["ep"] == "2" for r in rows)
     assert all(float(r["max_rel_err"]) < 1e-5 for r in rows if r["phase"] in ("experts", "block"))

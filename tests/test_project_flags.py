@@ -58,6 +58,15 @@ def test_v_half_and_v_min_trade_bubble_for_activations(schedule, p, chunks, bubb
         assert r.in_flight[0] / (2 * p) == pytest.approx({"v-half": 0.5625, "v-min": 0.375}[schedule])
 
 
+def test_v_half_and_v_min_peaks_are_the_documented_table():
+    """docs/project.md ("A step") tables the peak chunks in_flight computes: V-Min equals V-Half at odd p, and
+    neither is "about p and 2p/3" (the text it replaced); the same for m from 3p to 8p."""
+    table = {3: (4, 4), 4: (6, 4), 5: (6, 6), 8: (10, 8), 16: (18, 12)}
+    for p, peaks in table.items():
+        for m in (3 * p, 8 * p):
+            assert tuple(max(in_flight(p, m, 2, s)) for s in ("v-half", "v-min")) == peaks, (p, m)
+
+
 def test_v_half_projects_on_the_command_line(capsys):
     from opbench.core.errors import run_cli
     from opbench.project.__main__ import main
@@ -272,6 +281,31 @@ def test_deterministic_mode_pins_the_ring_and_refuses_what_megatron_refuses(caps
         assert err.startswith(f"opbench project: error: {message}") and len(err.splitlines()) == 1, err
     assert run_cli(main, [*base, "--deterministic-mode"], prog="opbench project") == 0
     assert "attention's deterministic backward" in capsys.readouterr().err  # named, not modelled
+
+
+def test_compile_refuses_an_explicit_fused_and_implies_eager_otherwise(capsys):
+    """--compile (or --compile-memory-time) projects PyTorch's eager ops compiled: an explicit --memory-ops or
+    --activation-profile fused contradicts it (one line, exit 2); unset, both are eager under it and fused without."""
+    import argparse
+
+    from opbench.core.errors import run_cli
+    from opbench.project.__main__ import build_parser, main
+    from opbench.project.search import resolve_compile
+
+    base = ["--model", "Qwen3_0.6B", "--device", "H100", "--world-size", "8", "--seqlen", "4096"]
+    for compiled in (["--compile"], ["--compile-memory-time", "0.5"]):
+        for flag in ("--memory-ops", "--activation-profile"):
+            assert run_cli(main, [*base, *compiled, flag, "fused"], prog="opbench project") == 2
+            err = capsys.readouterr().err
+            assert err.startswith(f"opbench project: error: field '{flag}': fused is") and len(err.splitlines()) == 1
+        assert run_cli(main, [*base, *compiled, "--memory-ops", "eager"], prog="opbench project") == 0
+        capsys.readouterr()
+    parse = build_parser().parse_args
+    assert resolve_compile(parse(["--world-size", "8", "--compile-memory-time", "0.5"])) == ("eager", "eager")
+    assert resolve_compile(parse(["--world-size", "8", "--memory-ops", "eager"])) == ("eager", "fused")
+    args = parse(["--world-size", "8"])
+    assert resolve_compile(args) == resolve_compile(args) == ("fused", "fused") and not args.compile
+    assert resolve_compile(argparse.Namespace(compile=True)) == ("eager", "eager")  # idempotent, attribute-free
 
 
 def test_help_shows_the_flags(capsys):

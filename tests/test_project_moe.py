@@ -4,13 +4,14 @@ estimate by phase, the grouped GEMMs' reduction width sets their estimated rate,
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
 
 from opbench.models import load_model_configs, select_models
 from opbench.models.architectures import decoder_layers
-from opbench.project.moe_rates import K0_FP8, K_REFERENCE, fit_k0, k_share
+from opbench.project.moe_rates import FLEX_RDMA_PUBLISHED, K0_FP8, K_REFERENCE, fit_k0, flex_rdma_share, k_share
 from opbench.project.plan import Plan
 from opbench.project.rates import Assumptions, Rates
 from opbench.project.workload import EP_COMM, GEMM, expert_gemm_time, layer_work
@@ -156,3 +157,27 @@ def test_moe_flags_are_checked(capsys):
         assert run_cli(main, argv, prog="opbench project") == 2
         out, err = capsys.readouterr()
         assert flag[0] in err and len(err.splitlines()) == 1 and not out, err
+
+
+def test_the_flex_dispatchers_rdma_stage_carries_a_token_to_every_node_its_experts_are_on_its_own_included():
+    """DeepEP and HybridEP count a token once per node its experts are on, its own node included, and publish
+    43-58 GB/s for that on a 50 GB/s NIC: the median, 1.01 of the NIC, is the RDMA stage's rate. Qwen3-30B-A3B over
+    two nodes (128 experts, top 8) then sends its 4,096 tokens through it 1.99 times each: 1.58x the network-only
+    count's time at 0.8 of the NIC, which is what the Megatron-Bridge A/B's hidden share implied (10 s of all-to-all
+    a step where the link model gave 5.4)."""
+    rates = [r for rows in FLEX_RDMA_PUBLISHED.values() for _, d, c in rows for r in (d, c)]
+    assert len(rates) == 12 and min(rates) == 41.24 and max(rates) == 58.0
+    assert flex_rdma_share() == pytest.approx(1.01)
+    r = Rates([], "H100", "bf16", Assumptions(), 8)
+    token, tokens = 2048 * 2, 4096
+    nodes_hit = 2 * (1 - math.prod((64 - i) / (128 - i) for i in range(8)))
+    assert nodes_hit == pytest.approx(1.9938, abs=1e-4)
+    t = r.flex_dispatch_time(token, tokens, 8, 128, 16, 1, 8)
+    latency = Assumptions().latency_us_inter * 1e-6
+    assert t.seconds - latency == pytest.approx(tokens * token * nodes_hit / (50.0 * 1.01e9), rel=1e-6)
+    assert "its own included" in t.note
+    old_model = tokens * token * nodes_hit / 2 / (50.0 * 0.8e9)  # the other node only, at the link efficiency
+    assert (t.seconds - latency) / old_model == pytest.approx(1.584, abs=0.01)
+    # within one node there is no RDMA stage: NVLink alone, as before
+    one = r.flex_dispatch_time(token, tokens, 8, 128, 8, 1, 8)
+    assert "RDMA" not in one.note

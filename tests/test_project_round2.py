@@ -33,7 +33,9 @@ def test_an_ep64_all_to_all_inside_a_gb200_nvl72_domain_runs_at_nvlink_rate(dsv3
     assert nvlink_domain_of("NVIDIA GB200") == 72 and nvlink_domain_of("GB300") == 72
     assert nvlink_domain_of("H100") is None and nvlink_domain_of("B200") is None
     a = Assumptions()
-    plan = Plan(world=256, seqlen=4096, global_batch=1024, tp=2, ep=64, etp=1, pp=4, gpus_per_node=4)
+    # 64 GPUs of one rack: ranks fill NVLink domains in order (plan.domain_shares), so an EP64 group stays inside a
+    # 72-GPU domain only when the world does (at 256 GPUs the block of ranks 64..127 straddles racks 0 and 1: below)
+    plan = Plan(world=64, seqlen=4096, global_batch=1024, tp=2, ep=64, etp=1, pp=1, gpus_per_node=4)
     gb200 = Rates([], "GB200", "bf16", a, 4)
     across, inside = (_a2a(dsv3, p, gb200) for p in (plan, replace(plan, nvlink_domain=72)))
     assert plan.spans_nodes(64, 1) and not replace(plan, nvlink_domain=72).spans_nodes(64, 1)
@@ -47,9 +49,15 @@ def test_an_ep64_all_to_all_inside_a_gb200_nvl72_domain_runs_at_nvlink_rate(dsv3
     h100 = Rates([], "H100", "bf16", a, 8)
     base = replace(plan, gpus_per_node=8)
     assert _a2a(dsv3, base, h100).seconds == _a2a(dsv3, replace(base, nvlink_domain=8), h100).seconds
-    # a group wider than the domain still crosses it: EP64 at etp 2 spans 128 GPUs
-    wide = replace(plan, nvlink_domain=72, etp=2)
-    assert wide.spans_nodes(64, 2) and wide.node_share(64, 2) == 36
+    # a group wider than the domain still crosses it: EP64 at etp 2 spans 128 GPUs. Consecutive ranks in racks of
+    # 72 (0..71, 72..143, 144..215, 216..255): the group of ranks 128, 130, …, 254 has only 8 in rack 1 (128..142),
+    # the thinnest share of any group, and its NICs the bottleneck (was 36 = 72/2 when groups were packed per rack)
+    big = replace(plan, world=256, pp=4)
+    wide = replace(big, nvlink_domain=72, etp=2)
+    assert wide.spans_nodes(64, 2) and wide.node_share(64, 2) == 8
+    rack = replace(big, nvlink_domain=72)  # EP64 at 256 GPUs: ranks 64..127 straddle racks 0 and 1 (64..71 in 0)
+    assert rack.spans_nodes(64, 1) and rack.node_share(64, 1) == 8
+    assert not rack.spans_nodes(8, 1) and rack.node_share(8, 1) == 8  # 8 divides 72: every EP8 group inside a rack
 
 
 def test_the_cli_defaults_gb200_to_its_nvl72_domain_and_the_search_says_the_domain(capsys):
@@ -77,6 +85,10 @@ def test_the_cli_defaults_gb200_to_its_nvl72_domain_and_the_search_says_the_doma
     assert run_cli(main, [*flags, "--nvlink-domain", "0"], prog="opbench project") == 2
     err = capsys.readouterr().err
     assert "--nvlink-domain" in err and "Traceback" not in err
+    # a domain is whole nodes or an even part of one: 5 GPUs in nodes of 4 has no placement
+    assert run_cli(main, [*flags, "--nvlink-domain", "5"], prog="opbench project") == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert "field '--nvlink-domain'" in err and "nodes of 4" in err
 
 
 def test_the_flex_dispatcher_fills_whole_domains(dsv3):
@@ -85,6 +97,11 @@ def test_the_flex_dispatcher_fills_whole_domains(dsv3):
     assert not [p for p in problems(dsv3, flex) if p[0] == "--ep"]  # 64 fills 16 nodes of 4
     odd = problems(dsv3, replace(flex, nvlink_domain=48))  # 64 neither fits in 48 nor fills whole 48s
     assert any(flag == "--ep" and "NVLink domains" in why for flag, why in odd)
+    # ranks fill domains in order: in racks of 72, EP64 groups straddle racks (64..127), EP128 fills none, EP8 fits
+    for ep, refused in ((64, True), (128, True), (8, False)):
+        found = problems(dsv3, replace(flex, ep=ep, nvlink_domain=72))
+        assert any(flag == "--ep" and "NVLink domains of 72" in why for flag, why in found) == refused, ep
+    assert not [p for p in problems(dsv3, replace(flex, world=64, pp=1, nvlink_domain=72)) if p[0] == "--ep"]
 
 
 def test_a_kernel_has_a_fixed_cost_by_vendor_measured_from_tiny_rows_or_given():
@@ -131,7 +148,9 @@ def test_the_fixed_cost_slows_a_small_model_and_leaves_a_large_one():
         (qwen, Plan(world=8, seqlen=1024, global_batch=8)),
     ):
         zero, default = (
-            Projector(cfg, Rates([], "H100", "bf16", Assumptions(kernel_us=k), 8)).project(plan).step_s
+            Projector(cfg, Rates([], "H100", "bf16", Assumptions(kernel_us=k, host_us_per_op=0.0), 8))
+            .project(plan)
+            .step_s  # the GPU's work alone (test_project_host.py: the host's)
             for k in (0.0, None)
         )
         ratios.append(default / zero)
@@ -179,7 +198,8 @@ def test_the_search_ranks_a_racks_layouts_on_their_nvlink_times():
     from opbench.project.step import Projector
 
     (cfg,) = select_models(load_model_configs(), "Qwen3_0.6B")
-    projector = Projector(cfg, Rates([], "GB200", "bf16", Assumptions(), 4))
+    # the GPU's work alone: on Grace this model's step is its host's (test_project_host.py), the same on any layout
+    projector = Projector(cfg, Rates([], "GB200", "bf16", Assumptions(host_us_per_op=0.0), 4))
     base = Plan(world=16, seqlen=4096, global_batch=16, gpus_per_node=4)
     found = {domain: search(cfg, replace(base, nvlink_domain=domain), projector, 5, True)[0] for domain in (None, 72)}
     labels = {domain: [r.plan.label() for r in best] for domain, best in found.items()}

@@ -168,6 +168,23 @@ def kda_bytes(shape: AttentionShape, batch_size: int, element_size: int) -> floa
     return float(batch_size * (t * per_token + states))
 
 
+def scan_bytes(shape: AttentionShape, batch_size: int, element_size: int) -> float:
+    """Forward bytes of a chunked scan at minimum traffic (the memory half of its time in ``opbench project``):
+    KDA's ``kda_bytes``; the gated DeltaNet's the same less its per-channel decay (one decay per head); Mamba-2's
+    x and the output (P per head), Δ (one per head), B and C (N per group) read or written once per token, and
+    the fp32 N×P state entering every chunk per head, which mamba_ssm's ``_state_passing_fwd`` writes."""
+    if shape.attn_kind == KDA:
+        return kda_bytes(shape, batch_size, element_size)
+    t, heads = shape.seqlen_q, shape.num_head_q
+    if shape.attn_kind == MAMBA2:
+        chunk = shape.window if shape.window > 0 else 128
+        per_token = (heads * (2 * shape.head_dim_v + 1) + 2 * shape.num_head_kv * shape.head_dim_qk) * element_size
+        states = math.ceil(t / chunk) * heads * shape.head_dim_qk * shape.head_dim_v * 4
+        return float(batch_size * (t * per_token + states))
+    gate = heads * (shape.head_dim_qk - 1) * element_size  # KDA's per-channel decay, one per head here
+    return kda_bytes(shape, batch_size, element_size) - batch_size * t * gate
+
+
 def mamba2_flops(shape: AttentionShape, batch_size: int) -> float:
     """Forward FLOPs of Mamba-2's chunked scan (Dao & Gu, "Transformers are SSMs: Generalized Models and Efficient
     Algorithms Through Structured State Space Duality", ICML 2024, §6 "the SSD algorithm"; as mamba_ssm's

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import os
 import sys
 from collections.abc import Sequence
@@ -263,9 +262,13 @@ def build_cases(args: argparse.Namespace, world_size: int, dtype: str) -> tuple[
     explicit = args.sizes is not None
     routings = parse_routings(args.routing) if "all_to_all_v" in args.collectives else []
     patterns = [SplitSpec(r, 0, args.top_k, args.hidden, args.experts) for r in routings]
-    for p in patterns:  # a histogram of the wrong length, or experts that do not split: one line before any rank runs
-        dataclasses.replace(p, tokens=1).expert_copies(world_size)
-    if args.minbytes is not None or args.maxbytes is not None or not (explicit or modelled or args.sizes_from_trace):
+    sweep = (
+        args.minbytes is not None or args.maxbytes is not None or not (explicit or modelled or args.sizes_from_trace)
+    )
+    if sweep or explicit:  # the patterns run here: a bad one is one line before any rank runs (model cases: ep_v_cases)
+        for p in patterns:
+            p.check(world_size)
+    if sweep:
         source = args.source_label or "sweep"
         cases += cases_for_sizes(args.collectives, _sweep(args), dtype, source, args.op, patterns)
     if explicit:

@@ -50,8 +50,7 @@ class SplitSpec:
         e = "" if self.experts is None else f" E={self.experts}"
         return f"a2av {self.direction} {self.routing.label}{e} k={self.top_k} h={self.hidden}"
 
-    def expert_copies(self, nranks: int) -> tuple[list[int], str]:
-        """Copies per expert of one rank's ``tokens·top_k`` (routing.target_counts) and its note."""
+    def _check_experts(self, nranks: int) -> int:
         experts = self.n_experts(nranks)
         if experts % nranks:
             raise UsageError(
@@ -60,6 +59,31 @@ class SplitSpec:
             )
         if self.top_k > experts:
             raise UsageError(f"top-{self.top_k} of {experts} experts", field="--top-k")
+        return experts
+
+    def check(self, nranks: int) -> None:
+        """What ``expert_copies`` refuses at any size, checked once before any rank starts and worded for the
+        flags of a run without a model (--experts, --top-k): no token count, since a size's tokens are not the
+        user's and the max-mean bound E/k holds whatever their number."""
+        experts = self._check_experts(nranks)
+        r = self.routing
+        if r.kind == "max-mean" and r.value is not None and r.value > experts / self.top_k:
+            raise UsageError(
+                f"'{r.text}': max/mean is at most E/k = {experts}/{self.top_k} = {experts / self.top_k:g} "
+                "(the hot expert cannot get more copies than there are tokens: a token picks an expert once)",
+                field="--routing",
+            )
+        if r.kind == "histogram" and len(r.histogram) != experts:
+            given = (
+                f"--experts is {experts}"
+                if self.experts is not None
+                else f"the run has {experts} experts ({EXPERTS_PER_RANK} per rank × {nranks} ranks; set --experts)"
+            )
+            raise UsageError(f"has {len(r.histogram)} counts, {given}", source=r.path, field="--routing")
+
+    def expert_copies(self, nranks: int) -> tuple[list[int], str]:
+        """Copies per expert of one rank's ``tokens·top_k`` (routing.target_counts) and its note."""
+        experts = self._check_experts(nranks)
         if self.tokens == 0:
             return [0] * experts, ""
         return target_counts(self.routing, self.tokens, self.top_k, experts)

@@ -22,6 +22,9 @@ class Peak:
     # the part whose best matmul's share of the peak these figures take (None: measured on this part itself): its
     # rates are datasheet estimates, which a projection says (docs/project.md, "Parts")
     matmul_of: str | None = None
+    # What the part's training steps reach of its best matmul over what an H100's reach of its own, measured on one
+    # published recipe run on both (TRAINING_FP8_TFLOPS); 1: none published (or the H100 itself)
+    training: float = 1.0
 
     def tflops(self, dtype: str) -> float | None:
         return {
@@ -63,6 +66,16 @@ _H100_BF16, _H100_FP8 = 794.5 / 989.0, 1402.6 / 1979.0
 _A100_BF16 = 271.2 / 312.0
 _CDNA4_BF16 = 1565.0 / 2516.6
 _CDNA3_BF16, _CDNA3_FP8 = 668.4 / 1307.4, 1273.0 / 2614.9
+# Model TFLOP/s per GPU of one training recipe published on several parts in one release (Megatron-Bridge's
+# performance summary, 25.11 NeMo container: Llama-3 8B, FP8 current scaling, 8 GPUs, sequence 8,192; H100 mbs 1
+# under FSDP, B200 and GB200 mbs 2): what a part's training step reaches of its best FP8 matmul over what H100's
+# does is its ``training`` factor (GB200 0.846, B200 0.866): the share of the matmul rate these parts' GEMMs and
+# attention keep in training, which their best matmuls alone overstate (docs/project.md, "Parts")
+TRAINING_FP8_TFLOPS = {"H100": 744.0, "B200": 1576.0, "GB200": 1622.0}
+
+
+def _training(part: str, best_fp8: float) -> float:
+    return round(TRAINING_FP8_TFLOPS[part] / best_fp8 / (TRAINING_FP8_TFLOPS["H100"] / (_H100_FP8 * 1979.0)), 4)
 
 
 def _at(peak: float, share: float) -> float:
@@ -80,8 +93,8 @@ PEAKS: list[tuple[str, Peak]] = [
     (r"(?<!g)h100.*pcie", Peak(756.0, 1513.0, 51.0, 2.0, _at(756.0, _H100_BF16), _at(1513.0, _H100_FP8), "H100 SXM")),
     (r"(?<!g)h100.*nvl", Peak(835.0, 1671.0, 60.0, 3.9, _at(835.0, _H100_BF16), _at(1671.0, _H100_FP8), "H100 SXM")),
     (r"(?<!g)h100", Peak(989.0, 1979.0, 67.0, 3.35, 794.5, 1402.6)),
-    (r"gb200", Peak(2500.0, 5000.0, 80.0, 8.0, 1822.0, 3615.6)),
-    (r"b200", Peak(2250.0, 4500.0, 75.0, 8.0, 1745.0, 3432.5)),
+    (r"gb200", Peak(2500.0, 5000.0, 80.0, 8.0, 1822.0, 3615.6, training=_training("GB200", 3615.6))),
+    (r"b200", Peak(2250.0, 4500.0, 75.0, 8.0, 1745.0, 3432.5, training=_training("B200", 3432.5))),
     (r"a100.*pcie", Peak(312.0, None, 19.5, 1.935, 252.9)),
     (r"a100.*40gb", Peak(312.0, None, 19.5, 1.555, _at(312.0, _A100_BF16), matmul_of="A100 80GB SXM")),
     (r"a100", Peak(312.0, None, 19.5, 2.039, 271.2)),
@@ -108,3 +121,16 @@ def nvlink_domain_of(name: str | None) -> int | None:
     """The NVLink domain a part is sold in when it is larger than a node (GB200/GB300: 72); None: the node."""
     low = (name or "").lower()
     return next((size for pattern, size in NVLINK_DOMAINS if re.search(pattern, low)), None)
+
+
+# The CPU that issues a part's kernels, where it is not an x86 server's (docs/project.md, "Host-bound steps"): the
+# Grace superchips (GB200/GB300 NVL72, GH200) pair each GPU with NVIDIA's Arm Grace CPU, whose single-thread issue of
+# a PyTorch operator is 2.75× a DGX H100's Xeon's (TransformerEngine issue #2053's measurement). Every other listed
+# part sits in an x86 server (DGX/HGX boards, MI300X/MI325X/MI355X platforms).
+HOST_CPUS: list[tuple[str, str]] = [(r"gb[23]00|gh200", "grace")]
+
+
+def host_cpu(name: str | None) -> str:
+    """'grace' or 'x86': the CPU that launches a part's kernels."""
+    low = (name or "").lower()
+    return next((cpu for pattern, cpu in HOST_CPUS if re.search(pattern, low)), "x86")

@@ -1,7 +1,7 @@
 """``python -m opbench.moe`` / ``opbench moe``: one MoE block of a model, forward and backward, timed as a whole and
 phase by phase (router, top-k, permutation, the routed experts' grouped GEMMs, shared experts, combine), under the
 routing distributions users see. One rank; with --ep N, the block over N ranks under torchrun (ep.py): tokens
-dispatched to their experts' ranks and combined back with all-to-all-v, forward only.
+dispatched to their experts' ranks and combined back with all-to-all-v, forward and backward.
 
 Rows are written to benchmark_moe_<model>.csv as they finish; the tokens each expert got are in the CSV's
 sidecar (.meta.json). docs/moe.md says what each phase includes and how FLOPs are counted.
@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         default=1,
         help="expert-parallel ranks: N > 1 runs the block over N ranks (torchrun with N ranks here when not already "
-        "under torchrun; gloo on CPU): dispatch, experts, combine and block rows, forward only (docs/moe.md)",
+        "under torchrun; gloo on CPU): dispatch, experts, combine and block rows (dispatch, combine and block also backward; docs/moe.md)",
     )
     cli.add_dry_run_arg(p, "write the planned rows (status=planned) to benchmark_moe_<model>.plan.csv")
     cli.add_top_arg(p, None)
@@ -210,8 +210,6 @@ def expert_parallel(args: argparse.Namespace, argv: Sequence[str], plans: Sequen
         raise UsageError(
             "--ep times its own phases (dispatch, experts, combine, block); drop --phases", field="--phases"
         )
-    if "fwd" not in args.passes:
-        raise UsageError("--ep times the forward pass only", field="--passes")
     for cfg, spec, _ in plans:
         if spec.experts % args.ep:
             raise UsageError(f"{cfg.name}'s {spec.experts} experts do not split over {args.ep} ranks", field="--ep")

@@ -1,6 +1,6 @@
 """Expert parallelism (``opbench moe --ep N``): one MoE block over an EP group of N ranks, tokens exchanged as
 Megatron-Core's all-to-all token dispatcher does (``megatron/core/transformer/moe/token_dispatcher.py``,
-``MoEAlltoAllTokenDispatcher``), forward only.
+``MoEAlltoAllTokenDispatcher``), forward and backward.
 
 Every rank has its own ``T`` tokens and the same weights (one seed); the ``E`` experts are placed contiguously, rank
 ``r`` running experts ``r·E/N … (r+1)·E/N − 1``. One forward:
@@ -15,8 +15,14 @@ Every rank has its own ``T`` tokens and the same weights (one seed); the ``E`` e
     combine      the chunks sorted back to source-major, all_to_all_single back with the splits swapped
     unpermute    out[t] = Σ weight · y over t's copies (+ shared experts), on the token's own rank
 
-The output is checked against the single-rank block (block.forward, full weights) on the gathered tokens and experts
-of every rank. No capacity factor (no drops) and no backward yet.
+Backward: the all-to-alls are differentiable (``AllToAllV``): the dispatch's backward is the combine's all-to-all
+on the gradients (received rows back to their tokens' ranks) and the combine's backward the dispatch's (the rows'
+gradients out to the experts' ranks again), with the same splits; the counts are not exchanged again (Megatron's
+dispatcher keeps them from the forward). The router and shared experts are replicated, so each rank's gradient of
+them covers its own tokens: summed over the group they are the single-rank block's.
+
+The output, and the gradients of the tokens and of every weight, are checked against the single-rank block
+(block.forward, full weights) on the gathered tokens and experts of every rank. No capacity factor (no drops).
 """
 
 from __future__ import annotations
@@ -71,6 +77,25 @@ def sort_chunks(t: torch.Tensor, sizes: list[int], order: list[int]) -> torch.Te
     return torch.cat([chunks[i] for i in order])
 
 
+class AllToAllV(torch.autograd.Function):
+    """``all_to_all_single`` with uneven splits that autograd can run back: the backward sends each rank's
+    gradient rows back where the forward's rows came from (the splits swapped)."""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Any) -> torch.Tensor:
+        ctx.splits, ctx.group = (out_splits, in_splits), group
+        out = t.new_empty((sum(out_splits), *t.shape[1:]))
+        dist.all_to_all_single(out, t.contiguous(), out_splits, in_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        out_splits, in_splits = ctx.splits
+        back = grad.new_empty((sum(in_splits), *grad.shape[1:]))
+        dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits, group=ctx.group)
+        return back, None, None, None
+
+
 @dataclass
 class Exchange:
     """One dispatch's bookkeeping: rows from each source to each local expert, and the chunk orders."""
@@ -116,8 +141,6 @@ class EpBlock:
         self.full = weights
         self.local = local_weights(weights, rank * self.per, (rank + 1) * self.per)
         with torch.no_grad():
-            scores = B.router_scores(x, weights, spec.router)
-            self.topk_weights = B.weigh(scores, idx, spec.router)
             self.routed = B.plan_rows(idx, spec.experts, None)
             self.x_perm = B.permute(x, self.routed)
         self.exchange = self.exchange_counts()
@@ -136,9 +159,7 @@ class EpBlock:
     def dispatch(self) -> torch.Tensor:
         """Counts, then rows, to the experts' ranks; rows sorted by local expert. [rows received, h]"""
         ex = self.exchange_counts()
-        out = self.x_perm.new_empty((sum(ex.recv_splits), self.x_perm.shape[1]))
-        dist.all_to_all_single(out, self.x_perm, ex.recv_splits, ex.send_splits, group=self.group)
-        return ex.by_expert(out)
+        return ex.by_expert(AllToAllV.apply(self.x_perm, ex.recv_splits, ex.send_splits, self.group))
 
     def experts(self, rows: torch.Tensor) -> torch.Tensor:
         routed = local_routed(self.exchange.expert_counts, rows.device)
@@ -147,20 +168,44 @@ class EpBlock:
     def combine(self, y: torch.Tensor) -> torch.Tensor:
         """The experts' rows back to their tokens' ranks, in this rank's expert-sorted copy order. [T·k, h]"""
         ex = self.exchange
-        back = ex.by_source(y)
-        out = y.new_empty((sum(ex.send_splits), y.shape[1]))
-        dist.all_to_all_single(out, back, ex.send_splits, ex.recv_splits, group=self.group)
+        return AllToAllV.apply(ex.by_source(y), ex.send_splits, ex.recv_splits, self.group)
+
+    def dispatch_backward(self, grad_rows: torch.Tensor) -> torch.Tensor:
+        """The dispatch's backward: the received rows' gradients (by local expert) back to their tokens' ranks, the
+        combine's all-to-all (no count exchange: the forward's splits). [T·k, h]"""
+        ex = self.exchange
+        out = grad_rows.new_empty((sum(ex.send_splits), grad_rows.shape[1]))
+        dist.all_to_all_single(out, ex.by_source(grad_rows), ex.send_splits, ex.recv_splits, group=self.group)
         return out
 
-    def unpermute(self, y_back: torch.Tensor) -> torch.Tensor:
-        return B.combine(y_back, self.topk_weights, self.routed, self.x.shape[0], B.shared(self.x, self.full))
+    def combine_backward(self, grad_back: torch.Tensor) -> torch.Tensor:
+        """The combine's backward: the gradients of this rank's copies out to the experts' ranks again, the
+        dispatch's all-to-all, sorted by local expert. [rows received, h]"""
+        ex = self.exchange
+        out = grad_back.new_empty((sum(ex.recv_splits), grad_back.shape[1]))
+        dist.all_to_all_single(out, grad_back.contiguous(), ex.recv_splits, ex.send_splits, group=self.group)
+        return ex.by_expert(out)
 
     def forward(self) -> torch.Tensor:
-        """The whole block on this rank's tokens, through the EP group. [T, h]"""
+        """The whole block on this rank's tokens, through the EP group; differentiable where grad is on (the
+        routing weights come from this call's scores). [T, h]"""
         scores = B.router_scores(self.x, self.full, self.spec.router)
-        B.route(scores, self.full, self.spec.router, self.idx)  # the selection runs, as in the single-rank block
+        weights, _ = B.route(scores, self.full, self.spec.router, self.idx)  # the selection runs, as on one rank
         self.x_perm = B.permute(self.x, B.plan_rows(self.idx, self.spec.experts, None))
-        return self.unpermute(self.combine(self.experts(self.dispatch())))
+        y_back = self.combine(self.experts(self.dispatch()))
+        return B.combine(y_back, weights, self.routed, self.x.shape[0], B.shared(self.x, self.full))
+
+    def grads(self, grad_out: torch.Tensor, x: torch.Tensor) -> list[torch.Tensor]:
+        """Forward and backward with output gradient ``grad_out``: [d x, then d of every trainable weight] (zeros
+        where this rank's part does not reach a weight: other ranks' experts)."""
+        leaves = [x.detach().requires_grad_(), *self.full.trainable()]
+        kept, self.x = self.x, leaves[0]
+        try:
+            with torch.enable_grad():
+                got = torch.autograd.grad(self.forward(), leaves, grad_out, allow_unused=True)
+        finally:
+            self.x = kept
+        return [torch.zeros_like(p) if g is None else g for p, g in zip(leaves, got)]
 
     # -- what the rows say ----------------------------------------------------------------------------------------
     def traffic(self) -> dict[str, Any]:
@@ -182,6 +227,34 @@ def reference_error(block: EpBlock, out: torch.Tensor, linear: B.GroupedLinear) 
     with torch.no_grad():
         ref = B.forward(xs, block.full, block.spec, linear, None, idxs)
     return B.rel_err(outs, ref)
+
+
+def grads_reference_error(block: EpBlock, grad_out: torch.Tensor, linear: B.GroupedLinear) -> float:
+    """The EP backward against the single-rank block's on every rank's tokens, gathered: the tokens' gradients
+    (this rank's rows of the reference's) and every weight's, summed over the group (a replicated weight's partial
+    gradients add up; a rank's experts are its own); the max relative error over all of them and the group."""
+    n, rank, t = block.ep, block.rank, block.x.shape[0]
+    x = block.x.detach()
+    mine = block.grads(grad_out, x)
+
+    def gather(v: torch.Tensor) -> torch.Tensor:
+        parts = [torch.empty_like(v) for _ in range(n)]
+        dist.all_gather(parts, v.contiguous(), group=block.group)
+        return torch.cat(parts)
+
+    xs, idxs, gs = gather(x), gather(block.idx), gather(grad_out)
+    params = block.full.trainable()
+    with torch.enable_grad():
+        xs.requires_grad_()
+        ref = torch.autograd.grad(B.forward(xs, block.full, block.spec, linear, None, idxs), [xs, *params], gs)
+    errors = [B.rel_err(mine[0], ref[0][rank * t : (rank + 1) * t])]
+    for got, want in zip(mine[1:], ref[1:]):
+        total = got.detach().clone()
+        dist.all_reduce(total, group=block.group)
+        errors.append(B.rel_err(total, want))
+    worst = torch.tensor([max(errors)], dtype=torch.float64, device=x.device)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=block.group)
+    return float(worst.item())
 
 
 def time_call(
@@ -248,7 +321,10 @@ def ep_sweep(args: Any, plan: tuple[Any, BlockSpec, int], path: str, ranks: Any)
             "tokens": f"{tokens} per rank, drawn with seed {args.seed} + 1 + rank; weights with seed {args.seed}",
             "timing": f"{warmup} warm-up calls, {EP_TRIALS} trials of {iters} calls, a barrier before each trial; "
             "time_s = median over trials of the rank mean",
-            "passes": "forward only",
+            "passes": f"{', '.join(args.passes)}: the backward (bwd) of dispatch and combine is the reverse "
+            "all-to-all with the forward's splits; the block's is autograd's over the whole block, timed on a "
+            "retained graph",
+            "grad_output": f"standard normal, seed {args.seed} + 1 + ep + rank",
         },
         "routings": {},
     }
@@ -296,7 +372,7 @@ def ep_sweep(args: Any, plan: tuple[Any, BlockSpec, int], path: str, ranks: Any)
                     "routing": routing.label,
                     "backend": backend,
                     "phase": phase,
-                    "pass": "fwd",
+                    "pass": more.pop("pass_", "fwd"),
                     "tokens": tokens,
                     "hidden": spec.hidden,
                     "experts": spec.experts,
@@ -349,14 +425,46 @@ def ep_sweep(args: Any, plan: tuple[Any, BlockSpec, int], path: str, ranks: Any)
                 with torch.no_grad():
                     built[name] = (linear, impl, reference_error(block, block.forward(), backends.torch_loop))
             comm = f"all_to_all_single ({ranks.backend})"
-            row("dispatch", COMMON_BACKEND, timed(block.dispatch), impl=comm)
+            fwd, bwd = "fwd" in args.passes, "bwd" in args.passes
+            ggen = torch.Generator(device=device).manual_seed(args.seed + 1 + ep + rank)
+            grad_out = torch.randn((tokens, spec.hidden), generator=ggen, device=device).to(tdt)
+            grad_rows = torch.randn(rows_in.shape, generator=ggen, device=device).to(tdt)
+            grad_back = torch.randn((tokens * spec.top_k, spec.hidden), generator=ggen, device=device).to(tdt)
+            if fwd:
+                row("dispatch", COMMON_BACKEND, timed(block.dispatch), impl=comm)
+            if bwd:
+                row(
+                    "dispatch",
+                    COMMON_BACKEND,
+                    timed(lambda: block.dispatch_backward(grad_rows)),
+                    impl=comm,
+                    pass_="bwd",
+                )
             for name, (linear, impl, err) in built.items():
                 block.linear = linear
-                row("experts", name, timed(lambda: block.experts(rows_in)), impl=impl, max_rel_err=err)
-            row("combine", COMMON_BACKEND, timed(lambda: block.combine(y)), impl=comm)
+                if fwd:
+                    row("experts", name, timed(lambda: block.experts(rows_in)), impl=impl, max_rel_err=err)
+            if fwd:
+                row("combine", COMMON_BACKEND, timed(lambda: block.combine(y)), impl=comm)
+            if bwd:
+                row("combine", COMMON_BACKEND, timed(lambda: block.combine_backward(grad_back)), impl=comm, pass_="bwd")
             for name, (linear, impl, err) in built.items():
                 block.linear = linear
-                row("block", name, timed(block.forward), impl=impl, max_rel_err=err)
+                if fwd:
+                    row("block", name, timed(block.forward), impl=impl, max_rel_err=err)
+                if bwd:
+                    try:
+                        g_err = grads_reference_error(block, grad_out, backends.torch_loop)
+                        leaves = [x.detach().requires_grad_(), *block.full.trainable()]
+                        block.x = leaves[0]
+                        with torch.enable_grad():
+                            out = block.forward()
+                        again = lambda: torch.autograd.grad(out, leaves, grad_out, retain_graph=True)  # noqa: E731
+                        row("block", name, timed(again), impl=impl, max_rel_err=g_err, pass_="bwd")
+                    except (RuntimeError, NotImplementedError) as exc:  # a backend without autograd on this device
+                        row("block", name, None, status=STATUS_UNSUPPORTED, error=f"backward: {exc}", pass_="bwd")
+                    finally:
+                        block.x = x
     if ranks.is_main:
         title = f"{cfg.name} MoE block over ep={ep} ranks ({ranks.backend}, {dtype}, {tokens} tokens per rank)"
         table = [
@@ -373,6 +481,7 @@ def ep_sweep(args: Any, plan: tuple[Any, BlockSpec, int], path: str, ranks: Any)
             "routing",
             "backend",
             "phase",
+            "pass",
             "time_ms",
             "slowest_ms",
             "tokens_max",

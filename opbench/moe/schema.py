@@ -22,7 +22,7 @@ PHASES = (
     "unpermute_combine",
     "block",
 )
-# --ep N (ep.py): forward only, over the EP group; dispatch/combine are the all-to-all-v token exchanges.
+# --ep N (ep.py): over the EP group; dispatch/combine are the all-to-all-v token exchanges (backward: the reverse ones).
 EP_PHASES = ("dispatch", "experts", "combine", "block")
 PASSES = ("fwd", "bwd")
 COMMON_BACKEND = "eager"

@@ -35,6 +35,7 @@ from .plan import (
     RECOMPUTE_MODULES,
     Plan,
     a2a_overlap_problems,
+    check_domain,
     flex_problems,
     problems,
 )
@@ -54,6 +55,7 @@ from .search import (  # noqa: F401 - their home was here (tests and callers imp
     default_global_batch,
     fewest_recomputed,
     implausible,
+    resolve_compile,
     row,
     search,
 )
@@ -138,7 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=cli.world_size,
         default=None,
         help="GPUs sharing one NVLink/NVSwitch or xGMI fabric: TP/CP/EP groups inside one use the link, groups "
-        "crossing domains the NICs (default: 72 for GB200/GB300 NVL72, else the node, --gpus-per-node)",
+        "crossing domains the NICs; ranks fill domains in order; a multiple or a divisor of --gpus-per-node "
+        "(default: 72 for GB200/GB300 NVL72, else the node, --gpus-per-node)",
     )
     for flag, what in (
         ("--tp", "tensor parallel"),
@@ -160,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="pipeline schedule (default: interleaved when --vpp > 1); zero-bubble = ZB-H1, "
         "interleaved-zero-bubble, zbv = ZB-V with --vpp 2; v-half, v-min = Primus' V-Half and V-Min with --vpp 2 "
-        "(about 1/2 and 1/3 of 1F1B's activations, more bubble) (docs/project.md, 'A step')",
+        "(V-Half 0.75, 0.62, 0.56 and V-Min 0.5, 0.5, 0.38 of 1F1B's activations at p = 4, 8, 16; at odd p "
+        "V-Min holds as much as V-Half; more bubble) (docs/project.md, 'A step')",
     )
     lay.add_argument("--fsdp", action="store_true", help="shard parameters, gradients and optimizer (FSDP2/ZeRO-3)")
     lay.add_argument("--zero", type=cli.integer, choices=[0, 1], default=0, help="1: shard the optimizer only (ZeRO-1)")
@@ -370,6 +374,14 @@ def build_parser() -> argparse.ArgumentParser:
         "docs/project.md, 'Fixed cost per kernel')",
     )
     r.add_argument(
+        "--host-us-per-op",
+        type=cli.within(0, 1e5, "µs"),
+        default=None,
+        help="the host's time to issue one operator, µs: a step takes the longer of its GPU work and its host's issue "
+        "(default: 13.48 on x86 hosts, 37.08 on Grace (GB200/GB300/GH200), TransformerEngine #2053's measured torch "
+        "Linear; a TE module's GEMM × 2.69; 0 on a CPU; docs/project.md, 'Host-bound steps')",
+    )
+    r.add_argument(
         "--moe-imbalance",
         type=cli.within(1.0, 1e4, "(max / mean)"),
         default=a.moe_imbalance,
@@ -411,15 +423,17 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--activation-profile",
         choices=["fused", "eager"],
-        default="fused",
-        help="what layers save for backward: fused kernels (Megatron/TE) or PyTorch eager (transformers)",
+        default=None,  # resolved by search.resolve_compile: fused, or eager under --compile
+        help="what layers save for backward: fused kernels (Megatron/TE) or PyTorch eager (transformers) "
+        "(default: fused; eager under --compile, which refuses fused)",
     )
     r.add_argument(
         "--memory-ops",
         choices=["fused", "eager"],
-        default="fused",
+        default=None,
         help="what the memory-bound operators move: fused kernels (Megatron/TE) or PyTorch eager op "
-        "by op, as transformers' model runs them (--validate always; torch.compile: --compile)",
+        "by op, as transformers' model runs them (--validate always; torch.compile: --compile) "
+        "(default: fused; eager under --compile, which refuses fused)",
     )
     r.add_argument(
         "--compile",
@@ -476,8 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.compile or args.compile_memory_time is not None:  # torch.compile starts from PyTorch's own ops
-        args.compile, args.memory_ops, args.activation_profile = True, "eager", "eager"
+    resolve_compile(args)  # torch.compile starts from PyTorch's own ops; an explicit fused with it is refused
     check_flags(args)  # what Megatron itself refuses with --deterministic-mode, --no-gradient-accumulation-fusion
     if args.deterministic_mode:
         print(
@@ -492,6 +505,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise UsageError(f"projects one model at a time, got {len(configs)}", field="--model")
     (cfg,) = configs
     plan = base_plan(cfg, args)
+    check_domain(plan, "" if args.nvlink_domain else f" ({args.device}'s)")
     if args.search:
         if args.microbatches:
             raise UsageError(
@@ -530,6 +544,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
     if args.validate:
+        if args.calibration:
+            raise UsageError(
+                "--validate measures this machine's own step and prints its --compute-scale; a --calibration of "
+                "another step's kernels does not apply to it: project without --validate",
+                field="--calibration",
+            )
         if plan.fp8 != "none":
             raise UsageError(
                 "--validate trains in 16 or 32 bits here; project --fp8 without it (docs/project.md, 'FP8')",
@@ -565,9 +585,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return validate(cfg, plan, args)
     rates = Rates(args.results, args.device, args.dtype, assumptions(args), args.gpus_per_node)
-    rates = calibrated(rates, args)
     if args.nvlink_domain is None and nvlink_domain_of(rates.device):  # the part's own domain (GB200 NVL72)
         plan = replace(plan, nvlink_domain=nvlink_domain_of(rates.device))
+        check_domain(plan, f" ({rates.device}'s)")
         print(
             f"note: {rates.device}: a {plan.nvlink_domain}-GPU NVLink domain (its NVL{plan.nvlink_domain} rack); "
             "groups inside one use NVLink, not the NIC (--nvlink-domain to change)",
@@ -657,54 +677,15 @@ def _project(
             print(f"note: {note}", file=sys.stderr)
     if rates.a.compute_scale != 1.0:
         print(f"calibrated: every compute time × {rates.a.compute_scale:g} (--compute-scale)")
+    if rates.a.calibration:
+        factors = ", ".join(f"{k} × {v:.3g}" for k, v in rates.a.calibration)
+        print(f"calibrated: {factors} (--calibration {one_line(args.calibration)})")
     if csv_path:
         meta["notes"] = notes  # what stderr said, beside the rows it is about
         with CsvReport(csv_path, SCHEMA, meta, earlier=cli.earlier_policy(args)) as report:
             for r in rows:
                 report.append(r)
         print(f"wrote {one_line(csv_path)} ({counted(len(rows), 'row')})")
-
-
-CALIBRATED = {"gemm": "gemm_time", "attention": "attention_time", "memory": "memory_time"}  # class -> Rates method
-
-
-def calibrated(rates: Rates, args: argparse.Namespace) -> Rates:
-    """``--calibration FILE``: each class's times × the factor a profiled step measured for it (``opbench step
-    --calibrate`` writes ``{"factors": {"gemm": …, "attention": …, "memory": …}}``); rates unchanged without it."""
-    path = getattr(args, "calibration", None)
-    if not path:
-        return rates
-    import json
-    import math
-    from dataclasses import replace as _replace
-    from typing import Any
-
-    if args.compute_scale != 1.0:
-        raise UsageError("give --calibration or --compute-scale, not both", field="--calibration")
-    try:
-        with open(path, encoding="utf-8") as fh:
-            factors = json.load(fh).get("factors")
-    except (OSError, ValueError, AttributeError) as exc:
-        raise UsageError(f"cannot read calibration: {one_line(exc)}", source=path, field="factors") from None
-    if not isinstance(factors, dict) or not factors:
-        raise UsageError("no per-class factors (write it with opbench step --calibrate)", source=path, field="factors")
-    for klass, factor in factors.items():
-        ok = isinstance(factor, (int, float)) and not isinstance(factor, bool) and math.isfinite(factor)
-        if klass not in CALIBRATED or not ok or not 1e-6 <= factor <= 1e6:
-            raise UsageError(
-                f"{klass}: {factor!r} is no factor of {sorted(CALIBRATED)} in [1e-6, 1e6]",
-                source=path,
-                field="factors",
-            )
-        method = getattr(rates, CALIBRATED[klass])
-
-        def scaled(*a: Any, _m: Any = method, _f: float = float(factor), _k: str = klass, **kw: Any) -> Any:
-            t = _m(*a, **kw)
-            return _replace(t, seconds=t.seconds * _f, note=f"{t.note}, × {_f:.3g} ({_k}, --calibration)")
-
-        setattr(rates, CALIBRATED[klass], scaled)
-    print(f"calibrated: {', '.join(f'{k} × {float(v):.3g}' for k, v in factors.items())} (--calibration {path})")
-    return rates
 
 
 def _device_memory_gib(device: str | None) -> float | None:

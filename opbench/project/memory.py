@@ -19,9 +19,12 @@ from opbench.models.layout import (
     COLUMN,
     EXPERT_COLUMN,
     EXPERT_ROW,
+    HC,
     INDEXER,
+    KDA,
     LINEAR,
     LINEAR_CHUNK,
+    MAMBA2,
     REPLICATED,
     ROW,
     SPARSE,
@@ -413,6 +416,17 @@ def has_qk_norm(lay: Layer) -> bool:
     return any(name.endswith(("q_norm.weight", "k_norm.weight")) for name, _ in lay.params)
 
 
+MLP_GEMMS = ("mlp_gate_up", "mlp_up", "expert_gate_up", "shared_gate_up")
+
+
+def norm_blocks(lay: Layer) -> int:
+    """The pre-norm blocks of a layer: a mixer and an MLP (2), or one of them (NemotronH's layers are a norm and
+    one mixer: Mamba-2, attention, MLP or MoE)."""
+    mixer = any(op.kind != HC for op in lay.attention)
+    mlp = any(g.layer in MLP_GEMMS for g in lay.gemms)
+    return max(1, int(mixer) + int(mlp))
+
+
 def activation_parts(
     cfg: ModelConfig, lay: Layer, plan: Plan, profile: str = "fused", compiled: bool = False
 ) -> dict[str, int]:
@@ -433,15 +447,23 @@ def activation_parts(
     # two blocks' norm input and output (the GEMMs' input); under sequence parallelism PyTorch's DTensor keeps
     # the all-gathered output, Megatron the local shard (it gathers again in backward, workload.tp_comm_items)
     # (eager: transformers' RMSNorm upcasts its input to fp32 and keeps that copy, EAGER_NORM_INPUT_BYTES)
-    parts["rest"] += 2 * t_seq * h * (EAGER_NORM_INPUT_BYTES if kept else e)
-    parts["layernorm"] += 2 * (t if eager else t_seq) * h * e
+    blocks = norm_blocks(lay)
+    parts["rest"] += blocks * t_seq * h * (EAGER_NORM_INPUT_BYTES if kept else e)
+    parts["layernorm"] += blocks * (t if eager else t_seq) * h * e
     if kept:
-        parts["rest"] += 2 * t_seq * h * e  # RMSNorm keeps x·rsqrt (16-bit) besides its input and output
+        parts["rest"] += blocks * t_seq * h * e  # RMSNorm keeps x·rsqrt (16-bit) besides its input and output
     mla = any(g.layer in ("mla_q_up", "mla_kv_up") for g in lay.gemms)
     for op in lay.attention:
         hq, hkv = max(1, op.heads_q // tp), max(1, op.heads_kv // tp)
         if op.kind == INDEXER:
             parts["rest"] += t * (op.heads_q * op.head_dim_qk + op.head_dim_qk + op.heads_q) * e
+        elif op.kind == MAMBA2:  # under --cp the whole sequence on heads/cp (Megatron's all-to-all, workload.py)
+            mixer = mamba2_saved_bytes(
+                op, hq // plan.cp, max(1, hkv // plan.cp), plan, cfg.extra.get("conv_kernel", 4), kept
+            )
+            parts["rest"] += mixer
+        elif op.kind == KDA:
+            parts["rest"] += kda_saved_bytes(op, hq // plan.cp, plan, cfg.extra.get("linear_conv_kernel_dim", 4), kept)
         elif op.kind == LINEAR and eager:
             parts["rest"] += eager_delta_rule_bytes(op, hq, hkv, plan, cfg.raw.get("linear_conv_kernel_dim", 4))
         elif op.kind == LINEAR:
@@ -492,7 +514,7 @@ def activation_parts(
         for module, n in te_saved_parts(cfg, lay, plan).items():
             parts[module] += n
     if plan.hidden_dropout:  # the two blocks' output dropouts keep a 1-byte mask each (T/tp under SP)
-        parts["rest"] += 2 * t_seq * h
+        parts["rest"] += blocks * t_seq * h
     return parts
 
 
@@ -522,6 +544,78 @@ def eager_delta_rule_bytes(op: Attention, hv: int, hk: int, plan: Plan, conv_ker
         + chunks * hv * 4
     )
     return seqs * per_seq + chunk * chunk + 2 * hv * 4  # the causal mask; A_log and dt_bias in fp32
+
+
+def mamba2_saved_bytes(op: Attention, heads: int, groups: int, plan: Plan, conv_kernel: object, eager: bool) -> int:
+    """What a Mamba-2 mixer (NemotronH's) keeps for backward beside the block's norm output (in_proj's input) and
+    out_proj's input (the ``linear_out`` GEMM's), for ``heads`` heads of P = head_dim_v and ``groups`` B/C groups of
+    state N = head_dim_qk on this rank (docs/project.md, "Activations"). Fused: what mamba_ssm's
+    ``MambaSplitConv1dScanCombinedFn`` saves (``ssd_combined.py``): in_proj's output (z, x, B, C, dt), the scan's
+    output before the gated norm and the norm's fp32 1/rms per group; conv, scan and norm are recomputed in its
+    backward. ``eager``: transformers' ``torch_forward`` (no mamba_ssm), counted tensor by tensor in
+    tests/test_project_kinds.py: the 16-bit in_proj output, padded convolution output and dt, and in fp32 the
+    chunked scan's copies of x, B, C and dt, per chunk its L×L decay, score and masked-score matrices and the states,
+    and the gated norm's intermediates."""
+    e = element_size(plan.dtype)
+    b, seq = plan.mbs, plan.seqlen  # the whole sequence: under --cp the caller passes heads/cp
+    p, n, chunk = op.head_dim_v, op.head_dim_qk, op.window
+    inner = heads * p
+    conv = inner + 2 * groups * n
+    proj = inner + conv + heads
+    if not eager:
+        return b * seq * (proj * e + inner * e + groups * 4)
+    kernel = conv_kernel if isinstance(conv_kernel, int) and 0 < conv_kernel <= 64 else 4
+    chunks = math.ceil(seq / chunk)
+    padded = chunks * chunk
+    return (
+        b * seq * (proj + 2 * heads) * e  # in_proj's output; dt + dt_bias and its softplus
+        + b * conv * (seq + kernel - 1) * e  # the convolution's output before its causal slice
+        + b * seq * (2 * heads + 5 * inner + groups) * 4  # dt (two fp32 copies), x in fp32, the gated norm's four
+        + b * padded * (5 * inner + 5 * heads * n + 2 * heads) * 4  # padded x, D·x, outputs; B, C copies; decays
+        + b * heads * chunks * chunk * chunk * 3 * 4  # per chunk: exp(segsum), C·Bᵀ and the masked scores
+        + b * heads * (chunks + 1) * (chunks + 1) * 4  # the inter-chunk decay
+        + b * heads * (2 * chunks + 1) * p * n * 4  # the chunk states, with and without the initial one
+        + 2 * (chunk * chunk + (chunks + 1) ** 2)  # the segsum masks (bool)
+        + 2 * heads * 4  # exp(A_log) and A, fp32
+    )
+
+
+def kda_saved_bytes(op: Attention, heads: int, plan: Plan, conv_kernel: object, eager: bool) -> int:
+    """What a Kimi Delta Attention mixer keeps for backward beside the block's norm output (its projections' input)
+    and o_proj's input (the ``linear_out`` GEMM's), for ``heads`` heads of d = head_dim_qk on this rank (docs/project.md,
+    "Activations"). Fused, as flash-linear-attention 0.6 runs it (``fla/layers/kda.py``): each short convolution's
+    input (``ShortConvolution``), what ``ChunkKDAFunction`` saves (``fla/ops/kda/chunk.py``: the l2-normed q and k
+    with their fp32 1/norm, v, the raw gate, β before and after its fp32 sigmoid, the 16-bit Aqk and Akk of
+    chunk-size columns per token; the gate's cumulative sum is recomputed), the gated norm's input, gate and fp32
+    1/rms (``FusedRMSNormGated``), and the two rank-d low-rank outputs (the gate's f_a and g_a). ``eager``:
+    transformers' ``torch_chunk_kda`` (no fla), counted tensor by tensor in tests/test_project_kinds.py: its fp32
+    padded q, k, v, β and their products, per chunk the L×L×d decay and products, the UT solve's row-by-row clones
+    and the recurrent state each chunk starts from."""
+    e = element_size(plan.dtype)
+    b, seq = plan.mbs, plan.seqlen  # the whole sequence: under --cp the caller passes heads/cp
+    d, chunk = op.head_dim_qk, op.window
+    inner = heads * d
+    if not eager:
+        return b * seq * ((9 * inner + heads + 2 * heads * chunk + 2 * d) * e + 4 * heads * 4)
+    kernel = conv_kernel if isinstance(conv_kernel, int) and 0 < conv_kernel <= 64 else 4
+    chunks = math.ceil(seq / chunk)
+    padded = chunks * chunk
+    solve = sum(i + i * i for i in range(1, chunk))  # the UT solve's clones of row i and the i×i block above it
+    return (
+        b * seq * (3 * inner + heads + 2 * d) * e  # the convolution's input, β, the two low-rank outputs
+        + b * 3 * inner * (seq + kernel - 1) * e  # the convolution's output before its causal slice
+        + b * seq * ((7 * inner + heads) * 4 + inner)  # forget gate, gated norm in fp32; where()'s mask
+        + b * seq * 2 * (inner + heads) * 4  # q and k in fp32 and their l2 norms
+        + b * heads * padded * (7 * d + 1) * 4  # padded q, k, v, β, k·β, v·β, exp(g), k·β·exp(g)
+        + b * heads * chunks * (2 * chunk * chunk * d + chunk * chunk + solve) * 4  # decay, k·β·k, attn, solve
+        + b * heads * chunks * (5 * chunk * d + d * d + chunk * chunk * d + chunk * chunk + d) * 4  # the chunk loop
+        # k_cumdecay's per-chunk copies (chunks − 2 of them kept: the loop's first and last are freed with the
+        # pieces of graph the forward drops; one chunk makes none, and the chunk loop's terms above count two the
+        # single-chunk path does not make)
+        + b * heads * chunk * d * 4 * ((chunks if chunks > 1 else 0) - 2)
+        + (2 * heads + d) * 4
+        + 3 * chunk * chunk  # exp(A_log), -exp(A_log), the norm weight in fp32; masks
+    )
 
 
 def te_saved_delta(cfg: ModelConfig, lay: Layer, plan: Plan) -> int:
@@ -615,6 +709,8 @@ def activation_bytes(
               - layer_activation_bytes(cfg, lay, plan, profile, compiled)
               for lay in first.values()),
         ) * (plan.recompute_num_layers if plan.recompute == "full" and plan.recompute_method == "uniform" else 1)  # fmt: skip
+    if profile == "eager" and not compiled and layers:  # the eager KDA backward's chunk products (kda_backward_bytes)
+        buffers = max(buffers, *(kda_backward_bytes(lay, plan) for lay in first.values()))
     if stage == plan.last_stage:
         kept += head_activation_bytes(cfg, plan, profile)
         vocab = padded_vocab(cfg.vocab_size, plan.tp) // plan.tp
@@ -627,6 +723,27 @@ def activation_bytes(
         per_logit = EAGER_LOSS_BYTES if profile == "eager" else (e + 4 if plan.ce_fusion else e)
         buffers += plan.tokens * vocab * per_logit
     return kept, buffers
+
+
+def kda_backward_bytes(lay: Layer, plan: Plan) -> int:
+    """What transformers' eager KDA (``torch_chunk_kda``) holds beyond its saved tensors while its backward runs:
+    two fp32 gradients of its per-chunk L×L×d products (the decay mask and k·β·k) at once. Measured: a tiny Kimi
+    Linear's --validate peak (two KDA layers, 4 heads of 32, 2 × 512 tokens) lay 2.2 such tensors above the
+    projection without it (0.81 of the measured peak; 0.98 with it; tests/test_project_kinds.py)."""
+    return max(
+        (
+            2
+            * plan.mbs
+            * (op.heads_q // plan.tp // plan.cp)
+            * math.ceil(plan.seqlen / op.window)
+            * op.window**2
+            * op.head_dim_qk
+            * 4
+            for op in lay.attention
+            if op.kind == KDA
+        ),
+        default=0,
+    )
 
 
 def head_activation_bytes(cfg: ModelConfig, plan: Plan, profile: str = "fused") -> int:

@@ -65,6 +65,33 @@ def k_share(k: int, fp8: bool) -> float:
 # Qwen3-30B-A3B, bf16, 16 H100, EP 16, HybridEP (Megatron-Bridge skills/nemo-mbridge-perf-moe-comm-overlap/SKILL.md,
 # commit 067f987: 36.55 % of the communication hidden, the step 24.71 -> 20.99 s). --moe-a2a-hidden sets it.
 A2A_HIDDEN = 0.3655
+# What the flex dispatcher's internode kernels reach, as DeepEP and HybridEP publish it: GB/s of "RDMA bytes" a GPU
+# sends (dispatch) or receives (combine), a token counted once for every node its experts are on, its own node
+# included (DeepEP tests/test_internode.py, num_rdma_token_sent over all nodes; HybridEP tests/utils.py,
+# count_rdma_send_from_routing_map: "To align with the implementation in the DeepEP, we do not set the local node
+# map to zeros"), one 400 Gb/s NIC (50 GB/s) a GPU. (ranks, dispatch, combine):
+FLEX_RDMA_PUBLISHED = {
+    # github.com/deepseek-ai/DeepEP docs/legacy.md: H800 + ConnectX-7, DeepSeek-V3 shape (4,096 tokens, hidden 7,168,
+    # top-4 groups of nodes, top-8 experts), FP8 dispatch, BF16 combine, 24 SMs
+    "DeepEP, H800": ((16, 43.0, 43.0), (32, 58.0, 57.0), (64, 51.0, 50.0)),
+    # DeepEP docs/README_Hybrid-EP.md, "H100 Platform": 4,096 tokens, hidden 7,168, top-8 of 8 local experts a rank,
+    # uniform random routing, 16 SMs, the Torch API's time (launch included), BF16 dispatch and combine
+    "HybridEP, H100": ((16, 54.47, 53.35), (32, 47.36, 52.53), (64, 41.24, 46.57)),
+}
+FLEX_PUBLISHED_NIC_GBS = 50.0
+
+
+def flex_rdma_share() -> float:
+    """The flex dispatcher's RDMA-stage rate as a share of the NIC's peak: the median of the published figures
+    (FLEX_RDMA_PUBLISHED) over the NIC they ran on, 1.01. Counted as they count it (every node a token's experts are
+    on, its own included), this is half the network rate the link model gave a token over two nodes: the own
+    node's copies go through the same RDMA stage (its sender warps, its receive buffer and the NVLink forwarding
+    after it) as the other nodes'."""
+    rates = sorted(r for rows in FLEX_RDMA_PUBLISHED.values() for _, d, c in rows for r in (d, c))
+    mid = len(rates) // 2
+    return (rates[mid - 1] + rates[mid]) / 2 / FLEX_PUBLISHED_NIC_GBS
+
+
 # The busiest expert-parallel rank's tokens over the mean: 1, as published benchmarks force balanced routing
 # (Megatron-Bridge docs/performance-summary-archive.md: "In MoE training benchmarks, we force-balance the token
 # distribution among experts and all benchmarks are token-dropless"; its performance configs set

@@ -7,6 +7,7 @@ apart. Pure Python.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -150,11 +151,9 @@ class Plan:
         return self.nvlink_domain or self.gpus_per_node
 
     def spans_nodes(self, group: int, stride: int) -> bool:
-        """Whether a group of ``group`` ranks ``stride`` apart reaches past one NVLink domain (the node unless
-        --nvlink-domain says more). Ranks are Megatron-Core's order (tp, cp, ep/dp, pp), and a group whose span
-        fits a domain is placed inside one, as a scheduler that hands out whole groups per rack does (Slurm's
-        --segment on NVL72: a domain's GPUs beyond whole groups stay spare)."""
-        return group > 1 and group * stride > self.domain
+        """Whether some group of ``group`` ranks ``stride`` apart reaches past one NVLink domain (the node unless
+        --nvlink-domain says more): the slowest group sets the collective's time. Placement as ``domain_shares``."""
+        return group > 1 and domain_shares(self.world, self.domain, group, stride)[1]
 
     def piece_layers(self, n_layers: int) -> list[int] | None:
         """Decoder layers of each pipeline piece (piece c·pp + s is model chunk c of stage s), or None when they
@@ -195,9 +194,10 @@ class Plan:
 
     def node_share(self, group: int, stride: int) -> int:
         """How many ranks of a group of ``group`` ranks ``stride`` apart sit in one NVLink domain (the node by
-        default): across domains a ring collective drives that many NICs per domain (one per GPU), so its bus
-        bandwidth scales with it."""
-        return max(1, min(group, self.domain // max(1, stride)))
+        default), the fewest over every group and domain it touches: across domains a ring collective drives that
+        many NICs per domain (one per GPU), so its bus bandwidth scales with it, and the thinnest share is the
+        bottleneck (an all-to-all's rank there sends the most through its NIC). Placement as ``domain_shares``."""
+        return max(1, domain_shares(self.world, self.domain, group, stride)[0])
 
     def label(self) -> str:
         parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
@@ -233,6 +233,32 @@ class Plan:
             [f"attn-dropout{self.attention_dropout:g}"] if self.unfused_attention and self.attention_dropout else []
         )
         return " ".join(parts)
+
+
+# The chunked scans under context parallelism: Megatron-Core's all-to-all (MambaContextParallel in
+# ssm/mamba_context_parallel.py; GatedDeltaNet's tensor_a2a_cp2hp, which its KDA subclass inherits) gives each CP rank
+# the whole sequence for heads / (tp·cp) of the heads: the heads on a TP rank must split over the CP ranks
+SCAN_HEADS = {  # the config fields of the heads and of the key heads or B/C groups ("": KDA's are the heads)
+    "mamba2": ("mamba_num_heads", "n_groups"),
+    "linear": ("linear_num_value_heads", "linear_num_key_heads"),
+    "kda": ("linear_num_heads", ""),
+}
+
+
+def scan_cp_problems(cfg: ModelConfig, plan: Plan, layers: Sequence[Layer]) -> list[tuple[str, str]]:
+    """--cp on a model with Mamba-2, gated DeltaNet or KDA layers: their heads (and the key heads or B/C groups) on
+    a TP rank must split over the CP ranks, as Megatron-Core's all-to-all asserts (Mamba-2's groups may instead be
+    repeated: cp a multiple of the groups on a TP rank)."""
+    for op in {a for lay in layers for a in lay.attention if a.kind in SCAN_HEADS}:
+        heads, groups = op.heads_q // plan.tp, op.heads_kv // plan.tp
+        names = SCAN_HEADS[op.kind]
+        why = f"{cfg.name}'s {op.kind} layers run the whole sequence on heads / (tp·cp) under Megatron's all-to-all"
+        if heads % plan.cp:
+            return [("--cp", f"{names[0]} {op.heads_q} / tp {plan.tp} does not split over cp {plan.cp}: {why}")]
+        repeat = op.kind == "mamba2" and groups < plan.cp and plan.cp % groups == 0
+        if names[1] and groups % plan.cp and not repeat:
+            return [("--cp", f"{names[1]} {op.heads_kv} / tp {plan.tp} does not split over cp {plan.cp}: {why}")]
+    return []
 
 
 def problems(cfg: ModelConfig, plan: Plan, layers: Sequence[Layer] | None = None) -> list[tuple[str, str]]:
@@ -308,6 +334,8 @@ def problems(cfg: ModelConfig, plan: Plan, layers: Sequence[Layer] | None = None
         out.append(("--microbatches", f"{plan.microbatches} micro-batches: interleaving needs a multiple of pp"))
     if plan.cp > 1 and plan.seqlen % (2 * plan.cp):
         out.append(("--cp", f"seqlen {plan.seqlen} is not a multiple of 2·cp (load-balanced causal context parallel)"))
+    if plan.cp > 1:
+        out += scan_cp_problems(cfg, plan, layers if layers is not None else decoder_layers(cfg))
     if plan.ep > 1 and not cfg.is_moe:
         out.append(("--ep", f"{cfg.name} has no experts"))
     elif plan.etp is not None and not cfg.is_moe:
@@ -382,12 +410,52 @@ def flex_problems(cfg: ModelConfig, plan: Plan) -> list[tuple[str, str]]:
     if plan.ep == 1:
         return [("--ep", "the flex dispatcher dispatches over expert-parallel ranks: give --ep 2 or more")]
     group = plan.ep * plan.expert_tp
-    if group > plan.domain and group % plan.domain:
+    if plan.spans_nodes(group, 1) and group % plan.domain:  # some expert group straddles domains, filling none
         where = "NVLink domains" if plan.nvlink_domain else "nodes"
         return [
-            ("--ep", f"the flex dispatcher's expert group (ep·etp = {group}) must fill whole {where} or fit in one")
+            (
+                "--ep",
+                f"the flex dispatcher's expert group (ep·etp = {group}) must fill whole {where} of {plan.domain} or "
+                "fit in one (ranks fill domains in order)",
+            )
         ]
     return []
+
+
+def check_domain(plan: Plan, source: str = "") -> None:
+    """An NVLink domain is whole nodes (NVL72: 18 nodes of 4) or a part of one that splits it evenly (two 4-GPU
+    islands in a node of 8): anything else has no placement of consecutive ranks. ``source``: where an implied
+    domain came from (the device), said in the line."""
+    d, node = plan.nvlink_domain, plan.gpus_per_node
+    if d and d % node and node % d:
+        raise UsageError(
+            f"a domain of {d} GPUs{source} neither fills whole nodes of {node} (--gpus-per-node) nor splits one evenly",
+            field="--nvlink-domain",
+        )
+
+
+@functools.lru_cache(maxsize=4096)
+def domain_shares(world: int, domain: int, group: int, stride: int) -> tuple[int, bool]:
+    """(the fewest ranks of one group in one domain it touches, whether any group touches two domains) for the
+    groups of ``group`` ranks ``stride`` apart (plan.py's rank order: group ``(b, a)`` holds ranks
+    ``b·group·stride + a + stride·j``) when ranks fill NVLink domains in order, rank r in domain ``r // domain``:
+    what a scheduler hands out and Megatron-Core numbers (docs/project.md, "NVLink domains"). A group fits inside
+    one domain only when its block of ``group·stride`` ranks does, i.e. when the block divides the domain (or the
+    world is one domain); a domain larger than the block but not a multiple of it leaves some block straddling."""
+    span = group * stride
+    if group <= 1 or world <= domain or (span <= domain and domain % span == 0):
+        return max(1, min(group, world)), False
+    fewest = group
+    for start in range(0, world - span + 1, span):  # one block of ``span`` ranks: ``stride`` interleaved groups
+        for a in range(stride):
+            first = start + a
+            last = first + stride * (group - 1)
+            for d in range(first // domain, last // domain + 1):  # ranks of this group in domain d
+                lo = max(first, d * domain)
+                hi = min(last, (d + 1) * domain - 1)
+                n = (hi - first) // stride - (lo - first + stride - 1) // stride + 1
+                fewest = min(fewest, n)
+    return fewest, True
 
 
 def check(cfg: ModelConfig, plan: Plan, layers: Sequence[Layer] | None = None) -> None:

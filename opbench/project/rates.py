@@ -14,20 +14,22 @@ from typing import Any
 
 import pandas as pd
 
-from opbench.attention.flops import attention_flops
+from opbench.attention.flops import MATMUL_PASS_MULTIPLIER, attention_flops, hc_bytes, scan_bytes
 from opbench.attention.schema import PASSES
 from opbench.attention.shapes import AttentionShape
 from opbench.cluster.links import intra_link
 from opbench.core.cli import MAX_MIB, MAX_WORLD
 from opbench.core.collectives import COLLECTIVES
+from opbench.core.dtypes import element_size
 from opbench.core.errors import UsageError
 from opbench.core.outputs import kept_aside
-from opbench.core.peaks import H100_BF16_MATMUL_SHARE, Peak, lookup_peak
+from opbench.core.peaks import H100_BF16_MATMUL_SHARE, Peak, host_cpu, lookup_peak
 from opbench.core.plausible import UNIT_OF, how_far, part_range
 from opbench.core.units import counted
 from opbench.gemm.shapes import gemm_bytes, gemm_flops
+from opbench.models.layout import HC, KDA, LINEAR, MAMBA2
 
-from .moe_rates import A2A_HIDDEN, IMBALANCE, MoeRows
+from .moe_rates import A2A_HIDDEN, IMBALANCE, MoeRows, flex_rdma_share
 
 MEASURED, INTERPOLATED, ESTIMATED = "measured", "interpolated", "estimated"
 # Collectives NCCL/RCCL run as rings (or trees) over every GPU's NIC at once: across nodes their busbw grows with
@@ -64,6 +66,9 @@ class Assumptions:
     # Calibration: every compute time (GEMM, attention, memory-bound) × this; --validate on one node of the target
     # measures it (what the step spends beyond its kernels' rates: launch gaps, synchronisation, the framework)
     compute_scale: float = 1.0
+    # Per-class calibration (--calibration, written by `opbench step --calibrate`): class -> measured / projected
+    # time of a profiled step's kernels of that class (calibration.CLASSES); a class not given keeps 1
+    calibration: tuple[tuple[str, float], ...] = ()
     # torch.compile of every decoder block (--compile): the blocks' memory-bound time × this, of PyTorch eager's;
     # None: not compiled (torch_compile.py; docs/project.md, "torch.compile")
     compile_memory_time: float | None = None
@@ -76,6 +81,9 @@ class Assumptions:
     # kernel takes); None: measured from tiny --results rows, else the vendor's default
     # (KERNEL_US; docs/project.md, "Fixed cost per kernel")
     kernel_us: float | None = None
+    # The host's time to issue one operator (Python, autograd, the dispatcher, the launch), µs; None: the part's host
+    # CPU's published figure (HOST_US; docs/project.md, "Host-bound steps")
+    host_us_per_op: float | None = None
 
 
 # PyTorch eager's elementwise and reduction kernels on a GPU, of the measured copy rate: on an H200 (torch 2.11)
@@ -91,14 +99,23 @@ KERNEL_US = {"nvidia": 3.8, "amd": 3.8}
 # Rows whose time is their fixed cost: a GEMM of at most 64³ multiply-adds (0.5 MFLOP: under 1 µs of math on any
 # listed part) and a copy of at most 1 MiB (under 1 µs at 1 TB/s); the fastest of each kind counts
 TINY_GEMM_MNK, TINY_COPY_BYTES = 64**3, 1 << 20
+# The host's time per operator issued, µs, by the part's host CPU (docs/project.md, "Host-bound steps"):
+# TransformerEngine issue #2053 (NVIDIA/TransformerEngine, 2025-08-11) measured the CPU time of one torch.nn.Linear
+# forward (bf16, hidden 2048, 8,192 tokens; the mean of repeated runs): 13.48 µs on a DGX H100 (Xeon Platinum 8480C),
+# 37.08 µs on GB200 (Grace), 33.17 µs on GH200; a TransformerEngine Linear took 99.66 µs on GB200 and 90.53 on GH200
+# (2.69× and 2.73× torch's): TE_MODULE_HOST, the host cost of a GEMM Megatron-Core issues through a TE module.
+HOST_US = {"x86": 13.48, "grace": 37.08}
+TE_MODULE_HOST = 99.66 / 37.08
 H100_GEMM_EFFICIENCY = 0.75  # what training's bf16 GEMMs reach of an H100's peak without a measured row
 
 
 def default_gemm_efficiency(peak: Peak | None, dtype: str) -> float:
     """A GEMM no row covers reaches the same share of the part's best published matmul in ``dtype`` as 0.75 is of
     H100's bf16 one (0.934 of it): 0.75 of an H100's bf16 peak, 0.66 of its FP8 peak, 0.48 of an MI300X's bf16 peak
-    (docs/project.md, "Rates"); 0.75 on a part with no published figure."""
-    return _as_on_h100(H100_GEMM_EFFICIENCY, peak.matmul_share(dtype) if peak else None)
+    (docs/project.md, "Rates"); 0.75 on a part with no published figure; × the part's measured training factor
+    (``Peak.training``: GB200 0.846, B200 0.866; docs/project.md, "Parts")."""
+    training = peak.training if peak else 1.0  # measured training over best-matmul share (peaks.py; "Parts")
+    return training * _as_on_h100(H100_GEMM_EFFICIENCY, peak.matmul_share(dtype) if peak else None)
 
 
 def _as_on_h100(on_h100: float, share: float | None) -> float:
@@ -106,14 +123,19 @@ def _as_on_h100(on_h100: float, share: float | None) -> float:
     return on_h100 * share / H100_BF16_MATMUL_SHARE if share else on_h100
 
 
+# The chunked scans (gated DeltaNet, KDA, Mamba-2) no measured row covers: their chunk-sized matmuls at the GEMM
+# efficiency, plus their minimum HBM traffic at the memory rate (docs/project.md, "Kinds beyond softmax attention")
+SCAN_KINDS = (LINEAR, KDA, MAMBA2)
 H100_ATTENTION_EFFICIENCY = 0.45  # what training's attention (forward + backward) reaches of an H100's bf16 peak
 
 
 def default_attention_efficiency(peak: Peak | None, dtype: str = "bf16") -> float:
     """0.45 × the part's best bf16 matmul share over H100's: the best published attention kernels reach the same
     0.72-0.74 of their part's best matmul share on H100 (FA3), MI300X and MI355X (AITER's), so attention scales
-    across parts as GEMMs do (docs/project.md, "Rates"); 0.45 on a part with no published figure, and in fp32."""
-    return _as_on_h100(
+    across parts as GEMMs do (docs/project.md, "Rates"); 0.45 on a part with no published figure, and in fp32; ×
+    the part's training factor, as GEMMs."""
+    training = peak.training if peak else 1.0  # as default_gemm_efficiency's
+    return training * _as_on_h100(
         H100_ATTENTION_EFFICIENCY, peak.matmul_share("bf16") if peak and dtype in ("bf16", "fp16") else None
     )
 
@@ -543,10 +565,20 @@ class Rates:
             "set them)" + (f"; {estimate}" if estimate else "")
         )
 
+    def scale(self, klass: str) -> float:
+        """What a compute time of ``klass`` (calibration.CLASSES) is multiplied by: --compute-scale, or the
+        class's own --calibration factor (the two are never given together)."""
+        return self.a.compute_scale * dict(self.a.calibration).get(klass, 1.0)
+
+    def scaled(self, t: Timed, klass: str) -> Timed:
+        """``t`` × ``scale(klass)``, the note saying which calibration scaled it."""
+        why = f"{klass}, --calibration" if self.a.calibration else "--compute-scale"
+        return _scaled(t, self.scale(klass), why)
+
     def gemm_time(self, m: int, n: int, k: int, groups: int = 1, fp8: bool = False) -> Timed:
         """The GEMM's time (``_gemm_time``) × the calibration's compute scale; ``fp8``: an FP8 GEMM (``--fp8``),
         from `opbench gemm --dtype fp8` rows or the FP8 peak."""
-        return _scaled(self.with_fixed(self._gemm_time(m, n, k, groups, fp8)), self.a.compute_scale)
+        return self.scaled(self.with_fixed(self._gemm_time(m, n, k, groups, fp8)), "gemm")
 
     def _gemm_time(self, m: int, n: int, k: int, groups: int = 1, fp8: bool = False) -> Timed:
         """Exact (m, n, k, groups) row; else the measured row nearest in FLOPs (log scale), scaled by FLOPs; else
@@ -577,7 +609,7 @@ class Rates:
     def attention_time(self, shape: AttentionShape, batch: int, pass_: str) -> Timed:
         """The attention pass's time (``_attention_time``) × the calibration's compute scale."""
         kernels = 2 if pass_ == "bwd" else 1  # flash backward: a preprocessing kernel (dO·O) and the main one
-        return _scaled(self.with_fixed(self._attention_time(shape, batch, pass_), kernels), self.a.compute_scale)
+        return self.scaled(self.with_fixed(self._attention_time(shape, batch, pass_), kernels), "attention")
 
     def _attention_time(self, shape: AttentionShape, batch: int, pass_: str) -> Timed:
         """The fastest measured backend on exactly this shape; else the same kind's row nearest in FLOPs, scaled;
@@ -615,6 +647,14 @@ class Rates:
             f"{shape.attn_kind} attention {pass_} (seqlen {shape.seqlen_q}, {shape.num_head_q} heads, batch {batch}, "
             f"{self.dtype})"
         )
+        passes = MATMUL_PASS_MULTIPLIER[pass_]  # backward reads and writes about twice what forward does
+        if shape.attn_kind == HC:  # the Sinkhorn mixing: elementwise over the streams, memory-bound
+            moved = hc_bytes(shape, batch, element_size(self.dtype)) * passes
+            return Timed(moved / self.memory_bandwidth().seconds, ESTIMATED, "hc_bytes at the memory rate")
+        if shape.attn_kind in SCAN_KINDS:  # chunk-sized matmuls as a GEMM's, and the scan's traffic
+            peak = self._peak_tflops(name, "attention") * 1e12 * self.gemm_efficiency(self.dtype)
+            moved = scan_bytes(shape, batch, element_size(self.dtype)) * passes
+            return Timed(flops / peak + moved / self.memory_bandwidth().seconds, ESTIMATED, "matmuls + scan traffic")
         peak = self._peak_tflops(name, "attention") * 1e12 * self.attention_efficiency
         return Timed(flops / peak, ESTIMATED, "roofline")
 
@@ -648,7 +688,7 @@ class Rates:
             note = f"{bw.note} × {EAGER_MEMORY_EFFICIENCY} (eager)"
             bw = replace(bw, seconds=bw.seconds * EAGER_MEMORY_EFFICIENCY, note=note)
         timed = self.with_fixed(Timed(nbytes / bw.seconds, bw.source, bw.note), kernels, modelled=True)
-        return _scaled(timed, self.a.compute_scale)
+        return self.scaled(timed, "memory")
 
     def kernel_cost(self) -> Timed:
         """A kernel's fixed cost (``seconds``), what a roofline leaves out: --kernel-us; else measured, the mean of the fastest tiny GEMM row
@@ -683,6 +723,17 @@ class Rates:
         if vendor:
             return Timed(KERNEL_US[vendor] * 1e-6, ESTIMATED, f"{vendor} default")
         return Timed(0.0, ESTIMATED, "no fixed cost (a CPU: --kernel-us sets one)")
+
+    def host_cost(self) -> Timed:
+        """The host's time to issue one operator (``seconds``): --host-us-per-op; else the part's host CPU's published
+        figure (HOST_US: x86 DGX hosts, Grace on GB200/GB300/GH200); 0 on a CPU target, where the host is the device
+        and an operator's time already holds its issue (docs/project.md, "Host-bound steps")."""
+        if self.a.host_us_per_op is not None:
+            return Timed(self.a.host_us_per_op * 1e-6, ESTIMATED, "--host-us-per-op")
+        if not self.on_gpu:
+            return Timed(0.0, ESTIMATED, "none on a CPU (its operators' times hold their issue)")
+        cpu = host_cpu(self.device)
+        return Timed(HOST_US[cpu] * 1e-6, ESTIMATED, f"{cpu} host, TransformerEngine #2053's torch Linear")
 
     @property
     def vendor(self) -> str | None:
@@ -773,9 +824,10 @@ class Rates:
         """One dispatch (or combine: the same bytes back) of the flex dispatcher (Megatron's
         --moe-token-dispatcher-type flex: DeepEP or HybridEP) for ``tokens`` tokens of ``token_bytes`` each, routed
         to ``top_k`` of ``experts`` experts spread evenly over ``ep`` groups of ``etp`` GPUs (each expert split over
-        its group's GPUs), the ep·etp GPUs in whole nodes of ``gpus_per_node`` or within one: a token crosses the
-        network once to each other node holding one of its experts, and goes over NVLink/xGMI once to each other
-        GPU holding one (or a shard of one); the two links work at once (docs/project.md, "A step"). Routing is
+        its group's GPUs), the ep·etp GPUs in whole nodes of ``gpus_per_node`` or within one: a token goes through
+        the RDMA stage once for each node holding one of its experts, its own node included, at the rate DeepEP and
+        HybridEP publish counted so (moe_rates.flex_rdma_share), and over NVLink/xGMI once to each other GPU holding
+        one (or a shard of one); the two links work at once (docs/project.md, "A step"). Routing is
         balanced: the expected counts of nodes and GPUs a token's top-k distinct experts fall on. Estimated from the
         link rates (opbench comm measures NCCL's all-to-all, not these kernels)."""
         link = intra_link(self.device or "")
@@ -798,10 +850,12 @@ class Rates:
         nvlink = tokens * token_bytes * etp * hit(ep) * (k - 1) / k / (nvlink_bw * 1e9)
         if nodes == 1:
             return Timed(self.a.latency_us_intra * 1e-6 + nvlink, ESTIMATED, f"flex dispatcher at {nvlink_bw:.3g} GB/s")
-        nic_bw = self.a.nic_gbs * self.a.link_efficiency
-        remote_nodes = hit(nodes) * (nodes - 1) / nodes  # of the nodes hit, the other ones (each as likely)
-        network = tokens * token_bytes * remote_nodes / (nic_bw * 1e9)
-        note = f"flex dispatcher: network at {nic_bw:.3g} GB/s for {remote_nodes:.2f} nodes a token"
+        # the RDMA stage carries a token once for each node its experts are on, its own included, at the rate DeepEP
+        # and HybridEP publish for that count (docs/project.md, "MoE cost model")
+        rdma_bw = self.a.nic_gbs * flex_rdma_share()
+        nodes_hit = hit(nodes)
+        network = tokens * token_bytes * nodes_hit / (rdma_bw * 1e9)
+        note = f"flex dispatcher: RDMA stage at {rdma_bw:.3g} GB/s for {nodes_hit:.2f} nodes a token, its own included"
         return Timed(self.a.latency_us_inter * 1e-6 + max(network, nvlink), ESTIMATED, note)
 
     def _comm_rows(self, inter: bool) -> pd.DataFrame:
@@ -823,8 +877,8 @@ def _gemm_index(rows: pd.DataFrame) -> dict[tuple[int, int, int, int], tuple[flo
     return index
 
 
-def _scaled(t: Timed, scale: float) -> Timed:
-    return t if scale == 1.0 else Timed(t.seconds * scale, t.source, f"{t.note}, × {scale:g} (--compute-scale)")
+def _scaled(t: Timed, scale: float, why: str = "--compute-scale") -> Timed:
+    return t if scale == 1.0 else Timed(t.seconds * scale, t.source, f"{t.note}, × {scale:g} ({why})")
 
 
 def _row_shape(r: Any, kind: str) -> AttentionShape:
@@ -838,8 +892,15 @@ def _row_shape(r: Any, kind: str) -> AttentionShape:
         int(r["head_dim_v"]),
         bool(r["causal"]),
     )
-    window = int(r["window"]) if "window" in r and pd.notna(r["window"]) else 0
-    return replace(shape, attn_kind=kind, window=window)
+
+    def count(col: str) -> int:
+        return int(r[col]) if col in r and pd.notna(r[col]) else 0
+
+    # DeepSeek-V4's rows: the pooling rate and csa's top-k change their FLOPs, as the kernel's shape did
+    sinks = bool(r["sinks"]) if "sinks" in r and pd.notna(r["sinks"]) else False
+    return replace(
+        shape, attn_kind=kind, window=count("window"), compress=count("compress"), topk=count("topk"), sinks=sinks
+    )
 
 
 def _interpolate_log(sizes: pd.Series, values: pd.Series, x: float) -> float | None:

@@ -18,6 +18,7 @@ from opbench.core.redact import redact_text
 from opbench.core.units import one_line
 from opbench.models import ModelConfig
 
+from .calibration import read_factors
 from .megatron_flags import nccl_algo
 from .memory import GIB
 from .pipeline import in_flight
@@ -57,7 +58,38 @@ DEFAULT_RESERVE_GIB = 4.0
 DROPOUT_FIELDS = ("hidden_dropout", "resid_pdrop", "residual_dropout", "hidden_dropout_prob")
 
 
+def calibration(args: argparse.Namespace) -> tuple[tuple[str, float], ...]:
+    """--calibration's per-class factors (calibration.py), in the order the file gives them; never with
+    --compute-scale, which scales every class at once."""
+    path = getattr(args, "calibration", None)
+    if not path:
+        return ()
+    if args.compute_scale != 1.0:
+        raise UsageError("give --calibration or --compute-scale, not both", field="--calibration")
+    return tuple(read_factors(path).items())
+
+
+def resolve_compile(args: argparse.Namespace) -> tuple[str, str]:
+    """--memory-ops and --activation-profile as the run uses them, set on ``args``: torch.compile (--compile or
+    --compile-memory-time) starts from PyTorch's own ops, so both are eager under it and an explicit ``fused`` is a
+    contradiction, refused; unset (None), they are fused without it. The one place the override is made: the
+    command line, ``assumptions`` and ``base_plan`` all call it (it is idempotent)."""
+    compiled = compile_factor(args) is not None
+    for name, flag in (("memory_ops", "--memory-ops"), ("activation_profile", "--activation-profile")):
+        given = getattr(args, name, None)
+        if compiled and given == "fused":
+            raise UsageError(
+                "fused is Megatron/TE's kernels; torch.compile (--compile) starts from PyTorch's eager ops: give one",
+                field=flag,
+            )
+        setattr(args, name, "eager" if compiled else given or "fused")
+    if compiled:
+        args.compile = True
+    return args.memory_ops, args.activation_profile
+
+
 def assumptions(args: argparse.Namespace) -> Assumptions:
+    memory_ops, _ = resolve_compile(args)
     return Assumptions(
         gemm_efficiency=args.gemm_efficiency,
         attention_efficiency=args.attention_efficiency,
@@ -74,12 +106,14 @@ def assumptions(args: argparse.Namespace) -> Assumptions:
         cp_overlap=not args.no_cp_overlap,
         dp_overlap=not args.no_dp_overlap,
         optimizer_bytes_per_param=args.optimizer_bytes_per_param,
-        memory_ops="eager" if compile_factor(args) is not None else args.memory_ops,  # --compile: torch's own ops
+        memory_ops=memory_ops,  # --compile: torch's own ops (resolve_compile)
         compute_scale=args.compute_scale,
+        calibration=calibration(args),
         compile_memory_time=compile_factor(args),
         nccl_algo=nccl_algo(args),
         grad_accum_fusion=getattr(args, "gradient_accumulation_fusion", True),
         kernel_us=getattr(args, "kernel_us", None),
+        host_us_per_op=getattr(args, "host_us_per_op", None),
     )
 
 
@@ -89,6 +123,7 @@ def base_plan(cfg: ModelConfig, args: argparse.Namespace) -> Plan:
         raise UsageError(f"{cfg.name} has no seqlen; pass --seqlen", field="--seqlen")
     if args.fsdp and args.zero:
         raise UsageError("give --fsdp or --zero 1, not both", field="--zero")
+    resolve_compile(args)
     for flag, value in (("--activation-profile", args.activation_profile), ("--memory-ops", args.memory_ops)):
         if args.moe_a2a_overlap and value == "eager":
             raise UsageError(
@@ -268,6 +303,7 @@ def breakdown(
     parts += [(f"exposed {k.replace('_', ' ')}", v) for k, v in r.exposed_comm_s.items() if v > 0]
     parts += [("pipeline bubble", r.bubble_s)] if p.pp > 1 else []
     parts += [("optimizer", r.optimizer_s)]
+    parts += [("waiting on the host (host-bound)", r.host_wait_s)] if r.host_wait_s > 0 else []
     width = max(len(n) for n, _ in parts)
     for name, seconds in parts:
         lines.append(f"  {name:<{width}}  {seconds:10.4g} s  {100 * seconds / r.step_s:5.1f} %")

@@ -19,13 +19,30 @@ from . import memory as mem
 from .megatron_flags import pinned_allreduce, unfused_accumulation_bytes
 from .pipeline import ScheduleResult, StageTimes, estimate, simulate
 from .plan import Plan, check
-from .rates import ESTIMATED, INTERPOLATED, MEASURED, Rates, Timed
-from .workload import COMPUTE_KINDS, MEMORY, Item, Work, embedding_work, head_work, layer_work, mtp_work
+from .rates import ESTIMATED, INTERPOLATED, MEASURED, TE_MODULE_HOST, Rates, Timed
+from .workload import (
+    COMPUTE_KINDS,
+    GEMM,
+    MEMORY,
+    Item,
+    Work,
+    embedding_work,
+    head_work,
+    layer_work,
+    memory_kernels,
+    mtp_work,
+)
 
 # Bytes the optimizer reads and writes per parameter (docs/project.md, "Optimizer"): a fused Adam reads gradient,
 # master weight and two moments and writes the last three (and the 16-bit copy in mixed precision); PyTorch's
 # default (foreach) AdamW makes about ten passes over fp32 tensors.
 OPTIMIZER_BYTES = {("fused", True): 30.0, ("fused", False): 28.0, ("eager", True): 80.0, ("eager", False): 80.0}
+# The memory-bound item layer_work times per pass, whose operators memory_kernels counts
+LAYER_MEMORY_ITEM = "norms, residuals, rotary, activations"
+# The optimizer's host operators (docs/project.md, "Host-bound steps"): apex/TE's multi_tensor_apply launches one
+# kernel per 320 chunks of 65,536 elements (its CHUNK_SIZE and the kernel's block count); Megatron's step runs three
+# such passes (the gradient norm, the clip's scale, Adam) besides a few single ops (the norm's all-reduce, found-inf)
+MTA_ELEMENTS, OPTIMIZER_PASSES, OPTIMIZER_SINGLE_OPS = 320 * 65536, 3, 6
 
 
 @dataclass(frozen=True)
@@ -44,6 +61,10 @@ class Projection:
     estimated_share: float
     schedule: ScheduleResult
     sources: dict[str, str] = field(default_factory=dict)  # category -> where its rates came from
+    # the critical stage's host: its time issuing the step's operators, and what the step waits on it beyond the
+    # GPU's work (docs/project.md, "Host-bound steps")
+    host_s: float = 0.0
+    host_wait_s: float = 0.0
 
     @property
     def exposed_comm_total(self) -> float:
@@ -75,6 +96,7 @@ class Projector:
         self._params: dict[tuple, mem.StageParams] = {}
         self._fp8: dict[tuple, tuple[int, int]] = {}
         self._flops: dict[int, float] = {}
+        self._host: dict[tuple, float] = {}
 
     def fits(self, total_bytes: int) -> bool:
         return self.memory_gib is None or total_bytes + self.reserve_gib * mem.GIB <= self.memory_gib * mem.GIB
@@ -96,15 +118,55 @@ class Projector:
         return self._fp8[key]
 
     def _layer(self, lay, plan: Plan) -> Work:
+        key = self._layer_key(lay, plan)
+        if key not in self._work:
+            self._work[key] = layer_work(self.cfg, lay, plan, self.rates, self.profile)
+        return self._work[key]
+
+    def _layer_key(self, lay, plan: Plan) -> tuple:
+        """What a layer's work depends on of the layout (the cache key of ``_layer`` and ``_layer_ops``)."""
         te_microbatches = plan.microbatches if plan.fp8 == "te" else 0  # te casts its weights once per step
         key: tuple = (_layer_key(lay), plan.tp, plan.cp, plan.ep, plan.expert_tp, plan.mbs, plan.sp, plan.recompute)
         key += (plan.recompute_modules,)
         key += (plan.fp8, plan.fp8_recipe, plan.fp8_param_gather, te_microbatches, plan.hidden_dropout > 0)
         key += (plan.moe_a2a_overlap, plan.microbatches, plan.pp, plan.vpp) if plan.moe_a2a_overlap else ()
-        key += (plan.dispatcher,)
-        if key not in self._work:
-            self._work[key] = layer_work(self.cfg, lay, plan, self.rates, self.profile)
-        return self._work[key]
+        return key + (plan.dispatcher,)
+
+    def _layer_ops(self, lay, plan: Plan) -> float:
+        """Operators the host issues for one layer and micro-batch, forward and backward, each GEMM weighted by what
+        issuing it costs over a plain operator (TE_MODULE_HOST under Megatron-Core's TE modules, the fused profile):
+        a GEMM, an attention call, a collective one each; the memory-bound item its kernels (memory_kernels)."""
+        key = self._layer_key(lay, plan)
+        if key not in self._host:
+            work = self._layer(lay, plan)
+            k_fwd, k_bwd = memory_kernels(self.cfg, lay, self.rates.a.memory_ops == "eager")
+            self._host[key] = _issued(work.fwd, k_fwd, k_fwd, self._gemm_weight) + _issued(
+                work.bwd, k_bwd, k_fwd, self._gemm_weight
+            )
+        return self._host[key]
+
+    @property
+    def _gemm_weight(self) -> float:
+        return TE_MODULE_HOST if self.profile == "fused" else 1.0
+
+    def stage_host_ops(self, plan: Plan) -> list[float]:
+        """ops[stage]: the operators one micro-batch's forward and backward through all of a stage's chunks issue
+        (``_layer_ops``; embedding, head and MTP depths an operator an item)."""
+        out = []
+        last_piece = plan.pp * plan.vpp - 1
+        plain = replace(plan, recompute="none")
+        for s in range(plan.pp):
+            ops, index = 0.0, [0] * plan.vpp
+            for chunk, lay in mem.stage_layers(self.cfg, plan, s, self.layers):
+                ops += self._layer_ops(lay, plan if plan.recomputes(index[chunk]) else plain)
+                index[chunk] += 1
+            extra = [embedding_work(self.cfg, plan, self.rates)] if s == 0 else []
+            if any(plan.piece(c, s) == last_piece for c in range(plan.vpp)):
+                extra += [head_work(self.cfg, plan, self.rates)]
+                extra += [mtp_work(self.cfg, plan, self.rates)] * plan.mtp_layers
+            ops += sum(_issued(w.fwd + w.bwd, 1, 1, self._gemm_weight) for w in extra)
+            out.append(ops)
+        return out
 
     def _unfused_accumulation(self, plan: Plan, stage: int, chunk: int) -> Work:
         """Megatron's gradient accumulation without its fusion, one micro-batch of chunk ``chunk``: the backward hook
@@ -185,6 +247,7 @@ class Projector:
         impl = "eager" if self.profile == "eager" else "fused"
         per_param = rates.a.optimizer_bytes_per_param or OPTIMIZER_BYTES[(impl, plan.dtype in ("bf16", "fp16"))]
         dp_items: list[Item] = []
+        opt_numels: list[int] = []
         for s in range(plan.pp):
             sp = self.stage_params(plan, s)
             last_bwd = sum(w.bwd_s for w in work[s])
@@ -241,11 +304,13 @@ class Projector:
                 else (sp.zero1(self.profile)[0] if plan.sharding == "zero1" else sp.numel)
             )
             opt = opt_numel * per_param / bw.seconds
+            opt_numels.append(opt_numel)
             dp_exposed.append(exposed)
             opt_time.append(opt)
             tail.append(exposed + opt)
         crit = max(range(plan.pp), key=lambda s: sched.busy_s[s] + tail[s])
-        step = sched.total_s + tail[crit]
+        gpu_step = sched.total_s + tail[crit]
+        step, host_s, crit = self._host_bound(plan, gpu_step, crit, opt_numels)
 
         # breakdown of the critical stage
         items = [i for w in work[crit] for i in (*w.fwd, *w.bwd)]
@@ -257,7 +322,8 @@ class Projector:
         if plan.pp > 1:
             comm["pp_comm"] = pp_exposed
         comm["dp_comm"] = dp_exposed[crit]
-        bubble = step - compute - sum(comm.values()) - opt_time[crit]
+        host_wait = step - gpu_step
+        bubble = step - host_wait - compute - sum(comm.values()) - opt_time[crit]
         bubble = 0.0 if abs(bubble) < 1e-9 * step else bubble  # floating-point dust when nothing waits
 
         all_items = [i for chunks in work for w in chunks for i in (*w.fwd, *w.bwd)] + dp_items
@@ -292,7 +358,29 @@ class Projector:
             estimated / spent,
             sched,
             sources,
+            host_s,
+            host_wait,
         )
+
+    def _host_bound(self, plan: Plan, gpu_step: float, crit: int, opt_numels: list[int]) -> tuple[float, float, int]:
+        """(step, the critical stage's host time, the critical stage) with the host's issue time per stage: the
+        micro-batches' operators and the optimizer's, × Rates.host_cost. On a GPU the host runs ahead of the GPU by
+        up to the launch queue's depth (CUDA's 1,024 pending launches, more than a layer issues), so a stage takes
+        the longer of its GPU work and its host's issue: the step is host-bound when Σ host > Σ GPU (docs/project.md,
+        "Host-bound steps"). On a CPU the host is the device: issue adds to the work."""
+        cost = self.rates.host_cost().seconds
+        if not cost:
+            return gpu_step, 0.0, crit
+        per_stage = [
+            plan.microbatches * ops + _optimizer_ops(n) for ops, n in zip(self.stage_host_ops(plan), opt_numels)
+        ]
+        host = [cost * ops for ops in per_stage]
+        if not self.rates.on_gpu:
+            return gpu_step + host[crit], host[crit], crit
+        slowest = max(range(plan.pp), key=lambda s: host[s])
+        if host[slowest] > gpu_step:
+            return host[slowest], host[slowest], slowest
+        return gpu_step, host[crit], crit
 
     def _fsdp(
         self, plan: Plan, stage: int, sp: mem.StageParams, w: Work, microbatches: int, inter: bool, per_node: int
@@ -329,6 +417,23 @@ class Projector:
             attention_flops(s, 1, "fwdbwd") * (s.layer_count or 1) for s in model_attention_shapes(self.cfg, seqlen)
         )
         return 3 * gemm + attn
+
+
+def _issued(items: Iterable[Item], layer_kernels: int, recompute_kernels: int, gemm_weight: float) -> float:
+    """Operators the host issues for ``items`` (Projector._layer_ops): the layer's memory-bound item its kernels
+    (``recompute_kernels`` where recomputed), a GEMM ``gemm_weight``, anything else one."""
+    n = 0.0
+    for i in items:
+        if i.category == MEMORY and i.name.endswith(LAYER_MEMORY_ITEM):
+            n += recompute_kernels if i.name.startswith("recompute ") else layer_kernels
+        else:
+            n += gemm_weight if i.category == GEMM else 1.0
+    return n
+
+
+def _optimizer_ops(numel: int) -> float:
+    """The optimizer's host operators for ``numel`` local parameters (MTA_ELEMENTS, OPTIMIZER_PASSES)."""
+    return OPTIMIZER_PASSES * max(1, -(-numel // MTA_ELEMENTS)) + OPTIMIZER_SINGLE_OPS
 
 
 def _summed(parts: Iterable[Timed]) -> Timed:

@@ -209,7 +209,7 @@ def measure_rates(
             "--max-seqlen",
             "0",
             "--backends",
-            "sdpa,gdn_torch,indexer_torch",
+            "sdpa,gdn_torch,indexer_torch,mamba2_torch,kda_torch,v4_torch,hc_torch",  # each kind's torch-ops kernel
             "--passes",
             "fwd,bwd",
             "--budget",

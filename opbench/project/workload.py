@@ -20,7 +20,7 @@ from .megatron_flags import pinned_allreduce
 from .memory import has_qk_norm, op_matmuls
 from .moe_rates import EXPERT_PHASES, TOKEN_PHASES, MoeShape, PhaseTime, k_share
 from .plan import Plan, fp8_gemm
-from .rates import ESTIMATED, INTERPOLATED, MEASURED, Rates, Timed
+from .rates import ESTIMATED, INTERPOLATED, MEASURED, SCAN_KINDS, Rates, Timed
 from .torch_compile import compiled
 
 # Item categories, the columns of the breakdown
@@ -91,7 +91,7 @@ def expert_gemm_time(rates: Rates, m: int, n: int, k: int, groups: int = 1, fp8:
     peak = rates.peak.tflops(dtype)
     if not peak:
         return t
-    math_s = gemm_flops(m, n, k, groups) / (peak * 1e12 * rates.gemm_efficiency(dtype)) * rates.a.compute_scale
+    math_s = gemm_flops(m, n, k, groups) / (peak * 1e12 * rates.gemm_efficiency(dtype)) * rates.scale("gemm")
     note = f"{t.note}; reduction over {k} at {share:.2f} of a large GEMM's rate"
     return Timed(t.seconds + math_s * (1 / share - 1), ESTIMATED, note)
 
@@ -129,12 +129,36 @@ def _attention_items(rates: Rates, shape: AttentionShape, plan: Plan) -> tuple[I
         return _compute(ATTENTION, name + " fwd", fwd), _compute(ATTENTION, name + " bwd", bwd)
     fwd = rates.attention_time(shape, plan.mbs, "fwd")
     bwd = rates.attention_time(shape, plan.mbs, "bwd")
-    if plan.cp > 1 and shape.attn_kind != LINEAR:
+    if plan.cp > 1 and shape.attn_kind not in SCAN_KINDS:  # a scan's shape is already its whole sequence
         whole = replace(shape, seqlen_q=shape.seqlen_q * plan.cp, seqlen_kv=shape.seqlen_kv * plan.cp)
         scale = attention_flops(whole, plan.mbs) / plan.cp / attention_flops(shape, plan.mbs)
         fwd, bwd = (Timed(t.seconds * scale, t.source, t.note) for t in (fwd, bwd))
     name = f"{shape.attn_kind} attention"
     return _compute(ATTENTION, name + " fwd", fwd), _compute(ATTENTION, name + " bwd", bwd)
+
+
+# The scans' GEMMs whose outputs Megatron's all-to-all CP sends to the head-split layout (in_proj; KDA's gate
+# up-projections as opbench splits them, docs/models.md) and whose input it sends back (out_proj)
+SCAN_IN_GEMMS, SCAN_OUT_GEMM = ("linear_in", "kda_forget_up", "kda_gate_up"), "linear_out"
+
+
+def scan_cp_items(lay: Layer, plan: Plan, rates: Rates) -> tuple[list[Item], list[Item]]:
+    """Context parallelism on a Mamba-2, gated DeltaNet or KDA mixer, as Megatron-Core runs it (MambaContextParallel;
+    GatedDeltaNet's tensor_a2a_cp2hp/hp2cp): an all-to-all over the CP ranks of in_proj's output (seqlen/cp tokens,
+    every local head → the whole sequence, heads/cp) before the convolution and scan, and one of the scan's output
+    back before out_proj; backward the same two on the gradients. Blocking in the mixer: nothing hides them."""
+    if not any(op.kind in SCAN_KINDS for op in lay.attention):
+        return [], []
+    e = element_size(plan.dtype)
+    width_in = sum(g.n for g in lay.gemms if g.layer in SCAN_IN_GEMMS) // plan.tp
+    width_out = sum(g.k for g in lay.gemms if g.layer == SCAN_OUT_GEMM) // plan.tp
+    inter = plan.spans_nodes(plan.cp, plan.tp)
+    items = [
+        Item(CP_COMM, f"CP all-to-all ({what})", t, t.seconds)
+        for what, width in (("scan input", width_in), ("scan output", width_out))
+        for t in [rates.collective_time("all_to_all", plan.tokens * width * e, plan.cp, inter)]
+    ]
+    return items, items
 
 
 UNFUSED_KINDS = (FULL, SLIDING, CHUNKED)  # softmax attention: what Megatron's unfused core attention runs
@@ -338,7 +362,10 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
             expert_cast += cf + cb if _in_moe_block(g.name) else 0.0
     attn_fwd: list[Item] = []
     for op in lay.attention:
-        shape = operator_shape(cfg, op, plan.seqlen, plan.tp, plan.cp)
+        if op.kind in SCAN_KINDS:  # Megatron's all-to-all CP: the whole sequence on heads / (tp·cp) (plan.py)
+            shape = operator_shape(cfg, op, plan.seqlen, plan.tp * plan.cp, 1)
+        else:
+            shape = operator_shape(cfg, op, plan.seqlen, plan.tp, plan.cp)
         af, ab = _attention_items(rates, shape, plan)
         attn_fwd.append(af)
         fwd.append(af)
@@ -400,8 +427,11 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
 
     # Context parallelism: the ring passes K and V (and in backward their gradients too) cp − 1 times.
     if plan.cp > 1:
+        fwd_a2a, bwd_a2a = scan_cp_items(lay, plan, rates)
+        fwd += fwd_a2a
+        bwd += bwd_a2a
         for op, f_item in zip(lay.attention, attn_fwd):
-            if op.kind == LINEAR:
+            if op.kind in SCAN_KINDS:
                 continue
             kv = 2 * t * max(1, op.heads_kv // plan.tp) * op.head_dim_qk * e
             step = rates.collective_time("send_recv", kv, 2, plan.spans_nodes(plan.cp, plan.tp))
@@ -467,20 +497,21 @@ def measured_moe(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates) -> tupl
                 return got
             found[(phase, p)] = got
 
-    def timed(p: str, phases: tuple[str, ...], share: float = 1.0) -> Timed:
+    def timed(p: str, phases: tuple[str, ...], klass: str, share: float = 1.0) -> Timed:
+        """The phases' measured time × share, calibrated as the item's class (router and experts: GEMM)."""
         parts = [found[(ph, p)] for ph in phases]
         source = MEASURED if all(x.exact for x in parts) else INTERPOLATED
-        seconds = sum(x.seconds for x in parts) * share * rates.a.compute_scale
-        return Timed(seconds, source, "; ".join(x.note for x in parts))
+        seconds = sum(x.seconds for x in parts) * share
+        return rates.scaled(Timed(seconds, source, "; ".join(x.note for x in parts)), klass)
 
     out: tuple[list[Item], list[Item]] = ([], [])
     for items, p in zip(out, ("fwd", "bwd")):
         items += [
-            _compute(GEMM, f"router {p}", timed(p, ("router", "topk"))),
-            _compute(MEMORY, "token permutation (opbench moe)", timed(p, ("permute", "unpermute_combine"))),
-            _compute(GEMM, f"expert_gate_up {p}", timed(p, ("gate_up",), 1 / plan.ep)),
-            _compute(MEMORY, "expert activation (routed tokens)", timed(p, ("activation",), 1 / plan.ep)),
-            _compute(GEMM, f"expert_down {p}", timed(p, ("down",), 1 / plan.ep)),
+            _compute(GEMM, f"router {p}", timed(p, ("router", "topk"), "gemm")),
+            _compute(MEMORY, "token permutation (opbench moe)", timed(p, ("permute", "unpermute_combine"), "memory")),
+            _compute(GEMM, f"expert_gate_up {p}", timed(p, ("gate_up",), "gemm", 1 / plan.ep)),
+            _compute(MEMORY, "expert activation (routed tokens)", timed(p, ("activation",), "memory", 1 / plan.ep)),
+            _compute(GEMM, f"expert_down {p}", timed(p, ("down",), "gemm", 1 / plan.ep)),
         ]
     return out
 

@@ -21,7 +21,7 @@ from . import rules
 
 # measured line item -> the projection's, where the two mean the same thing
 COMPUTE_ITEMS = (rules.GEMM, rules.ATTENTION, rules.MEMORY)
-CALIBRATED = COMPUTE_ITEMS  # opbench.project.__main__.CALIBRATED's keys: the classes a factor scales
+CALIBRATED = COMPUTE_ITEMS  # opbench.project.calibration.CLASSES: the classes a factor scales
 
 
 def projected_items(flags: str) -> tuple[dict[str, float], dict[str, Any], Any]:
@@ -38,7 +38,7 @@ def _projected_items(flags: str) -> tuple[dict[str, float], dict[str, Any], Any]
     """The projection's line items (seconds per step of one rank) for ``opbench project`` flags, what it was
     (model, layout, device) for the sidecar, and its rates (``opbench.project.rates.Rates``) for the kernel rows."""
     from opbench.models import load_model_configs, select_models
-    from opbench.project.__main__ import assumptions, base_plan, build_parser, calibrated
+    from opbench.project.__main__ import assumptions, base_plan, build_parser
     from opbench.project.rates import Rates
     from opbench.project.step import Projector
     from opbench.project.workload import COMPUTE_KINDS
@@ -55,7 +55,7 @@ def _projected_items(flags: str) -> tuple[dict[str, float], dict[str, Any], Any]
         raise UsageError(f"projects one model at a time, got {len(configs)}", field="--project")
     (cfg,) = configs
     plan = base_plan(cfg, args)
-    rates = calibrated(Rates(args.results, args.device, args.dtype, assumptions(args), args.gpus_per_node), args)
+    rates = Rates(args.results, args.device, args.dtype, assumptions(args), args.gpus_per_node)
     projector = Projector(cfg, rates, args.activation_profile, None, args.memory_reserve_gib)
     result = projector.project(plan)
     work = projector.stage_work(plan)
@@ -101,8 +101,9 @@ def side_by_side(measured: dict[str, float], projected: dict[str, float]) -> lis
 
 
 def measured_totals(per_rank: list[dict[str, dict[str, float]]]) -> dict[str, float]:
-    """Mean over ranks of each line item, plus ``comm`` (every collective's exposed time) and ``bubble`` (a single
-    stage trace has none: 0)."""
+    """Mean over ranks of each line item (``bubble`` among them: a pipeline stage's waits on its neighbours,
+    docs/step.md, "The pipeline bubble"; 0 in a trace with no pipeline send or receive), plus ``comm`` (every
+    collective's exposed time)."""
     out: dict[str, float] = {}
     for items in per_rank:
         for k, v in items.items():
