@@ -110,6 +110,35 @@ def test_llama_step_accounted(llama, record):
     record(f"opbench step, tiny Llama CPU step {items['step']['measured_s'] * 1e3:.1f} ms: {shares}")
 
 
+def test_llama_timeline_is_the_steps_accounting(llama):
+    """On a real CPU trace (nested operators on threads), the timeline's step lane adds up to the median step's
+    partition, and each thread's pieces to its operators' own time by class."""
+    path, _ = llama
+    (rs,) = summary.analyse([str(path)])
+    tl = rs.timeline
+    assert tl is not None and tl.dropped == 0
+    (step,) = [s for s in rs.steps if s.name == rs.timeline_step]
+    lanes: dict[tuple[int, int], dict[str, float]] = {}
+    for lane, pieces in tl.pieces.items():
+        for label, t0, t1 in pieces:
+            assert t1 > t0
+            lanes.setdefault(lane, {})[label] = lanes.get(lane, {}).get(label, 0.0) + t1 - t0
+    own = lanes.pop(attribute.STEP_LANE)
+    assert own.keys() == step.partition.keys()
+    for label, us in step.partition.items():
+        assert own[label] == pytest.approx(us, abs=0.01), label
+    kernels: dict[str, float] = {}
+    for key, (_, us) in step.kernels.items():
+        kernels[key.klass] = kernels.get(key.klass, 0.0) + us
+    threads: dict[str, float] = {}
+    for per in lanes.values():
+        for label, us in per.items():
+            threads[label] = threads.get(label, 0.0) + us
+    assert threads.keys() == kernels.keys()
+    for klass, us in kernels.items():
+        assert threads[klass] == pytest.approx(us, abs=0.01), klass
+
+
 def test_qwen3_moe_step_accounted(qwen_moe, record):
     path, walls = qwen_moe
     results = _check_accounts(path, walls)

@@ -44,6 +44,7 @@ from opbench.project.schema import VALIDATE_SCHEMA as PROJECT_VALIDATE
 from opbench.selftest.schema import SCHEMA as SELFTEST
 from opbench.steptrace.schema import ITEMS as STEP_ITEMS
 from opbench.steptrace.schema import KERNELS as STEP_KERNELS
+from opbench.steptrace.schema import TIMELINE as STEP_TIMELINE
 from opbench.trace.schema import NCCL_TESTS, TRACE, TRACE_FSDP, TRACE_PER_COMM, TRACE_PER_RANK
 
 # Report order: one section per schema, in this order.
@@ -71,6 +72,7 @@ SCHEMAS: dict[str, Schema] = {
         PROJECT_VALIDATE,
         STEP_ITEMS,
         STEP_KERNELS,
+        STEP_TIMELINE,
     )
 }
 
@@ -137,6 +139,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "nccl_tests": ("type", "size_bytes", "ip_busbw_gbs", "oop_busbw_gbs"),
     "fsdp": ("unit", "calls_per_step"),
     "step": ("trace", "rank", "item", "measured_s"),  # plots._draw_step
+    "step_timeline": ("trace", "rank", "lane", "class", "start_s", "end_s"),  # plots.timeline_bars
     "ckpt": ("storage", "method", "save_bandwidth_mib_per_s", "load_bandwidth_mib_per_s"),
     "cluster_compute": ("gemm", "dtype", "node", "local_rank", "m", "n", "k", "tflops", "time_s"),
     "cluster_memory": ("time_s",),

@@ -695,6 +695,72 @@ def _draw_step(frame: pd.DataFrame) -> Callable[[Any], None]:
     return draw
 
 
+TIMELINE_COLORS = {  # one colour per class of the timeline picture; comm:<kind> on the step lane is exposed comm
+    "gemm": "tab:blue",
+    "attention": "tab:orange",
+    "memory": "tab:green",
+    "optimizer": "tab:purple",
+    "other": "tab:brown",
+    "comm exposed": "tab:red",
+    "comm overlapped": "pink",
+    "memcpy": "tab:olive",
+    "bubble": "black",
+    "idle": "lightgrey",
+}
+MAX_TIMELINE_ROWS = 40  # bars (streams, or ranks) in one timeline picture
+
+
+def timeline_colour_class(label: str) -> str:
+    return "comm exposed" if label.startswith("comm:") else label if label in TIMELINE_COLORS else "other"
+
+
+def timeline_bars(frame: pd.DataFrame) -> list[tuple[str, list[tuple[str, float, float]]]]:
+    """``opbench step``'s timeline pieces as bars: (bar label, [(class, start s, width s)]). One trace: a bar per
+    lane, the step's own cut first; several traces: a bar per rank, its step's cut (the picture compares ranks)."""
+    start, end = _numbers(frame, "start_s"), _numbers(frame, "end_s")
+    ok = frame[start.notna() & end.notna()]
+    ranks = sorted({(str(t), str(r)) for t, r in zip(ok["trace"], ok["rank"])}, key=lambda tr: _natural(tr[1]))
+    one = len(ranks) == 1
+    if not one:
+        ok = ok[ok["lane"].astype(str) == "step"]
+    bars: list[tuple[str, list[tuple[str, float, float]]]] = []
+    keyed = ok.assign(_t=ok["trace"].astype(str), _r=ok["rank"].astype(str), _l=ok["lane"].astype(str))
+    for key, part in keyed.groupby(["_l"] if one else ["_t", "_r"], sort=False):
+        name = str(key[0]) if one else f"rank {key[1]} ({key[0]})"
+        pieces = [
+            (str(c), float(a), float(b) - float(a))
+            for c, a, b in zip(part["class"], _numbers(part, "start_s"), _numbers(part, "end_s"))
+        ]
+        bars.append((name, sorted(pieces, key=lambda p: p[1])))
+    if one:
+        bars.sort(key=lambda b: (b[0] != "step", _natural(b[0])))
+    return bars[:MAX_TIMELINE_ROWS]
+
+
+def _draw_timeline(bars: list[tuple[str, list[tuple[str, float, float]]]], title: str) -> Callable[[Any], None]:
+    def draw(fig: Any) -> None:
+        from matplotlib.patches import Patch
+
+        ax = fig.add_subplot()
+        seen: dict[str, None] = {}
+        for y, (_, pieces) in enumerate(bars):
+            spans = [(a * 1e3, w * 1e3) for _, a, w in pieces]
+            colours = [TIMELINE_COLORS[timeline_colour_class(c)] for c, _, _ in pieces]
+            ax.broken_barh(spans, (y - 0.4, 0.8), facecolors=colours, linewidth=0)
+            seen.update(dict.fromkeys(timeline_colour_class(c) for c, _, _ in pieces))
+        ax.set_yticks(range(len(bars)), [name for name, _ in bars], fontsize="small")
+        ax.invert_yaxis()
+        ax.set_xlabel("ms from the step's start")
+        ax.set_title(title)
+        ax.grid(True, axis="x", alpha=0.3)
+        shown = [k for k in TIMELINE_COLORS if k in seen]
+        if shown:
+            handles = [Patch(facecolor=TIMELINE_COLORS[k], label=k) for k in shown]
+            fig.legend(handles=handles, loc="outside lower center", ncols=5, fontsize="small")
+
+    return draw
+
+
 # ---- cluster: heatmaps of GPUs and of pairs ----------------------------------------------------------------
 
 HEATMAP_ANNOTATE_MAX = 400  # cells; above this the numbers would not fit and only the colours remain
@@ -894,6 +960,20 @@ def plan_plots(sections: Sequence[Section]) -> list[Plot]:
     if not step.empty:
         plots.append(
             Plot("step", "step_items.png", "Training step from its trace: measured vs projected", _draw_step(step))
+        )
+    timeline = by_kind.get("step_timeline", pd.DataFrame())
+    if not timeline.empty:
+        bars = timeline_bars(timeline)
+        steps = ", ".join(sorted({str(v) for v in timeline.get("step", pd.Series(dtype=str)).dropna()}))
+        title = f"One step by stream and class{': ' + steps if steps else ''}"
+        plots.append(
+            Plot(
+                "step_timeline",
+                "step_timeline.png",
+                title,
+                _draw_timeline(bars, title),
+                figsize=(10.0, max(2.5, 0.35 * len(bars) + 1.8)),
+            )
         )
     for section in sections:
         if section.ok.empty:

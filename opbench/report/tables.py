@@ -503,6 +503,13 @@ SPECS: dict[str, TableSpec] = {
         sparse=("m", "n", "k", "dtype", "bytes", "tflops", "measured_over_projected"),
         about="Each kernel (a CPU trace: each operator) of a profiled step, most time first.",
     ),
+    "step_timeline": TableSpec(
+        columns=("trace", "rank", "step", "lane", "class", "start_s", "end_s"),
+        order=_by("rank", "lane", "start_s"),
+        optional=("trace", "step"),
+        about="One step's pieces per stream (the lane 'step': the step's own cut, one line item per instant), "
+        "seconds from the step's start; the picture below draws them.",
+    ),
 }
 assert set(SPECS) == set(SCHEMAS)
 ALWAYS_DERIVED = ("file",)  # Discovery.frame adds the file each row came from

@@ -20,10 +20,11 @@ from opbench.core.errors import UsageError, run_cli
 from opbench.core.results import CsvReport, environment, summary_table
 from opbench.core.units import counted, one_line
 
-from .schema import ITEMS, KERNELS
+from .schema import ITEMS, KERNELS, TIMELINE
 
 ITEMS_CSV = "step_items.csv"
 KERNELS_CSV = "step_kernels.csv"
+TIMELINE_CSV = "step_timeline.csv"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_output_args(
         p,
         dir_default=cli.tool_dir("step"),
-        dir_help=f"write DIR/{ITEMS_CSV} and DIR/{KERNELS_CSV} with their .meta.json sidecars",
+        dir_help=f"write DIR/{ITEMS_CSV}, DIR/{KERNELS_CSV} and DIR/{TIMELINE_CSV} (the median step's pieces, "
+        "for opbench report's timeline picture) with their .meta.json sidecars",
     )
     cli.add_earlier_args(p)
     return p
@@ -71,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise UsageError("--calibrate needs --project: the factors are measured over projected", field="--calibrate")
     paths = []
     if args.report_dir_path:
-        paths = [os.path.join(args.report_dir_path, ITEMS_CSV), os.path.join(args.report_dir_path, KERNELS_CSV)]
+        paths = [os.path.join(args.report_dir_path, name) for name in (ITEMS_CSV, KERNELS_CSV, TIMELINE_CSV)]
         outputs.protect(list(args.traces))
     with outputs.claimed(*paths):
         projected: dict[str, float] = {}
@@ -118,8 +120,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             shown = ", ".join(f"{k} × {v:.3g}" for k, v in fac.items())
             print(f"wrote {one_line(args.calibrate)} ({shown}): opbench project --calibration {args.calibrate} …")
         if paths:
-            for path, schema, rows in ((paths[0], ITEMS, item_rows), (paths[1], KERNELS, kernel_rows)):
-                with CsvReport(path, schema, meta=meta, earlier=cli.earlier_policy(args)) as report:
+            timeline = [row for r in ranks for row in summary.timeline_rows(r)]
+            dropped = {  # a capped timeline: how many pieces were left out, and up to when the step is drawn
+                r.name: {"pieces": r.timeline.dropped, "drawn_until_s": (r.timeline.cut_us - r.timeline.start_us) / 1e6}
+                for r in ranks
+                if r.timeline is not None and r.timeline.dropped
+            }
+            pieces = {"timeline_steps": {r.name: r.timeline_step for r in ranks}, "timeline_dropped": dropped}
+            for path, schema, rows, extra in (
+                (paths[0], ITEMS, item_rows, {}),
+                (paths[1], KERNELS, kernel_rows, {}),
+                (paths[2], TIMELINE, timeline, pieces),
+            ):
+                with CsvReport(path, schema, meta={**meta, **extra}, earlier=cli.earlier_policy(args)) as report:
                     report.extend(rows)
                 print(f"wrote {one_line(path)} ({counted(len(rows), 'row')})")
     return 0
@@ -136,7 +149,7 @@ def _add_projection(rows: list[dict[str, Any]], projected: dict[str, float], r: 
             measured = comm if item == "comm" else None
             row = {"trace": r.name, "rank": r.rank, "steps": len(r.steps), "item": item, "measured_s": measured}
             if item == "bubble":
-                row["note"] = "one stage per trace: a pipeline bubble is not measured here"
+                row["note"] = "no pipeline p2p in this trace: no bubble measured"
             rows.insert(len(rows) - 1, row)  # before the step row
         row["projected_s"] = seconds
         if row.get("measured_s") is not None and seconds > 0:

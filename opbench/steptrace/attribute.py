@@ -8,8 +8,10 @@ classed as its outermost classified enclosing operator (``aten::linear``'s trans
 
 Each step (``ProfilerStep#N``) is then cut into one class per instant (``partition``): compute kernels first (shared
 equally when several run at once), then collectives not hidden by compute (exposed), then copies, else idle; so
-the classes add up to the step's time exactly, and a collective's time splits into exposed and overlapped. No
-torch import.
+the classes add up to the step's time exactly, and a collective's time splits into exposed and overlapped. A
+pipeline stage's waits are the ``bubble``: its exposed p2p and, in a step with p2p, its idle before the first and
+after the last compute (docs/step.md, "The pipeline bubble"). ``timeline`` records one step's pieces for the
+picture. No torch import.
 """
 
 from __future__ import annotations
@@ -252,9 +254,13 @@ def label(key: Key) -> str:
     return f"comm:{key.kind}" if key.klass == rules.COMM else key.klass
 
 
-def partition(items: list[Interval], start: float, end: float, result: StepResult) -> None:
-    """Cut [start, end) into one label per instant (module docstring) and add each interval's own time to its row.
-    A sweep over the interval ends: O(n log n), each lane's top interval (deepest, latest started) read per cut."""
+def partition(
+    items: list[Interval], start: float, end: float, result: StepResult, record: Timeline | None = None
+) -> None:
+    """Cut [start, end) into one label per instant (module docstring) and add each interval's own time to its row;
+    with ``record``, keep the pieces for the timeline picture (``Timeline``). A sweep over the interval ends:
+    O(n log n), each lane's top interval (deepest, latest started) read per cut. A step with pipeline p2p
+    (``send_recv``) counts its idle before the first and after the last compute as ``bubble`` (``_edges``)."""
     cuts: list[tuple[float, int, int]] = []  # (time, +1 open / -1 close, index)
     for i, iv in enumerate(items):
         s, e = max(iv.start, start), min(iv.end, end)
@@ -264,11 +270,11 @@ def partition(items: list[Interval], start: float, end: float, result: StepResul
     cuts.sort(key=lambda c: (c[0], c[1]))
     lanes: dict[tuple[int, int], list[tuple[int, float, int]]] = defaultdict(list)  # heap of (-depth, -start, i)
     closed: set[int] = set()
-    part = result.partition
+    edges = _Edges()
     last = start
     for t, what, i in cuts:
         if t > last:
-            _segment(items, lanes, closed, t - last, result)
+            edges.add(_segment(items, lanes, closed, last, t, result, record), t - last)
             last = t
         if what == 1:
             iv = items[i]
@@ -276,20 +282,71 @@ def partition(items: list[Interval], start: float, end: float, result: StepResul
         else:
             closed.add(i)
     if end > last:
-        part[IDLE] = part.get(IDLE, 0.0) + end - last
+        result.partition[IDLE] = result.partition.get(IDLE, 0.0) + end - last
+        edges.add(IDLE, end - last)
+        if record is not None and not record.full(last):
+            record.add(STEP_LANE, IDLE, last, end)
+    _edges(result, edges, record)
+
+
+class _Edges:
+    """The idle time before a step's first compute and since its last one, as the sweep goes."""
+
+    def __init__(self) -> None:
+        self.lead = self.tail = 0.0
+        self.computed = False
+        self.first = self.last = math.nan  # µs from the sweep's start: where the first compute began, the last ended
+        self.clock = 0.0
+
+    def add(self, label: str, seg: float) -> None:
+        if label == COMPUTING:
+            if not self.computed:
+                self.first = self.clock
+            self.computed, self.tail = True, 0.0
+            self.last = self.clock + seg
+        elif label == IDLE:
+            if self.computed:
+                self.tail += seg
+            else:
+                self.lead += seg
+        self.clock += seg
+
+
+def _edges(result: StepResult, edges: _Edges, record: Timeline | None) -> None:
+    """A pipeline stage (its step ran p2p sends/receives) waits for its neighbours before its first forward and
+    after its last backward: that idle is the bubble (docs/step.md, "The pipeline bubble"), not idle."""
+    if P2P not in result.comm_busy:
+        return
+    moved = edges.lead + edges.tail if edges.computed else edges.lead
+    if moved <= 0:
+        return
+    part = result.partition
+    part[IDLE] = part.get(IDLE, 0.0) - moved
+    if abs(part[IDLE]) < 1e-9:
+        del part[IDLE]
+    part[BUBBLE] = part.get(BUBBLE, 0.0) + moved
+    if record is not None:
+        first, last = edges.first + result.start_us, edges.last + result.start_us
+        record.relabel_edges(first if edges.computed else math.inf, last if edges.computed else math.inf)
 
 
 def _segment(
     items: list[Interval],
     lanes: dict[tuple[int, int], list[tuple[int, float, int]]],
     closed: set[int],
-    seg: float,
+    t0: float,
+    t1: float,
     result: StepResult,
-) -> None:
+    record: Timeline | None,
+) -> str:
+    """Give the piece [t0, t1) its label(s) and each lane's top kernel its time; returns ``COMPUTING``, or the
+    label of a piece with no compute."""
+    seg = t1 - t0
     compute: list[str] = []
     comm: set[str] = set()
     copy = False
-    for heap in lanes.values():
+    tops: list[tuple[tuple[int, int], Key]] = []
+    for lane, heap in lanes.items():
         while heap and heap[0][2] in closed:
             heapq.heappop(heap)
         if not heap:
@@ -297,6 +354,8 @@ def _segment(
         key = items[heap[0][2]].key
         row = result.kernels.setdefault(key, [0.0, 0.0])
         row[1] += seg
+        if record is not None:
+            tops.append((lane, key))
         if key.klass in rules.COMPUTE:
             compute.append(key.klass)
         elif key.klass == rules.COMM:
@@ -306,19 +365,94 @@ def _segment(
     part = result.partition
     for kind in comm:
         result.comm_busy[kind] = result.comm_busy.get(kind, 0.0) + seg
+    pieces: list[str] = []  # the step lane's labels for this piece, each an equal share of it
     if compute:
         share = seg / len(compute)
         for klass in compute:
             part[klass] = part.get(klass, 0.0) + share
+        pieces = sorted(compute)
     elif comm:
         share = seg / len(comm)
         for kind in comm:
-            part[f"comm:{kind}"] = part.get(f"comm:{kind}", 0.0) + share
+            name = BUBBLE if kind == P2P else f"comm:{kind}"  # a pipeline p2p wait: the stage has nothing to do
+            part[name] = part.get(name, 0.0) + share
             result.comm_exposed[kind] = result.comm_exposed.get(kind, 0.0) + seg
+            pieces.append(name)
+        pieces.sort()
     elif copy:
         part[rules.MEMCPY] = part.get(rules.MEMCPY, 0.0) + seg
+        pieces = [rules.MEMCPY]
     else:
         part[IDLE] = part.get(IDLE, 0.0) + seg
+        pieces = [IDLE]
+    if record is not None and not record.full(t0):
+        width = seg / len(pieces)
+        for j, name in enumerate(pieces):
+            record.add(STEP_LANE, name, t0 + j * width, t1 if j == len(pieces) - 1 else t0 + (j + 1) * width)
+        for lane, key in tops:
+            record.add(lane, lane_label(key, bool(compute)), t0, t1)
+    return COMPUTING if compute else pieces[0]
+
+
+def lane_label(key: Key, computing: bool) -> str:
+    """A kernel's colour on its stream's bar: its class; a collective exposed or overlapped with compute."""
+    if key.klass != rules.COMM:
+        return key.klass
+    if computing:
+        return COMM_OVERLAPPED
+    return BUBBLE if key.kind == P2P else COMM_EXPOSED
+
+
+@dataclass
+class Timeline:
+    """One step's pieces for the picture: per lane (``STEP_LANE`` = the step's own cut, one label per instant, as
+    the partition counts it; else a stream or thread: its top kernel's class), merged where the same label runs on.
+    ``limit`` caps the pieces kept (a long step of small kernels): once reached, nothing from ``cut_us`` on is
+    kept, on any lane, so what is kept is the whole picture of the step's first part; ``dropped`` counts the
+    pieces of the sweep left out."""
+
+    start_us: float
+    limit: int = 20_000
+    pieces: dict[tuple[int, int], list[list[Any]]] = field(default_factory=dict)  # lane -> [[label, t0, t1]]
+    kept: int = 0
+    dropped: int = 0
+    cut_us: float = math.inf
+
+    def full(self, t0: float) -> bool:
+        """Whether the piece starting at ``t0`` is left out (the cap was reached at or before it)."""
+        if self.kept >= self.limit:
+            self.cut_us = min(self.cut_us, t0)
+            self.dropped += 1
+            return True
+        return False
+
+    def add(self, lane: tuple[int, int], label: str, t0: float, t1: float) -> None:
+        rows = self.pieces.setdefault(lane, [])
+        if rows and rows[-1][0] == label and rows[-1][2] == t0:
+            rows[-1][2] = t1
+        else:
+            rows.append([label, t0, t1])
+            self.kept += 1
+
+    def relabel_edges(self, first: float, last: float) -> None:
+        """The step lane's idle before ``first`` and after ``last`` (µs) is bubble (``_edges``)."""
+        for row in self.pieces.get(STEP_LANE, []):
+            if row[0] == IDLE and (row[2] <= first or row[1] >= last):
+                row[0] = BUBBLE
+
+
+STEP_LANE = (-2, 0)  # the step's own cut in a Timeline
+BUBBLE, P2P, COMPUTING = "bubble", "send_recv", "computing"
+COMM_EXPOSED, COMM_OVERLAPPED = "comm exposed", "comm overlapped"
+
+
+def timeline(items: list[Interval], step: StepResult, limit: int = 20_000) -> Timeline:
+    """The pieces of one already attributed step, for the picture: its partition again, recorded."""
+    record = Timeline(step.start_us, limit)
+    inside = [iv for iv in items if iv.end > step.start_us and iv.start < step.start_us + step.dur_us]
+    partition(inside, step.start_us, step.start_us + step.dur_us, StepResult(step.name, step.start_us, step.dur_us),
+              record)  # fmt: skip
+    return record
 
 
 def steps(trace: Trace, items: list[Interval] | None = None) -> list[StepResult]:

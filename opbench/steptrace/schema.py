@@ -78,3 +78,16 @@ KERNELS = Schema(
         "measured_over_projected": "ratio",
     },
 )
+
+TIMELINE = Schema(
+    benchmark="step_timeline",
+    title="Training step timeline from a profiler trace",
+    version=1,
+    columns=("trace", "rank", "step", "lane", "class", "start_s", "end_s"),
+    keys=("trace", "rank", "step", "lane", "start_s"),
+    metrics={"end_s": "s"},
+    signature=("trace", "rank", "step", "lane", "class", "start_s", "end_s"),
+    file_hint=r"^step_timeline",
+    units={"start_s": "s"},
+    kinds={"start_s": "time_part", "end_s": "time_part"},
+)

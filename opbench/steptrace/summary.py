@@ -25,6 +25,8 @@ class RankSteps:
     steps: list[attribute.StepResult]
     warnings: list[str] = field(default_factory=list)
     events: int = 0
+    timeline: attribute.Timeline | None = None  # the median step's pieces, for the picture
+    timeline_step: str = ""
 
     @property
     def name(self) -> str:
@@ -43,9 +45,15 @@ def analyse(paths: list[str]) -> list[RankSteps]:
     out = []
     for i, path in enumerate(paths):
         trace: Trace = read(path)
-        results = attribute.steps(trace)
+        kernels = attribute.intervals(trace)
+        results = attribute.steps(trace, kernels)
         rank = trace.rank if trace.rank is not None else i
-        out.append(RankSteps(path, rank, trace.on_gpu, results, trace.warnings, trace.events))
+        rs = RankSteps(path, rank, trace.on_gpu, results, trace.warnings, trace.events)
+        if results:  # the median step (by duration, the earlier of two): the one the timeline picture draws
+            pick = sorted(results, key=lambda s: (s.dur_us, s.start_us))[(len(results) - 1) // 2]
+            rs.timeline, rs.timeline_step = attribute.timeline(kernels, pick), pick.name
+        del kernels
+        out.append(rs)
     ranks = [r.rank for r in out]
     if len(set(ranks)) != len(ranks):  # two traces of the same rank (or no distributedInfo): number by position
         for i, r in enumerate(out):
@@ -82,6 +90,8 @@ def items(rs: RankSteps) -> dict[str, dict[str, float]]:
             "exposed_s": exposed,
             "overlapped_s": max(0.0, busy_kind - exposed),
         }
+    if attribute.BUBBLE in part:
+        out[attribute.BUBBLE] = {"measured_s": rs.mean([part[attribute.BUBBLE]])}
     out[attribute.IDLE] = {"measured_s": rs.mean([part.get(attribute.IDLE, 0.0)])}
     out["step"] = {"measured_s": rs.mean([s.dur_us for s in rs.steps])}
     return out
@@ -94,6 +104,8 @@ def item_rows(rs: RankSteps, projected: dict[str, float] | None = None) -> list[
     for item, v in got.items():
         row: dict[str, Any] = {"trace": rs.name, "rank": rs.rank, "steps": len(rs.steps), "item": item, **v}
         row["share"] = v["measured_s"] / step
+        if item == f"comm:{attribute.P2P}" and attribute.BUBBLE in got:
+            row["note"] = "pipeline p2p: its exposed time is counted as the bubble"
         rows.append(row)
     return rows
 
@@ -131,6 +143,37 @@ def kernel_rows(rs: RankSteps) -> list[dict[str, Any]]:
                 "tflops": flops * (calls / n) / time_s / 1e12 if flops and time_s > 0 else None,
             }
         )
+    return rows
+
+
+def lane_name(lane: tuple[int, int]) -> str:
+    if lane == attribute.STEP_LANE:
+        return "step"
+    device, stream = lane
+    return f"thread {stream}" if device == -1 else f"gpu{device} stream {stream}"
+
+
+def timeline_rows(rs: RankSteps) -> list[dict[str, Any]]:
+    """The median step's pieces (``attribute.Timeline``), seconds from the step's start: the ``step`` lane is the
+    partition itself (its pieces add up to each line item of that step), the other lanes each stream or thread."""
+    tl = rs.timeline
+    if tl is None:
+        return []
+    rows = []
+    for lane in sorted(tl.pieces, key=lambda ln: (ln != attribute.STEP_LANE, ln)):
+        name = lane_name(lane)
+        for label, t0, t1 in tl.pieces[lane]:
+            rows.append(
+                {
+                    "trace": rs.name,
+                    "rank": rs.rank,
+                    "step": rs.timeline_step,
+                    "lane": name,
+                    "class": label,
+                    "start_s": (t0 - tl.start_us) / 1e6,
+                    "end_s": (t1 - tl.start_us) / 1e6,
+                }
+            )
     return rows
 
 

@@ -218,3 +218,108 @@ def _covered_after(start: float, end: float, gpu_now: float, layers: int, gemm_u
         covered += max(0.0, min(end, t + gemm_us) - max(start, t))
         t += gemm_us + GAP_US
     return covered
+
+
+# ---- pipeline stages: one trace per stage, p2p sends/receives between neighbours, a known bubble ----------------
+
+P2P = {
+    "cuda": ("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", "batch_isend_irecv", "batch_isend_irecv"),
+    "rocm": ("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)", "send", "recv"),
+}  # kernel, record_param_comms' "Collective name" of the sender, of the receiver
+PP_FWD_US, PP_BWD_US, PP_P2P_US, PP_LEAD_US, PP_TAIL_US = 100, 200, 10, 10, 20  # integers: the truth samples 1 µs
+PP_GAP_US = 3  # the launch gap before each compute kernel: idle in the middle of a step, not bubble
+
+
+def pipeline_schedule(stages: int, microbatches: int, t0: int) -> tuple[list[list[tuple[str, int, int]]], int]:
+    """GPipe's fill-drain schedule (all forwards, then all backwards; Megatron-LM's 1F1B has the same bubble,
+    (p − 1)/m of the ideal step) of ``stages`` stages: per stage its kernels (``fwd``/``bwd``/``optimizer``/
+    ``send``/``recv``, start, end) in µs, and the step's end. A p2p pair starts on each side when that side posts
+    it and both end ``PP_P2P_US`` after the later post; the receiver computes only once it ended."""
+    free = [t0 + PP_LEAD_US] * stages
+    out: list[list[tuple[str, int, int]]] = [[] for _ in range(stages)]
+
+    def p2p(src: int, dst: int, posted: int) -> int:
+        done = max(posted, free[dst]) + PP_P2P_US
+        out[src].append(("send", posted, done))
+        out[dst].append(("recv", free[dst], done))
+        return done
+
+    ends = [[0] * microbatches for _ in range(stages)]
+    for i in range(microbatches):
+        for s in range(stages):
+            start = (free[s] if s == 0 else p2p(s - 1, s, ends[s - 1][i])) + PP_GAP_US
+            out[s].append(("fwd", start, start + PP_FWD_US))
+            ends[s][i] = free[s] = start + PP_FWD_US
+    for i in range(microbatches):
+        for s in reversed(range(stages)):
+            start = (free[s] if s == stages - 1 else p2p(s + 1, s, ends[s + 1][i])) + PP_GAP_US
+            out[s].append(("bwd", start, start + PP_BWD_US))
+            ends[s][i] = free[s] = start + PP_BWD_US
+    for s in range(stages):
+        out[s].append(("optimizer", free[s], free[s] + int(OPT_US)))
+        free[s] += int(OPT_US)
+    return out, max(free) + PP_TAIL_US
+
+
+def pipeline_truth(kernels: list[tuple[str, int, int]], t0: int, end: int) -> Planted:
+    """The partition of one stage's step by the definition of docs/step.md, counted microsecond by microsecond
+    (independent of the sweep it checks): compute, else a p2p running (bubble), else idle — idle before the
+    first compute or after the last one being bubble too."""
+    klass = {"fwd": "gemm", "bwd": "gemm", "optimizer": "optimizer"}
+    compute = [(klass[k], a, b) for k, a, b in kernels if k in klass]
+    p2p = [(a, b) for k, a, b in kernels if k in ("send", "recv")]
+    first, last = min(a for _, a, _ in compute), max(b for _, _, b in compute)
+    planted = Planted(step_us=float(end - t0))
+    part: dict[str, float] = {}
+    for t in range(t0, end):
+        mid = t + 0.5
+        running = [c for c, a, b in compute if a <= mid < b]
+        comm = any(a <= mid < b for a, b in p2p)
+        planted.comm_busy += comm
+        if running:
+            label = running[0]
+        elif comm:
+            label, planted.comm_exposed = "bubble", planted.comm_exposed + 1
+        else:
+            label = "bubble" if p2p and (mid < first or mid >= last) else "idle"
+        part[label] = part.get(label, 0.0) + 1.0
+    planted.partition = part
+    return planted
+
+
+def write_pipeline(path: str, stage: int, stages: int, vendor: str = "cuda", microbatches: int = 4,
+                   steps: int = 2) -> Planted:  # fmt: skip
+    """The trace of pipeline stage ``stage`` (its rank) of ``stages``: ``steps`` steps of ``pipeline_schedule``,
+    forward GEMMs on the compute stream, p2p kernels on two comm streams (receives, sends) launched by
+    ``record_param_comms``. Returns one step's truth (``pipeline_truth``)."""
+    opener: Any = gzip.open if path.endswith(".gz") else open
+    kernel, send_name, recv_name = P2P[vendor]
+    truth = Planted()
+    with opener(path, "wt", encoding="utf-8") as fh:
+        fh.write('{"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "planted"}], ')
+        fh.write(f'"distributedInfo": {{"backend": "nccl", "rank": {stage}, "world_size": {stages}}}, ')
+        fh.write('"traceEvents": [\n')
+        w = _Writer(fh, vendor, stage)
+        w.v = {**w.v, "p2p": kernel}
+        t0 = 1_000_000
+        for s in range(steps):
+            plan, end = pipeline_schedule(stages, microbatches, t0)
+            mine = sorted(plan[stage], key=lambda k: k[1])
+            group = str(list(range(stages)))  # the pipeline group
+            for j, (what, a, b) in enumerate(mine):
+                cpu = float(t0 + 1 + 4 * j)  # the CPU launches everything early: the GPU waits on data, not on it
+                if what in ("send", "recv"):
+                    ext = w.op("record_param_comms", cpu, 3.0, args={
+                        "Collective name": send_name if what == "send" else recv_name, "In msg nelems": T * H,
+                        "dtype": "BFloat16", "Process Group Ranks": group})  # fmt: skip
+                    w.kernel("p2p", ext, cpu + 1, float(a), float(b - a), stream=w.v["comm_stream"] + (what == "send"))
+                else:
+                    op = "aten::_fused_adamw_" if what == "optimizer" else "aten::mm"
+                    ext = w.op(op, cpu, 3.0)
+                    w.kernel({"fwd": "gemm", "bwd": "gemm_bwd", "optimizer": "optimizer"}[what], ext, cpu + 1,
+                             float(a), float(b - a))  # fmt: skip
+            w.annotation(f"ProfilerStep#{s}", float(t0), float(end - t0))
+            truth = pipeline_truth(plan[stage], t0, end)
+            t0 = end
+        fh.write('\n], "traceName": "planted pipeline", "displayTimeUnit": "ms"}\n')
+    return truth
