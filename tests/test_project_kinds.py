@@ -268,3 +268,30 @@ def test_validate_on_a_tiny_hybrid_matches_its_activations_and_peak(run, tmp_pat
     assert 0.95 <= ratio["peak_memory_one_microbatch_bytes"] <= 1.05
     for exact in ("params_bytes", "grads_bytes", "optimizer_bytes"):
         assert rows[exact]["projected"] == rows[exact]["measured"], exact
+
+
+def test_compressed_attention_under_cp_is_the_last_ranks_kernel_once(tmp_path):
+    """DeepSeek-V4's csa, hca and their indexer: the shape under --cp is already the last CP rank's whole kernel
+    (its seqlen/cp queries over every earlier pooled key), so the projection times it as it is; scaling it as a
+    ring step (cp steps of one block) counted its keys cp times and made a rank's work grow with cp."""
+    import transformers
+
+    from opbench.project.rates import Assumptions, Rates
+    from opbench.project.workload import ATTENTION, layer_work
+
+    (tmp_path / "config.json").write_text(transformers.AutoConfig.for_model("deepseek_v4").to_json_string())
+    (cfg,) = load_model_configs(str(tmp_path))
+    rates = Rates([], "H100", "bf16", Assumptions(), 8)
+    times = []
+    for cp in (1, 2, 4):
+        plan = Plan(world=cp, seqlen=8192, global_batch=1, cp=cp)
+        total: dict[str, float] = {}
+        for lay in decoder_layers(cfg)[:6]:
+            work = layer_work(cfg, lay, plan, rates)
+            for item in work.fwd + work.bwd:
+                if item.category == ATTENTION and item.name.split()[0] in ("csa", "hca", "indexer"):
+                    total[item.name] = total.get(item.name, 0.0) + item.timed.seconds
+        times.append(total)
+    assert times[0].keys() == times[1].keys() == times[2].keys() and len(times[0]) == 6
+    for name in times[0]:
+        assert times[0][name] > times[1][name] > times[2][name], name  # each rank's share shrinks with cp

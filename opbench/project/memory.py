@@ -16,9 +16,11 @@ from opbench.gemm.shapes import layer_gemms, padded_vocab
 from opbench.models import ModelConfig
 from opbench.models.architectures import architecture, decoder_layers
 from opbench.models.layout import (
+    CHUNKED,
     COLUMN,
     EXPERT_COLUMN,
     EXPERT_ROW,
+    FULL,
     HC,
     INDEXER,
     KDA,
@@ -27,6 +29,7 @@ from opbench.models.layout import (
     MAMBA2,
     REPLICATED,
     ROW,
+    SLIDING,
     SPARSE,
     Attention,
     Layer,
@@ -36,6 +39,9 @@ from opbench.models.params import ParamSpec, parameter_shapes
 from .plan import RECOMPUTE_MODULES, Plan, fp8_gemm
 
 GIB = 1 << 30
+# The kinds Megatron's unfused core attention runs (--attention-backend unfused): softmax attention, whose scores it
+# materialises; memory here and time in workload.py both read this
+UNFUSED_KINDS = (FULL, SLIDING, CHUNKED)
 ADAM_STEP_BYTES = 4  # torch's Adam keeps a float32 'step' tensor per parameter tensor
 # Transformer Engine's cached FP8 weight (1 byte) and, on Hopper and MI300 (no FP8 GEMM but TN), its transpose
 # (1 byte): kept from a step's first micro-batch on (docs/project.md, "FP8")
@@ -471,7 +477,7 @@ def activation_parts(
             parts["rest"] += t * (2 * conv + 3 * hq * op.head_dim_v + 2 * hq) * e
             chunks = plan.mbs * math.ceil(plan.seqlen // plan.cp / LINEAR_CHUNK)  # per sequence, not per token
             parts["rest"] += chunks * hq * op.head_dim_qk * op.head_dim_v * 4
-        elif plan.unfused_attention and op.kind != SPARSE:
+        elif plan.unfused_attention and op.kind in UNFUSED_KINDS:
             # Megatron's unfused core attention: q, k and v (GQA's expanded to every query head) for its two
             # matmuls, the context, and over the whole score matrix the softmax's output and, with attention
             # dropout, its 1-byte mask and output (5·a·s²·b in Korthikanti et al.'s count)

@@ -14,10 +14,10 @@ from opbench.attention.shapes import AttentionShape, operator_shape
 from opbench.core.dtypes import element_size
 from opbench.gemm.shapes import LinearLayer, gemm_flops, layer_gemms, lm_head_gemm, pass_shape
 from opbench.models import ModelConfig
-from opbench.models.layout import ALL, CHUNKED, COLUMN, FULL, LINEAR, REPLICATED, SLIDING, Gemm, Layer
+from opbench.models.layout import ALL, COLUMN, CSA, HCA, LINEAR, REPLICATED, Gemm, Layer
 
 from .megatron_flags import pinned_allreduce
-from .memory import has_qk_norm, op_matmuls
+from .memory import UNFUSED_KINDS, has_qk_norm, op_matmuls
 from .moe_rates import EXPERT_PHASES, TOKEN_PHASES, MoeShape, PhaseTime, k_share
 from .plan import Plan, fp8_gemm
 from .rates import ESTIMATED, INTERPOLATED, MEASURED, SCAN_KINDS, Rates, Timed
@@ -129,7 +129,9 @@ def _attention_items(rates: Rates, shape: AttentionShape, plan: Plan) -> tuple[I
         return _compute(ATTENTION, name + " fwd", fwd), _compute(ATTENTION, name + " bwd", bwd)
     fwd = rates.attention_time(shape, plan.mbs, "fwd")
     bwd = rates.attention_time(shape, plan.mbs, "bwd")
-    if plan.cp > 1 and shape.attn_kind not in SCAN_KINDS:  # a scan's shape is already its whole sequence
+    # a scan's shape is already its whole sequence, and a compressed attention's (DeepSeek-V4's csa, hca and their
+    # indexer) the last CP rank's whole kernel (attention/shapes.py, operator_shape): only a ring step scales
+    if plan.cp > 1 and shape.attn_kind not in SCAN_KINDS and not shape.compress and shape.attn_kind not in (CSA, HCA):
         whole = replace(shape, seqlen_q=shape.seqlen_q * plan.cp, seqlen_kv=shape.seqlen_kv * plan.cp)
         scale = attention_flops(whole, plan.mbs) / plan.cp / attention_flops(shape, plan.mbs)
         fwd, bwd = (Timed(t.seconds * scale, t.source, t.note) for t in (fwd, bwd))
@@ -159,9 +161,6 @@ def scan_cp_items(lay: Layer, plan: Plan, rates: Rates) -> tuple[list[Item], lis
         for t in [rates.collective_time("all_to_all", plan.tokens * width * e, plan.cp, inter)]
     ]
     return items, items
-
-
-UNFUSED_KINDS = (FULL, SLIDING, CHUNKED)  # softmax attention: what Megatron's unfused core attention runs
 
 
 def unfused_scores_bytes(plan: Plan, scores: int, pass_: str) -> float:
