@@ -11,7 +11,7 @@ import tracemalloc
 import pytest
 
 from opbench.core.errors import UsageError
-from opbench.steptrace import reader, summary, synth
+from opbench.steptrace import attribute, reader, summary, synth
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +79,41 @@ def test_reader_streams_in_small_pieces(tmp_path, monkeypatch):
     assert count == len(whole)
     assert path.stat().st_size > 1_000_000 and peak < 200_000, peak
     assert reader.read(str(path)).events == len(whole)
+
+
+def _step_view(r: attribute.StepResult) -> tuple:
+    return r.name, r.start_us, r.dur_us, r.partition, r.busy, r.comm_busy, r.comm_exposed, list(r.kernels.items())
+
+
+def test_memory_is_columns_plus_one_step(tmp_path, monkeypatch):
+    """Three times the steps: the reader keeps the same few bytes per event (typed columns: under 100, where an
+    object per event took ~375), attribution's working memory (one step's intervals) does not grow, and every step
+    comes out the same as from the whole trace's intervals at once (the attribution before it went step by step)."""
+    monkeypatch.setattr(attribute, "CONTEXT_CACHE", 1024)  # a cache: capped lower here so a small trace shows it
+    warm = tmp_path / "warm.json"
+    synth.write(str(warm), "cuda", steps=1, layers=2)
+    # first-call allocations (regular expressions, interned names) are not a step's
+    attribute.Attribution(reader.read(str(warm))).steps()
+    per_event, working = {}, {}
+    for steps in (4, 12):
+        path = tmp_path / f"s{steps}.json"
+        truth = synth.write(str(path), "cuda", steps=steps, layers=20)
+        tracemalloc.start()
+        try:
+            trace = reader.read(str(path))
+            per_event[steps] = tracemalloc.get_traced_memory()[0] / trace.kept
+            work = attribute.Attribution(trace)
+            base = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            got = work.steps()
+            working[steps] = tracemalloc.get_traced_memory()[1] - base
+        finally:
+            tracemalloc.stop()
+        assert len(got) == steps and all(r.partition == pytest.approx(truth.partition) for r in got)
+        whole = attribute.steps(trace, attribute.intervals(trace))
+        assert [_step_view(r) for r in got] == [_step_view(r) for r in whole]
+    assert per_event[4] < 100 and per_event[12] < 100, per_event
+    assert working[12] < 1.3 * working[4], working
 
 
 @pytest.mark.parametrize(

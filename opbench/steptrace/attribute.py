@@ -11,21 +11,26 @@ equally when several run at once), then collectives not hidden by compute (expos
 the classes add up to the step's time exactly, and a collective's time splits into exposed and overlapped. A
 pipeline stage's waits are the ``bubble``: its exposed p2p and, in a step with p2p, its idle before the first and
 after the last compute (docs/step.md, "The pipeline bubble"). ``timeline`` records one step's pieces for the
-picture. No torch import.
+picture. ``Attribution`` makes the intervals of one step at a time, so memory holds one step's, not the trace's
+(docs/step.md, "Reading large traces"). No torch import.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 import re
+from array import array
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from . import rules
-from .reader import CpuOp, GpuEvent, Trace
+from .reader import GPU_CAT_NAMES, NONE, CpuOp, GpuEvent, Trace, to_column
 
 IDLE = "idle"
 _BACKWARD_SPAN = re.compile(r"^autograd::engine::evaluate_function|Backward\d*$")
@@ -75,30 +80,64 @@ Context = tuple[str | None, bool, bool, int | None, int | None, int]
 
 
 class _Ops:
-    """The CPU operators of one trace with their nesting, to answer "who launched this, and in which phase"."""
+    """The CPU operators of one trace with their nesting, to answer "who launched this, and in which phase". The
+    operators stay in the trace's columns; here only their nesting order, parents and depths (typed arrays, a few
+    bytes each) and the ``External id`` lookup (two sorted arrays: a dict of ints would cost ~100 bytes an entry)."""
 
-    def __init__(self, ops: list[CpuOp]):
-        self.ops = sorted(ops, key=lambda o: (o.tid, o.ts, -o.dur))
-        self.parent: list[int] = [-1] * len(self.ops)
-        self.depth: list[int] = [0] * len(self.ops)
+    def __init__(self, trace: Trace):
+        self.trace = trace
+        n = len(trace.cpu_name)
+        tid, ts, dur = _np(trace.cpu_tid, np.int64), _np(trace.cpu_ts, np.float64), _np(trace.cpu_dur, np.float64)
+        order = np.lexsort((-dur, ts, tid))  # stable: sorted by (tid, ts, -dur), ties in file order
+        self.order = to_column("q", order)
+        self.parent = array("i", bytes(4 * n))
+        self.depth = array("i", bytes(4 * n))
+        tids, starts = to_column("q", tid[order]), to_column("d", ts[order])
+        ends = to_column("d", ts[order] + dur[order])
         stack: list[int] = []
-        tid = None
-        for i, op in enumerate(self.ops):
-            if op.tid != tid:
-                stack, tid = [], op.tid
-            while stack and self.ops[stack[-1]].ts + self.ops[stack[-1]].dur <= op.ts:
+        cur = None
+        for i in range(n):
+            if tids[i] != cur:
+                stack, cur = [], tids[i]
+            while stack and ends[stack[-1]] <= starts[i]:
                 stack.pop()
             if stack:
                 self.parent[i] = stack[-1]
                 self.depth[i] = len(stack)
+            else:
+                self.parent[i] = -1
             stack.append(i)
-        self.by_ext: dict[int, int] = {}
-        for i, op in enumerate(self.ops):
-            if op.ext is not None and op.name.startswith(("aten::", "record_param_comms", "c10d", "_c10d")):
-                self.by_ext[op.ext] = i  # the innermost operator with an id wins: it comes later in nesting order
-            elif op.ext is not None:
-                self.by_ext.setdefault(op.ext, i)
+        del tids, starts, ends
+        # by External id: the innermost operator (aten::, c10d, record_param_comms) with it wins, it comes later in
+        # nesting order; else the first with it. As a score, the highest per id: the last preferred one, else the first.
+        ext = _np(trace.cpu_ext, np.int64)[order]
+        names = _np(trace.cpu_name, np.int32)[order]
+        preferred = np.array([nm.startswith(("aten::", "record_param_comms", "c10d", "_c10d")) for nm in trace.names],
+                             dtype=bool)  # fmt: skip
+        has = np.nonzero(ext != NONE)[0]
+        score = np.where(preferred[names[has]], n + has, n - has)
+        by = np.lexsort((score, ext[has]))
+        keys, vals = ext[has][by], has[by]
+        last = np.ones(len(keys), dtype=bool)
+        last[:-1] = keys[1:] != keys[:-1]
+        self.ext_keys = to_column("q", keys[last])
+        self.ext_index = to_column("q", vals[last])
         self._context: dict[int, Context] = {}
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def op(self, i: int) -> CpuOp:
+        """The ``i``-th operator in nesting order, as an object."""
+        return self.trace.cpu_op(self.order[i])
+
+    def name(self, i: int) -> str:
+        return self.trace.names[self.trace.cpu_name[self.order[i]]]
+
+    def by_ext(self, ext: int) -> int | None:
+        """The operator that launched a kernel of this ``External id`` (see ``__init__``), None if none has it."""
+        at = bisect.bisect_left(self.ext_keys, ext)
+        return self.ext_index[at] if at < len(self.ext_keys) and self.ext_keys[at] == ext else None
 
     def chain(self, i: int) -> Iterable[int]:
         while i >= 0:
@@ -111,6 +150,8 @@ class _Ops:
         got = self._context.get(i)
         if got is not None:
             return got
+        if len(self._context) > CONTEXT_CACHE:  # a cache, not a table: memory bounded, the answers the same
+            self._context.clear()
         todo = []  # the chain up to the first operator already known, then each one from its parent's, outwards in
         j = i
         while j >= 0 and j not in self._context:
@@ -118,7 +159,7 @@ class _Ops:
             j = self.parent[j]
         for j in reversed(todo):
             up = self._context.get(self.parent[j])
-            op = self.ops[j]
+            op = self.op(j)
             c = rules.op_class(op.name)
             if up is None:
                 klass, backward, optimizer, matmul, comm, outer = c, False, False, None, None, j
@@ -128,7 +169,7 @@ class _Ops:
                     klass, outer = c, j
             if c == rules.GEMM and op.dims:
                 matmul = j
-            if op.comm is not None or (c == rules.COMM and op.dims and (comm is None or self.ops[comm].comm is None)):
+            if op.comm is not None or (c == rules.COMM and op.dims and (comm is None or self.op(comm).comm is None)):
                 comm = j
             backward = backward or bool(_BACKWARD_SPAN.search(op.name))
             optimizer = optimizer or op.name.startswith("Optimizer.step#")
@@ -163,23 +204,23 @@ def _key(ops: _Ops, name: str, klass: str, index: int | None) -> Item:
         klass = op_class
     blank = Interval(0.0, 0.0, (0, 0), 0, Key(klass, name))
     if klass == rules.COMM:
-        blank.key = _comm_key(name, ops.ops[comm] if comm is not None else None)
+        blank.key = _comm_key(name, ops.op(comm) if comm is not None else None)
         return blank, None, backward, None
     if optimizer and klass not in (rules.MEMCPY,):
         blank.key = Key(rules.OPTIMIZER, name)
         return blank, None, backward, None
     if klass == rules.GEMM:
-        shape = rules.gemm_shape(ops.ops[matmul].name, ops.ops[matmul].dims) if matmul is not None else None
-        if shape is None or matmul is None:
+        mm = ops.op(matmul) if matmul is not None else None
+        shape = rules.gemm_shape(mm.name, mm.dims) if mm is not None else None
+        if shape is None or mm is None:
             blank.key = Key(rules.GEMM, name, "bwd" if backward else "fwd")
             return blank, None, backward, None
-        mm = ops.ops[matmul]
         dtype = rules.dtype_name(mm.types[0]) if isinstance(mm.types, list) and mm.types else ""
         m, n, k, groups = shape
         blank.key = Key(rules.GEMM, name, "bwd" if backward else "fwd", m, n, k, groups, dtype)
         return blank, (m, n, k), backward, _transposed(mm.strides)
     if klass == rules.ATTENTION:
-        where = name if index is None else f"{name} {ops.ops[index].name}"
+        where = name if index is None else f"{name} {ops.name(index)}"
         kind = f"{rules.attention_backend(where)} {'bwd' if backward or rules.direction(where) == 'bwd' else 'fwd'}"
         blank.key = Key(rules.ATTENTION, name, kind)
     return blank, None, backward, None
@@ -188,13 +229,11 @@ def _key(ops: _Ops, name: str, klass: str, index: int | None) -> Item:
 Item = tuple[Interval, tuple[int, int, int] | None, bool, bool | None]  # interval, (m, n, k), backward, A transposed
 
 
-def _with_passes(items: list[Item]) -> list[Interval]:
+def _with_passes(items: list[Item], forward: set[tuple[int, int, int]], canon: dict[Key, Key]) -> list[Interval]:
     """Name each backward GEMM's pass from the forward shapes of the same trace: forward (T, N, K) makes dgrad
     (T, K, N) and wgrad (N, K, T) (docs/conventions.md, "GEMM shapes of a training step"); where both fit (square
     shapes), wgrad's first operand is dYᵀ, a transposed view (its ``Input Strides`` say so), dgrad's is dY."""
-    forward = {mnk for iv, mnk, bwd, _ in items if mnk and not bwd}
     out = []
-    canon: dict[Key, Key] = {}  # one Key object per distinct row, not one per kernel: the memory of a long trace
     for iv, mnk, bwd, a_transposed in items:
         if mnk and bwd:
             m, n, k = mnk
@@ -216,34 +255,113 @@ def _transposed(strides: object) -> bool | None:
     return None
 
 
+class Attribution:
+    """One trace's kernels (a GPU trace) or operators (a CPU trace), to be made intervals one step at a time: memory is
+    the trace's columns, a few arrays of 4 to 8 bytes per kernel, and one step's intervals, not an object per kernel of
+    the whole trace (docs/step.md, "Reading large traces")."""
+
+    def __init__(self, trace: Trace):
+        self.trace = trace
+        self.ops = _Ops(trace)
+        self.canon: dict[Key, Key] = {}  # one Key object per distinct row, not one per kernel
+        if trace.on_gpu:
+            starts, durs = _np(trace.gpu_ts, np.float64), _np(trace.gpu_dur, np.float64)
+            src = np.arange(len(starts), dtype=np.int64)  # the trace's GPU events
+        else:  # the operators in nesting order, less zero_grad and friends (their operators are classed on their own)
+            names = self.ops.trace.names
+            skip = np.array([nm.startswith("Optimizer.") and not nm.startswith("Optimizer.step#") for nm in names],
+                            dtype=bool)  # fmt: skip
+            order = _np(self.ops.order, np.int64)
+            src = np.nonzero(~skip[_np(trace.cpu_name, np.int32)[order]])[0] if len(order) else order
+            starts = _np(trace.cpu_ts, np.float64)[order][src]
+            durs = _np(trace.cpu_dur, np.float64)[order][src]
+        ends = starts + durs
+        by_start = np.argsort(starts, kind="stable")
+        self.src = to_column("q", src[by_start])  # sorted by start, ties in source order
+        self.starts = to_column("d", starts[by_start])
+        self.ends = to_column("d", ends[by_start])
+        self.longest = float((ends - starts).max()) if len(starts) else 0.0
+        self.span = (float(starts.min()), float(ends.max())) if len(starts) else None
+        self.forward = self._forward()
+
+    def _forward(self) -> set[tuple[int, int, int]]:
+        """The forward GEMM shapes of the whole trace, which name the backward GEMMs' passes (``_with_passes``): a
+        first pass over the kernels a GEMM can be (a GEMM's name, or a name of no class that its operator classes)."""
+        trace, todo = self.trace, iter(self.src)
+        if trace.on_gpu:
+            gemm = [rules.kernel_class(nm) in (rules.GEMM, rules.OTHER) for nm in trace.names]
+            kernel = GPU_CAT_NAMES.index("kernel")
+            todo = (s for s in self.src if trace.gpu_cat[s] == kernel and gemm[trace.gpu_name[s]])
+        forward: set[tuple[int, int, int]] = set()
+        for s in todo:
+            _, mnk, backward, _ = self._item(s)
+            if mnk and not backward:
+                forward.add(mnk)
+        return forward
+
+    def _item(self, s: int) -> Item:
+        """Kernel ``s`` of the trace (a GPU trace) or operator ``s`` in nesting order (a CPU trace), classified."""
+        if self.trace.on_gpu:
+            return _gpu_item(self.trace.gpu_event(s), self.trace, self.ops)
+        ops = self.ops
+        op = ops.op(s)
+        klass, *_, outer = ops.context(s)
+        item = _key(ops, ops.name(outer), klass or rules.OTHER, s)
+        iv = item[0]
+        iv.start, iv.end, iv.lane, iv.depth = op.ts, op.ts + op.dur, (-1, op.tid), ops.depth[s]
+        iv.counted = outer == s
+        return item
+
+    def all(self) -> list[Interval]:
+        """Every interval of the trace, in the trace's order (GPU events) or nesting order (operators)."""
+        return _with_passes([self._item(s) for s in sorted(self.src)], self.forward, self.canon)
+
+    def inside(self, ts: float, dur: float) -> list[Interval]:
+        """The intervals that overlap [ts, ts + dur), by start."""
+        lo = bisect.bisect_left(self.starts, ts - self.longest)
+        hi = bisect.bisect_right(self.starts, ts + dur)
+        items = []
+        for at in range(lo, hi):  # a long kernel reaches back: most before the step end before it, and are not made
+            if self.ends[at] > ts and self.starts[at] < ts + dur:
+                items.append(self._item(self.src[at]))
+        return _with_passes(items, self.forward, self.canon)
+
+    def spans(self) -> list[tuple[str, float, float]]:
+        """Each ProfilerStep#N (on the GPU timeline where the trace has it); none: the whole trace as one step."""
+        spans = sorted(self.trace.steps, key=lambda s: s[1])
+        if self.trace.on_gpu:
+            spans = [(n, *self.trace.gpu_steps.get(n, (ts, dur))) for n, ts, dur in spans]
+        if not spans and self.span is not None:
+            lo, hi = self.span
+            spans = [("trace", lo, hi - lo)]
+        return spans
+
+    def steps(self) -> list[StepResult]:
+        """Each step attributed, one at a time: only its intervals are held."""
+        return [_step(self.inside(ts, dur), name, ts, dur) for name, ts, dur in self.spans()]
+
+
+CONTEXT_CACHE = 1 << 16  # operators whose context is remembered (``_Ops.context``)
+
+
+def _np(col: Any, dtype: Any) -> Any:
+    """A typed column as a numpy array without a copy (an empty one too)."""
+    return np.frombuffer(col, dtype=dtype) if len(col) else np.zeros(0, dtype=dtype)
+
+
 def intervals(trace: Trace) -> list[Interval]:
-    """Every kernel (a GPU trace) or operator (a CPU trace) as a classified interval."""
-    ops = _Ops(trace.cpu_ops)
-    items: list[Item] = []
-    if trace.on_gpu:
-        for ev in trace.gpu:
-            items.append(_gpu_item(ev, trace, ops))
-    else:
-        for i, op in enumerate(ops.ops):
-            if op.name.startswith("Optimizer.") and not op.name.startswith("Optimizer.step#"):
-                continue  # zero_grad and friends: their operators are classed on their own
-            klass, *_, outer = ops.context(i)
-            item = _key(ops, ops.ops[outer].name, klass or rules.OTHER, i)
-            iv = item[0]
-            iv.start, iv.end, iv.lane, iv.depth = op.ts, op.ts + op.dur, (-1, op.tid), ops.depth[i]
-            iv.counted = outer == i
-            items.append(item)
-    return _with_passes(items)
+    """Every kernel (a GPU trace) or operator (a CPU trace) as a classified interval: the whole trace at once, for
+    small traces and tests (``Attribution`` makes them one step at a time)."""
+    return Attribution(trace).all()
 
 
 def _gpu_item(ev: GpuEvent, trace: Trace, ops: _Ops) -> Item:
     lane = (ev.device, ev.stream)
     if ev.cat != "kernel":
         return Interval(ev.ts, ev.ts + ev.dur, lane, 0, Key(rules.MEMCPY, ev.name)), None, False, None
-    ext = ev.ext
-    if ev.corr is not None and ev.corr in trace.launches:
-        ext = trace.launches[ev.corr][0] if trace.launches[ev.corr][0] is not None else ext
-    index = ops.by_ext.get(ext) if ext is not None else None
+    ext = trace.launch(ev.corr)
+    ext = ev.ext if ext is None else ext
+    index = ops.by_ext(ext) if ext is not None else None
     item = _key(ops, ev.name, rules.kernel_class(ev.name), index)
     iv = item[0]
     iv.start, iv.end, iv.lane = ev.ts, ev.ts + ev.dur, lane
@@ -456,8 +574,10 @@ def timeline(items: list[Interval], step: StepResult, limit: int = 20_000) -> Ti
 
 
 def steps(trace: Trace, items: list[Interval] | None = None) -> list[StepResult]:
-    """Each ProfilerStep#N of the trace, attributed; a trace without step markers is one step, named "trace"."""
-    items = intervals(trace) if items is None else items
+    """Each ProfilerStep#N of the trace, attributed; a trace without step markers is one step, named "trace". Without
+    ``items``, one step's intervals at a time (``Attribution``)."""
+    if items is None:
+        return Attribution(trace).steps()
     spans = sorted(trace.steps, key=lambda s: s[1])
     if trace.on_gpu:
         spans = [(n, *trace.gpu_steps.get(n, (ts, dur))) for n, ts, dur in spans]
@@ -470,21 +590,24 @@ def steps(trace: Trace, items: list[Interval] | None = None) -> list[StepResult]
     starts = [iv.start for iv in ordered]
     longest = max((iv.end - iv.start for iv in ordered), default=0.0)
     out = []
-    import bisect
-
     for name, ts, dur in spans:
         lo = bisect.bisect_left(starts, ts - longest)
         hi = bisect.bisect_right(starts, ts + dur)
         inside = [iv for iv in ordered[lo:hi] if iv.end > ts and iv.start < ts + dur]
-        result = StepResult(name, ts, dur)
-        partition(inside, ts, ts + dur, result)
-        for iv in inside:
-            s, e = max(iv.start, ts), min(iv.end, ts + dur)
-            result.busy[iv.key.klass] = result.busy.get(iv.key.klass, 0.0) + (e - s)
-            row = result.kernels.setdefault(iv.key, [0.0, 0.0])
-            row[0] += iv.counted
-        out.append(result)
+        out.append(_step(inside, name, ts, dur))
     return out
+
+
+def _step(inside: list[Interval], name: str, ts: float, dur: float) -> StepResult:
+    """One step from the intervals that overlap it, by start."""
+    result = StepResult(name, ts, dur)
+    partition(inside, ts, ts + dur, result)
+    for iv in inside:
+        s, e = max(iv.start, ts), min(iv.end, ts + dur)
+        result.busy[iv.key.klass] = result.busy.get(iv.key.klass, 0.0) + (e - s)
+        row = result.kernels.setdefault(iv.key, [0.0, 0.0])
+        row[0] += iv.counted
+    return result
 
 
 def summed(results: list[StepResult]) -> dict[str, Any]:

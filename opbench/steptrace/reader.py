@@ -4,22 +4,26 @@ gzipped) one event at a time, keeping only what attribution needs.
 A trace of a real job is gigabytes, most of it Python stack frames and flow arrows; loading it whole (``json.load``,
 what HolisticTraceAnalysis does through pandas) needs several times its size in memory. Here the file is read in
 pieces and ``json.JSONDecoder.raw_decode`` (the standard library's C scanner) decodes the ``traceEvents`` array one
-element at a time: memory is one piece of the file plus the compact records kept (CPU operators, kernels, launches,
-step markers). Names of both vendors' runtimes are recognised (HolisticTraceAnalysis issue #219: ROCm traces name
-their launches ``hipLaunchKernel`` / ``hipExtModuleLaunchKernel`` and put kernels on stream 0, which filters that
-assume CUDA's launch names or a non-zero stream drop). No torch import.
+element at a time: memory is one piece of the file plus what is kept (CPU operators, kernels, launches, step
+markers) in typed columns, ~40 bytes an event (``Trace``; docs/step.md, "Reading large traces"). Names of both
+vendors' runtimes are recognised (HolisticTraceAnalysis issue #219: ROCm traces name their launches
+``hipLaunchKernel`` / ``hipExtModuleLaunchKernel`` and put kernels on stream 0, which filters that assume CUDA's
+launch names or a non-zero stream drop). No torch import.
 """
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import io
 import json
 import math
-import sys
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
+
+import numpy as np
 
 from opbench.core.errors import UsageError, describe_os_error
 
@@ -67,25 +71,110 @@ class GpuEvent:
     ext: int | None
 
 
+NONE = -(1 << 63)  # an absent id in an integer column (an id outside int64 is taken as absent too)
+GPU_CAT_NAMES = ("kernel", "gpu_memcpy", "gpu_memset")  # a GPU event's ``cat``, by its code in ``Trace.gpu_cat``
+
+
+def _id(value: int | None) -> int:
+    return value if value is not None and NONE < value < (1 << 63) else NONE
+
+
+def _opt(value: int) -> int | None:
+    return None if value == NONE else value
+
+
+def to_column(code: str, values: Any) -> array[Any]:
+    """A numpy array as a typed column, copied once (``array(code, values.tobytes())`` copies twice: the peak of a
+    large trace)."""
+    out: array[Any] = array(code)
+    out.frombytes(np.ascontiguousarray(values, dtype=out.typecode).data.cast("B"))
+    return out
+
+
 @dataclass
 class Trace:
-    """What one rank's trace holds that attribution uses."""
+    """What one rank's trace holds that attribution uses, in typed columns (the stdlib ``array``): a kept event costs
+    its columns' bytes (about 40 to 60), not a Python object of each field (about 400 bytes, docs/step.md "Reading
+    large traces"). Names are held once each in ``names`` and referred to by position; ``cpu_op(i)`` /
+    ``gpu_event(i)`` give one event as an object when it is needed."""
 
     path: str
     rank: int | None = None
-    cpu_ops: list[CpuOp] = field(default_factory=list)
-    gpu: list[GpuEvent] = field(default_factory=list)
-    launches: dict[int, tuple[int | None, float, str]] = field(default_factory=dict)  # corr -> (ext, ts, name)
+    names: list[str] = field(default_factory=list)
+    name_ids: dict[str, int] = field(default_factory=dict)
+    cpu_name: array[int] = field(default_factory=lambda: array("i"))
+    cpu_tid: array[int] = field(default_factory=lambda: array("q"))
+    cpu_ts: array[float] = field(default_factory=lambda: array("d"))
+    cpu_dur: array[float] = field(default_factory=lambda: array("d"))
+    cpu_ext: array[int] = field(default_factory=lambda: array("q"))  # NONE where absent
+    cpu_args: array[int] = field(default_factory=lambda: array("i"))  # index into ``args``, -1 for none
+    args: list[tuple[Any, Any, Any, Any]] = field(default_factory=list)  # distinct (dims, types, strides, comm)
+    args_ids: dict[str, int] = field(default_factory=dict)
+    gpu_name: array[int] = field(default_factory=lambda: array("i"))
+    gpu_cat: array[int] = field(default_factory=lambda: array("b"))  # index into GPU_CAT_NAMES
+    gpu_device: array[int] = field(default_factory=lambda: array("q"))
+    gpu_stream: array[int] = field(default_factory=lambda: array("q"))
+    gpu_ts: array[float] = field(default_factory=lambda: array("d"))
+    gpu_dur: array[float] = field(default_factory=lambda: array("d"))
+    gpu_corr: array[int] = field(default_factory=lambda: array("q"))
+    gpu_ext: array[int] = field(default_factory=lambda: array("q"))
+    launch_corr: array[int] = field(default_factory=lambda: array("q"))  # sorted once read (``_index_launches``)
+    launch_ext: array[int] = field(default_factory=lambda: array("q"))
     steps: list[tuple[str, float, float]] = field(default_factory=list)  # (ProfilerStep#N, ts, dur), CPU side
     gpu_steps: dict[str, tuple[float, float]] = field(default_factory=dict)  # the same on the GPU timeline
     events: int = 0  # traceEvents read
     kept: int = 0
     device_names: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    on_gpu: bool = False  # a kernel was read
+
+    def name_id(self, name: str) -> int:
+        got = self.name_ids.get(name)
+        if got is None:
+            got = self.name_ids[name] = len(self.names)
+            self.names.append(name)
+        return got
+
+    def cpu_op(self, i: int) -> CpuOp:
+        at = self.cpu_args[i]
+        dims, types, strides, comm = self.args[at] if at >= 0 else (None, None, None, None)
+        return CpuOp(self.names[self.cpu_name[i]], self.cpu_tid[i], self.cpu_ts[i], self.cpu_dur[i],
+                     _opt(self.cpu_ext[i]), dims, types, strides, comm)  # fmt: skip
+
+    def gpu_event(self, i: int) -> GpuEvent:
+        return GpuEvent(self.names[self.gpu_name[i]], GPU_CAT_NAMES[self.gpu_cat[i]], self.gpu_device[i],
+                        self.gpu_stream[i], self.gpu_ts[i], self.gpu_dur[i], _opt(self.gpu_corr[i]),
+                        _opt(self.gpu_ext[i]))  # fmt: skip
 
     @property
-    def on_gpu(self) -> bool:
-        return any(e.cat == "kernel" for e in self.gpu)
+    def cpu_ops(self) -> list[CpuOp]:
+        """Every CPU operator as an object: a whole-trace list, for small traces and tests."""
+        return [self.cpu_op(i) for i in range(len(self.cpu_name))]
+
+    @property
+    def gpu(self) -> list[GpuEvent]:
+        """Every GPU event as an object: a whole-trace list, for small traces and tests."""
+        return [self.gpu_event(i) for i in range(len(self.gpu_name))]
+
+    def launch(self, corr: int | None) -> int | None:
+        """The ``External id`` of the runtime launch with correlation ``corr`` (the last one read, as a mapping
+        would keep), None if there is none or it has none."""
+        if corr is None:
+            return None
+        at = bisect.bisect_right(self.launch_corr, corr) - 1
+        return _opt(self.launch_ext[at]) if at >= 0 and self.launch_corr[at] == corr else None
+
+    def _index_launches(self) -> None:
+        """Sort the launches by correlation (a stable sort: of equal ones the last read stays last), for
+        ``launch``'s binary search; Kineto writes them in order, so this is mostly a check."""
+        corr = self.launch_corr
+        keys = np.frombuffer(corr, dtype=np.int64)
+        if len(keys) < 2 or bool(np.all(keys[1:] >= keys[:-1])):
+            return
+        order = np.argsort(keys, kind="stable")
+        for name in ("launch_corr", "launch_ext"):
+            col = np.frombuffer(getattr(self, name), dtype=np.int64)[order]
+            setattr(self, name, to_column("q", col))
 
 
 def _open_text(path: str) -> TextIO:
@@ -227,6 +316,7 @@ def read(path: str) -> Trace:
     meta: dict[str, Any] = {}
     trace = Trace(path)
     bad = 0
+    shaped: dict[int, bool] = {}  # name -> whether its Input Dims are kept (a matmul's or a collective's)
     for ev in events(path, meta):
         trace.events += 1
         if ev.get("ph") != "X":
@@ -239,42 +329,50 @@ def read(path: str) -> Trace:
             continue
         args = ev.get("args")
         args = args if isinstance(args, dict) else {}
-        name = sys.intern(name)  # a kernel's name is hundreds of characters, repeated thousands of times: held once
         if cat in CPU_CATS:
             if name.startswith(STEP_PREFIX):
                 trace.steps.append((name, ts, dur))
                 trace.kept += 1
                 continue
-            op = CpuOp(name, _int(ev.get("tid")) or 0, ts, dur, _int(args.get("External id")))
-            if "Input Dims" in args and op_class(name) in (GEMM, COMM):  # shapes: matmuls' and collectives' only
-                op.dims = args.get("Input Dims")
-                op.types = args.get("Input type")
-                op.strides = args.get("Input Strides")
+            nid = trace.name_id(name)  # a name repeated thousands of times is held once
+            trace.cpu_name.append(nid)
+            trace.cpu_tid.append(_id(_int(ev.get("tid")) or 0))
+            trace.cpu_ts.append(ts)
+            trace.cpu_dur.append(dur)
+            trace.cpu_ext.append(_id(_int(args.get("External id"))))
+            dims = types = strides = comm = None
+            if "Input Dims" in args and shaped.setdefault(nid, op_class(name) in (GEMM, COMM)):
+                dims, types, strides = args.get("Input Dims"), args.get("Input type"), args.get("Input Strides")
             if name == "record_param_comms" or "Collective name" in args:
-                op.comm = {k: args[k] for k in COMM_ARGS if k in args}
-            trace.cpu_ops.append(op)
+                comm = {k: args[k] for k in COMM_ARGS if k in args}
+            at = -1
+            if dims is not None or types is not None or strides is not None or comm is not None:
+                got = (dims, types, strides, comm)  # matmuls' and collectives' only; a layer's shapes repeat: held once
+                at = trace.args_ids.setdefault(repr(got), len(trace.args))
+                if at == len(trace.args):
+                    trace.args.append(got)
+            trace.cpu_args.append(at)
             trace.kept += 1
         elif cat in GPU_CATS:
-            trace.gpu.append(
-                GpuEvent(
-                    name,
-                    cat,
-                    _int(args.get("device")) or 0,
-                    _int(args.get("stream", ev.get("tid"))) or 0,
-                    ts,
-                    dur,
-                    _int(args.get("correlation")),
-                    _int(args.get("External id")),
-                )
-            )
+            trace.gpu_name.append(trace.name_id(name))
+            trace.gpu_cat.append(GPU_CAT_NAMES.index(cat))
+            trace.gpu_device.append(_id(_int(args.get("device")) or 0))
+            trace.gpu_stream.append(_id(_int(args.get("stream", ev.get("tid"))) or 0))
+            trace.gpu_ts.append(ts)
+            trace.gpu_dur.append(dur)
+            trace.gpu_corr.append(_id(_int(args.get("correlation"))))
+            trace.gpu_ext.append(_id(_int(args.get("External id"))))
+            trace.on_gpu = trace.on_gpu or cat == "kernel"
             trace.kept += 1
         elif cat in RUNTIME_CATS:
             corr = _int(args.get("correlation"))
-            if corr is not None:
-                trace.launches[corr] = (_int(args.get("External id")), ts, name)
+            if corr is not None and _id(corr) != NONE:
+                trace.launch_corr.append(corr)
+                trace.launch_ext.append(_id(_int(args.get("External id"))))
                 trace.kept += 1
         elif cat == GPU_ANNOTATION and name.startswith(STEP_PREFIX):
             trace.gpu_steps[name] = (ts, dur)
+    trace._index_launches()
     if bad:
         trace.warnings.append(f"{bad} complete event(s) without a name, a time or a duration skipped")
     trace.rank = (

@@ -45,14 +45,15 @@ def analyse(paths: list[str]) -> list[RankSteps]:
     out = []
     for i, path in enumerate(paths):
         trace: Trace = read(path)
-        kernels = attribute.intervals(trace)
-        results = attribute.steps(trace, kernels)
+        work = attribute.Attribution(trace)  # one step's intervals at a time: memory bounded by a step, not the trace
+        results = work.steps()
         rank = trace.rank if trace.rank is not None else i
         rs = RankSteps(path, rank, trace.on_gpu, results, trace.warnings, trace.events)
         if results:  # the median step (by duration, the earlier of two): the one the timeline picture draws
             pick = sorted(results, key=lambda s: (s.dur_us, s.start_us))[(len(results) - 1) // 2]
-            rs.timeline, rs.timeline_step = attribute.timeline(kernels, pick), pick.name
-        del kernels
+            rs.timeline = attribute.timeline(work.inside(pick.start_us, pick.dur_us), pick)
+            rs.timeline_step = pick.name
+        del work, trace
         out.append(rs)
     ranks = [r.rank for r in out]
     if len(set(ranks)) != len(ranks):  # two traces of the same rank (or no distributedInfo): number by position
