@@ -638,8 +638,8 @@ GPT_7B = {
 # publishes each step's iteration time; step = the median of the logged steps 4-24 (step 2 warms up)
 MEGATRON_CI_ON = "github.com/NVIDIA/Megatron-LM tests/functional_tests/test_cases/gpt/{}/golden_values_dev_dgx_{}.json"
 # The CI's model_config.yaml sets --deterministic-mode and --no-gradient-accumulation-fusion (NCCL_ALGO=Ring), on
-# both parts; its attention dropout is Megatron's default, 0.1
-CI_FLAGS = "--deterministic-mode --no-gradient-accumulation-fusion"
+# both parts; its attention dropout is Megatron's default, 0.1 (passed: with determinism it sets GB200's attention backend)
+CI_FLAGS = "--deterministic-mode --no-gradient-accumulation-fusion --attention-dropout 0.1"
 GPT_7B_PP4 = (
     "--world-size 8 --pp 4 --vpp 8 --schedule interleaved --mbs 1 --global-batch 8 --zero 1 --seqlen 8192 "
     f"--hidden-dropout 0.1 {CI_FLAGS}"

@@ -211,9 +211,9 @@ def test_pinned_allreduce_costs_what_ncclss_model_puts_over_its_own_choice():
     assert pinned_allreduce(Assumptions(nccl_algo="ring"), small, 1e5, 512, True, 8).seconds > 10 * small.seconds
 
 
-def _megatron_7b(flags: str = ""):
+def _megatron_7b(flags: str = "", device: str = "H100"):
     """Megatron CI's GPT 7B, tp4 without SP (tests/functional_tests/test_cases/gpt/gpt3_7b_tp4_pp1_memory_speed),
-    projected on H100s."""
+    projected on H100s (or ``device``)."""
     import json
     import shlex
 
@@ -233,10 +233,10 @@ def _megatron_7b(flags: str = ""):
     with tempfile.TemporaryDirectory() as folder:
         Path(folder, "config.json").write_text(json.dumps(config))
         argv = f"--model-config-path {folder} --world-size 8 --tp 4 --no-sequence-parallel --mbs 2 --global-batch 8 "
-        argv += f"--zero 1 --seqlen 8192 --device H100 {flags}"
+        argv += f"--zero 1 --seqlen 8192 --device {device} {flags}"
         args = build_parser().parse_args(shlex.split(argv))
         (cfg,) = load_model_configs(folder)
-    rates = Rates([], "H100", args.dtype, assumptions(args), args.gpus_per_node)
+    rates = Rates([], device, args.dtype, assumptions(args), args.gpus_per_node)
     projector = Projector(cfg, rates, args.activation_profile)
     plan = base_plan(cfg, args)
     return projector, plan, rates
@@ -280,7 +280,51 @@ def test_deterministic_mode_pins_the_ring_and_refuses_what_megatron_refuses(caps
         err = capsys.readouterr().err
         assert err.startswith(f"opbench project: error: {message}") and len(err.splitlines()) == 1, err
     assert run_cli(main, [*base, "--deterministic-mode"], prog="opbench project") == 0
-    assert "attention's deterministic backward" in capsys.readouterr().err  # named, not modelled
+    assert "attention's deterministic backward" in capsys.readouterr().err  # named: modelled where FA2 runs it
+
+
+def test_deterministic_attention_with_dropout_on_blackwell_is_flashattention2s_grid():
+    """--deterministic-mode with attention dropout: TE keeps cuDNN on H100 (no cost modelled) but falls back to
+    FlashAttention-2's deterministic kernels on Blackwell, whose backward grid is ceil(SMs / (b·h)) splits per
+    (batch, head): the model reproduces the figures it is built on (flash-attention PR #1893, H100) and times the
+    GB200 call as its two waves run (docs/project.md, "Flags that cost time")."""
+    from opbench.attention.flops import attention_flops
+    from opbench.project.megatron_flags import fa2_deterministic, fa2_deterministic_backward_blocks
+
+    assert fa2_deterministic(1.796e-3 * 306e12, 132, 2, 16, 8192, True) == pytest.approx((1.796e-3, 8.279e-3))
+    # tp4's call (b = 2, 8 local heads) on 148 SMs: 10 splits, 160 CTAs, two waves; without determinism 2,048 CTAs
+    assert fa2_deterministic_backward_blocks(148, 2, 8, 8192, True) == (2, 476)
+    assert fa2_deterministic_backward_blocks(160, 2, 8, 8192, True)[0] == 1  # Blackwell Ultra's 160 SMs: one wave
+
+    def attention(device: str, flags: str):
+        projector, plan, _ = _megatron_7b(flags, device)
+        lay = projector.layers[0]
+        work = projector._layer(lay, plan)
+        items = {i.name: i.timed for i in work.fwd + work.bwd if i.category == "attention"}
+        return items, projector.project(plan).step_s, plan
+
+    for device in ("H100", "GB200"):
+        plain, step, plan = attention(device, "--deterministic-mode")
+        dropped, step_dropped, _ = attention(device, "--deterministic-mode --attention-dropout 0.1")
+        if device == "H100":  # cuDNN's deterministic path: unchanged
+            assert dropped == plain and step_dropped == step
+            continue
+        shape = _attention_shape(device)
+        fwd, bwd = fa2_deterministic(attention_flops(shape, 2, "fwd"), 148, 2, 8, 8192, True)
+        assert dropped["full attention bwd"].seconds == pytest.approx(bwd)
+        assert dropped["full attention fwd"].seconds == pytest.approx(fwd)
+        assert "FlashAttention-2 deterministic" in dropped["full attention bwd"].note
+        assert dropped["full attention bwd"].seconds > 3 * plain["full attention bwd"].seconds and step_dropped > step
+        assert attention(device, "--attention-dropout 0.1")[0] == plain  # no determinism: flash's usual kernels
+
+
+def _attention_shape(device: str):
+    """The 7B layer's attention shape on one tp4 rank."""
+    from opbench.attention.shapes import operator_shape
+
+    projector, plan, _ = _megatron_7b("", device)
+    op = projector.layers[0].attention[0]
+    return operator_shape(projector.cfg, op, plan.seqlen, plan.tp, plan.cp)
 
 
 def test_compile_refuses_an_explicit_fused_and_implies_eager_otherwise(capsys):

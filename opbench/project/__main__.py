@@ -295,7 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         metavar="P",
         help="Megatron's flag (default 0 here, as LLM recipes train; Megatron's own default is 0.1): with "
-        "--attention-backend unfused, a 1-byte mask and the dropped-out softmax kept per score",
+        "--attention-backend unfused, a 1-byte mask and the dropped-out softmax kept per score; with "
+        "--deterministic-mode on Blackwell, FlashAttention-2's deterministic kernels (TE keeps no cuDNN there)",
     )
     lay.add_argument(
         "--memory-gib",
@@ -456,7 +457,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--deterministic-mode",
         action="store_true",
         help="Megatron's flag: NCCL_ALGO=Ring (--nccl-algo ring), no --cross-entropy-loss-fusion or --tp-overlap "
-        "(refused, as Megatron refuses them); its deterministic attention backward is not modelled",
+        "(refused, as Megatron refuses them); on Blackwell with --attention-dropout, FlashAttention-2's "
+        "deterministic attention (timed); on Hopper cuDNN's deterministic backward (not modelled)",
     )
     meg.add_argument(
         "--no-gradient-accumulation-fusion",
@@ -495,7 +497,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.deterministic_mode:
         print(
             "note: --deterministic-mode: attention's deterministic backward (NVTE_ALLOW_NONDETERMINISTIC_ALGO=0) is "
-            "not modelled: no published figure of its cost",
+            "timed only where TE falls back to FlashAttention-2 (Blackwell with --attention-dropout, head dim 128); "
+            "cuDNN's (Hopper, or no dropout) is not modelled: no published figure of its cost",
             file=sys.stderr,
         )
     if args.model_config_path is None and args.model is None:

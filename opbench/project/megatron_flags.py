@@ -16,14 +16,21 @@ time"): ``--no-gradient-accumulation-fusion``, ``--nccl-algo`` (NCCL_ALGO) and `
 - **Deterministic mode** (``--deterministic-mode``; ``megatron/training/determinism.py``): NCCL_ALGO=Ring unless the
   launcher set Ring or CollNet (Tree is refused), no ``--cross-entropy-loss-fusion`` and no TP communication overlap
   (refused here as there), cuBLAS's fixed workspace (``CUBLAS_WORKSPACE_CONFIG=:4096:8``: no cost modelled) and
-  Transformer Engine's deterministic attention backward (``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0``): its cost has no
-  published figure and is not modelled (the projection says so).
+  Transformer Engine's deterministic attention backward (``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0``). On Hopper TE
+  keeps cuDNN's fused attention, whose deterministic path (sub-backend 1, sm90+) has no published cost: not
+  modelled. On Blackwell (sm100) TE keeps cuDNN only with cuDNN ≥ 9.18.1, no dropout and no bias
+  (``common/fused_attn/fused_attn.cpp``; PR #2584); FlashAttention-3 is sm90-only and FlashAttention-4 is turned off
+  for dropout (``dot_product_attention/utils.py``), so with attention dropout the step runs FlashAttention-2 with
+  ``deterministic=True`` (``fa2_deterministic``, below): its backward splits each (batch, head) into only
+  ``ceil(SMs / (b·h))`` pieces (``flash_api.cpp``: ``gridDimx``), at one CTA per SM at head dimension 128 (its
+  backward kernel takes ≥ 144 KB of shared memory), so the grid can leave a second wave nearly empty.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import re
 from dataclasses import replace
 
 from opbench.core.dtypes import element_size
@@ -141,3 +148,49 @@ def check_flags(args: argparse.Namespace) -> None:
     """The first of ``flag_problems``, as one line."""
     for flag, why in flag_problems(args):
         raise UsageError(why, field=flag)
+
+
+# FlashAttention-2's deterministic backward (docs/project.md, "Flags that cost time"). Measured: flash-attention PR
+# #1893 on H100 (head dim 128, causal, 8,192 tokens, 16 heads, batch 2, deterministic): forward 306 TFLOP/s, backward
+# 8.279 ms (166 TFLOP/s). Its grid there is 5 splits × 32 (batch, head) = 160 CTAs on 132 SMs: two waves, the busiest
+# CTA 884 blocks of 64 queries × 128 keys, so one such block takes 8.279 ms / (2 × 884) = 4.68 µs of one SM. The
+# kernel uses the Ampere-era MMA on any part (per chip no faster on B200: tritonbench PR #171 measured its forward at
+# 361.6 TFLOP/s there): an SM's rate is taken as H100's.
+FA2_DET_REF_SMS = 132
+FA2_DET_FWD_TFLOPS = 306.0  # on FA2_DET_REF_SMS SMs; a part's is × its SMs over that
+FA2_DET_BLOCK_US = 8279.0 / (2 * 884)  # one SM's time for one 64 × 128 block pair of the backward
+FA2_DET_HEAD_DIM = 128  # the head dimension the figure and the one-CTA-per-SM occupancy are for
+# SMs of the Blackwell parts (sm100) whose TE cannot run cuDNN's deterministic attention with dropout: B200 and
+# GB200's GPU 148 (NVIDIA Blackwell datasheets), B300/GB300 (Blackwell Ultra) 160 (NVIDIA technical blog "Inside
+# NVIDIA Blackwell Ultra", 2025)
+SM100_SMS: list[tuple[str, int]] = [(r"b300|gb300", 160), (r"b200|gb200", 148)]
+
+
+def sm100_sms(device: str | None) -> int | None:
+    """SMs of a Blackwell (sm100) part, None for any other."""
+    low = (device or "").lower()
+    return next((sms for pattern, sms in SM100_SMS if re.search(pattern, low)), None)
+
+
+def fa2_deterministic_backward_blocks(sms: int, batch: int, heads: int, seqlen: int, causal: bool) -> tuple[int, int]:
+    """(waves, the busiest CTA's blocks) of FlashAttention-2's deterministic backward: ``G = ceil(sms / (b·h))``
+    splits per (batch, head); split ``x`` runs key blocks x, x + G, … (128 keys each), block ``j`` over the query
+    blocks (64 each) that see it, ``seqlen/64 − 2j`` of them causal; one CTA per SM at head dimension 128."""
+    splits = -(-sms // max(1, batch * heads))
+    key_blocks = -(-seqlen // 128)
+    query_blocks = -(-seqlen // 64)
+    work = [
+        sum(max(0, query_blocks - 2 * j) if causal else query_blocks for j in range(x, key_blocks, splits))
+        for x in range(splits)
+    ]
+    return -(-splits * batch * heads // sms), max(work)
+
+
+def fa2_deterministic(
+    flops_fwd: float, sms: int, batch: int, heads: int, seqlen: int, causal: bool
+) -> tuple[float, float]:
+    """(forward, backward) seconds of one FlashAttention-2 call with ``deterministic=True`` on ``heads`` local heads
+    of head dimension 128: forward at FA2_DET_FWD_TFLOPS per FA2_DET_REF_SMS SMs, backward as its grid runs."""
+    waves, busiest = fa2_deterministic_backward_blocks(sms, batch, heads, seqlen, causal)
+    fwd = flops_fwd / (FA2_DET_FWD_TFLOPS * 1e12 * sms / FA2_DET_REF_SMS)
+    return fwd, waves * busiest * FA2_DET_BLOCK_US * 1e-6

@@ -77,6 +77,8 @@ class Assumptions:
     # gradients (--no-gradient-accumulation-fusion: False)
     nccl_algo: str = "default"
     grad_accum_fusion: bool = True
+    # --deterministic-mode: Transformer Engine's deterministic attention backward (megatron_flags.fa2_deterministic)
+    deterministic_attention: bool = False
     # A kernel's fixed cost in µs, added to each kernel a roofline times (launch, ramp-up, drain: what a tiny
     # kernel takes); None: measured from tiny --results rows, else the vendor's default
     # (KERNEL_US; docs/project.md, "Fixed cost per kernel")

@@ -112,6 +112,7 @@ def assumptions(args: argparse.Namespace) -> Assumptions:
         compile_memory_time=compile_factor(args),
         nccl_algo=nccl_algo(args),
         grad_accum_fusion=getattr(args, "gradient_accumulation_fusion", True),
+        deterministic_attention=getattr(args, "deterministic_mode", False),
         kernel_us=getattr(args, "kernel_us", None),
         host_us_per_op=getattr(args, "host_us_per_op", None),
     )

@@ -14,9 +14,9 @@ from opbench.attention.shapes import AttentionShape, operator_shape
 from opbench.core.dtypes import element_size
 from opbench.gemm.shapes import LinearLayer, gemm_flops, layer_gemms, lm_head_gemm, pass_shape
 from opbench.models import ModelConfig
-from opbench.models.layout import ALL, COLUMN, CSA, HCA, LINEAR, REPLICATED, Gemm, Layer
+from opbench.models.layout import ALL, COLUMN, CSA, FULL, HCA, LINEAR, REPLICATED, Gemm, Layer
 
-from .megatron_flags import pinned_allreduce
+from .megatron_flags import FA2_DET_HEAD_DIM, fa2_deterministic, pinned_allreduce, sm100_sms
 from .memory import UNFUSED_KINDS, has_qk_norm, op_matmuls
 from .moe_rates import EXPERT_PHASES, TOKEN_PHASES, MoeShape, PhaseTime, k_share
 from .plan import Plan, fp8_gemm
@@ -119,6 +119,18 @@ def fp8_cast_bytes(plan: Plan, g: LinearLayer) -> tuple[float, float]:
     return 5 * x + 5 * w, 5 * x + 3 * w + 8 * dy
 
 
+def _fa2_deterministic_runs(shape: AttentionShape, plan: Plan) -> bool:
+    """Whether FlashAttention-2's deterministic model covers this call: full causal (or bidirectional) softmax
+    attention at head dimension 128 (the measured figure's; sliding, chunked, MLA's wider heads and other kinds are
+    not modelled), no context parallelism."""
+    return (
+        shape.attn_kind == FULL
+        and shape.head_dim_qk == shape.head_dim_v == FA2_DET_HEAD_DIM
+        and plan.cp == 1
+        and not shape.sinks
+    )
+
+
 def _attention_items(rates: Rates, shape: AttentionShape, plan: Plan) -> tuple[Item, Item]:
     """One rank's attention for a micro-batch. With context parallelism the rank computes its seqlen/cp queries
     against the whole sequence in cp ring steps, load-balanced: 1/cp of the full causal work, timed at the rate
@@ -129,6 +141,13 @@ def _attention_items(rates: Rates, shape: AttentionShape, plan: Plan) -> tuple[I
         return _compute(ATTENTION, name + " fwd", fwd), _compute(ATTENTION, name + " bwd", bwd)
     fwd = rates.attention_time(shape, plan.mbs, "fwd")
     bwd = rates.attention_time(shape, plan.mbs, "bwd")
+    sms = sm100_sms(rates.device)
+    if rates.a.deterministic_attention and plan.attention_dropout and sms and _fa2_deterministic_runs(shape, plan):
+        # TE on Blackwell with dropout: FlashAttention-2's deterministic kernels (megatron_flags.py)
+        f, b = fa2_deterministic(attention_flops(shape, plan.mbs, "fwd"), sms, plan.mbs, shape.num_head_q,
+                                 shape.seqlen_q, shape.causal)  # fmt: skip
+        note = "FlashAttention-2 deterministic (--deterministic-mode, dropout, sm100)"
+        fwd, bwd = (rates.scaled(Timed(t, ESTIMATED, note), "attention") for t in (f, b))  # measured: fixed cost in
     # a scan's shape is already its whole sequence, and a compressed attention's (DeepSeek-V4's csa, hca and their
     # indexer) the last CP rank's whole kernel (attention/shapes.py, operator_shape): only a ring step scales
     if plan.cp > 1 and shape.attn_kind not in SCAN_KINDS and not shape.compress and shape.attn_kind not in (CSA, HCA):
