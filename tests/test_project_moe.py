@@ -181,3 +181,82 @@ def test_the_flex_dispatchers_rdma_stage_carries_a_token_to_every_node_its_exper
     # within one node there is no RDMA stage: NVLink alone, as before
     one = r.flex_dispatch_time(token, tokens, 8, 128, 8, 1, 8)
     assert "RDMA" not in one.note
+
+
+def _gpt_oss(tmp_path, **over):
+    import json
+
+    config = {
+        "model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880, "num_attention_heads": 64,
+        "num_key_value_heads": 8, "head_dim": 64, "num_hidden_layers": 4, "vocab_size": 201088,
+        "num_local_experts": 128, "num_experts_per_tok": 4, "sliding_window": 128, **over,
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (cfg,) = load_model_configs(str(tmp_path))
+    return cfg
+
+
+def test_megatrons_unfused_clamp_expert_bias_and_yarn_rotary_are_timed(tmp_path, tiny):
+    """gpt-oss under Megatron-Core (the fused profile): the experts' GLU clamp and cat (4·e forward, 5·e backward,
+    and again with moe_act recomputed, per fc1-output element), the per-expert bias loop (6·e / 8·e per fc2-output
+    element, 2E + 2 and 4E + 1 kernels) and YaRN's unfused rotary (13·e / 12.5·e more per q and k element) are in the
+    layer's memory-bound bytes; a model without them (Qwen3-MoE) and PyTorch eager's profile get nothing; a config
+    that names another RoPE scaling gets no rotary term (docs/project.md, "Memory-bound operators")."""
+    from opbench.project.workload import Unfused, megatron_unfused
+
+    cfg = _gpt_oss(tmp_path)
+    assert cfg.extra["rope_type"] == "yarn" and cfg.extra["rope_factor"] == 32.0 and cfg.extra["glu_clamp"]
+    lay = decoder_layers(cfg)[0]
+    plan = Plan(world=64, ep=8, pp=1, mbs=1, seqlen=4096, global_batch=64, recompute="selective",
+                recompute_modules=("moe_act",))  # fmt: skip
+    got = megatron_unfused(cfg, lay, plan)
+    e, rows, fc1, h = 2, 4096 * 4, 2 * 2880, 2880
+    qk = 4096 * (64 + 8) * 64
+    assert got.fwd == pytest.approx(4 * e * rows * fc1 + 6 * e * rows * h + 13 * e * qk)
+    assert got.bwd == pytest.approx((5 + 4) * e * rows * fc1 + 8 * e * rows * h + 12.5 * e * qk)
+    assert got.expert == pytest.approx(4 * e * rows * fc1 + 6 * e * rows * h)
+    assert (got.k_fwd, got.k_bwd) == (3 + 2 * 16 + 2 + 10, 3 + 3 + 4 * 16 + 1 + 20)
+    assert megatron_unfused(cfg, lay, plan, experts=False) == Unfused(13 * e * qk, 12.5 * e * qk, 10, 20, 0.0)
+    rope = _gpt_oss(tmp_path, rope_scaling={"rope_type": "linear", "factor": 2.0})
+    assert megatron_unfused(rope, decoder_layers(rope)[0], plan, experts=False) == Unfused()
+    qwen, qlay = tiny
+    assert megatron_unfused(qwen, qlay, replace(plan, world=8)) == Unfused()
+    # in the layer's memory-bound item: fused gets them, eager (transformers, torchtitan) does not
+    rates = Rates([], "H100", "bf16", Assumptions(), 8)
+    base = replace(cfg, extra={**cfg.extra, "glu_clamp": False, "expert_bias": False, "rope_type": ""})
+    name = "norms, residuals, rotary, activations"
+    for memory_ops, more in (("fused", True), ("eager", False)):
+        r = Rates([], "H100", "bf16", Assumptions(memory_ops=memory_ops), 8)
+        with_, without = (_items(layer_work(c, lay, plan, r))[name].timed.seconds for c in (cfg, base))
+        assert (with_ > without) is more
+    fused = _items(layer_work(cfg, lay, plan, rates))[name].timed.seconds
+    plain = _items(layer_work(base, lay, plan, rates))[name].timed.seconds
+    assert fused - plain == pytest.approx(
+        got.fwd / rates.memory_bandwidth().seconds + got.k_fwd * rates.kernel_cost().seconds, rel=1e-6
+    )
+
+
+def test_a_bad_rope_scaling_factor_is_one_line(tmp_path, capsys):
+    """A RoPE scaling factor read from a config is bounded like a flag: outside 1-10⁴ (or not a number) is one
+    line naming the file and the field, exit 2."""
+    from opbench.core.errors import UsageError
+
+    for factor in (0.5, "32", 1e9, True):
+        with pytest.raises(UsageError) as err:
+            _gpt_oss(tmp_path, rope_scaling={"rope_type": "yarn", "factor": factor})
+        assert "rope_scaling.factor" in str(err.value) and "config.json" in str(err.value)
+
+
+def test_attention_at_head_dimension_64_runs_at_cudnns_share_of_128s_rate():
+    """On a GPU, estimated softmax attention at head dimension ≤ 64 runs at cuDNN's measured share of its rate at
+    128 (cudnn-frontend, H200, cuDNN 9.19.1: 336/591 forward, 289/474 backward); 128 and a CPU are unchanged."""
+    from opbench.attention.shapes import AttentionShape
+    from opbench.project.rates import HEAD_DIM_64_SHARE
+
+    rates = Rates([], "H100", "bf16", Assumptions(), 8)
+    for p in ("fwd", "bwd"):
+        d64 = AttentionShape("m", 4096, 4096, 64, 8, 64, 64, True)
+        d128 = replace(d64, num_head_q=32, head_dim_qk=128, head_dim_v=128)  # the same FLOPs
+        t64, t128 = rates._attention_time(d64, 1, p), rates._attention_time(d128, 1, p)
+        assert t64.seconds == pytest.approx(t128.seconds / HEAD_DIM_64_SHARE[p]) and "head dim" in t64.note
+    assert HEAD_DIM_64_SHARE == pytest.approx({"fwd": 0.5685, "bwd": 0.6097}, abs=1e-4)

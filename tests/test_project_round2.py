@@ -223,3 +223,19 @@ def test_a_part_without_a_measured_matmul_of_its_own_says_its_rates_are_datashee
     assert "datasheet" not in str(notes["H100"]) and "datasheet" not in str(notes["GB200"])
     given = Rates([], "H100 NVL", "bf16", Assumptions(gemm_efficiency=0.7, attention_efficiency=0.4), 8)
     assert given.efficiency_note(fp8=False, attention=True) is None
+
+
+def test_a_group_on_xgmis_mesh_reaches_only_its_own_links():
+    """On MI300X's fully connected xGMI mesh (one 64 GB/s link per peer) a pipeline send between two GPUs runs on
+    one link, a group of n ranks on its n − 1 links, the whole node on all seven; through NVSwitch (H100) every
+    group reaches the whole (docs/project.md, "Rates")."""
+    size = 32 << 20
+    for device, per_link, whole in (("MI300X", 64.0, 448.0), ("H100", 450.0, 450.0)):
+        rates = Rates([], device, "bf16", Assumptions(), 8)
+        eff, lat = rates.a.link_efficiency, rates.a.latency_us_intra * 1e-6
+        send = rates.collective_time("send_recv", size, 2, False)
+        assert send.seconds == pytest.approx(lat + size / (min(per_link, whole) * eff * 1e9))
+        for n in (2, 4, 8):
+            got = rates.collective_time("all_gather", size, n, False)
+            factor = (n - 1) / n
+            assert got.seconds == pytest.approx(lat + size * factor / (min(whole, (n - 1) * per_link) * eff * 1e9))

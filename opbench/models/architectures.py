@@ -855,6 +855,12 @@ def _read_gpt_oss(r: FieldReader, f: dict[str, Any]) -> None:
         f["num_experts_per_tok"] = 4
     f["sliding_window"] = window(r, "sliding_window", 128)
     layer_kinds(r, f, lambda i: L.SLIDING if (i + 1) % 2 else L.FULL)
+    # its experts' GLU clamps gate and up at ±swiglu_limit (transformers' GptOssExperts: 7.0) and add biases; its
+    # RoPE is YaRN of factor 32 where the config leaves them out (GptOssConfig's defaults)
+    f["extra"]["glu_clamp"] = True
+    f["extra"]["expert_bias"] = True
+    if not f["extra"]["rope_type"] and r.hf:
+        f["extra"]["rope_type"], f["extra"]["rope_factor"] = "yarn", 32.0
 
 
 def _gpt_oss_layer(cfg: ModelConfig, i: int) -> Layer:

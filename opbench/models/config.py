@@ -117,6 +117,7 @@ def parse_model_config(
                     f"must be at least 1 for a MoE model ({arch_name}), got {f[key]}", source=where, field=found
                 )
     check_layer_types(r, f, arch)
+    f["extra"]["rope_type"], f["extra"]["rope_factor"] = r.rope()
     arch.read(r, f)
 
     hidden, heads = f["hidden_size"], f["num_attention_heads"]

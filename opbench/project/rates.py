@@ -17,7 +17,7 @@ import pandas as pd
 from opbench.attention.flops import MATMUL_PASS_MULTIPLIER, attention_flops, hc_bytes, scan_bytes
 from opbench.attention.schema import PASSES
 from opbench.attention.shapes import AttentionShape
-from opbench.cluster.links import intra_link
+from opbench.cluster.links import Link, intra_link
 from opbench.core.cli import MAX_MIB, MAX_WORLD
 from opbench.core.collectives import COLLECTIVES
 from opbench.core.dtypes import element_size
@@ -27,7 +27,7 @@ from opbench.core.peaks import H100_BF16_MATMUL_SHARE, Peak, host_cpu, lookup_pe
 from opbench.core.plausible import UNIT_OF, how_far, part_range
 from opbench.core.units import counted
 from opbench.gemm.shapes import gemm_bytes, gemm_flops
-from opbench.models.layout import HC, KDA, LINEAR, MAMBA2
+from opbench.models.layout import CHUNKED, FULL, HC, KDA, LINEAR, MAMBA2, SLIDING
 
 from .moe_rates import A2A_HIDDEN, IMBALANCE, MoeRows, flex_rdma_share
 
@@ -129,6 +129,21 @@ def _as_on_h100(on_h100: float, share: float | None) -> float:
 # efficiency, plus their minimum HBM traffic at the memory rate (docs/project.md, "Kinds beyond softmax attention")
 SCAN_KINDS = (LINEAR, KDA, MAMBA2)
 H100_ATTENTION_EFFICIENCY = 0.45  # what training's attention (forward + backward) reaches of an H100's bf16 peak
+# Softmax attention at head dimension 64 (or less) of its rate at 128, by pass, on a GPU (docs/project.md, "Rates"):
+# half the FLOPs per score for the same softmax work. cudnn-frontend's SDPA training benchmark on H200, cuDNN 9.19.1
+# (benchmark/sdpa_benchmark_training/results/h200_919_only_cudnn, commits df73764 and afa9f7c), bf16, 4,096 tokens,
+# 64 query and 8 KV heads, causal: head dim 128 (its llama3.1 rows, batch 1) forward 591 and backward 474 TFLOP/s;
+# head dim 64 (its gpt_oss rows, batch 2, window 1,024) 336 and 289. The 64 rows are windowed, which wastes some
+# diagonal tiles: the shares are a lower bound of full causal attention's.
+HEAD_DIM_64_SHARE = {"fwd": 336 / 591, "bwd": 289 / 474}
+SOFTMAX_KINDS = (FULL, SLIDING, CHUNKED)
+
+
+def _group_link_gbs(link: Link, nranks: int) -> float:
+    """GB/s per direction a rank of an ``nranks``-GPU group inside a node reaches over its links: through a switch
+    (NVSwitch) the whole; on a fully connected mesh (AMD's xGMI: one dedicated link per peer, ROCm/rccl PR #1270 and
+    issue #1210) only its links to the group's other ranks, ``(nranks − 1) × pair_gbs`` (docs/project.md, "Rates")."""
+    return min(link.intra_gbs, max(1, nranks - 1) * link.pair_gbs)
 
 
 def default_attention_efficiency(peak: Peak | None, dtype: str = "bf16") -> float:
@@ -658,6 +673,9 @@ class Rates:
             moved = scan_bytes(shape, batch, element_size(self.dtype)) * passes
             return Timed(flops / peak + moved / self.memory_bandwidth().seconds, ESTIMATED, "matmuls + scan traffic")
         peak = self._peak_tflops(name, "attention") * 1e12 * self.attention_efficiency
+        if self.on_gpu and shape.attn_kind in SOFTMAX_KINDS and max(shape.head_dim_qk, shape.head_dim_v) <= 64:
+            share = HEAD_DIM_64_SHARE[pass_]
+            return Timed(flops / (peak * share), ESTIMATED, f"roofline × {share:.3g} (head dim ≤ 64)")
         return Timed(flops / peak, ESTIMATED, "roofline")
 
     # -- memory -------------------------------------------------------------------------------------------------
@@ -797,8 +815,8 @@ class Rates:
             # to the group's k − 1 ranks on its node, at once
             link = intra_link(self.device or "")
             out_bw = self.a.nic_gbs * self.a.link_efficiency
-            in_bw = link.intra_gbs * self.a.link_efficiency if link is not None else out_bw
             n, k = nranks, min(per_node, nranks)
+            in_bw = _group_link_gbs(link, k) * self.a.link_efficiency if link is not None else out_bw
             seconds = max(size_bytes * (n - k) / n / (out_bw * 1e9), size_bytes * (k - 1) / n / (in_bw * 1e9))
             note = f"network at {out_bw:.3g} GB/s for {n - k} of {n} peers, {k - 1} on the node"
             return Timed(self.a.latency_us_inter * 1e-6 + seconds, ESTIMATED, note)
@@ -817,7 +835,11 @@ class Rates:
                     "opbench comm into a --results folder, or name a --device the link table has",
                     field="--results",
                 )
-            bw, latency, what = link.intra_gbs * self.a.link_efficiency, self.a.latency_us_intra, link.name
+            bw, latency, what = (
+                _group_link_gbs(link, nranks) * self.a.link_efficiency,
+                self.a.latency_us_intra,
+                link.name,
+            )
         return Timed(latency * 1e-6 + size_bytes * factor / (bw * 1e9), ESTIMATED, f"{what} at {bw:.3g} GB/s")
 
     def flex_dispatch_time(

@@ -350,6 +350,65 @@ def expert_memory_bytes(lay: Layer, plan: Plan) -> int:
     return total
 
 
+@dataclass(frozen=True)
+class Unfused:
+    """What Megatron-Core runs op by op where a model's feature has no fused kernel (``megatron_unfused``): bytes
+    and kernels per layer and micro-batch, forward and backward; ``expert``: the forward bytes inside the MoE block
+    (between dispatch and combine)."""
+
+    fwd: float = 0.0
+    bwd: float = 0.0
+    k_fwd: int = 0
+    k_bwd: int = 0
+    expert: float = 0.0
+
+
+def megatron_unfused(cfg: ModelConfig, lay: Layer, plan: Plan, experts: bool = True) -> Unfused:
+    """Memory-bound work Megatron-Core runs unfused for three model features (docs/project.md, "Memory-bound
+    operators"; Megatron-LM at cba6b0ed0f and 2edffadb52, Megatron-Bridge r0.2.0 and r0.4.0):
+
+    - a clamped GLU in the experts (gpt-oss's ±7 limit): ``fusions/fused_bias_geglu.py``,
+      ``weighted_bias_quick_geglu_impl``, splits the fc1 output, clamps both halves and concatenates them in eager
+      before the compiled GLU: per fc1-output element 4·e bytes forward (two clamps, a cat), 5·e backward, and the
+      forward again in backward when ``moe_act`` is recomputed; 3 kernels each way;
+    - expert biases on fc2: ``moe/experts.py``, ``TEGroupedMLP._apply_bias``, adds each local expert's bias times
+      its routing probability in a Python loop and concatenates: per fc2-output element 6·e forward, 8·e backward,
+      in 2·E + 2 kernels forward and 4·E + 1 backward (E local experts);
+    - YaRN RoPE (a factor above 1) outside MLA: Megatron's fused RoPE requires mscale 1 (``rope_utils.py``) and
+      Megatron-Bridge turns fusion off for any position embedding but "rope" (``utils/fusions.py``,
+      ``validate_rope_fusion_compatibility``): rotary as PyTorch's ops run it, 13·e forward and 14.5·e backward per q
+      and k element plus a cat each way (2·e), for fused RoPE's 2·e and 4·e; 10 more kernels forward, 20 backward.
+
+    ``experts``: count the experts' pieces (False where measured ``opbench moe`` rows time the block).
+    """
+    e = element_size(plan.dtype)
+    fwd = bwd = expert = 0.0
+    k_fwd = k_bwd = 0
+    recompute_act = plan.recompute == "selective" and "moe_act" in plan.recompute_modules
+    for g in lay.gemms if experts else ():
+        if g.layer != "expert_gate_up":
+            continue
+        rows = plan.tokens // plan.tp * g.top_k * plan.expert_tp  # the rows a rank's experts see (expert_memory_bytes)
+        if cfg.extra.get("glu_clamp"):
+            elems = rows * (g.n // plan.expert_tp)
+            fwd, expert = fwd + 4 * e * elems, expert + 4 * e * elems
+            bwd += (5 + (4 if recompute_act else 0)) * e * elems
+            k_fwd, k_bwd = k_fwd + 3, k_bwd + 3 + (3 if recompute_act else 0)
+        if cfg.extra.get("expert_bias"):
+            local = max(1, g.experts // max(1, plan.ep))
+            elems = rows * cfg.hidden_size
+            fwd, expert, bwd = fwd + 6 * e * elems, expert + 6 * e * elems, bwd + 8 * e * elems
+            k_fwd, k_bwd = k_fwd + 2 * local + 2, k_bwd + 4 * local + 1
+    if cfg.extra.get("rope_type") == "yarn" and (cfg.extra.get("rope_factor") or 1.0) > 1 and cfg.kv_lora_rank is None:
+        for op in lay.attention:
+            if op.kind in (LINEAR, "indexer") or op.kind in SCAN_KINDS:
+                continue
+            qk = plan.tokens * (op.heads_q + op.heads_kv) // plan.tp * op.head_dim_qk
+            fwd, bwd = fwd + (13 + 2 - 2) * e * qk, bwd + (14.5 + 2 - 4) * e * qk
+            k_fwd, k_bwd = k_fwd + 10, k_bwd + 20
+    return Unfused(fwd, bwd, k_fwd, k_bwd, expert)
+
+
 def routed_top_k(cfg: ModelConfig, lay: Layer) -> int:
     """Experts per token of a MoE layer (its routed GEMMs say; else the config)."""
     return next((g.top_k for g in lay.gemms if g.top_k), cfg.num_experts_per_tok)
@@ -393,15 +452,19 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
     mem = memory_bytes(cfg, lay, plan)
     eager = rates.a.memory_ops == "eager"
     mem_fwd, mem_bwd = eager_memory_bytes(cfg, lay, plan) if eager else (mem, 2 * mem)
+    # Megatron-Core's unfused pieces of some models' features (a measured MoE block holds its experts' own)
+    un = Unfused() if eager else megatron_unfused(cfg, lay, plan, experts=not isinstance(measured, tuple))
+    mem, mem_fwd, mem_bwd = mem + un.fwd, mem_fwd + un.fwd, mem_bwd + un.bwd
     # the busiest expert-parallel rank's experts see imbalance × the mean tokens (docs/project.md, "MoE cost model")
     imbalance = rates.a.moe_imbalance if lay.moe and plan.ep > 1 else 1.0
-    expert_bytes = 0 if isinstance(measured, tuple) else expert_memory_bytes(lay, plan)
+    expert_bytes = 0 if isinstance(measured, tuple) else expert_memory_bytes(lay, plan) + un.expert
     extra = (imbalance - 1) * expert_bytes
     if isinstance(measured, tuple):
         moe_f, moe_b = moe_memory_bytes(cfg, lay, plan, eager)
         mem, mem_fwd, mem_bwd = mem - moe_f if not eager else mem, mem_fwd - moe_f, mem_bwd - moe_b
     mem, mem_fwd, mem_bwd = mem + extra, mem_fwd + extra, mem_bwd + 2 * extra
     k_fwd, k_bwd = memory_kernels(cfg, lay, eager)
+    k_fwd, k_bwd = k_fwd + un.k_fwd, k_bwd + un.k_bwd
     mem_f, mem_b = (compiled(rates.a, rates.memory_time(n, eager, k)) for n, k in ((mem_fwd, k_fwd), (mem_bwd, k_bwd)))
     fwd.append(_compute(MEMORY, "norms, residuals, rotary, activations", mem_f))  # compiled: --compile fuses them
     bwd.append(_compute(MEMORY, "norms, residuals, rotary, activations", mem_b))
