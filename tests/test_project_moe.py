@@ -260,3 +260,19 @@ def test_attention_at_head_dimension_64_runs_at_cudnns_share_of_128s_rate():
         t64, t128 = rates._attention_time(d64, 1, p), rates._attention_time(d128, 1, p)
         assert t64.seconds == pytest.approx(t128.seconds / HEAD_DIM_64_SHARE[p]) and "head dim" in t64.note
     assert HEAD_DIM_64_SHARE == pytest.approx({"fwd": 0.5685, "bwd": 0.6097}, abs=1e-4)
+
+
+def test_te_casts_launch_their_recipes_kernels_per_expert():
+    """Transformer Engine's casts launch amax, scale and cast-and-transpose under current (tensorwise) scaling and
+    one kernel under delayed scaling, per expert for a grouped GEMM (TE quantises each expert's rows on its own);
+    a GEMM after a norm gets its input in FP8 from the norm under delayed scaling (docs/project.md, "FP8")."""
+    from opbench.gemm.shapes import LinearLayer
+    from opbench.project.workload import fp8_cast_kernels
+
+    experts = LinearLayer("expert_gate_up", 1536, 2048, 4096, groups=8)
+    qkv = LinearLayer("qkv", 5120, 2048, 4096)
+    plan = Plan(world=16, ep=16, mbs=1, seqlen=4096, global_batch=16, fp8="te", fp8_recipe="tensorwise")
+    assert fp8_cast_kernels(plan, experts) == (24, 24) and fp8_cast_kernels(plan, qkv) == (3, 3)
+    delayed = replace(plan, fp8_recipe="delayed")
+    assert fp8_cast_kernels(delayed, experts) == (8, 8) and fp8_cast_kernels(delayed, qkv) == (0, 1)
+    assert fp8_cast_kernels(replace(plan, fp8="torchao", fp8_recipe="delayed"), experts) == (1, 1)

@@ -119,6 +119,25 @@ def fp8_cast_bytes(plan: Plan, g: LinearLayer) -> tuple[float, float]:
     return 5 * x + 5 * w, 5 * x + 3 * w + 8 * dy
 
 
+# Kernels one Transformer Engine cast launches (docs/project.md, "FP8"): under current (tensorwise) scaling
+# Float8CurrentScalingQuantizer::quantize_impl (transformer_engine/pytorch/csrc/quantizer.cpp) runs compute_amax,
+# compute_scale_from_amax and the cast-and-transpose; under delayed scaling the cast takes its amax inside, one kernel.
+TE_CAST_KERNELS = {"tensorwise": 3, "delayed": 1}
+
+
+def fp8_cast_kernels(plan: Plan, g: LinearLayer) -> tuple[int, int]:
+    """(forward, backward) kernels the FP8 casts of ``fp8_cast_bytes`` launch per micro-batch under Transformer
+    Engine: X forward (none where a norm writes it in FP8, delayed scaling) and dY backward, each its recipe's
+    kernels; a grouped GEMM's per expert, as TE's GroupedLinear quantises each expert's rows on its own under
+    current and delayed scaling (``csrc/extensions/cast.cpp``, ``split_quantize``: only the blockwise, MXFP8 and
+    NVFP4 recipes are batched). The weights' casts, once a step, are left out. torchao: one kernel a cast pass."""
+    if plan.fp8 != "te":
+        return 1, 1
+    per = TE_CAST_KERNELS.get(plan.fp8_recipe, 1) * max(1, g.groups)
+    x = 0 if plan.fp8_recipe != "tensorwise" and g.name in TE_NORM_FUSED else per
+    return x, per
+
+
 def _fa2_deterministic_runs(shape: AttentionShape, plan: Plan) -> bool:
     """Whether FlashAttention-2's deterministic model covers this call: full causal (or bidirectional) softmax
     attention at head dimension 128 (the measured figure's; sliding, chunked, MLA's wider heads and other kinds are
@@ -423,6 +442,7 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
     fwd: list[Item] = []
     bwd: list[Item] = []
     cast_fwd = cast_bwd = expert_cast = 0.0
+    cast_k_fwd = cast_k_bwd = 0
     in_fp8: set[str] = set()
     measured = measured_moe(cfg, lay, plan, rates)
     for g in layer_gemms(lay, t, local, par):
@@ -437,6 +457,8 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
             cf, cb = fp8_cast_bytes(plan, g)
             cast_fwd, cast_bwd = cast_fwd + cf, cast_bwd + cb
             expert_cast += cf + cb if _in_moe_block(g.name) else 0.0
+            kf, kb = fp8_cast_kernels(plan, g)
+            cast_k_fwd, cast_k_bwd = cast_k_fwd + kf, cast_k_bwd + kb
     attn_fwd: list[Item] = []
     for op in lay.attention:
         if op.kind in SCAN_KINDS:  # Megatron's all-to-all CP: the whole sequence on heads / (tp·cp) (plan.py)
@@ -472,8 +494,8 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
         fwd += measured[0]
         bwd += measured[1]
     if cast_fwd:
-        fwd.append(_compute(MEMORY, "FP8 casts", rates.memory_time(cast_fwd)))
-        bwd.append(_compute(MEMORY, "FP8 casts", rates.memory_time(cast_bwd)))
+        fwd.append(_compute(MEMORY, "FP8 casts", rates.memory_time(cast_fwd, kernels=max(1, cast_k_fwd))))
+        bwd.append(_compute(MEMORY, "FP8 casts", rates.memory_time(cast_bwd, kernels=max(1, cast_k_bwd))))
 
     if plan.tp > 1:
         fwd_tp, bwd_tp = tp_comm_items(cfg, lay, plan, rates, bwd, profile, in_fp8)
