@@ -7,6 +7,9 @@ fresh Python processes, interleaved over --rounds:
 
   opbench read     reader.read: the streaming parse, keeping what attribution needs
   opbench step     reader.read + attribution of every step (what `opbench step` does before printing)
+  opbench step --memory-mib N   the same under a memory budget (summary.analyse(memory_mib=N)): a trace whose kept
+                   events pass it is read again one step per pass (the row's note says how it was read)
+  opbench markers  reader.step_windows: the text search for the ProfilerStep markers that splits the trace
   HTA load         hta.trace_analysis.TraceAnalysis(trace_dir=…): HTA's parse of the same file into DataFrames
   json.load        the whole file as Python objects (what a reader that is not streaming starts from)
 
@@ -19,7 +22,7 @@ HolisticTraceAnalysis 0.5.0 fails under pandas 3 on a trace with more events tha
 upcast with a warning, pandas 3 raises): give --hta-python, an interpreter with HTA and pandas<3, e.g. a venv made
 with --system-site-packages and `pip install "pandas<3"`.
 
-Usage: python bench/step_vs_hta.py [--mb 300] [--rounds 3] [--keep DIR] [--hta-python PYTHON]
+Usage: python bench/step_vs_hta.py [--mb 300] [--rounds 3] [--keep DIR] [--hta-python PYTHON] [--memory-mib 128 …]
 """
 
 from __future__ import annotations
@@ -38,12 +41,21 @@ CHILD = r"""
 import json, resource, sys, time
 kind, path = sys.argv[1], sys.argv[2]
 t = time.perf_counter()
+note = ""
 if kind == "opbench read":
     from opbench.steptrace import reader
     n = reader.read(path).kept
 elif kind == "opbench step":
     from opbench.steptrace import summary
     n = sum(len(s.kernels) for r in summary.analyse([path]) for s in r.steps)
+elif kind.startswith("opbench step --memory-mib "):
+    from opbench.steptrace import summary
+    (r,) = summary.analyse([path], memory_mib=float(kind.split()[-1]))
+    n = sum(len(s.kernels) for s in r.steps)
+    note = f"read {r.reading['mode']}, {r.reading['passes']} pass(es)"
+elif kind == "opbench markers":
+    from opbench.steptrace import reader
+    n = len(reader.step_windows(path).steps)
 elif kind == "HTA load":
     import os, logging
     logging.disable(logging.WARNING)
@@ -55,10 +67,11 @@ elif kind == "json.load":
 else:
     n = 0
 dt = time.perf_counter() - t
-print(json.dumps({"seconds": dt, "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "n": n}))
+print(json.dumps({"seconds": dt, "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "n": n,
+                  "note": note}))
 """
 
-KINDS = ("floor", "opbench read", "opbench step", "HTA load", "json.load")
+KINDS = ("floor", "opbench markers", "opbench read", "opbench step", "HTA load", "json.load")
 
 
 def write_trace(folder: Path, mb: float) -> Path:
@@ -89,6 +102,8 @@ def main() -> int:
     p.add_argument("--keep", default=None, help="write the trace into this folder and keep it")
     p.add_argument("--skip", nargs="*", default=[], choices=KINDS, help="kinds not to run")
     p.add_argument("--hta-python", default=sys.executable, help="the interpreter for HTA's load (default this one)")
+    p.add_argument("--memory-mib", type=float, nargs="*", default=[128.0],
+                   help="a row of opbench step under each of these budgets (default 128)")  # fmt: skip
     args = p.parse_args()
     folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="step_vs_hta."))
     folder.mkdir(parents=True, exist_ok=True)
@@ -96,7 +111,8 @@ def main() -> int:
     path = write_trace(folder, args.mb)
     size = path.stat().st_size
     print(f"trace: {path} ({size / 1e6:.0f} MB, written in {time.perf_counter() - t:.0f} s)", flush=True)
-    got: dict[str, list[dict]] = {k: [] for k in KINDS if k not in args.skip}
+    kinds = [*KINDS[:4], *(f"opbench step --memory-mib {m:g}" for m in args.memory_mib), *KINDS[4:]]
+    got: dict[str, list[dict]] = {k: [] for k in kinds if k not in args.skip}
     for r in range(args.rounds):
         for kind in got:
             res = run_child(kind, path, args.hta_python if kind == "HTA load" else sys.executable)
@@ -112,7 +128,7 @@ def main() -> int:
         secs = statistics.median(x["seconds"] for x in runs)
         mib = statistics.median(x["peak_mib"] for x in runs)
         spread = f"{min(x['seconds'] for x in runs):.2f}–{max(x['seconds'] for x in runs):.2f} s"
-        print(f"| {kind} | {secs:.2f} | {mib:.0f} | {spread} |")
+        print(f"| {kind} | {secs:.2f} | {mib:.0f} | {spread} {runs[0].get('note', '')} |")
     if not args.keep:
         path.unlink()
         os.rmdir(folder)

@@ -2,6 +2,7 @@
 place, set beside the projection (docs/step.md).
 
     opbench step rank0.json.gz [rank1.json.gz …] [--project "FLAGS of opbench project"] [--calibrate FILE]
+                 [--memory-mib N]
 
 Reading lives in ``reader`` (streaming, bounded memory), the classes in ``rules``, the per-step cut in
 ``attribute``, the tables in ``summary``, the projection in ``compare``. No torch import.
@@ -25,6 +26,7 @@ from .schema import ITEMS, KERNELS, TIMELINE
 ITEMS_CSV = "step_items.csv"
 KERNELS_CSV = "step_kernels.csv"
 TIMELINE_CSV = "step_timeline.csv"
+MEMORY_MIB = 1024  # --memory-mib's default
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,6 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="with --project: write measured/projected per class (GEMM, attention, memory-bound) as JSON for "
         "opbench project --calibration FILE",
+    )
+    p.add_argument(
+        "--memory-mib",
+        metavar="N",
+        type=cli.size_mib,
+        default=MEMORY_MIB,
+        help="memory budget per trace (default %(default)s): a trace whose kept events would need more (an "
+        "estimate) is read again one step per pass, memory one step's events, time one read per step",
     )
     cli.add_top_arg(p, 15)
     cli.add_output_args(
@@ -81,7 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         rates = None
         if args.project:  # a bad flag is one line before a large trace is read
             projected, projection_meta, rates = compare.projected_items(args.project)
-        ranks = summary.analyse(list(args.traces))
+        ranks = summary.analyse(
+            list(args.traces), args.memory_mib, lambda line: print(f"opbench step: {one_line(line)}", file=sys.stderr)
+        )
         for r in ranks:
             for w in r.warnings:
                 print(f"warning: {one_line(r.path)}: {w}", file=sys.stderr)
@@ -106,6 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "ranks": {r.name: r.rank for r in ranks},
                 "on_gpu": any(r.on_gpu for r in ranks),
                 "events": {r.name: r.events for r in ranks},
+                "memory_mib": args.memory_mib,
+                "reading": {r.name: r.reading for r in ranks},  # whole, or one step per pass (and how many)
                 "projection": projection_meta,
             },
         )

@@ -260,7 +260,7 @@ class Attribution:
     the trace's columns, a few arrays of 4 to 8 bytes per kernel, and one step's intervals, not an object per kernel of
     the whole trace (docs/step.md, "Reading large traces")."""
 
-    def __init__(self, trace: Trace):
+    def __init__(self, trace: Trace, forward: set[tuple[int, int, int]] | None = None):
         self.trace = trace
         self.ops = _Ops(trace)
         self.canon: dict[Key, Key] = {}  # one Key object per distinct row, not one per kernel
@@ -282,7 +282,7 @@ class Attribution:
         self.ends = to_column("d", ends[by_start])
         self.longest = float((ends - starts).max()) if len(starts) else 0.0
         self.span = (float(starts.min()), float(ends.max())) if len(starts) else None
-        self.forward = self._forward()
+        self.forward = self._forward() if forward is None else forward  # given: the whole trace's, read by step
 
     def _forward(self) -> set[tuple[int, int, int]]:
         """The forward GEMM shapes of the whole trace, which name the backward GEMMs' passes (``_with_passes``): a
@@ -328,9 +328,7 @@ class Attribution:
 
     def spans(self) -> list[tuple[str, float, float]]:
         """Each ProfilerStep#N (on the GPU timeline where the trace has it); none: the whole trace as one step."""
-        spans = sorted(self.trace.steps, key=lambda s: s[1])
-        if self.trace.on_gpu:
-            spans = [(n, *self.trace.gpu_steps.get(n, (ts, dur))) for n, ts, dur in spans]
+        spans = [step_span(self.trace, *s) for s in sorted(self.trace.steps, key=lambda s: s[1])]
         if not spans and self.span is not None:
             lo, hi = self.span
             spans = [("trace", lo, hi - lo)]
@@ -338,7 +336,17 @@ class Attribution:
 
     def steps(self) -> list[StepResult]:
         """Each step attributed, one at a time: only its intervals are held."""
-        return [_step(self.inside(ts, dur), name, ts, dur) for name, ts, dur in self.spans()]
+        return [self.step(*span) for span in self.spans()]
+
+    def step(self, name: str, ts: float, dur: float) -> StepResult:
+        """The step of this span (``spans``), attributed."""
+        return _step(self.inside(ts, dur), name, ts, dur)
+
+
+def step_span(trace: Trace, name: str, ts: float, dur: float) -> tuple[str, float, float]:
+    """A step's span from its CPU marker: on the GPU timeline where a GPU trace has it (its ``gpu_user_annotation``),
+    else the CPU one."""
+    return (name, *trace.gpu_steps.get(name, (ts, dur))) if trace.on_gpu else (name, ts, dur)
 
 
 CONTEXT_CACHE = 1 << 16  # operators whose context is remembered (``_Ops.context``)
@@ -578,9 +586,7 @@ def steps(trace: Trace, items: list[Interval] | None = None) -> list[StepResult]
     ``items``, one step's intervals at a time (``Attribution``)."""
     if items is None:
         return Attribution(trace).steps()
-    spans = sorted(trace.steps, key=lambda s: s[1])
-    if trace.on_gpu:
-        spans = [(n, *trace.gpu_steps.get(n, (ts, dur))) for n, ts, dur in spans]
+    spans = [step_span(trace, *s) for s in sorted(trace.steps, key=lambda s: s[1])]
     if not spans:
         if not items:
             return []

@@ -8,7 +8,9 @@ element at a time: memory is one piece of the file plus what is kept (CPU operat
 markers) in typed columns, ~40 bytes an event (``Trace``; docs/step.md, "Reading large traces"). Names of both
 vendors' runtimes are recognised (HolisticTraceAnalysis issue #219: ROCm traces name their launches
 ``hipLaunchKernel`` / ``hipExtModuleLaunchKernel`` and put kernels on stream 0, which filters that assume CUDA's
-launch names or a non-zero stream drop). No torch import.
+launch names or a non-zero stream drop). Under a memory budget a trace is read one step per pass instead
+(``step_windows`` finds the steps by a text search, ``read(keep=Window)`` keeps one step's events; docs/step.md,
+"Under a memory budget: one step per pass"). No torch import.
 """
 
 from __future__ import annotations
@@ -127,6 +129,12 @@ class Trace:
     device_names: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     on_gpu: bool = False  # a kernel was read
+
+    def nbytes(self) -> int:
+        """The kept events' bytes: the typed columns, and an estimate of 200 bytes per distinct name or arguments
+        (the string or tuple and its table entries)."""
+        cols = sum(len(v) * v.itemsize for v in vars(self).values() if isinstance(v, array))
+        return cols + 200 * (len(self.names) + len(self.args)) + sum(map(len, self.names))
 
     def name_id(self, name: str) -> int:
         got = self.name_ids.get(name)
@@ -289,6 +297,130 @@ def events(path: str, meta: dict[str, Any] | None = None) -> Iterator[dict[str, 
             scan.take(",")
 
 
+@dataclass
+class StepMarkers:
+    """The ``ProfilerStep#N`` markers of a trace as ``read`` records them (``Trace.steps``, ``Trace.gpu_steps``),
+    found by ``step_windows`` without decoding the other events."""
+
+    steps: list[tuple[str, float, float]] = field(default_factory=list)  # CPU side, in file order
+    gpu_steps: dict[str, tuple[float, float]] = field(default_factory=dict)  # gpu_user_annotation, the last of a name
+    chars: int = 0  # characters scanned
+
+
+STEP_TAIL_CHARS = 1 << 16  # of a piece kept for the next: a marker's event begins within this before its name
+
+
+def _marker(obj: Any) -> tuple[str, str, float, float] | None:
+    """(cat, name, ts, dur) of a step marker event, by ``read``'s own tests; None for anything else."""
+    if not isinstance(obj, dict) or obj.get("ph") != "X":
+        return None
+    name, cat = obj.get("name"), obj.get("cat")
+    ts, dur = _num(obj.get("ts")), _num(obj.get("dur"))
+    if not isinstance(name, str) or not name.startswith(STEP_PREFIX) or ts is None or dur is None or dur < 0:
+        return None
+    if cat in CPU_CATS or cat == GPU_ANNOTATION:
+        return str(cat), name, ts, dur
+    return None
+
+
+def step_windows(path: str) -> StepMarkers:
+    """The step markers of a trace by a text search, not a parse: each ``ProfilerStep#`` in the raw text (read in
+    pieces of ``CHUNK_CHARS``, gz or plain) has its enclosing event decoded alone (the nearest ``{`` before it that
+    decodes to an object spanning it) and kept if ``read`` would keep it (``_marker``). 29 to 45 times faster than
+    ``read`` on the synthetic traces of docs/step.md ("Under a memory budget"); memory is a piece of the file. An event cut by a piece's end
+    is decoded once the next piece is in: each occurrence is handled once, by its position in the file."""
+    out = StepMarkers()
+    decoder = json.JSONDecoder()
+    buf, base, done = "", 0, 0  # the text in hand, its offset in the file, occurrences before ``done`` handled
+    with _open_text(path) as fh:
+        eof = False
+        while not eof:
+            try:
+                piece = fh.read(CHUNK_CHARS)
+            except (OSError, EOFError, gzip.BadGzipFile) as exc:
+                raise UsageError(f"cannot read trace: {describe_os_error(exc)}", source=path) from None
+            eof = not piece
+            out.chars += len(piece)
+            buf += piece
+            keep_from = max(0, len(buf) - STEP_TAIL_CHARS)
+            at = buf.find(STEP_PREFIX, max(0, done - base))
+            while at >= 0:
+                got, wait, past = _decode_marker(decoder, buf, at, eof)
+                if wait >= 0:  # its event goes on in the next piece: keep it from its start
+                    keep_from = min(keep_from, wait)
+                    break
+                done = base + past
+                if got is not None:
+                    cat, name, ts, dur = got
+                    if cat == GPU_ANNOTATION:
+                        out.gpu_steps[name] = (ts, dur)
+                    else:
+                        out.steps.append((name, ts, dur))
+                at = buf.find(STEP_PREFIX, past)
+            buf, base = buf[keep_from:], base + keep_from
+    return out
+
+
+@dataclass(frozen=True)
+class Window:
+    """What a windowed ``read`` keeps for one step (µs): its CPU marker; GPU events overlapping ``gpu`` (the step's
+    GPU span, else its CPU one: as ``attribute.Attribution.spans`` takes it); CPU operators and launches overlapping
+    ``cpu``, from the previous step's CPU start (a kernel of this step may have been launched during it) to the
+    later of the step's CPU and GPU ends. Overlap is inclusive of the ends: an event kept needlessly changes
+    nothing (it is in the whole trace too)."""
+
+    name: str
+    ts: float
+    dur: float
+    cpu: tuple[float, float]
+    gpu: tuple[float, float]
+
+
+def windows(marks: StepMarkers) -> list[Window]:
+    """One window per CPU step marker, in ``Attribution.spans``' order (by start, ties in file order)."""
+    out: list[Window] = []
+    prev = -math.inf  # the first step: from the trace's start
+    for name, ts, dur in sorted(marks.steps, key=lambda s: s[1]):
+        gts, gdur = marks.gpu_steps.get(name, (ts, dur))
+        out.append(Window(name, ts, dur, (prev, max(ts + dur, gts + gdur)), (gts, gts + gdur)))
+        prev = ts
+    return out
+
+
+class OverBudget(Exception):
+    """Raised by ``read`` when the kept events' estimated memory passes its budget: the caller reads by step."""
+
+    def __init__(self, events: int, need: float):
+        super().__init__(f"~{need / (1 << 20):.1f} MiB needed after {events:,} events")
+        self.events, self.need = events, need
+
+
+BUDGET_EVERY = 1 << 16  # events read between two looks at the kept columns' size
+WORK_FACTOR = 2.5  # ``nbytes`` (~37 B a kept event) to what read and attribution take (~96 B measured, docs/step.md)
+
+
+def _decode_marker(decoder: json.JSONDecoder, buf: str, at: int, eof: bool) -> tuple[Any, int, int]:
+    """For the ``ProfilerStep#`` at ``at``: the marker (``_marker``) or None; -1, or where to resume once more text
+    is in (an object that may be cut by the end of ``buf``); where to search on (past its event: a second
+    occurrence in the same event is the same event)."""
+    start = at
+    for _ in range(4):  # the event's own ``{``, or a nested object's (an ``args`` before the name) first
+        start = buf.rfind("{", max(0, at - STEP_TAIL_CHARS), start)
+        if start < 0:
+            break
+        try:
+            obj, end = decoder.raw_decode(buf, start)
+        except json.JSONDecodeError:
+            if not eof and len(buf) - start < STEP_TAIL_CHARS:
+                return None, start, at
+            continue  # a ``{`` inside a string: the event's own is further back
+        if end > at:
+            got = _marker(obj)
+            if got is not None or not isinstance(obj, dict) or "ph" in obj:
+                return got, -1, end
+    return None, -1, at + 1
+
+
 def _int(value: Any) -> int | None:
     if isinstance(value, bool):
         return None
@@ -311,14 +443,22 @@ COMM_ARGS = ("Collective name", "In msg nelems", "Out msg nelems", "dtype", "Gro
              "Process Group Description", "Process Group Ranks", "In split size", "Out split size")  # fmt: skip
 
 
-def read(path: str) -> Trace:
-    """One rank's trace: the CPU operators, GPU events, launches and step spans; everything else is passed over."""
+def read(path: str, keep: Window | None = None, budget: int | None = None) -> Trace:
+    """One rank's trace: the CPU operators, GPU events, launches and step spans; everything else is passed over.
+    With ``keep``, only what one step's attribution can use (``Window``); every event is still read (whether the
+    trace has kernels, its warnings and counts are the whole file's). With ``budget`` (bytes), ``OverBudget`` once
+    the kept events' estimated memory (``Trace.nbytes`` × ``WORK_FACTOR``) passes it, looked at every
+    ``BUDGET_EVERY`` events."""
     meta: dict[str, Any] = {}
     trace = Trace(path)
     bad = 0
     shaped: dict[int, bool] = {}  # name -> whether its Input Dims are kept (a matmul's or a collective's)
+    cpu_lo, cpu_hi = keep.cpu if keep is not None else (-math.inf, math.inf)
+    gpu_lo, gpu_hi = keep.gpu if keep is not None else (-math.inf, math.inf)
     for ev in events(path, meta):
         trace.events += 1
+        if budget is not None and not trace.events % BUDGET_EVERY and trace.nbytes() * WORK_FACTOR > budget:
+            raise OverBudget(trace.events, trace.nbytes() * WORK_FACTOR)
         if ev.get("ph") != "X":
             continue
         cat = ev.get("cat")
@@ -327,6 +467,20 @@ def read(path: str) -> Trace:
         if ts is None or dur is None or dur < 0 or not isinstance(name, str):
             bad += 1
             continue
+        if cat == "kernel":
+            trace.on_gpu = True  # the whole file's answer, kept or not: it decides what a step is cut from
+        if keep is not None:
+            if cat in GPU_CATS:
+                if ts > gpu_hi or ts + dur < gpu_lo:
+                    continue
+            elif cat == GPU_ANNOTATION:
+                if name != keep.name:
+                    continue
+            elif name.startswith(STEP_PREFIX) and cat in CPU_CATS:
+                if (name, ts, dur) != (keep.name, keep.ts, keep.dur):
+                    continue
+            elif ts > cpu_hi or ts + dur < cpu_lo:
+                continue
         args = ev.get("args")
         args = args if isinstance(args, dict) else {}
         if cat in CPU_CATS:
@@ -362,7 +516,6 @@ def read(path: str) -> Trace:
             trace.gpu_dur.append(dur)
             trace.gpu_corr.append(_id(_int(args.get("correlation"))))
             trace.gpu_ext.append(_id(_int(args.get("External id"))))
-            trace.on_gpu = trace.on_gpu or cat == "kernel"
             trace.kept += 1
         elif cat in RUNTIME_CATS:
             corr = _int(args.get("correlation"))

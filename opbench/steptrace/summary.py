@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import attribute, rules
-from .reader import Trace, read
+from . import attribute, reader, rules
+from .reader import Trace
 
 # line items in table order: compute classes, then collectives (by kind), copies, idle
 ITEM_ORDER = (*rules.COMPUTE, rules.MEMCPY)
@@ -27,6 +28,7 @@ class RankSteps:
     events: int = 0
     timeline: attribute.Timeline | None = None  # the median step's pieces, for the picture
     timeline_step: str = ""
+    reading: dict[str, Any] = field(default_factory=dict)  # how the trace was read: whole, or by step (the sidecar's)
 
     @property
     def name(self) -> str:
@@ -40,26 +42,122 @@ class RankSteps:
         return sum(values) / len(self.steps) / 1e6 if self.steps else 0.0
 
 
-def analyse(paths: list[str]) -> list[RankSteps]:
-    """Read and attribute each trace; ranks come from the trace's distributedInfo, else its position."""
+def analyse(
+    paths: list[str], memory_mib: float | None = None, say: Callable[[str], None] | None = None
+) -> list[RankSteps]:
+    """Read and attribute each trace; ranks come from the trace's distributedInfo, else its position. With
+    ``memory_mib``, a trace whose kept events pass that budget is read again one step per pass (``_by_step``);
+    ``say`` hears of the switch (the CLI prints it)."""
     out = []
+    budget = int(memory_mib * (1 << 20)) if memory_mib is not None else None
     for i, path in enumerate(paths):
-        trace: Trace = read(path)
-        work = attribute.Attribution(trace)  # one step's intervals at a time: memory bounded by a step, not the trace
-        results = work.steps()
-        rank = trace.rank if trace.rank is not None else i
-        rs = RankSteps(path, rank, trace.on_gpu, results, trace.warnings, trace.events)
-        if results:  # the median step (by duration, the earlier of two): the one the timeline picture draws
-            pick = sorted(results, key=lambda s: (s.dur_us, s.start_us))[(len(results) - 1) // 2]
-            rs.timeline = attribute.timeline(work.inside(pick.start_us, pick.dur_us), pick)
-            rs.timeline_step = pick.name
-        del work, trace
+        over = ""
+        try:
+            rs = _whole(path, i, reader.read(path, budget=budget))
+        except reader.OverBudget as exc:
+            over = str(exc)  # not the exception: its traceback holds the columns read so far
+        if over:
+            rs = _by_step(path, i, memory_mib or 0.0, over, say)
         out.append(rs)
     ranks = [r.rank for r in out]
     if len(set(ranks)) != len(ranks):  # two traces of the same rank (or no distributedInfo): number by position
         for i, r in enumerate(out):
             r.rank = i
     return out
+
+
+def _whole(path: str, i: int, trace: Trace, reading: dict[str, Any] | None = None) -> RankSteps:
+    """A trace read whole, attributed one step's intervals at a time (memory: the trace's columns and one step)."""
+    work = attribute.Attribution(trace)
+    results = work.steps()
+    rank = trace.rank if trace.rank is not None else i
+    rs = RankSteps(path, rank, trace.on_gpu, results, trace.warnings, trace.events)
+    rs.reading = reading or {"mode": "whole", "passes": 1}
+    if results:  # the median step (by duration, the earlier of two): the one the timeline picture draws
+        pick = results[_median_index([(s.dur_us, s.start_us) for s in results])]
+        rs.timeline = attribute.timeline(work.inside(pick.start_us, pick.dur_us), pick)
+        rs.timeline_step = pick.name
+    return rs
+
+
+def _median_index(keys: list[tuple[float, float]]) -> int:
+    """The median step by (duration, start), the earlier of two: the rule the timeline picture's step is chosen by."""
+    return sorted(range(len(keys)), key=lambda k: keys[k])[(len(keys) - 1) // 2]
+
+
+def _by_step(path: str, i: int, memory_mib: float, over: str, say: Callable[[str], None] | None) -> RankSteps:
+    """A trace over the memory budget, one step per pass (docs/step.md, "Under a memory budget: one step per pass"):
+    the markers by a text search (``reader.step_windows``), then per step a windowed read and its attribution, so
+    memory is one step's events; time is a read per step. The timeline is drawn for the median step, known from the
+    markers' spans. Backward GEMMs are named by the forward shapes of every step: a step whose names would differ
+    with them is attributed once more (``_renamed``). A trace without markers is read whole."""
+    budget, mib = int(memory_mib * (1 << 20)), f"{memory_mib:g} MiB"
+    marks = reader.step_windows(path)
+    if not marks.steps:
+        whole = reader.read(path)
+        whole.warnings.append(f"over the memory budget ({mib}) but without ProfilerStep markers: read whole")
+        return _whole(path, i, whole, {"mode": "whole", "passes": 2, "budget_mib": memory_mib, "markers": 0})
+    wins = reader.windows(marks)
+    if say is not None:
+        say(f"{path}: its kept events passed the memory budget of {mib} ({over}): reading it one step at a time, "
+            f"{len(wins)} more passes of the file")  # fmt: skip
+    # the median step under either reading of its spans (the GPU's where the trace has kernels): known after a pass
+    cpu_keys = [(w.dur, w.ts) for w in wins]
+    gpu_keys = [(w.gpu[1] - w.gpu[0], w.gpu[0]) for w in wins]
+    picks = {_median_index(cpu_keys), _median_index(gpu_keys)}
+    results: list[attribute.StepResult] = []
+    forwards: list[set[tuple[int, int, int]]] = []
+    timelines: dict[int, attribute.Timeline] = {}
+    warnings: list[str] = []
+    largest = 0
+    head = Trace(path)  # the last pass's trace without its columns: rank, kernels or not, counts, warnings
+
+    def one(k: int, forward: set[tuple[int, int, int]] | None) -> tuple[attribute.StepResult, set[Any], int]:
+        """Step ``k`` read in its window and attributed; only the result stays, not the step's columns."""
+        nonlocal head
+        win = wins[k]
+        trace = reader.read(path, keep=win)
+        head = Trace(path, trace.rank, events=trace.events, warnings=trace.warnings, on_gpu=trace.on_gpu)
+        work = attribute.Attribution(trace, forward)
+        result = work.step(*attribute.step_span(trace, win.name, win.ts, win.dur))
+        if k in picks:
+            timelines[k] = attribute.timeline(work.inside(result.start_us, result.dur_us), result)
+        return result, work.forward, int(trace.nbytes() * reader.WORK_FACTOR)
+
+    for k, win in enumerate(wins):
+        result, forward, need = one(k, None)
+        largest = max(largest, need)
+        if need > budget:
+            warnings.append(f"step {win.name} alone needs ~{need / (1 << 20):.1f} MiB, over the budget of {mib}")
+        results.append(result)
+        forwards.append(forward)
+    everyone = set().union(*forwards)
+    again = [k for k, r in enumerate(results) if _renamed(r, forwards[k], everyone)]
+    for k in again:
+        results[k] = one(k, everyone)[0]
+    rank = head.rank if head.rank is not None else i
+    rs = RankSteps(path, rank, head.on_gpu, results, head.warnings + warnings, head.events)
+    pick = _median_index(gpu_keys if head.on_gpu else cpu_keys)
+    rs.timeline, rs.timeline_step = timelines[pick], results[pick].name
+    rs.reading = {
+        "mode": "by step",
+        "passes": 1 + len(wins) + len(again),  # the whole read given up, one per step, and the renamed steps'
+        "budget_mib": memory_mib,
+        "largest_step_mib": round(largest / (1 << 20), 1),
+        "marker_scan_chars": marks.chars,
+    }
+    return rs
+
+
+def _renamed(result: attribute.StepResult, mine: set[tuple[int, int, int]], every: set[tuple[int, int, int]]) -> bool:
+    """Whether a backward GEMM row of this step would be named otherwise (dgrad, wgrad, bwd) by the forward shapes
+    of every step than by its own window's: ``attribute._with_passes`` asks (m, k, n) and (k, m, n)."""
+    for key in result.kernels:
+        if key.klass == rules.GEMM and key.kind != "fwd" and key.m and key.n and key.k:
+            fit = ((key.m, key.k, key.n), (key.k, key.m, key.n))
+            if [f in mine for f in fit] != [f in every for f in fit]:
+                return True
+    return False
 
 
 def items(rs: RankSteps) -> dict[str, dict[str, float]]:
