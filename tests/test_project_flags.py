@@ -292,9 +292,14 @@ def test_deterministic_attention_with_dropout_on_blackwell_is_flashattention2s_g
     from opbench.project.megatron_flags import fa2_deterministic, fa2_deterministic_backward_blocks
 
     assert fa2_deterministic(1.796e-3 * 306e12, 132, 2, 16, 8192, True) == pytest.approx((1.796e-3, 8.279e-3))
-    # tp4's call (b = 2, 8 local heads) on 148 SMs: 10 splits, 160 CTAs, two waves; without determinism 2,048 CTAs
-    assert fa2_deterministic_backward_blocks(148, 2, 8, 8192, True) == (2, 476)
-    assert fa2_deterministic_backward_blocks(160, 2, 8, 8192, True)[0] == 1  # Blackwell Ultra's 160 SMs: one wave
+    # the reference grid (5 splits × 32) on 132 SMs: the 28 CTAs beyond the first wave start as the shortest end;
+    # split x of 5 has sum(128 − 2j, j = x, x + 5, …) blocks: 884, 858, 832, 806, 780 (13 key blocks each)
+    assert fa2_deterministic_backward_blocks(132, 2, 16, 8192, True) == 1664  # 780 + 884: a 5th-split SM takes a 1st
+    # tp4's call (b = 2, 8 local heads) on 148 SMs: 10 splits, 160 CTAs; pp4's (b = 1, 32 heads) the reference grid
+    assert fa2_deterministic_backward_blocks(148, 2, 8, 8192, True) == 836
+    assert fa2_deterministic_backward_blocks(148, 1, 32, 8192, True) == 1664
+    assert fa2_deterministic_backward_blocks(160, 2, 8, 8192, True) == 476  # Blackwell Ultra's 160 SMs: one wave
+    assert fa2_deterministic_backward_blocks(132, 1, 1, 1024, False) == 16  # bidirectional: every key block 16
 
     def attention(device: str, flags: str):
         projector, plan, _ = _megatron_7b(flags, device)
@@ -316,6 +321,11 @@ def test_deterministic_attention_with_dropout_on_blackwell_is_flashattention2s_g
         assert "FlashAttention-2 deterministic" in dropped["full attention bwd"].note
         assert dropped["full attention bwd"].seconds > 3 * plain["full attention bwd"].seconds and step_dropped > step
         assert attention(device, "--attention-dropout 0.1")[0] == plain  # no determinism: flash's usual kernels
+        # TE's choice: flash has no FlashAttention-3 on sm100 (FA2 without dropout too); fused keeps cuDNN
+        flash, _, _ = attention(device, "--deterministic-mode --attention-backend flash")
+        assert flash["full attention bwd"] == dropped["full attention bwd"]
+        fused, _, _ = attention(device, "--deterministic-mode --attention-backend fused --attention-dropout 0.1")
+        assert fused == plain
 
 
 def _attention_shape(device: str):

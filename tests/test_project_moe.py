@@ -215,8 +215,8 @@ def test_megatrons_unfused_clamp_expert_bias_and_yarn_rotary_are_timed(tmp_path,
     assert got.fwd == pytest.approx(4 * e * rows * fc1 + 6 * e * rows * h + 13 * e * qk)
     assert got.bwd == pytest.approx((5 + 4) * e * rows * fc1 + 8 * e * rows * h + 12.5 * e * qk)
     assert got.expert == pytest.approx(4 * e * rows * fc1 + 6 * e * rows * h)
-    assert (got.k_fwd, got.k_bwd) == (3 + 2 * 16 + 2 + 10, 3 + 3 + 4 * 16 + 1 + 20)
-    assert megatron_unfused(cfg, lay, plan, experts=False) == Unfused(13 * e * qk, 12.5 * e * qk, 10, 20, 0.0)
+    assert (got.k_fwd, got.k_bwd, got.k_expert) == (3 + 2 * 16 + 2 + 20, 3 + 3 + 4 * 16 + 1 + 40, 3 + 2 * 16 + 2)
+    assert megatron_unfused(cfg, lay, plan, experts=False) == Unfused(13 * e * qk, 12.5 * e * qk, 20, 40, 0.0)
     rope = _gpt_oss(tmp_path, rope_scaling={"rope_type": "linear", "factor": 2.0})
     assert megatron_unfused(rope, decoder_layers(rope)[0], plan, experts=False) == Unfused()
     qwen, qlay = tiny
@@ -245,17 +245,22 @@ def test_a_bad_rope_scaling_factor_is_one_line(tmp_path, capsys):
         with pytest.raises(UsageError) as err:
             _gpt_oss(tmp_path, rope_scaling={"rope_type": "yarn", "factor": factor})
         assert "rope_scaling.factor" in str(err.value) and "config.json" in str(err.value)
+    # another scaling's factor is not used, so not checked; a null type is none
+    assert _gpt_oss(tmp_path, rope_scaling={"rope_type": "dynamic", "factor": 0.5}).extra["rope_type"] == "dynamic"
+    assert _gpt_oss(tmp_path, rope_scaling={"rope_type": None, "factor": 0.5}).extra["rope_type"] == "yarn"  # default
 
 
 def test_attention_at_head_dimension_64_runs_at_cudnns_share_of_128s_rate():
-    """On a GPU, estimated softmax attention at head dimension ≤ 64 runs at cuDNN's measured share of its rate at
-    128 (cudnn-frontend, H200, cuDNN 9.19.1: 336/591 forward, 289/474 backward); 128 and a CPU are unchanged."""
+    """On an NVIDIA GPU, estimated softmax attention at head dimension ≤ 64 runs at cuDNN's measured share of its
+    rate at 128 (cudnn-frontend, H200, cuDNN 9.19.1: 336/591 forward, 289/474 backward); 128 and AMD unchanged."""
     from opbench.attention.shapes import AttentionShape
     from opbench.project.rates import HEAD_DIM_64_SHARE
 
     rates = Rates([], "H100", "bf16", Assumptions(), 8)
+    amd = Rates([], "MI300X", "bf16", Assumptions(), 8)
     for p in ("fwd", "bwd"):
         d64 = AttentionShape("m", 4096, 4096, 64, 8, 64, 64, True)
+        assert "head dim" not in amd._attention_time(d64, 1, p).note  # no AMD figure: one efficiency
         d128 = replace(d64, num_head_q=32, head_dim_qk=128, head_dim_v=128)  # the same FLOPs
         t64, t128 = rates._attention_time(d64, 1, p), rates._attention_time(d128, 1, p)
         assert t64.seconds == pytest.approx(t128.seconds / HEAD_DIM_64_SHARE[p]) and "head dim" in t64.note
@@ -275,4 +280,5 @@ def test_te_casts_launch_their_recipes_kernels_per_expert():
     assert fp8_cast_kernels(plan, experts) == (24, 24) and fp8_cast_kernels(plan, qkv) == (3, 3)
     delayed = replace(plan, fp8_recipe="delayed")
     assert fp8_cast_kernels(delayed, experts) == (8, 8) and fp8_cast_kernels(delayed, qkv) == (0, 1)
+    assert fp8_cast_kernels(replace(delayed, tp=2), qkv) == (0, 2)  # SP (on by default with TP): X transposed
     assert fp8_cast_kernels(replace(plan, fp8="torchao", fp8_recipe="delayed"), experts) == (1, 1)

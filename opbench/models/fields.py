@@ -172,15 +172,15 @@ class FieldReader:
     def rope(self) -> tuple[str, float | None]:
         """(type, factor) of the config's RoPE scaling (``rope_scaling``, or transformers 5's ``rope_parameters``):
         ("", None) when it has none. The projection times YaRN's rotary as Megatron runs it (docs/project.md,
-        "Memory-bound operators"); a factor that is not a number from 1 to 10⁴ is refused."""
+        "Memory-bound operators"); a YaRN factor that is not a number from 1 to 10⁴ is refused."""
         found, value = self.pick("rope_scaling", ("rope_parameters",))
         if not isinstance(value, dict):
             return "", None
-        kind = value.get("rope_type", value.get("type", ""))
+        kind = value.get("rope_type", value.get("type")) or ""
         if not isinstance(kind, str):
             raise UsageError(f"must be a string, got {kind!r}", source=self.where, field=f"{found}.rope_type")
         factor = value.get("factor")
-        if factor is None:
+        if factor is None or kind != "yarn":  # only YaRN's factor is used (workload.megatron_unfused)
             return kind, None
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 1 <= factor <= 1e4:
             raise UsageError(f"must be a number from 1 to 10000, got {factor!r}", source=self.where,

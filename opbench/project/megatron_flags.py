@@ -29,6 +29,7 @@ time"): ``--no-gradient-accumulation-fusion``, ``--nccl-algo`` (NCCL_ALGO) and `
 from __future__ import annotations
 
 import argparse
+import heapq
 import math
 import re
 from dataclasses import replace
@@ -152,13 +153,14 @@ def check_flags(args: argparse.Namespace) -> None:
 
 # FlashAttention-2's deterministic backward (docs/project.md, "Flags that cost time"). Measured: flash-attention PR
 # #1893 on H100 (head dim 128, causal, 8,192 tokens, 16 heads, batch 2, deterministic): forward 306 TFLOP/s, backward
-# 8.279 ms (166 TFLOP/s). Its grid there is 5 splits × 32 (batch, head) = 160 CTAs on 132 SMs: two waves, the busiest
-# CTA 884 blocks of 64 queries × 128 keys, so one such block takes 8.279 ms / (2 × 884) = 4.68 µs of one SM. The
-# kernel uses the Ampere-era MMA on any part (per chip no faster on B200: tritonbench PR #171 measured its forward at
-# 361.6 TFLOP/s there): an SM's rate is taken as H100's.
+# 8.279 ms (166 TFLOP/s). Its grid there is 5 splits × 32 (batch, head) = 160 CTAs on 132 SMs, one CTA per SM; the
+# GPU hands CTAs to SMs in launch order as SMs free up, so that backward took 1,664 blocks of 64 queries × 128 keys
+# of one SM's time (``fa2_deterministic_backward_blocks``): one block pair 8.279 ms / 1,664 = 4.98 µs. The kernel uses
+# the Ampere-era MMA on any part (per chip no faster on B200: tritonbench PR #171 measured its forward at 361.6
+# TFLOP/s there): an SM's rate is taken as H100's.
 FA2_DET_REF_SMS = 132
 FA2_DET_FWD_TFLOPS = 306.0  # on FA2_DET_REF_SMS SMs; a part's is × its SMs over that
-FA2_DET_BLOCK_US = 8279.0 / (2 * 884)  # one SM's time for one 64 × 128 block pair of the backward
+FA2_DET_REF_US = 8279.0  # the reference backward
 FA2_DET_HEAD_DIM = 128  # the head dimension the figure and the one-CTA-per-SM occupancy are for
 # SMs of the Blackwell parts (sm100) whose TE cannot run cuDNN's deterministic attention with dropout: B200 and
 # GB200's GPU 148 (NVIDIA Blackwell datasheets), B300/GB300 (Blackwell Ultra) 160 (NVIDIA technical blog "Inside
@@ -172,10 +174,11 @@ def sm100_sms(device: str | None) -> int | None:
     return next((sms for pattern, sms in SM100_SMS if re.search(pattern, low)), None)
 
 
-def fa2_deterministic_backward_blocks(sms: int, batch: int, heads: int, seqlen: int, causal: bool) -> tuple[int, int]:
-    """(waves, the busiest CTA's blocks) of FlashAttention-2's deterministic backward: ``G = ceil(sms / (b·h))``
-    splits per (batch, head); split ``x`` runs key blocks x, x + G, … (128 keys each), block ``j`` over the query
-    blocks (64 each) that see it, ``seqlen/64 − 2j`` of them causal; one CTA per SM at head dimension 128."""
+def fa2_deterministic_backward_blocks(sms: int, batch: int, heads: int, seqlen: int, causal: bool) -> int:
+    """One SM's blocks of work until FlashAttention-2's deterministic backward ends: ``G = ceil(sms / (b·h))``
+    splits per (batch, head) (``flash_api.cpp``: ``gridDimx``); split ``x`` runs key blocks x, x + G, … (128 keys
+    each), block ``j`` over the query blocks (64 each) that see it, ``seqlen/64 − 2j`` of them causal; one CTA per SM
+    at head dimension 128, handed to the SM that frees first in launch order (x fastest, then batch, then head)."""
     splits = -(-sms // max(1, batch * heads))
     key_blocks = -(-seqlen // 128)
     query_blocks = -(-seqlen // 64)
@@ -183,7 +186,14 @@ def fa2_deterministic_backward_blocks(sms: int, batch: int, heads: int, seqlen: 
         sum(max(0, query_blocks - 2 * j) if causal else query_blocks for j in range(x, key_blocks, splits))
         for x in range(splits)
     ]
-    return -(-splits * batch * heads // sms), max(work)
+    free = [0] * sms  # each SM's finish time, a heap
+    for _ in range(batch * heads):
+        for w in work:
+            heapq.heappush(free, heapq.heappop(free) + w)
+    return max(free)
+
+
+FA2_DET_BLOCK_US = FA2_DET_REF_US / fa2_deterministic_backward_blocks(FA2_DET_REF_SMS, 2, 16, 8192, True)
 
 
 def fa2_deterministic(
@@ -191,6 +201,5 @@ def fa2_deterministic(
 ) -> tuple[float, float]:
     """(forward, backward) seconds of one FlashAttention-2 call with ``deterministic=True`` on ``heads`` local heads
     of head dimension 128: forward at FA2_DET_FWD_TFLOPS per FA2_DET_REF_SMS SMs, backward as its grid runs."""
-    waves, busiest = fa2_deterministic_backward_blocks(sms, batch, heads, seqlen, causal)
     fwd = flops_fwd / (FA2_DET_FWD_TFLOPS * 1e12 * sms / FA2_DET_REF_SMS)
-    return fwd, waves * busiest * FA2_DET_BLOCK_US * 1e-6
+    return fwd, fa2_deterministic_backward_blocks(sms, batch, heads, seqlen, causal) * FA2_DET_BLOCK_US * 1e-6

@@ -129,7 +129,8 @@ def _as_on_h100(on_h100: float, share: float | None) -> float:
 # efficiency, plus their minimum HBM traffic at the memory rate (docs/project.md, "Kinds beyond softmax attention")
 SCAN_KINDS = (LINEAR, KDA, MAMBA2)
 H100_ATTENTION_EFFICIENCY = 0.45  # what training's attention (forward + backward) reaches of an H100's bf16 peak
-# Softmax attention at head dimension 64 (or less) of its rate at 128, by pass, on a GPU (docs/project.md, "Rates"):
+# Softmax attention at head dimension 64 (or less) of its rate at 128, by pass, on an NVIDIA GPU (docs/project.md,
+# "Rates"; no AMD figure was found):
 # half the FLOPs per score for the same softmax work. cudnn-frontend's SDPA training benchmark on H200, cuDNN 9.19.1
 # (benchmark/sdpa_benchmark_training/results/h200_919_only_cudnn, commits df73764 and afa9f7c), bf16, 4,096 tokens,
 # 64 query and 8 KV heads, causal: head dim 128 (its llama3.1 rows, batch 1) forward 591 and backward 474 TFLOP/s;
@@ -673,7 +674,8 @@ class Rates:
             moved = scan_bytes(shape, batch, element_size(self.dtype)) * passes
             return Timed(flops / peak + moved / self.memory_bandwidth().seconds, ESTIMATED, "matmuls + scan traffic")
         peak = self._peak_tflops(name, "attention") * 1e12 * self.attention_efficiency
-        if self.on_gpu and shape.attn_kind in SOFTMAX_KINDS and max(shape.head_dim_qk, shape.head_dim_v) <= 64:
+        small_heads = max(shape.head_dim_qk, shape.head_dim_v) <= 64
+        if self.vendor == "nvidia" and shape.attn_kind in SOFTMAX_KINDS and small_heads:
             share = HEAD_DIM_64_SHARE[pass_]
             return Timed(flops / (peak * share), ESTIMATED, f"roofline × {share:.3g} (head dim ≤ 64)")
         return Timed(flops / peak, ESTIMATED, "roofline")
@@ -825,7 +827,7 @@ class Rates:
             bw, latency = self.a.nic_gbs * nics * self.a.link_efficiency, self.a.latency_us_inter
             link = intra_link(self.device or "")
             if link is not None and nics > 1:  # the rings also cross NVLink/xGMI inside the node
-                bw = min(bw, link.intra_gbs * self.a.link_efficiency)
+                bw = min(bw, _group_link_gbs(link, per_node) * self.a.link_efficiency)
             what = "network" if nics == 1 else f"network, {nics} NICs per node"
         else:
             link = intra_link(self.device or "")
@@ -870,7 +872,7 @@ class Rates:
             miss = math.prod(max(0.0, experts - size - i) / (experts - i) for i in range(min(top_k, experts)))
             return groups * (1 - miss)
 
-        nvlink_bw = link.intra_gbs * self.a.link_efficiency
+        nvlink_bw = _group_link_gbs(link, k) * self.a.link_efficiency
         nvlink = tokens * token_bytes * etp * hit(ep) * (k - 1) / k / (nvlink_bw * 1e9)
         if nodes == 1:
             return Timed(self.a.latency_us_intra * 1e-6 + nvlink, ESTIMATED, f"flex dispatcher at {nvlink_bw:.3g} GB/s")

@@ -130,20 +130,27 @@ def fp8_cast_kernels(plan: Plan, g: LinearLayer) -> tuple[int, int]:
     Engine: X forward (none where a norm writes it in FP8, delayed scaling) and dY backward, each its recipe's
     kernels; a grouped GEMM's per expert, as TE's GroupedLinear quantises each expert's rows on its own under
     current and delayed scaling (``csrc/extensions/cast.cpp``, ``split_quantize``: only the blockwise, MXFP8 and
-    NVFP4 recipes are batched). The weights' casts, once a step, are left out. torchao: one kernel a cast pass."""
+    NVFP4 recipes are batched); under delayed scaling with sequence parallelism a norm-fused GEMM's gathered FP8
+    input is transposed in backward (one kernel). The weights' casts, once a step, are left out. torchao: one kernel
+    a pass (an estimate: its dynamic casts launch more)."""
     if plan.fp8 != "te":
         return 1, 1
     per = TE_CAST_KERNELS.get(plan.fp8_recipe, 1) * max(1, g.groups)
-    x = 0 if plan.fp8_recipe != "tensorwise" and g.name in TE_NORM_FUSED else per
-    return x, per
+    if plan.fp8_recipe != "tensorwise" and g.name in TE_NORM_FUSED:  # the norm writes X in FP8
+        return 0, per + (1 if plan.sp else 0)  # under SP the gathered FP8 X is transposed in backward
+    return per, per
 
 
 def _fa2_deterministic_runs(shape: AttentionShape, plan: Plan) -> bool:
-    """Whether FlashAttention-2's deterministic model covers this call: full causal (or bidirectional) softmax
-    attention at head dimension 128 (the measured figure's; sliding, chunked, MLA's wider heads and other kinds are
-    not modelled), no context parallelism."""
+    """Whether a deterministic step on Blackwell runs FlashAttention-2 here and its model covers the call: TE's
+    choice, ``--attention-backend flash`` (no FlashAttention-3 on sm100), or ``auto`` with dropout (cuDNN's
+    deterministic backward takes no dropout, FlashAttention-4 none either); full softmax attention (causal or not)
+    at head dimension 128 (the measured figure's; sliding, chunked, MLA's wider heads and other kinds are not
+    modelled), no context parallelism."""
+    chosen = plan.attention_backend == "flash" or (plan.attention_backend == "auto" and plan.attention_dropout > 0)
     return (
-        shape.attn_kind == FULL
+        chosen
+        and shape.attn_kind == FULL
         and shape.head_dim_qk == shape.head_dim_v == FA2_DET_HEAD_DIM
         and plan.cp == 1
         and not shape.sinks
@@ -161,7 +168,7 @@ def _attention_items(rates: Rates, shape: AttentionShape, plan: Plan) -> tuple[I
     fwd = rates.attention_time(shape, plan.mbs, "fwd")
     bwd = rates.attention_time(shape, plan.mbs, "bwd")
     sms = sm100_sms(rates.device)
-    if rates.a.deterministic_attention and plan.attention_dropout and sms and _fa2_deterministic_runs(shape, plan):
+    if rates.a.deterministic_attention and sms and _fa2_deterministic_runs(shape, plan):
         # TE on Blackwell with dropout: FlashAttention-2's deterministic kernels (megatron_flags.py)
         f, b = fa2_deterministic(attention_flops(shape, plan.mbs, "fwd"), sms, plan.mbs, shape.num_head_q,
                                  shape.seqlen_q, shape.causal)  # fmt: skip
@@ -380,6 +387,7 @@ class Unfused:
     k_fwd: int = 0
     k_bwd: int = 0
     expert: float = 0.0
+    k_expert: int = 0  # of k_fwd, the kernels inside the MoE block
 
 
 def megatron_unfused(cfg: ModelConfig, lay: Layer, plan: Plan, experts: bool = True) -> Unfused:
@@ -396,13 +404,15 @@ def megatron_unfused(cfg: ModelConfig, lay: Layer, plan: Plan, experts: bool = T
     - YaRN RoPE (a factor above 1) outside MLA: Megatron's fused RoPE requires mscale 1 (``rope_utils.py``) and
       Megatron-Bridge turns fusion off for any position embedding but "rope" (``utils/fusions.py``,
       ``validate_rope_fusion_compatibility``): rotary as PyTorch's ops run it, 13·e forward and 14.5·e backward per q
-      and k element plus a cat each way (2·e), for fused RoPE's 2·e and 4·e; 10 more kernels forward, 20 backward.
+      and k element plus a cat each way (2·e), for fused RoPE's 2·e and 4·e; about 22 kernels forward (cos, sin,
+      the casts and products, the half-rotation's neg and cat, the add, the cat, on q and on k) for fused RoPE's 2:
+      20 more forward, 40 backward.
 
     ``experts``: count the experts' pieces (False where measured ``opbench moe`` rows time the block).
     """
     e = element_size(plan.dtype)
     fwd = bwd = expert = 0.0
-    k_fwd = k_bwd = 0
+    k_fwd = k_bwd = k_expert = 0
     recompute_act = plan.recompute == "selective" and "moe_act" in plan.recompute_modules
     for g in lay.gemms if experts else ():
         if g.layer != "expert_gate_up":
@@ -412,20 +422,20 @@ def megatron_unfused(cfg: ModelConfig, lay: Layer, plan: Plan, experts: bool = T
             elems = rows * (g.n // plan.expert_tp)
             fwd, expert = fwd + 4 * e * elems, expert + 4 * e * elems
             bwd += (5 + (4 if recompute_act else 0)) * e * elems
-            k_fwd, k_bwd = k_fwd + 3, k_bwd + 3 + (3 if recompute_act else 0)
+            k_fwd, k_bwd, k_expert = k_fwd + 3, k_bwd + 3 + (3 if recompute_act else 0), k_expert + 3
         if cfg.extra.get("expert_bias"):
             local = max(1, g.experts // max(1, plan.ep))
             elems = rows * cfg.hidden_size
             fwd, expert, bwd = fwd + 6 * e * elems, expert + 6 * e * elems, bwd + 8 * e * elems
-            k_fwd, k_bwd = k_fwd + 2 * local + 2, k_bwd + 4 * local + 1
+            k_fwd, k_bwd, k_expert = k_fwd + 2 * local + 2, k_bwd + 4 * local + 1, k_expert + 2 * local + 2
     if cfg.extra.get("rope_type") == "yarn" and (cfg.extra.get("rope_factor") or 1.0) > 1 and cfg.kv_lora_rank is None:
         for op in lay.attention:
             if op.kind in (LINEAR, "indexer") or op.kind in SCAN_KINDS:
                 continue
             qk = plan.tokens * (op.heads_q + op.heads_kv) // plan.tp * op.head_dim_qk
             fwd, bwd = fwd + (13 + 2 - 2) * e * qk, bwd + (14.5 + 2 - 4) * e * qk
-            k_fwd, k_bwd = k_fwd + 10, k_bwd + 20
-    return Unfused(fwd, bwd, k_fwd, k_bwd, expert)
+            k_fwd, k_bwd = k_fwd + 20, k_bwd + 40
+    return Unfused(fwd, bwd, k_fwd, k_bwd, expert, k_expert)
 
 
 def routed_top_k(cfg: ModelConfig, lay: Layer) -> int:
@@ -442,7 +452,7 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
     fwd: list[Item] = []
     bwd: list[Item] = []
     cast_fwd = cast_bwd = expert_cast = 0.0
-    cast_k_fwd = cast_k_bwd = 0
+    cast_k_fwd = cast_k_bwd = expert_cast_k = 0
     in_fp8: set[str] = set()
     measured = measured_moe(cfg, lay, plan, rates)
     for g in layer_gemms(lay, t, local, par):
@@ -459,6 +469,7 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
             expert_cast += cf + cb if _in_moe_block(g.name) else 0.0
             kf, kb = fp8_cast_kernels(plan, g)
             cast_k_fwd, cast_k_bwd = cast_k_fwd + kf, cast_k_bwd + kb
+            expert_cast_k += kf + kb if _in_moe_block(g.name) else 0
     attn_fwd: list[Item] = []
     for op in lay.attention:
         if op.kind in SCAN_KINDS:  # Megatron's all-to-all CP: the whole sequence on heads / (tp·cp) (plan.py)
@@ -565,9 +576,17 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
             redo += [replace(i, name=f"recompute {i.name}") for i in fwd if i.name == TP_ALL_GATHER]
         bwd = [replace(i, exposed=i.exposed if i.category == TP_COMM else i.timed.seconds) for i in redo] + bwd
     if plan.moe_a2a_overlap and lay.moe and plan.ep > 1:
+        # the MoE block's share of each memory-bound item's time: its bytes at the memory rate and its kernels at
+        # their fixed cost (the activation's kernel and Megatron's unfused expert pieces; the experts' casts)
+        bw, kc = rates.memory_bandwidth().seconds, rates.kernel_cost().seconds
+        act = (EAGER_KERNELS if eager else FUSED_KERNELS)["act"]
+        mem_t = mem / bw + k_fwd * kc
+        cast_t = (cast_fwd + cast_bwd) / bw + (cast_k_fwd + cast_k_bwd) * kc
         shares = {
-            "norms, residuals, rotary, activations": imbalance * expert_bytes / mem if mem else 0.0,
-            "FP8 casts": expert_cast / (cast_fwd + cast_bwd) if cast_fwd + cast_bwd else 0.0,
+            "norms, residuals, rotary, activations": (
+                (imbalance * expert_bytes / bw + (act + un.k_expert) * kc) / mem_t if mem_t else 0.0
+            ),
+            "FP8 casts": (expert_cast / bw + expert_cast_k * kc) / cast_t if cast_t else 0.0,
         }
         fwd, bwd = a2a_overlapped(fwd, bwd, shares, paired_share(plan), rates.a.moe_a2a_hidden)
     return Work(tuple(fwd), tuple(bwd))
