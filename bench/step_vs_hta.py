@@ -8,7 +8,7 @@ fresh Python processes, interleaved over --rounds:
   opbench read     reader.read: the streaming parse, keeping what attribution needs
   opbench step     reader.read + attribution of every step (what `opbench step` does before printing)
   opbench step --memory-mib N   the same under a memory budget (summary.analyse(memory_mib=N)): a trace whose kept
-                   events pass it is read again one step per pass (the row's note says how it was read)
+                   events pass it is read again by step, as many per pass as fit (the row's note says how it was read)
   opbench markers  reader.step_windows: the text search for the ProfilerStep markers that splits the trace
   HTA load         hta.trace_analysis.TraceAnalysis(trace_dir=…): HTA's parse of the same file into DataFrames
   json.load        the whole file as Python objects (what a reader that is not streaming starts from)
@@ -53,6 +53,8 @@ elif kind.startswith("opbench step --memory-mib "):
     (r,) = summary.analyse([path], memory_mib=float(kind.split()[-1]))
     n = sum(len(s.kernels) for s in r.steps)
     note = f"read {r.reading['mode']}, {r.reading['passes']} pass(es)"
+    if "steps_per_pass" in r.reading:
+        note += ", steps per pass " + " ".join(map(str, r.reading["steps_per_pass"]))
 elif kind == "opbench markers":
     from opbench.steptrace import reader
     n = len(reader.step_windows(path).steps)

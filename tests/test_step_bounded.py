@@ -1,7 +1,8 @@
-"""opbench step under a memory budget (docs/step.md, "Reading large traces"): a trace over it is read one step per
-pass, and every step, row and the timeline must come out exactly as from the whole read; the step markers are found
-by a text search that must find exactly what the parse finds, wherever the file's pieces are cut; a step's
-windowed read keeps about one step's events, not the trace's. Planted traces of opbench/steptrace/synth.py."""
+"""opbench step under a memory budget (docs/step.md, "Reading large traces"): a trace over it is read by step, as
+many consecutive steps per pass as fit, and every step, row and the timeline must come out exactly as from the
+whole read; the step markers are found by a text search that must find exactly what the parse finds, wherever the
+file's pieces are cut; a step's windowed read keeps about one step's events, not the trace's. Planted traces of
+opbench/steptrace/synth.py."""
 
 from __future__ import annotations
 
@@ -89,7 +90,8 @@ def test_by_step_equals_whole(traces, which, small_budget_checks):
     n = len(whole.steps)
     assert n >= 3 and whole.reading["mode"] == "whole"
     assert by.reading["mode"] == "by step" and by.reading["passes"] == 1 + n, by.reading
-    assert len(said) == 1 and path in said[0] and f"{n} more passes" in said[0], said
+    assert by.reading["steps_per_pass"] == [1] * n and by.reading["passes_over_budget"] == 0, by.reading
+    assert len(said) == 1 and path in said[0] and f"1 step per pass after the first, {n} passes" in said[0], said
     assert f"step {whole.steps[0].name} alone needs" in " ".join(by.warnings)
     assert whole.on_gpu == (which != "cpu")
     _same(whole, by)
@@ -160,6 +162,82 @@ def test_a_window_keeps_about_one_step(traces, which):
         assert [s[0] for s in part.steps] == [win.name] and list(part.gpu_steps) in ([], [win.name])
 
 
+def _heavier_from_step(first: int, extra: int):
+    """A change for ``_rewrite``: from step ``first`` on, each step holds ``extra`` more CPU operators (one after the
+    other on a thread of their own): its events cost more than the first steps' told."""
+
+    def change(events: list) -> list:
+        marks = sorted((ev for ev in events if ev["name"].startswith("ProfilerStep#")), key=lambda ev: ev["ts"])
+        out = list(events)
+        for mark in marks[first:]:
+            step = mark["dur"] / (extra + 1)
+            out += [{"ph": "X", "cat": "cpu_op", "name": f"aten::empty_{j % 50}", "pid": mark.get("pid", 0),
+                     "tid": 999, "ts": mark["ts"] + j * step, "dur": step / 2} for j in range(extra)]  # fmt: skip
+        return out
+
+    return change
+
+
+@pytest.fixture(scope="module")
+def ten_steps(tmp_path_factory):
+    """A 10-step planted trace, the same with steps 5 on holding many more events, and one step's estimate (MiB:
+    what the first by-step pass learns)."""
+    d = tmp_path_factory.mktemp("packed")
+    plain, heavy = d / "ten.json", d / "heavy.json"
+    synth.write(str(plain), "cuda", steps=10, layers=20)  # a step's events well above the names' fixed cost
+    _rewrite(plain, heavy, _heavier_from_step(5, 3000))
+    first = reader.windows(reader.step_windows(str(plain)))[0]
+    step_mib = reader.read(str(plain), keep=first).nbytes() * reader.WORK_FACTOR / (1 << 20)
+    return plain, heavy, step_mib
+
+
+def test_several_steps_per_pass_equal_whole(ten_steps, small_budget_checks):
+    """A budget that fits 3 steps and the step before them (4.5 steps: ``summary._Plan``): the first pass reads one
+    step, the other nine go three at a time, 5 passes for 10 steps, every result as from the whole read."""
+    path, _, step_mib = ten_steps
+    (whole,) = summary.analyse([str(path)])
+    said: list[str] = []
+    (by,) = summary.analyse([str(path)], memory_mib=4.5 * step_mib, say=said.append)
+    assert len(whole.steps) == 10
+    assert by.reading["steps_per_pass"] == [1, 3, 3, 3] and by.reading["passes"] == 5 < 10, by.reading
+    assert by.reading["passes_over_budget"] == by.reading["renamed_steps"] == 0, by.reading
+    assert len(said) == 1 and "3 steps per pass after the first, 4 passes of the file for 10 steps" in said[0], said
+    assert not [w for w in by.warnings if "budget" in w], by.warnings
+    _same(whole, by)
+
+
+def test_a_budget_of_one_step_reads_one_per_pass(ten_steps, small_budget_checks):
+    path, _, step_mib = ten_steps
+    (whole,) = summary.analyse([str(path)])
+    (by,) = summary.analyse([str(path)], memory_mib=1.5 * step_mib)
+    assert by.reading["steps_per_pass"] == [1] * 10 and by.reading["passes"] == 11, by.reading
+    _same(whole, by)
+
+
+def test_a_pass_over_the_budget_falls_back_to_fewer_steps(ten_steps, small_budget_checks):
+    """Steps 5 on cost far more than the first told: the pass of 4 to 6 passes the budget, is given up, and the
+    rest go one step per pass; nothing fails and every result is as from the whole read."""
+    _, path, step_mib = ten_steps
+    (whole,) = summary.analyse([str(path)])
+    (by,) = summary.analyse([str(path)], memory_mib=4.5 * step_mib)
+    sizes = by.reading["steps_per_pass"]
+    assert sizes[:2] == [1, 3] and set(sizes[2:]) == {1} and sum(sizes) == 10, by.reading
+    assert by.reading["passes_over_budget"] == 1 and by.reading["passes"] == 1 + len(sizes) + 1, by.reading
+    assert any("a pass of 3 steps from ProfilerStep#4 passed the budget" in w for w in by.warnings), by.warnings
+    _same(whole, by)
+
+
+def test_a_group_window_keeps_its_steps(ten_steps):
+    """``reader.group`` of steps 3 to 5 keeps their three markers and at most four steps' events."""
+    path = str(ten_steps[0])
+    whole = reader.read(path)
+    wins = reader.windows(reader.step_windows(path))
+    part = reader.read(path, keep=reader.group(wins[3:6]))
+    assert [s[0] for s in part.steps] == [w.name for w in wins[3:6]]
+    assert reader.group(wins[3:6]).markers == tuple(m for w in wins[3:6] for m in w.markers)
+    assert 3 * whole.kept / 10 < part.kept <= 4 * whole.kept / 10, (part.kept, whole.kept)
+
+
 def _later_backward_trace(path) -> None:
     """Step 1's backward GEMM is named by step 0's forward shape, outside step 1's window: the step must be
     attributed again with every step's forward shapes (dgrad), as the whole read names it."""
@@ -213,10 +291,11 @@ def test_cli_says_so_and_records_it(traces, tmp_path, small_budget_checks, capsy
     assert step_cli.main([path, "--memory-mib", "0.001", "--report-dir-path", str(out)]) == 0
     err = capsys.readouterr().err
     switched = [line for line in err.splitlines() if line.startswith("opbench step:")]
-    assert len(switched) == 1 and "one step at a time, 3 more passes" in switched[0], err
+    assert len(switched) == 1 and "1 step per pass after the first, 3 passes of the file for 3 steps" in switched[0]
     meta = json.loads((out / "step_items.meta.json").read_text())
     assert meta["memory_mib"] == 0.001
     assert meta["reading"]["rocm.json"]["mode"] == "by step" and meta["reading"]["rocm.json"]["passes"] == 4
+    assert meta["reading"]["rocm.json"]["steps_per_pass"] == [1, 1, 1]
 
 
 @pytest.mark.parametrize("value", ["0", "-5", "lots", "nan", "1e30"])

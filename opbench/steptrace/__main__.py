@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=cli.size_mib,
         default=MEMORY_MIB,
         help="memory budget per trace (default %(default)s): a trace whose kept events would need more (an "
-        "estimate) is read again one step per pass, memory one step's events, time one read per step",
+        "estimate) is read again by step, as many consecutive steps per pass as fit, time one read per pass",
     )
     cli.add_top_arg(p, 15)
     cli.add_output_args(
@@ -119,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "on_gpu": any(r.on_gpu for r in ranks),
                 "events": {r.name: r.events for r in ranks},
                 "memory_mib": args.memory_mib,
-                "reading": {r.name: r.reading for r in ranks},  # whole, or one step per pass (and how many)
+                "reading": {r.name: r.reading for r in ranks},  # whole, or by step (passes, steps per pass)
                 "projection": projection_meta,
             },
         )

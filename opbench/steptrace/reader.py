@@ -8,9 +8,9 @@ element at a time: memory is one piece of the file plus what is kept (CPU operat
 markers) in typed columns, ~40 bytes an event (``Trace``; docs/step.md, "Reading large traces"). Names of both
 vendors' runtimes are recognised (HolisticTraceAnalysis issue #219: ROCm traces name their launches
 ``hipLaunchKernel`` / ``hipExtModuleLaunchKernel`` and put kernels on stream 0, which filters that assume CUDA's
-launch names or a non-zero stream drop). Under a memory budget a trace is read one step per pass instead
-(``step_windows`` finds the steps by a text search, ``read(keep=Window)`` keeps one step's events; docs/step.md,
-"Under a memory budget: one step per pass"). No torch import.
+launch names or a non-zero stream drop). Under a memory budget a trace is read by step instead, as many
+consecutive steps per pass as fit (``step_windows`` finds the steps by a text search, ``read(keep=Window)`` keeps
+their events; docs/step.md, "Under a memory budget: steps per pass"). No torch import.
 """
 
 from __future__ import annotations
@@ -367,13 +367,20 @@ class Window:
     GPU span, else its CPU one: as ``attribute.Attribution.spans`` takes it); CPU operators and launches overlapping
     ``cpu``, from the previous step's CPU start (a kernel of this step may have been launched during it) to the
     later of the step's CPU and GPU ends. Overlap is inclusive of the ends: an event kept needlessly changes
-    nothing (it is in the whole trace too)."""
+    nothing (it is in the whole trace too). A window of several consecutive steps (``group``) has the first's
+    marker in ``name``, ``ts``, ``dur`` and the others' in ``more``."""
 
     name: str
     ts: float
     dur: float
     cpu: tuple[float, float]
     gpu: tuple[float, float]
+    more: tuple[tuple[str, float, float], ...] = ()  # (name, ts, dur) of a group's other steps
+
+    @property
+    def markers(self) -> tuple[tuple[str, float, float], ...]:
+        """The CPU markers of the window's steps, first to last."""
+        return ((self.name, self.ts, self.dur), *self.more)
 
 
 def windows(marks: StepMarkers) -> list[Window]:
@@ -385,6 +392,17 @@ def windows(marks: StepMarkers) -> list[Window]:
         out.append(Window(name, ts, dur, (prev, max(ts + dur, gts + gdur)), (gts, gts + gdur)))
         prev = ts
     return out
+
+
+def group(wins: list[Window]) -> Window:
+    """One window keeping what each of ``wins`` (consecutive in ``windows``' order) keeps: its CPU range from the
+    lowest lower bound (the first's: the step before it) to the highest upper end, its GPU range from the earliest
+    GPU start to the latest GPU end, every step's marker. A pass over it attributes all of them (what lies between
+    their ranges is kept needlessly: it changes nothing)."""
+    first = wins[0]
+    cpu = (min(w.cpu[0] for w in wins), max(w.cpu[1] for w in wins))
+    gpu = (min(w.gpu[0] for w in wins), max(w.gpu[1] for w in wins))
+    return Window(first.name, first.ts, first.dur, cpu, gpu, tuple(m for w in wins for m in w.markers)[1:])
 
 
 class OverBudget(Exception):
@@ -445,7 +463,7 @@ COMM_ARGS = ("Collective name", "In msg nelems", "Out msg nelems", "dtype", "Gro
 
 def read(path: str, keep: Window | None = None, budget: int | None = None) -> Trace:
     """One rank's trace: the CPU operators, GPU events, launches and step spans; everything else is passed over.
-    With ``keep``, only what one step's attribution can use (``Window``); every event is still read (whether the
+    With ``keep``, only what its steps' attribution can use (``Window``); every event is still read (whether the
     trace has kernels, its warnings and counts are the whole file's). With ``budget`` (bytes), ``OverBudget`` once
     the kept events' estimated memory (``Trace.nbytes`` × ``WORK_FACTOR``) passes it, looked at every
     ``BUDGET_EVERY`` events."""
@@ -455,6 +473,8 @@ def read(path: str, keep: Window | None = None, budget: int | None = None) -> Tr
     shaped: dict[int, bool] = {}  # name -> whether its Input Dims are kept (a matmul's or a collective's)
     cpu_lo, cpu_hi = keep.cpu if keep is not None else (-math.inf, math.inf)
     gpu_lo, gpu_hi = keep.gpu if keep is not None else (-math.inf, math.inf)
+    markers = set(keep.markers) if keep is not None else set()
+    marker_names = {m[0] for m in markers}
     for ev in events(path, meta):
         trace.events += 1
         if budget is not None and not trace.events % BUDGET_EVERY and trace.nbytes() * WORK_FACTOR > budget:
@@ -474,10 +494,10 @@ def read(path: str, keep: Window | None = None, budget: int | None = None) -> Tr
                 if ts > gpu_hi or ts + dur < gpu_lo:
                     continue
             elif cat == GPU_ANNOTATION:
-                if name != keep.name:
+                if name not in marker_names:
                     continue
             elif name.startswith(STEP_PREFIX) and cat in CPU_CATS:
-                if (name, ts, dur) != (keep.name, keep.ts, keep.dur):
+                if (name, ts, dur) not in markers:
                     continue
             elif ts > cpu_hi or ts + dur < cpu_lo:
                 continue

@@ -46,8 +46,8 @@ def analyse(
     paths: list[str], memory_mib: float | None = None, say: Callable[[str], None] | None = None
 ) -> list[RankSteps]:
     """Read and attribute each trace; ranks come from the trace's distributedInfo, else its position. With
-    ``memory_mib``, a trace whose kept events pass that budget is read again one step per pass (``_by_step``);
-    ``say`` hears of the switch (the CLI prints it)."""
+    ``memory_mib``, a trace whose kept events pass that budget is read again by step, as many per pass as fit
+    (``_by_step``); ``say`` hears of the switch and the plan (the CLI prints it)."""
     out = []
     budget = int(memory_mib * (1 << 20)) if memory_mib is not None else None
     for i, path in enumerate(paths):
@@ -85,12 +85,46 @@ def _median_index(keys: list[tuple[float, float]]) -> int:
     return sorted(range(len(keys)), key=lambda k: keys[k])[(len(keys) - 1) // 2]
 
 
+@dataclass
+class _Plan:
+    """How many consecutive steps one pass reads under ``budget`` (bytes). A window of k steps keeps their events
+    and the operators and launches of the step before the first (``reader.Window``): k steps are estimated at
+    (k + 1) × the largest cost per step seen so far, a pass's estimate (``Trace.nbytes`` × ``WORK_FACTOR``) over
+    the steps whose events it kept (its own, and the one before unless it starts at the first step). A pass that
+    goes over the budget all the same (its steps cost more than those seen) is given up and halves the steps per
+    pass from there on; a single step is read whatever it costs."""
+
+    budget: int
+    per_step: float = 0.0  # bytes, the largest seen
+    cap: int = 1 << 30  # steps per pass at most, lowered by a pass over the budget
+    sizes: list[int] = field(default_factory=list)  # steps of each pass read through
+    given_up: int = 0  # passes over the budget, given up
+
+    def fit(self) -> int:
+        """Steps for the next pass: the most whose estimate stays under the budget, at least one."""
+        if self.per_step <= 0:
+            return 1  # nothing known yet: one step, which tells what a step costs
+        return max(1, min(self.cap, int(self.budget // self.per_step) - 1))
+
+    def learn(self, first: int, steps: int, need: float) -> None:
+        """A pass of ``steps`` steps from window ``first`` read through, its estimate ``need`` (bytes)."""
+        self.per_step = max(self.per_step, need / (steps + (first > 0)))
+        self.sizes.append(steps)
+
+    def over(self, steps: int) -> None:
+        """A pass of ``steps`` steps went over the budget."""
+        self.given_up += 1
+        self.cap = max(1, steps // 2)
+
+
 def _by_step(path: str, i: int, memory_mib: float, over: str, say: Callable[[str], None] | None) -> RankSteps:
-    """A trace over the memory budget, one step per pass (docs/step.md, "Under a memory budget: one step per pass"):
-    the markers by a text search (``reader.step_windows``), then per step a windowed read and its attribution, so
-    memory is one step's events; time is a read per step. The timeline is drawn for the median step, known from the
-    markers' spans. Backward GEMMs are named by the forward shapes of every step: a step whose names would differ
-    with them is attributed once more (``_renamed``). A trace without markers is read whole."""
+    """A trace over the memory budget, read by step (docs/step.md, "Under a memory budget: steps per pass"): the
+    markers by a text search (``reader.step_windows``), then passes over the file, each a windowed read of as many
+    consecutive steps as fit the budget (``_Plan``; the first pass one step, which tells what a step costs) and
+    their attribution, so memory is a few steps' events; time is a read per pass. The timeline is drawn for the
+    median step, known from the markers' spans. Backward GEMMs are named by the forward shapes of every step: a
+    step whose names would differ with them is attributed once more (``_renamed``). A trace without markers is read
+    whole."""
     budget, mib = int(memory_mib * (1 << 20)), f"{memory_mib:g} MiB"
     marks = reader.step_windows(path)
     if not marks.steps:
@@ -98,52 +132,80 @@ def _by_step(path: str, i: int, memory_mib: float, over: str, say: Callable[[str
         whole.warnings.append(f"over the memory budget ({mib}) but without ProfilerStep markers: read whole")
         return _whole(path, i, whole, {"mode": "whole", "passes": 2, "budget_mib": memory_mib, "markers": 0})
     wins = reader.windows(marks)
-    if say is not None:
-        say(f"{path}: its kept events passed the memory budget of {mib} ({over}): reading it one step at a time, "
-            f"{len(wins)} more passes of the file")  # fmt: skip
     # the median step under either reading of its spans (the GPU's where the trace has kernels): known after a pass
     cpu_keys = [(w.dur, w.ts) for w in wins]
     gpu_keys = [(w.gpu[1] - w.gpu[0], w.gpu[0]) for w in wins]
     picks = {_median_index(cpu_keys), _median_index(gpu_keys)}
-    results: list[attribute.StepResult] = []
-    forwards: list[set[tuple[int, int, int]]] = []
+    results: list[attribute.StepResult | None] = [None] * len(wins)
+    forwards: list[set[tuple[int, int, int]]] = [set() for _ in wins]
     timelines: dict[int, attribute.Timeline] = {}
     warnings: list[str] = []
-    largest = 0
+    plan = _Plan(budget)
     head = Trace(path)  # the last pass's trace without its columns: rank, kernels or not, counts, warnings
 
-    def one(k: int, forward: set[tuple[int, int, int]] | None) -> tuple[attribute.StepResult, set[Any], int]:
-        """Step ``k`` read in its window and attributed; only the result stays, not the step's columns."""
+    def one_pass(ks: list[int], forward: set[tuple[int, int, int]] | None) -> bool:
+        """Steps ``ks`` (consecutive windows) read in one window and attributed; only their results stay, not the
+        columns. False: the read passed the budget and was given up (only a pass of several steps is watched)."""
         nonlocal head
-        win = wins[k]
-        trace = reader.read(path, keep=win)
+        gone_over = False
+        try:
+            trace = reader.read(path, keep=reader.group([wins[k] for k in ks]), budget=budget if len(ks) > 1 else None)
+        except reader.OverBudget:
+            gone_over = True  # out of the handler first: its traceback holds the columns read so far
+        if gone_over:
+            plan.over(len(ks))
+            warnings.append(f"a pass of {len(ks)} steps from {wins[ks[0]].name} passed the budget of {mib}: "
+                            f"{plan.cap} steps per pass from there")  # fmt: skip
+            return False
         head = Trace(path, trace.rank, events=trace.events, warnings=trace.warnings, on_gpu=trace.on_gpu)
         work = attribute.Attribution(trace, forward)
-        result = work.step(*attribute.step_span(trace, win.name, win.ts, win.dur))
-        if k in picks:
-            timelines[k] = attribute.timeline(work.inside(result.start_us, result.dur_us), result)
-        return result, work.forward, int(trace.nbytes() * reader.WORK_FACTOR)
+        for k in ks:
+            win = wins[k]
+            result = results[k] = work.step(*attribute.step_span(trace, win.name, win.ts, win.dur))
+            forwards[k] = work.forward
+            if k in picks:
+                timelines[k] = attribute.timeline(work.inside(result.start_us, result.dur_us), result)
+        need = trace.nbytes() * reader.WORK_FACTOR
+        plan.learn(ks[0], len(ks), need)
+        if len(ks) == 1 and need > budget:
+            warnings.append(
+                f"step {wins[ks[0]].name} alone needs ~{need / (1 << 20):.1f} MiB, over the budget of {mib}"
+            )
+        return True
 
-    for k, win in enumerate(wins):
-        result, forward, need = one(k, None)
-        largest = max(largest, need)
-        if need > budget:
-            warnings.append(f"step {win.name} alone needs ~{need / (1 << 20):.1f} MiB, over the budget of {mib}")
-        results.append(result)
-        forwards.append(forward)
+    def passes(ks: list[int], forward: set[tuple[int, int, int]] | None) -> None:
+        """Steps ``ks`` (ascending), each pass as many consecutive ones as the plan fits."""
+        at = 0
+        while at < len(ks):
+            run = ks[at : at + 1]
+            while len(run) < plan.fit() and at + len(run) < len(ks) and ks[at + len(run)] == run[-1] + 1:
+                run.append(ks[at + len(run)])
+            if one_pass(run, forward):
+                at += len(run)
+
+    passes([0], None)
+    per = plan.fit()
+    if say is not None:
+        say(f"{path}: its kept events passed the memory budget of {mib} ({over}): reading it by step: a step "
+            f"~{plan.per_step / (1 << 20):.1f} MiB, so {per} step{'s' * (per > 1)} per pass after the first, "
+            f"{1 + -(-(len(wins) - 1) // per)} passes of the file for {len(wins)} steps")  # fmt: skip
+    passes(list(range(1, len(wins))), None)
     everyone = set().union(*forwards)
-    again = [k for k, r in enumerate(results) if _renamed(r, forwards[k], everyone)]
-    for k in again:
-        results[k] = one(k, everyone)[0]
+    again = [k for k, r in enumerate(results) if r is not None and _renamed(r, forwards[k], everyone)]
+    passes(again, everyone)
+    steps = [r for r in results if r is not None]
     rank = head.rank if head.rank is not None else i
-    rs = RankSteps(path, rank, head.on_gpu, results, head.warnings + warnings, head.events)
+    rs = RankSteps(path, rank, head.on_gpu, steps, head.warnings + warnings, head.events)
     pick = _median_index(gpu_keys if head.on_gpu else cpu_keys)
-    rs.timeline, rs.timeline_step = timelines[pick], results[pick].name
+    rs.timeline, rs.timeline_step = timelines[pick], steps[pick].name
     rs.reading = {
         "mode": "by step",
-        "passes": 1 + len(wins) + len(again),  # the whole read given up, one per step, and the renamed steps'
+        "passes": 1 + len(plan.sizes) + plan.given_up,  # the whole read given up, the passes by step
+        "steps_per_pass": plan.sizes,  # of each pass read through, the renamed steps' last
+        "passes_over_budget": plan.given_up,  # given up, their steps read again in smaller passes
+        "renamed_steps": len(again),
         "budget_mib": memory_mib,
-        "largest_step_mib": round(largest / (1 << 20), 1),
+        "largest_step_mib": round(plan.per_step / (1 << 20), 1),  # the largest estimate per step seen
         "marker_scan_chars": marks.chars,
     }
     return rs
