@@ -42,6 +42,13 @@ def _gpu_lagging(events: list) -> list:
     return [{**ev, "ts": ev["ts"] + lag} if ev.get("cat") == "kernel" else ev for ev in events]
 
 
+def _gpu_lagging_more(events: list) -> list:
+    """The GPU a step and a half behind, no GPU step markers: kernels in a step's span were launched two steps
+    earlier (the window reaches further back for them: ``reader.unlaunched``)."""
+    lag = next(ev["dur"] for ev in events if ev.get("name") == "ProfilerStep#0") * 1.5
+    return [{**ev, "ts": ev["ts"] + lag} if ev.get("cat") == "kernel" else ev for ev in events]
+
+
 def _cpu_only(events: list) -> list:
     return [ev for ev in events if ev.get("cat") not in ("kernel", "cuda_runtime")]
 
@@ -60,6 +67,10 @@ def traces(tmp_path_factory):
     out["shuffled"], out["cpu"], out["lagging"] = d / "shuffled.json", d / "cpu.json", d / "lagging.json"
     _rewrite(plain, out["shuffled"], _shuffled_with_gpu_markers)
     _rewrite(plain, out["lagging"], _gpu_lagging)
+    four = d / "four.json"
+    synth.write(str(four), "cuda", steps=4, layers=2)
+    out["lagging_more"] = d / "lagging_more.json"
+    _rewrite(four, out["lagging_more"], _gpu_lagging_more)
     _rewrite(plain, out["cpu"], _cpu_only)
     return out
 
@@ -81,7 +92,7 @@ def _same(whole: summary.RankSteps, by: summary.RankSteps) -> None:
     assert by.timeline_step == whole.timeline_step and summary.timeline_rows(by) == summary.timeline_rows(whole)
 
 
-@pytest.mark.parametrize("which", ["cuda", "rocm", "pipeline", "shuffled", "lagging", "cpu"])
+@pytest.mark.parametrize("which", ["cuda", "rocm", "pipeline", "shuffled", "lagging", "lagging_more", "cpu"])
 def test_by_step_equals_whole(traces, which, small_budget_checks):
     path = str(traces[which])
     (whole,) = summary.analyse([path])
@@ -90,6 +101,8 @@ def test_by_step_equals_whole(traces, which, small_budget_checks):
     n = len(whole.steps)
     assert n >= 3 and whole.reading["mode"] == "whole"
     assert by.reading["mode"] == "by step" and by.reading["passes"] == 1 + n, by.reading
+    if which == "lagging_more":  # the later steps' windows reached two steps back for their kernels' launches
+        assert summary.kernel_rows(by) == summary.kernel_rows(whole)
     assert by.reading["steps_per_pass"] == [1] * n and by.reading["passes_over_budget"] == 0, by.reading
     assert len(said) == 1 and path in said[0] and f"1 step per pass after the first, {n} passes" in said[0], said
     assert f"step {whole.steps[0].name} alone needs" in " ".join(by.warnings)
@@ -308,3 +321,47 @@ def test_bad_memory_mib_is_one_usage_error(value):
 def test_bad_memory_mib_exits_2_in_one_line(traces, run):
     p = run("opbench", "step", str(traces["rocm"]), "--memory-mib", "0")
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "--memory-mib" in p.stderr, p.stderr
+
+
+def test_markers_behind_nested_arguments_are_found_and_a_missed_one_reads_whole(tmp_path, monkeypatch):
+    """A marker whose own event has nested objects (and braces in strings) before its name is still found; if the
+    search misses one all the same, the windowed read's count of every marker says so and the trace is read whole,
+    with a warning, rather than losing the step."""
+    doc = {"traceEvents": [
+        {"ph": "X", "cat": "user_annotation", "args": {"Call stack": "f{g{h{i{"}, "name": "ProfilerStep#0", "ts": 10,
+         "dur": 100},
+        {"ph": "X", "cat": "user_annotation", "args": {"a": {"b": {"c": {"d": {"e": 1}}}}}, "name": "ProfilerStep#1",
+         "ts": 110, "dur": 100},
+    ]}  # fmt: skip
+    path = tmp_path / "nested.json"
+    path.write_text(json.dumps(doc))
+    assert [m[0] for m in reader.step_windows(str(path)).steps] == ["ProfilerStep#0", "ProfilerStep#1"]
+    plain = tmp_path / "plain.json"
+    synth.write(str(plain), "cuda", steps=3, layers=2)
+    monkeypatch.setattr(reader, "BUDGET_EVERY", 32)
+    (whole,) = summary.analyse([str(plain)])
+    found = reader.step_windows(str(plain))
+    monkeypatch.setattr(reader, "step_windows", lambda p: reader.StepMarkers(found.steps[1:], found.gpu_steps))
+    (by,) = summary.analyse([str(plain)], memory_mib=TINY_MIB)
+    assert by.reading["mode"] == "whole" and "marker search found 2 of 3" in " ".join(by.warnings), by.warnings
+    _same(whole, by)
+
+
+def test_the_timeline_step_is_the_whole_reads_when_gpu_steps_tie(tmp_path, monkeypatch):
+    """Steps of equal GPU durations: the median step (by duration, then start) is picked from the GPU markers' own
+    figures, as the whole read picks it, not from a difference of window bounds (float rounding flips a tie)."""
+    spans = [(513.672, 4650.8), (5164.757, 4650.8), (9816.125, 4650.8), (14467.455, 4650.8)]
+    events = []
+    for i, (t, d) in enumerate(spans):
+        events += [
+            {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "tid": 1, "ts": t - 10, "dur": d},
+            {"ph": "X", "cat": "gpu_user_annotation", "name": f"ProfilerStep#{i}", "tid": 7, "ts": t, "dur": d},
+            {"ph": "X", "cat": "kernel", "name": "k", "tid": 7, "ts": t, "dur": d / 2,
+             "args": {"stream": 7, "correlation": i + 1}},
+        ]  # fmt: skip
+    path = tmp_path / "ties.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    monkeypatch.setattr(reader, "BUDGET_EVERY", 2)
+    (whole,) = summary.analyse([str(path)])
+    (by,) = summary.analyse([str(path)], memory_mib=1e-6)
+    assert by.reading["mode"] == "by step" and by.timeline_step == whole.timeline_step

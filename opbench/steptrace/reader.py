@@ -129,12 +129,15 @@ class Trace:
     device_names: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     on_gpu: bool = False  # a kernel was read
+    markers_seen: int = 0  # CPU step markers in the whole file, kept or not (a windowed read's check of the search)
+    args_bytes: int = 0  # an estimate of the distinct arguments' bytes (their tuples, lists and repr keys)
 
     def nbytes(self) -> int:
-        """The kept events' bytes: the typed columns, and an estimate of 200 bytes per distinct name or arguments
-        (the string or tuple and its table entries)."""
+        """The kept events' bytes: the typed columns, ~200 bytes per distinct name (the string and its table
+        entries) and the distinct arguments' estimate (``args_bytes``: 2.5 bytes per character of their repr
+        plus 200: a matmul's tuple of lists and its repr key measure ~1,200 bytes under tracemalloc)."""
         cols = sum(len(v) * v.itemsize for v in vars(self).values() if isinstance(v, array))
-        return cols + 200 * (len(self.names) + len(self.args)) + sum(map(len, self.names))
+        return cols + 200 * len(self.names) + sum(map(len, self.names)) + self.args_bytes
 
     def name_id(self, name: str) -> int:
         got = self.name_ids.get(name)
@@ -405,6 +408,21 @@ def group(wins: list[Window]) -> Window:
     return Window(first.name, first.ts, first.dur, cpu, gpu, tuple(m for w in wins for m in w.markers)[1:])
 
 
+def unlaunched(trace: Trace) -> int:
+    """Kept kernels whose correlation id names no kept launch: a window that started too late for them (a GPU more
+    than a step behind its CPU) reads its steps again from earlier (``summary``)."""
+    if not len(trace.gpu_corr):
+        return 0
+    corr = np.frombuffer(trace.gpu_corr, dtype=np.int64)
+    kernel = np.frombuffer(trace.gpu_cat, dtype=np.int8) == GPU_CAT_NAMES.index("kernel")
+    want = corr[kernel & (corr != NONE)]
+    have = np.frombuffer(trace.launch_corr, dtype=np.int64) if len(trace.launch_corr) else np.zeros(0, np.int64)
+    if not len(have):
+        return int(len(want))
+    at = np.clip(np.searchsorted(have, want), 0, len(have) - 1)
+    return int(np.count_nonzero(have[at] != want))
+
+
 class OverBudget(Exception):
     """Raised by ``read`` when the kept events' estimated memory passes its budget: the caller reads by step."""
 
@@ -413,6 +431,8 @@ class OverBudget(Exception):
         self.events, self.need = events, need
 
 
+MARKER_TRIES = 256  # ``{`` tried back from a marker's name (nested arguments before it); a miss is caught by
+# the windowed read's count of every marker (``Trace.markers_seen``), which falls back to the whole read
 BUDGET_EVERY = 1 << 16  # events read between two looks at the kept columns' size
 WORK_FACTOR = 2.5  # ``nbytes`` (~37 B a kept event) to what read and attribution take (~96 B measured, docs/step.md)
 
@@ -422,7 +442,7 @@ def _decode_marker(decoder: json.JSONDecoder, buf: str, at: int, eof: bool) -> t
     is in (an object that may be cut by the end of ``buf``); where to search on (past its event: a second
     occurrence in the same event is the same event)."""
     start = at
-    for _ in range(4):  # the event's own ``{``, or a nested object's (an ``args`` before the name) first
+    for _ in range(MARKER_TRIES):  # the event's own ``{``, or nested objects' (``args`` before the name) first
         start = buf.rfind("{", max(0, at - STEP_TAIL_CHARS), start)
         if start < 0:
             break
@@ -489,6 +509,8 @@ def read(path: str, keep: Window | None = None, budget: int | None = None) -> Tr
             continue
         if cat == "kernel":
             trace.on_gpu = True  # the whole file's answer, kept or not: it decides what a step is cut from
+        elif cat in CPU_CATS and name.startswith(STEP_PREFIX):
+            trace.markers_seen += 1
         if keep is not None:
             if cat in GPU_CATS:
                 if ts > gpu_hi or ts + dur < gpu_lo:
@@ -522,9 +544,11 @@ def read(path: str, keep: Window | None = None, budget: int | None = None) -> Tr
             at = -1
             if dims is not None or types is not None or strides is not None or comm is not None:
                 got = (dims, types, strides, comm)  # matmuls' and collectives' only; a layer's shapes repeat: held once
-                at = trace.args_ids.setdefault(repr(got), len(trace.args))
+                key = repr(got)
+                at = trace.args_ids.setdefault(key, len(trace.args))
                 if at == len(trace.args):
                     trace.args.append(got)
+                    trace.args_bytes += 200 + 5 * len(key) // 2
             trace.cpu_args.append(at)
             trace.kept += 1
         elif cat in GPU_CATS:

@@ -3,10 +3,11 @@ one and the collectives its peers waited in. Times are means over a trace's step
 
 from __future__ import annotations
 
+import math
 import os
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import attribute, reader, rules
@@ -134,7 +135,8 @@ def _by_step(path: str, i: int, memory_mib: float, over: str, say: Callable[[str
     wins = reader.windows(marks)
     # the median step under either reading of its spans (the GPU's where the trace has kernels): known after a pass
     cpu_keys = [(w.dur, w.ts) for w in wins]
-    gpu_keys = [(w.gpu[1] - w.gpu[0], w.gpu[0]) for w in wins]
+    gpu_spans = [marks.gpu_steps.get(w.name, (w.ts, w.dur)) for w in wins]  # as Attribution.spans takes them
+    gpu_keys = [(dur, ts) for ts, dur in gpu_spans]
     picks = {_median_index(cpu_keys), _median_index(gpu_keys)}
     results: list[attribute.StepResult | None] = [None] * len(wins)
     forwards: list[set[tuple[int, int, int]]] = [set() for _ in wins]
@@ -148,8 +150,17 @@ def _by_step(path: str, i: int, memory_mib: float, over: str, say: Callable[[str
         columns. False: the read passed the budget and was given up (only a pass of several steps is watched)."""
         nonlocal head
         gone_over = False
+        keep = reader.group([wins[k] for k in ks])
+        back = ks[0]
         try:
-            trace = reader.read(path, keep=reader.group([wins[k] for k in ks]), budget=budget if len(ks) > 1 else None)
+            while True:
+                trace = reader.read(path, keep=keep, budget=budget if len(ks) > 1 else None)
+                if not reader.unlaunched(trace) or keep.cpu[0] == -math.inf:
+                    break
+                # kernels launched before the window began (a GPU over a step behind): from one step earlier
+                back -= 1
+                keep = replace(keep, cpu=(wins[back].cpu[0] if back >= 0 else -math.inf, keep.cpu[1]))
+                del trace
         except reader.OverBudget:
             gone_over = True  # out of the handler first: its traceback holds the columns read so far
         if gone_over:
@@ -157,7 +168,8 @@ def _by_step(path: str, i: int, memory_mib: float, over: str, say: Callable[[str
             warnings.append(f"a pass of {len(ks)} steps from {wins[ks[0]].name} passed the budget of {mib}: "
                             f"{plan.cap} steps per pass from there")  # fmt: skip
             return False
-        head = Trace(path, trace.rank, events=trace.events, warnings=trace.warnings, on_gpu=trace.on_gpu)
+        head = Trace(path, trace.rank, events=trace.events, warnings=trace.warnings, on_gpu=trace.on_gpu,
+                     markers_seen=trace.markers_seen)  # fmt: skip
         work = attribute.Attribution(trace, forward)
         for k in ks:
             win = wins[k]
@@ -184,6 +196,13 @@ def _by_step(path: str, i: int, memory_mib: float, over: str, say: Callable[[str
                 at += len(run)
 
     passes([0], None)
+    if head.markers_seen != len(marks.steps):  # the text search missed (or miscounted) a marker: read it whole
+        whole = reader.read(path)
+        whole.warnings.append(
+            f"over the memory budget ({mib}) but the marker search found {len(marks.steps)} of "
+            f"{head.markers_seen} step markers: read whole"
+        )
+        return _whole(path, i, whole, {"mode": "whole", "passes": 3, "budget_mib": memory_mib})
     per = plan.fit()
     if say is not None:
         say(f"{path}: its kept events passed the memory budget of {mib} ({over}): reading it by step: a step "
