@@ -91,6 +91,27 @@ def test_the_cli_defaults_gb200_to_its_nvl72_domain_and_the_search_says_the_doma
     assert "field '--nvlink-domain'" in err and "nodes of 4" in err
 
 
+def test_a_gb200_node_is_its_tray_of_4_unless_told(capsys):
+    """GB200's node is an NVL72 compute tray of 4 GPUs: 36 GPUs (9 trays) project without --gpus-per-node, and a
+    5-GPU domain is refused as nodes of 4; on H100 nodes of 8 the same 36 GPUs are refused, and --gpus-per-node
+    still overrides the part's default."""
+    from opbench.core.errors import run_cli
+    from opbench.core.peaks import node_gpus_of
+    from opbench.project.__main__ import main
+
+    assert node_gpus_of("NVIDIA GB200") == node_gpus_of("GB300") == 4
+    assert node_gpus_of("H100") == node_gpus_of("MI355X") == node_gpus_of(None) == 8
+    flags = ["--model", "Qwen3_0.6B", "--world-size", "36", "--tp", "4", "--seqlen", "4096", "--global-batch", "36"]
+    assert run_cli(main, [*flags, "--device", "GB200"], prog="opbench project") == 0
+    assert "step " in capsys.readouterr().out
+    assert run_cli(main, [*flags, "--device", "GB200", "--nvlink-domain", "5"], prog="opbench project") == 2
+    assert "nodes of 4" in capsys.readouterr().err
+    for device, extra in (("H100", []), ("GB200", ["--gpus-per-node", "8"])):
+        assert run_cli(main, [*flags, "--device", device, *extra], prog="opbench project") == 2
+        (err,) = capsys.readouterr().err.strip().splitlines()
+        assert "field '--world-size'" in err and "nodes of 8" in err
+
+
 def test_the_flex_dispatcher_fills_whole_domains(dsv3):
     plan = Plan(world=256, seqlen=4096, global_batch=1024, tp=2, ep=64, etp=1, pp=4, gpus_per_node=4)
     flex = replace(plan, dispatcher="flex")

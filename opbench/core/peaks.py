@@ -123,6 +123,18 @@ def nvlink_domain_of(name: str | None) -> int | None:
     return next((size for pattern, size in NVLINK_DOMAINS if re.search(pattern, low)), None)
 
 
+# GPUs per node (one OS image, its own CPUs and NICs) where a part is not sold in boards of 8: a GB200/GB300 NVL72
+# compute tray holds 2 Grace CPUs and 4 GPUs (NVIDIA's GB200 NVL72 datasheet: 18 compute trays, 72 GPUs).
+NODE_GPUS: list[tuple[str, int]] = [(r"gb[23]00", 4)]
+DEFAULT_NODE_GPUS = 8  # HGX/DGX boards and the MI300X/MI325X/MI355X platforms
+
+
+def node_gpus_of(name: str | None) -> int:
+    """GPUs in one node of the part (GB200/GB300: a compute tray of 4; else 8)."""
+    low = (name or "").lower()
+    return next((size for pattern, size in NODE_GPUS if re.search(pattern, low)), DEFAULT_NODE_GPUS)
+
+
 # The CPU that issues a part's kernels, where it is not an x86 server's (docs/project.md, "Host-bound steps"): the
 # Grace superchips (GB200/GB300 NVL72, GH200) pair each GPU with NVIDIA's Arm Grace CPU, whose single-thread issue of
 # a PyTorch operator is 2.75× a DGX H100's Xeon's (TransformerEngine issue #2053's measurement). Every other listed

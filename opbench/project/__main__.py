@@ -134,7 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16", help="training precision")
     lay = p.add_argument_group("layout (data parallel = the rest: world / (tp·pp·cp))")
     lay.add_argument("--world-size", type=cli.world_size, required=True, help="GPUs in the job")
-    lay.add_argument("--gpus-per-node", type=positive_int, default=8, help="GPUs per node (default: 8)")
+    lay.add_argument(
+        "--gpus-per-node",
+        type=positive_int,
+        default=None,
+        help="GPUs per node (default: 4 for GB200/GB300, a compute tray of the NVL72 rack; else 8)",
+    )
     lay.add_argument(
         "--nvlink-domain",
         type=cli.world_size,

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from opbench.core.errors import UsageError
-from opbench.core.peaks import nvlink_domain_of
+from opbench.core.peaks import node_gpus_of, nvlink_domain_of
 from opbench.core.redact import redact_text
 from opbench.core.units import one_line
 from opbench.models import ModelConfig
@@ -125,6 +125,8 @@ def base_plan(cfg: ModelConfig, args: argparse.Namespace) -> Plan:
     if args.fsdp and args.zero:
         raise UsageError("give --fsdp or --zero 1, not both", field="--zero")
     resolve_compile(args)
+    if args.gpus_per_node is None:  # the part's node (a GB200 tray holds 4); 8 where --device does not name one
+        args.gpus_per_node = node_gpus_of(args.device)
     for flag, value in (("--activation-profile", args.activation_profile), ("--memory-ops", args.memory_ops)):
         if args.moe_a2a_overlap and value == "eager":
             raise UsageError(
