@@ -622,6 +622,24 @@ ORDER = [
         PRIMUS_BLOG,
         "MI300X",
     ),
+    # The dispatcher's choice on one layout (docs/project.md, "MoE cost model"): Megatron-Bridge's 16-H100 Qwen3-30B-A3B
+    # BF16 EP16 recipe with HybridEP, 24.7138 s a step (BRIDGE_SKILL), and a 2026-05-17 smoke run of the same model,
+    # GPUs and EP with the alltoall dispatcher (skills/nemo-mbridge-perf-moe-dispatcher-selection/SKILL.md at 067f987):
+    # 45.65 s, the mean of 5 steps after warm-up, at 132.9 TFLOP/s/GPU, i.e. the same work per step as the HybridEP
+    # run's 244.039 TFLOP/s (gbs 1024, seq 4096). Not one container: the smoke ran with moe_permute_fusion off (not
+    # modelled) and TE graphs on the router and preprocess, so the published ratio is an upper bound on the
+    # dispatcher's own effect
+    (
+        "Megatron-Bridge Qwen3-30B-A3B bf16, 16 H100, ep16: HybridEP over alltoall",
+        "--model Qwen3_30B_A3B --world-size 16 --ep 16 --global-batch 1024 --seqlen 4096 "
+        f"--moe-token-dispatcher-type alltoall {BRIDGE_FLAGS}",
+        "--model Qwen3_30B_A3B --world-size 16 --ep 16 --global-batch 1024 --seqlen 4096 "
+        f"--moe-token-dispatcher-type flex {BRIDGE_FLAGS}",
+        45.65 / 24.7138,
+        "github.com/NVIDIA-NeMo/Megatron-Bridge skills/nemo-mbridge-perf-moe-dispatcher-selection/SKILL.md and "
+        "skills/nemo-mbridge-perf-moe-comm-overlap/SKILL.md (commit 067f987)",
+        "H100",
+    ),
 ]
 
 MEGATRON_CI = "github.com/NVIDIA/Megatron-LM tests/functional_tests/test_cases/gpt/{}/golden_values_dev_dgx_h100.json"
