@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--routing",
         type=csv_list(routing_arg),
-        default=[parse_routing("balanced")],
+        default="balanced",  # a string default goes through `type`, and --help shows it as typed
         metavar="R[,R…]",
         help=f"token distributions over the experts: {SYNTAX} (docs/moe.md)",
     )
