@@ -5,6 +5,7 @@
 | selftest  | every backend that is available here gives the right answer (no `error` row)         |
 | harness   | opbench's GEMM rate ≥ 0.95 × a CUDA graph's at every size ≥ 2048³                     |
 | attention | opbench's fwd and fwd+bwd times within ±5 % of triton's do_bench on the same SDPA call |
+| moe       | opbench's grouped-GEMM times within ±5 % of do_bench on the same torch._grouped_mm call |
 | ckpt      | every checkpoint method's row is `ok` (saved, loaded and verified)                   |
 | comm      | with ≥ 2 GPUs: every collective row `ok` with no wrong elements; one GPU: skipped     |
 
@@ -84,6 +85,20 @@ def check_attention(out: Path) -> tuple[str, str]:
     return (FAIL, f"{text}; outside ±{data['tolerance']:.0%}: {', '.join(bad)}") if bad else (PASS, text)
 
 
+def check_moe(out: Path) -> tuple[str, str]:
+    path = out / "moe_vs_dobench.json"
+    if not path.exists():
+        return _missing(out, "moe_vs_dobench.json", "moe_ref")
+    data = json.loads(path.read_text())
+    results = data["results"]
+    if not results:
+        return FAIL, "no shapes timed"
+    ratios = [r["ratio"] for r in results]
+    text = f"opbench/do_bench {min(ratios):.3f}–{max(ratios):.3f} over {len(results)} shape×routing×GEMM×pass"
+    bad = [f"{r['shape']} {r['routing']} {r['gemm']} {r['pass']} {r['ratio']:.3f}" for r in results if not r["ok"]]
+    return (FAIL, f"{text}; outside ±{data['tolerance']:.0%}: {', '.join(bad)}") if bad else (PASS, text)
+
+
 def check_ckpt(out: Path) -> tuple[str, str]:
     path = _first(out, "ckpt/ckpt_benchmark.csv")
     if path is None:
@@ -118,7 +133,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", type=Path, help="the folder gpu_session.sh wrote (its OUT)")
     p.add_argument("--gpus", type=int, default=None, help="GPUs on this node (default: torch's count)")
-    p.add_argument("--checks", default="selftest,harness,attention,ckpt,comm", help="comma list of checks to judge")
+    p.add_argument("--checks", default="selftest,harness,attention,moe,ckpt,comm", help="comma list of checks to judge")
     args = p.parse_args()
     gpus = args.gpus
     if gpus is None:
@@ -129,6 +144,7 @@ def main() -> int:
         "selftest": ("every available backend correct", lambda: check_selftest(args.out)),
         "harness": (f"GEMM harness ≥ {HARNESS_MIN} × CUDA graph at ≥ {HARNESS_FROM}³", lambda: check_harness(args.out)),
         "attention": ("attention within ±5 % of do_bench", lambda: check_attention(args.out)),
+        "moe": ("grouped GEMM within ±5 % of do_bench", lambda: check_moe(args.out)),
         "ckpt": ("every checkpoint method ok", lambda: check_ckpt(args.out)),
         "comm": ("collectives ok (≥ 2 GPUs)", lambda: check_comm(args.out, gpus)),
     }

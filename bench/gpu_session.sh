@@ -5,10 +5,11 @@
 #   selftest   every available backend correct
 #   harness    opbench's GEMM rate >= 0.95 x a CUDA graph's at every size >= 2048^3
 #   attention  opbench's fwd and fwd+bwd within +-5 % of triton's do_bench on the same SDPA call
+#   moe        opbench's grouped-GEMM times within +-5 % of do_bench on the same torch._grouped_mm call
 #   ckpt       every checkpoint method ok (torch_save, dcp, dcp_async)
 #   comm       collectives correct, only with >= 2 GPUs (one GPU has no link to measure)
 # and exits non-zero when any rule fails. Steps that are measured but not judged (validate, eager, gemm, grouped,
-# bwd_split, comm_hold, faults) leave their logs for a person to read.
+# moe_block, bwd_split, comm_hold, faults) leave their logs for a person to read.
 # The judged steps run first. DEADLINE_S=N ends every step by N seconds after the start (a step that would get
 # under 20 s is not run, and its check fails saying so), so the table is printed inside one call's time limit.
 #   bash bench/gpu_session.sh                         # all steps
@@ -19,7 +20,7 @@ OUT=${OUT:-out/gpu_session}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 PY=${PYTHON:-python3}
-STEPS=${STEPS:-"env selftest harness attention_ref ckpt comm validate eager gemm grouped attention bwd_split comm_hold faults"}
+STEPS=${STEPS:-"env selftest harness attention_ref moe_ref ckpt comm validate eager gemm grouped moe_block attention bwd_split comm_hold faults"}
 DEADLINE_S=${DEADLINE_S:-0}  # 0: no deadline
 TABLE_S=15                   # kept back from the deadline for the verdict
 GPUS=$($PY -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)" 2>/dev/null || echo 0)
@@ -56,6 +57,8 @@ step env 60 bash -c "nvidia-smi || rocm-smi; $PY -c 'import torch, triton; print
 step selftest 150 $PY -m opbench selftest --report-dir-path "$OUT/selftest"
 step harness 150 $PY bench/gemm_harness_overhead.py --size 1024 2048 4096 8192 --rounds 3 --seconds 1.0 --json "$OUT/harness.json"
 step attention_ref 180 $PY bench/attention_vs_dobench.py --seqlen 4096 --rounds 3 --json "$OUT/attention_vs_dobench.json"
+# issue 43: the experts' grouped GEMM (Qwen3-30B-A3B at EP 8, gpt-oss-20b), balanced and Zipf-skewed, against do_bench
+step moe_ref 180 $PY bench/moe_grouped_vs_dobench.py --rounds 3 --json "$OUT/moe_vs_dobench.json"
 step ckpt 150 $PY -m opbench ckpt --size-mb 1024 --nproc-per-node 1 --methods torch_save,dcp,dcp_async \
     --iterations 2 --report-dir-path "$OUT/ckpt" --storage /tmp/opbench_ckpt
 multi_gpu_step comm 120 $PY -m opbench comm --nproc-per-node "$NPROC" -b 64 -e 1G -f 8 -n 20 -w 5 --check --report-dir-path "$OUT/comm"
@@ -69,6 +72,12 @@ step gemm 200 $PY -m opbench gemm --model Llama3.1_8B --seqlen 4096 --tp 8 --dty
     --backends torch,torch_grouped,triton,fp8 --budget 0.3 --report-dir-path "$OUT/gemm"
 step grouped 150 $PY -m opbench gemm --model DeepSeek_V2_Lite --seqlen 4096 --ep 8 --dtype bf16 \
     --layers router,expert_gate_up,expert_down --backends torch,torch_grouped,triton --budget 0.3 --report-dir-path "$OUT/gemm_grouped"
+# issue 43: the whole MoE block, forward and backward by phase, balanced vs skewed (Qwen3-30B-A3B; gpt-oss-20b from
+# its config, bench/configs/gpt_oss_20b.json)
+step moe_block 200 $PY -m opbench moe --model-config-path builtin --model Qwen3_30B_A3B --seqlen 4096 \
+    --routing balanced,zipf:1.2 --backends grouped_mm,te_grouped,torch_loop --budget 0.3 --report-dir-path "$OUT/moe" \
+    && $PY -m opbench moe --model-config-path bench/configs/gpt_oss_20b.json --seqlen 4096 \
+    --routing balanced,zipf:1.2 --backends grouped_mm,te_grouped --budget 0.3 --report-dir-path "$OUT/moe"
 step attention 150 $PY -m opbench attention --model-config-path builtin --model Llama3.1_8B,DeepSeek_V2_Lite --seqlen 4096 --dtype bf16 \
     --budget 0.3 --report-csv-path "$OUT/attention/attention_benchmark.csv"
 step bwd_split 90 $PY bench/attention_bwd_split.py --device cuda --backends sdpa,triton --seqlen 4096 --budget 0.5
@@ -79,7 +88,7 @@ tar czf "$OUT/results.tgz" -C "$OUT" --exclude results.tgz . 2>/dev/null
 
 # Judge the checks whose steps ran.
 CHECKS=""
-for pair in selftest:selftest harness:harness attention_ref:attention ckpt:ckpt comm:comm; do
+for pair in selftest:selftest harness:harness attention_ref:attention moe_ref:moe ckpt:ckpt comm:comm; do
     case " $STEPS " in *" ${pair%%:*} "*) CHECKS+="${pair#*:},";; esac
 done
 [ -n "$CHECKS" ] || { echo "no judged step in STEPS='$STEPS'"; exit 0; }
