@@ -12,7 +12,7 @@ import torch
 
 from opbench.core.results import CsvReport, environment, sidecar_path
 from opbench.core.schema import Schema
-from opbench.core.timing import Stats, TimingConfig, measure, noisy_note, rotation_count
+from opbench.core.timing import ISSUE_CALLS, Stats, TimingConfig, issue_time, measure, noisy_note, rotation_count
 
 CPU = torch.device("cpu")
 
@@ -33,6 +33,24 @@ def test_measure_reports_the_call_time():
     assert 0.004 <= stats.median < 0.02
     assert stats.min <= stats.p10 <= stats.median <= stats.p90 <= stats.max
     assert stats.iters >= 5
+
+
+def test_issue_time_starts_each_call_from_an_idle_device_and_does_not_wait_for_it(monkeypatch):
+    """The host's issue time (docs/conventions.md, "Host issue time"): the device is synchronised before every call
+    and once at the end, never between a call and its clock reading; the figure is the median call."""
+    import opbench.core.device as device_mod
+
+    events: list[str] = []
+    monkeypatch.setattr(device_mod, "synchronize", lambda dev: events.append("sync"))
+    sleeps = iter([0.004] * (ISSUE_CALLS - 1) + [0.05])  # one slow call: the median does not take it
+
+    def call() -> None:
+        events.append("call")
+        time.sleep(next(sleeps))
+
+    host = issue_time(call, CPU)
+    assert events == ["sync", "call"] * ISSUE_CALLS + ["sync"]
+    assert 0.004 <= host < 0.04
 
 
 def test_before_hook_is_not_timed():

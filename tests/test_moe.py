@@ -368,6 +368,7 @@ def test_a_small_cpu_run_writes_rows_and_counts(tmp_path, capsys):
     assert len(te) == 2 and all(r["status"] == "unsupported" and "GPU" in r["error"] for r in te)
     ok = [r for r in rows if r["backend"] != "te_grouped"]
     assert ok and all(r["status"] == "ok" and float(r["time_s"]) > 0 for r in ok)
+    assert all(float(r["host_s"]) == float(r["time_s"]) for r in ok)  # on a CPU the host is the device
     assert all(float(r["max_rel_err"]) < 1e-5 for r in ok)
     for r in (r for r in ok if r["pass"] == "fwd"):  # router 2·T·E·h + experts 2·rows·n·k (gate_up 2F×h, down h×F)
         assert int(r["flops"]) == 2 * 32 * 8 * 384 + 2 * int(r["gemm_rows"]) * (2 * 256 * 384 + 384 * 256)

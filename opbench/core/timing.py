@@ -356,6 +356,28 @@ def measure(
     )
 
 
+ISSUE_CALLS = 11  # calls whose host time is taken (issue_time); the median is the figure
+
+
+def issue_time(fn: Callable[[], Any], device: torch.device, calls: int = ISSUE_CALLS) -> float:
+    """The host's time to issue one call of ``fn``: the median wall time from the call to its return, each call
+    started with the device idle and not waited for inside the timed span (docs/conventions.md, "Host issue
+    time"). On a GPU this is the Python, dispatcher and launch work a training step's host does for the call while
+    the GPU runs, the figure that says whether the call is host-bound (issue longer than ``measure``'s device time);
+    a call that synchronises inside (a ``.tolist()`` of device values) includes its wait for the device. On a CPU
+    the host is the device: the issue is the work, and this is the call's time again."""
+    from .device import synchronize
+
+    times = []
+    for _ in range(max(1, calls)):
+        synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    synchronize(device)
+    return statistics.median(times)
+
+
 def expected_seconds(call_s: float, config: TimingConfig = TimingConfig(), extra_calls: int = 0) -> float:
     """Wall seconds ``measure`` spends on a call that always takes ``call_s``, if the median is stable from its
     second batch on (the earliest the stop rule allows), plus ``extra_calls`` untimed calls (a correctness

@@ -294,7 +294,9 @@ def sweep(args: argparse.Namespace, plan: Plan, path: Path) -> None:
             table=["routing", "backend", "phase", "pass", "time_s", "tflops", "status"],
         )
     print(f"\n{title}")
-    print(summary_table(console_rows(rows), TABLE, max_rows=args.top))
+    # on a GPU the host's issue time of each call beside the device's (on a CPU the host is the device: the same)
+    table = TABLE if device.type == "cpu" else [*TABLE[:5], "fwd_host_ms", "bwd_host_ms", *TABLE[5:]]
+    print(summary_table(console_rows(rows), table, max_rows=args.top))
     advice = noisy_advice(rows)
     if advice:
         print(advice)
@@ -334,6 +336,8 @@ def console_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         p = r["pass"]
         if r.get("time_s") is not None:
             line[f"{p}_ms"] = r["time_s"] * 1e3
+        if r.get("host_s") is not None:
+            line[f"{p}_host_ms"] = r["host_s"] * 1e3
         if r.get("tflops") is not None:
             line[f"{p}_tflops"] = r["tflops"]
         if r.get("status") != STATUS_OK:

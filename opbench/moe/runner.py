@@ -11,7 +11,7 @@ import torch
 
 from opbench.core.device import DeviceInfo, torch_dtype
 from opbench.core.sweep import STATUS_OK, Unsupported
-from opbench.core.timing import Stats, TimingConfig, measure, timing_note
+from opbench.core.timing import Stats, TimingConfig, issue_time, measure, timing_note
 
 from . import backends
 from . import block as B
@@ -210,16 +210,15 @@ class MoeRun:
     def measure(self, case: MoeCase) -> dict[str, Any]:
         s = self.setup(case.routing)
         fn, leaves, impl, err = self.phase_fn(case, s)
+        call: Callable[[], Any]
         if case.pass_ == "fwd":
-            stats = measure(fn, self.device, self.timing)
+            call = fn
         else:
             out = fn()
             grad = torch.randn(out.shape, dtype=out.dtype, device=out.device)  # contiguous (grouped_mm needs it on CPU)
-            stats = measure(
-                lambda: torch.autograd.grad(out, leaves, grad, retain_graph=True, allow_unused=True),
-                self.device,
-                self.timing,
-            )
+            call = lambda: torch.autograd.grad(out, leaves, grad, retain_graph=True, allow_unused=True)  # noqa: E731
+        stats = measure(call, self.device, self.timing)
+        host = issue_time(call, self.device) if self.device.type != "cpu" else stats.median
         flops = self.flops(case, s)
         notes = [n for n in (timing_note(stats), s.note, self.spec.note) if n]
         return {
@@ -228,6 +227,7 @@ class MoeRun:
             "flops": flops,
             **stats_columns(stats),
             "tflops": flops / stats.median / 1e12 if flops and stats.median > 0 else None,
+            "host_s": host,
             "max_rel_err": err,
             "impl": impl,
             "status": STATUS_OK,

@@ -64,6 +64,7 @@ SCHEMA = Schema(
         "time_iqr_rel",
         "iters",
         "tflops",
+        "host_s",
         "max_rel_err",
         "impl",
         "status",
@@ -78,6 +79,7 @@ SCHEMA = Schema(
     signature=("model", "routing", "backend", "phase", "pass", "time_s", "imbalance", "status"),
     file_hint=r"^benchmark_moe_",
     units={
+        "host_s": "s",
         "time_min_s": "s",
         "time_p10_s": "s",
         "time_p90_s": "s",
