@@ -36,8 +36,9 @@ SCRIPT = textwrap.dedent("""
         "cluster --help": ["cluster", "--help"],
         "project": ["project", "--model", "Llama3.1_8B", "--world-size", "16", "--tp", "8", "--device", "H100",
                     "--report-dir-path", res],
-        "project --search": ["project", "--model", "Qwen3_30B_A3B", "--world-size", "16", "--search", "--device",
-                             "MI300X"],
+        # an MoE search across nodes (2 GPUs a node): the modules of a 16-GPU search, 5 s instead of 26 s
+        "project --search": ["project", "--model", "Qwen3_30B_A3B", "--world-size", "4", "--gpus-per-node", "2",
+                             "--search", "--device", "MI300X"],
     }
     tools = ("gemm", "attention", "comm", "fsdp", "trace", "nccl-tests", "ckpt", "report", "cluster", "selftest",
              "project")
