@@ -99,8 +99,9 @@ def _titan(flags: str):
 
     args = build_parser().parse_args(shlex.split(f"{TITAN_8B} {flags} --device H100"))
     (cfg,) = select_models(load_model_configs(None, None), args.model)
+    plan = base_plan(cfg, args)  # resolves the part's node (--gpus-per-node) before Rates takes it
     rates = Rates([], "H100", args.dtype, assumptions(args), args.gpus_per_node)
-    return Projector(cfg, rates, args.activation_profile).project(base_plan(cfg, args))
+    return Projector(cfg, rates, args.activation_profile).project(plan)
 
 
 def test_compile_default_is_torchtitans_published_ratio_taken_apart():
@@ -236,9 +237,9 @@ def _megatron_7b(flags: str = "", device: str = "H100"):
         argv += f"--zero 1 --seqlen 8192 --device {device} {flags}"
         args = build_parser().parse_args(shlex.split(argv))
         (cfg,) = load_model_configs(folder)
+    plan = base_plan(cfg, args)  # resolves the part's node (--gpus-per-node) before Rates takes it
     rates = Rates([], device, args.dtype, assumptions(args), args.gpus_per_node)
     projector = Projector(cfg, rates, args.activation_profile)
-    plan = base_plan(cfg, args)
     return projector, plan, rates
 
 

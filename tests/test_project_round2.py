@@ -91,10 +91,12 @@ def test_the_cli_defaults_gb200_to_its_nvl72_domain_and_the_search_says_the_doma
     assert "field '--nvlink-domain'" in err and "nodes of 4" in err
 
 
-def test_a_gb200_node_is_its_tray_of_4_unless_told(capsys):
-    """GB200's node is an NVL72 compute tray of 4 GPUs: 36 GPUs (9 trays) project without --gpus-per-node, and a
-    5-GPU domain is refused as nodes of 4; on H100 nodes of 8 the same 36 GPUs are refused, and --gpus-per-node
-    still overrides the part's default."""
+def test_a_gb200_node_is_its_tray_of_4_unless_told(capsys, tmp_path):
+    """GB200's node is an NVL72 compute tray of 4 GPUs: 36 GPUs (9 trays) project without --gpus-per-node, also
+    when the part is named only by --results' rows, and a 5-GPU domain is refused as nodes of 4; on H100 nodes of 8
+    the same 36 GPUs are refused, and --gpus-per-node still overrides the part's default."""
+    import json
+
     from opbench.core.errors import run_cli
     from opbench.core.peaks import node_gpus_of
     from opbench.project.__main__ import main
@@ -110,6 +112,16 @@ def test_a_gb200_node_is_its_tray_of_4_unless_told(capsys):
         assert run_cli(main, [*flags, "--device", device, *extra], prog="opbench project") == 2
         (err,) = capsys.readouterr().err.strip().splitlines()
         assert "field '--world-size'" in err and "nodes of 8" in err
+    for name, rc in (("NVIDIA GB200", 0), ("NVIDIA H100 80GB HBM3", 2)):  # the part from the rows' sidecar
+        folder = tmp_path / name.split()[1]
+        folder.mkdir()
+        (folder / "benchmark_gemm_x.csv").write_text(
+            "model,layer,pass,m,n,k,dtype,backend,time_s,status\nx,qkv,fwd,4096,4096,4096,bf16,torch,1e-04,ok\n"
+        )
+        (folder / "benchmark_gemm_x.meta.json").write_text(json.dumps({"benchmark": "gemm", "device_name": name}))
+        assert run_cli(main, [*flags, "--results", str(folder)], prog="opbench project") == rc
+        out = capsys.readouterr()
+        assert ("step " in out.out) if rc == 0 else ("nodes of 8" in out.err and "Traceback" not in out.err)
 
 
 def test_the_flex_dispatcher_fills_whole_domains(dsv3):

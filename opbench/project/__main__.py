@@ -18,7 +18,7 @@ from dataclasses import replace
 from opbench.core import cli, outputs
 from opbench.core.cli import finite_float, positive_int
 from opbench.core.errors import UsageError, run_cli
-from opbench.core.peaks import nvlink_domain_of
+from opbench.core.peaks import node_gpus_of, nvlink_domain_of
 from opbench.core.results import CsvReport, environment, summary_table
 from opbench.core.units import counted, one_line
 from opbench.models import ModelConfig, load_model_configs, select_models
@@ -495,6 +495,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_nodes(plan: Plan, splits: bool) -> None:
+    """A world of several nodes fills them (``splits``: its layout divides it, else that is said first)."""
+    if plan.gpus_per_node < plan.world and plan.world % plan.gpus_per_node and splits:
+        raise UsageError(
+            f"{plan.world} GPUs do not fill nodes of {plan.gpus_per_node} (--gpus-per-node)", field="--world-size"
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     resolve_compile(args)  # torch.compile starts from PyTorch's own ops; an explicit fused with it is refused
@@ -540,10 +548,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 file=sys.stderr,
             )
     splits = args.search or not plan.world % (plan.tp * plan.pp * plan.cp)  # else that is the first thing to say
-    if plan.gpus_per_node < plan.world and plan.world % plan.gpus_per_node and splits:
-        raise UsageError(
-            f"{plan.world} GPUs do not fill nodes of {plan.gpus_per_node} (--gpus-per-node)", field="--world-size"
-        )
+    node_from_rows = args.gpus_per_node_from_part and not args.device and bool(args.results)
+    if not node_from_rows:  # else the part, and so its node, is known once --results is read (below)
+        check_nodes(plan, splits)
     config_dropout = next((k for k in DROPOUT_FIELDS if _positive(cfg.raw.get(k))), None)
     if config_dropout and not plan.hidden_dropout and not args.validate:
         print(
@@ -593,6 +600,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return validate(cfg, plan, args)
     rates = Rates(args.results, args.device, args.dtype, assumptions(args), args.gpus_per_node)
+    if node_from_rows:  # the part the rows were measured on sets the node (a GB200 tray holds 4)
+        plan = replace(plan, gpus_per_node=node_gpus_of(rates.device))
+        args.gpus_per_node = rates.gpus_per_node = plan.gpus_per_node
+        check_nodes(plan, splits)
+        check_domain(plan, "")
     if args.nvlink_domain is None and nvlink_domain_of(rates.device):  # the part's own domain (GB200 NVL72)
         plan = replace(plan, nvlink_domain=nvlink_domain_of(rates.device))
         check_domain(plan, f" ({rates.device}'s)")

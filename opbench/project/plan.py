@@ -492,7 +492,7 @@ def layouts(cfg: ModelConfig, base: Plan, max_tp: int | None = None) -> Iterator
     for tp in tps:
         for pp in _divisors(world // tp):
             for cp in _divisors(world // (tp * pp)):
-                if cp > 1 and cp * tp > base.gpus_per_node * 8:
+                if cp > 1 and cp * tp > widest * 8:
                     continue
                 eps = _divisors(world) if cfg.is_moe else [1]
                 for ep in eps:

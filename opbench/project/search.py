@@ -125,7 +125,10 @@ def base_plan(cfg: ModelConfig, args: argparse.Namespace) -> Plan:
     if args.fsdp and args.zero:
         raise UsageError("give --fsdp or --zero 1, not both", field="--zero")
     resolve_compile(args)
-    if args.gpus_per_node is None:  # the part's node (a GB200 tray holds 4); 8 where --device does not name one
+    # the part's node (a GB200 tray holds 4); 8 where --device does not name one (project's main then takes the
+    # node of the part --results was measured on)
+    args.gpus_per_node_from_part = args.gpus_per_node is None or getattr(args, "gpus_per_node_from_part", False)
+    if args.gpus_per_node_from_part:
         args.gpus_per_node = node_gpus_of(args.device)
     for flag, value in (("--activation-profile", args.activation_profile), ("--memory-ops", args.memory_ops)):
         if args.moe_a2a_overlap and value == "eager":

@@ -37,6 +37,9 @@ def projected_items(flags: str) -> tuple[dict[str, float], dict[str, Any], Any]:
 def _projected_items(flags: str) -> tuple[dict[str, float], dict[str, Any], Any]:
     """The projection's line items (seconds per step of one rank) for ``opbench project`` flags, what it was
     (model, layout, device) for the sidecar, and its rates (``opbench.project.rates.Rates``) for the kernel rows."""
+    from dataclasses import replace
+
+    from opbench.core.peaks import node_gpus_of
     from opbench.models import load_model_configs, select_models
     from opbench.project.__main__ import assumptions, base_plan, build_parser
     from opbench.project.rates import Rates
@@ -56,6 +59,8 @@ def _projected_items(flags: str) -> tuple[dict[str, float], dict[str, Any], Any]
     (cfg,) = configs
     plan = base_plan(cfg, args)
     rates = Rates(args.results, args.device, args.dtype, assumptions(args), args.gpus_per_node)
+    if args.gpus_per_node_from_part and not args.device and args.results:  # the part --results was measured on
+        plan = replace(plan, gpus_per_node=node_gpus_of(rates.device))
     projector = Projector(cfg, rates, args.activation_profile, None, args.memory_reserve_gib)
     result = projector.project(plan)
     work = projector.stage_work(plan)
