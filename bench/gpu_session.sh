@@ -73,11 +73,11 @@ step gemm 200 $PY -m opbench gemm --model Llama3.1_8B --seqlen 4096 --tp 8 --dty
 step grouped 150 $PY -m opbench gemm --model DeepSeek_V2_Lite --seqlen 4096 --ep 8 --dtype bf16 \
     --layers router,expert_gate_up,expert_down --backends torch,torch_grouped,triton --budget 0.3 --report-dir-path "$OUT/gemm_grouped"
 # issue 43: the whole MoE block, forward and backward by phase, balanced vs skewed (Qwen3-30B-A3B; gpt-oss-20b from
-# its config, bench/configs/gpt_oss_20b.json)
-step moe_block 200 $PY -m opbench moe --model-config-path builtin --model Qwen3_30B_A3B --seqlen 4096 \
-    --routing balanced,zipf:1.2 --backends grouped_mm,te_grouped,torch_loop --budget 0.3 --report-dir-path "$OUT/moe" \
-    && $PY -m opbench moe --model-config-path bench/configs/gpt_oss_20b.json --seqlen 4096 \
-    --routing balanced,zipf:1.2 --backends grouped_mm,te_grouped --budget 0.3 --report-dir-path "$OUT/moe"
+# examples/configs): one step, so its limit and the deadline hold for both runs
+step moe_block 200 bash -c "$PY -m opbench moe --model-config-path builtin --model Qwen3_30B_A3B --seqlen 4096 \
+    --routing balanced,zipf:1.2 --backends grouped_mm,te_grouped,torch_loop --budget 0.3 --report-dir-path $OUT/moe \
+    && $PY -m opbench moe --model-config-path examples/configs/gpt-oss-20b/config.json --seqlen 4096 \
+    --routing balanced,zipf:1.2 --backends grouped_mm,te_grouped --budget 0.3 --report-dir-path $OUT/moe"
 step attention 150 $PY -m opbench attention --model-config-path builtin --model Llama3.1_8B,DeepSeek_V2_Lite --seqlen 4096 --dtype bf16 \
     --budget 0.3 --report-csv-path "$OUT/attention/attention_benchmark.csv"
 step bwd_split 90 $PY bench/attention_bwd_split.py --device cuda --backends sdpa,triton --seqlen 4096 --budget 0.5

@@ -1,8 +1,9 @@
 """Does opbench's grouped-GEMM timing (``opbench moe``'s ``grouped_mm`` backend) agree with an independent reference?
 For each MoE shape and routing, the same ``torch._grouped_mm`` call (``opbench.moe.backends.grouped_mm``, rows per
-expert as the routing gives them) is timed by opbench's harness (``opbench.core.timing.measure``, as ``opbench moe``
-times a phase) and by ``triton.testing.do_bench`` (its median), in interleaved rounds; the ratio opbench / do_bench
-of each pass is the median over the rounds, with the rounds' range. Issue 43's GPU check: Qwen3-30B-A3B's experts
+expert as the routing gives them) is timed by opbench's harness (``opbench.core.timing.measure``) and by
+``triton.testing.do_bench`` (its median), in interleaved rounds; the ratio opbench / do_bench of each pass is the
+median over the rounds, with the rounds' range. Passes: ``fwd`` and ``bwd`` as ``opbench moe`` times them (the
+backward alone, on one forward's output kept with ``retain_graph``: ``opbench.moe.runner``), and ``fwdbwd``. Issue 43's GPU check: Qwen3-30B-A3B's experts
 (16 local experts of 128, EP 8's share of 4,096 tokens × top-8) and gpt-oss-20b's (32 experts, top-4, 4,096 tokens),
 balanced and skewed (Zipf 1.2 over the experts), gate/up and down, forward and forward+backward.
 
@@ -88,8 +89,10 @@ def main() -> int:
                 w = (torch.randn(local, n, k, generator=gen) * k**-0.5).to(device, dtype).requires_grad_()
                 with torch.no_grad():
                     grad = torch.randn_like(grouped_mm(x, w, routed))
+                out = grouped_mm(x, w, routed)  # the forward the bwd pass differentiates again and again
                 calls: dict[str, Callable[[], Any]] = {
                     "fwd": partial(grouped_mm, x, w, routed),
+                    "bwd": partial(torch.autograd.grad, out, (x, w), grad, retain_graph=True),
                     "fwdbwd": partial(_fwdbwd, grouped_mm, x, w, routed, grad),
                 }
                 ratios: dict[str, list[float]] = {pass_: [] for pass_ in calls}
@@ -105,7 +108,7 @@ def main() -> int:
                     ratio = statistics.median(values)
                     ok = abs(ratio - 1) <= args.tolerance
                     seconds = statistics.median(ours_s[pass_])
-                    tflops = flops * (3 if pass_ == "fwdbwd" else 1) / seconds / 1e12
+                    tflops = flops * {"fwd": 1, "bwd": 2, "fwdbwd": 3}[pass_] / seconds / 1e12
                     results.append({
                         "shape": name, "routing": text, "gemm": gemm, "pass": pass_, "rows": rows,
                         "rows_max": max(local_counts), "rows_min": min(local_counts), "seconds": seconds,
