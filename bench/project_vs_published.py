@@ -98,6 +98,10 @@ BRIDGE_SKILL = (
     "github.com/NVIDIA-NeMo/Megatron-Bridge skills/nemo-mbridge-perf-moe-comm-overlap/SKILL.md (commit 067f987, "
     "2026-07-25 measurement, 16 H100)"
 )
+BRIDGE_SMOKE = (
+    "github.com/NVIDIA-NeMo/Megatron-Bridge skills/nemo-mbridge-perf-moe-comm-overlap/SKILL.md (commit 067f987, "
+    '"Correctness-first alltoall smoke", 2026-05-18, 16 H100)'
+)
 BRIDGE_FLAGS = "--zero 1 --grad-dtype bf16 --mbs 1 --recompute none"
 # The same table's 25.11 runs on DGX H100 (the archive at commit 0a25f91, which says "In MoE training benchmarks, we
 # force-balance the token distribution among experts and all benchmarks are token-dropless"): an older container,
@@ -355,6 +359,27 @@ RUNS = [
         20.9920,
         BRIDGE_SKILL,
         "Nsight: 36.55 % of the communication hidden",
+    ),
+    # The same model, GPUs and EP with the alltoall dispatcher: a 2026-05-18 smoke run (BRIDGE_SMOKE: global batch
+    # 1024, CUDA graphs off, moe_permute_fusion off (not modelled), the mean of iterations 3-8, "directional rather
+    # than release-grade"), without and with EP overlap
+    Published(
+        "Megatron-Bridge",
+        "Qwen3-30B-A3B bf16, 16 GPUs, ep16, alltoall",
+        f"--model Qwen3_30B_A3B --world-size 16 --ep 16 --global-batch 1024 --seqlen 4096 "
+        f"--moe-token-dispatcher-type alltoall {BRIDGE_FLAGS}",
+        41.25,
+        BRIDGE_SMOKE,
+        "smoke run (6 steps); permute fusion off",
+    ),
+    Published(
+        "Megatron-Bridge",
+        "Qwen3-30B-A3B bf16, 16 GPUs, ep16, alltoall, EP overlap",
+        f"--model Qwen3_30B_A3B --world-size 16 --ep 16 --global-batch 1024 --seqlen 4096 "
+        f"--moe-token-dispatcher-type alltoall --moe-a2a-overlap {BRIDGE_FLAGS}",
+        31.31,
+        BRIDGE_SMOKE,
+        "smoke run (6 steps); permute fusion off",
     ),
     Published(
         "Megatron-Bridge",
@@ -623,21 +648,30 @@ ORDER = [
         "MI300X",
     ),
     # The dispatcher's choice on one layout (docs/project.md, "MoE cost model"): Megatron-Bridge's 16-H100 Qwen3-30B-A3B
-    # BF16 EP16 recipe with HybridEP, 24.7138 s a step (BRIDGE_SKILL), and a 2026-05-17 smoke run of the same model,
-    # GPUs and EP with the alltoall dispatcher (skills/nemo-mbridge-perf-moe-dispatcher-selection/SKILL.md at 067f987):
-    # 45.65 s, the mean of 5 steps after warm-up, at 132.9 TFLOP/s/GPU, i.e. the same work per step as the HybridEP
-    # run's 244.039 TFLOP/s (gbs 1024, seq 4096). Not one container: the smoke ran with moe_permute_fusion off (not
-    # modelled) and TE graphs on the router and preprocess, so the published ratio is an upper bound on the
-    # dispatcher's own effect
+    # BF16 EP16 recipe with HybridEP, 24.7138 s a step, and the alltoall smoke run of the same model, GPUs, EP and
+    # global batch, 41.25 s (BRIDGE_SMOKE; CUDA graphs off, permute fusion off). Another alltoall smoke, with graphs on
+    # the router and preprocess, took 45.65 s (skills/nemo-mbridge-perf-moe-dispatcher-selection/SKILL.md at 067f987;
+    # 132.9 TFLOP/s/GPU, the same work per step): 1.85x. Not one container: the published ratio is the dispatcher's
+    # effect and the containers'
     (
         "Megatron-Bridge Qwen3-30B-A3B bf16, 16 H100, ep16: HybridEP over alltoall",
         "--model Qwen3_30B_A3B --world-size 16 --ep 16 --global-batch 1024 --seqlen 4096 "
         f"--moe-token-dispatcher-type alltoall {BRIDGE_FLAGS}",
         "--model Qwen3_30B_A3B --world-size 16 --ep 16 --global-batch 1024 --seqlen 4096 "
         f"--moe-token-dispatcher-type flex {BRIDGE_FLAGS}",
-        45.65 / 24.7138,
-        "github.com/NVIDIA-NeMo/Megatron-Bridge skills/nemo-mbridge-perf-moe-dispatcher-selection/SKILL.md and "
-        "skills/nemo-mbridge-perf-moe-comm-overlap/SKILL.md (commit 067f987)",
+        41.25 / 24.7138,
+        f"{BRIDGE_SMOKE} and {BRIDGE_SKILL}",
+        "H100",
+    ),
+    # EP overlap on the alltoall smoke (BRIDGE_SMOKE: 41.25 s without, 31.31 s with, the same container)
+    (
+        "Megatron-Bridge Qwen3-30B-A3B bf16, 16 H100, ep16, alltoall: EP overlap over none",
+        "--model Qwen3_30B_A3B --world-size 16 --ep 16 --global-batch 1024 --seqlen 4096 "
+        f"--moe-token-dispatcher-type alltoall {BRIDGE_FLAGS}",
+        "--model Qwen3_30B_A3B --world-size 16 --ep 16 --global-batch 1024 --seqlen 4096 "
+        f"--moe-token-dispatcher-type alltoall --moe-a2a-overlap {BRIDGE_FLAGS}",
+        41.25 / 31.31,
+        BRIDGE_SMOKE,
         "H100",
     ),
 ]
