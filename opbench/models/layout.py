@@ -9,6 +9,7 @@ attention shapes, FSDP sizes and checkpoint states are all read from it, so a fo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 Named = list[tuple[str, tuple[int, ...]]]
 
@@ -96,6 +97,10 @@ class Block:
         )
 
 
+# Each distinct (GEMMs, attention operators, moe) of a layer, numbered in the order first seen (Layer.kind)
+_KINDS: dict[tuple[tuple[Gemm, ...], tuple[Attention, ...], bool], int] = {}
+
+
 @dataclass(frozen=True)
 class Layer:
     """Decoder layer ``index``: parameters, GEMMs, attention operators; ``moe`` when it routes to experts."""
@@ -106,6 +111,13 @@ class Layer:
     attention: tuple[Attention, ...]
     tp_units: tuple[tuple[str, int], ...]
     moe: bool
+
+    @cached_property
+    def kind(self) -> int:
+        """A number for what sets this layer's work (its GEMMs, attention operators and routing): layers of one
+        kind have the same work. Interned once per layer, so a projection's caches key on an int instead of
+        hashing the GEMM tuples again for every layout a search tries."""
+        return _KINDS.setdefault((self.gemms, self.attention, self.moe), len(_KINDS))
 
 
 def with_params(params: Named) -> Block:

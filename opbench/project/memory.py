@@ -685,14 +685,14 @@ def activation_bytes(
     layers = stage_layers(cfg, plan, stage, all_layers)
     # a few kinds of layer, many of each; --recompute-method block: the first N of each chunk recomputed, the rest not
     index = Counter[int]()
-    kinds = Counter[tuple]()
+    kinds = Counter[tuple[int, bool]]()  # (Layer.kind, recomputed)
     for chunk, lay in layers:
-        kinds[(lay.gemms, lay.attention, plan.recomputes(index[chunk]))] += 1
+        kinds[(lay.kind, plan.recomputes(index[chunk]))] += 1
         index[chunk] += 1
-    first = {(lay.gemms, lay.attention): lay for _, lay in reversed(layers)}
+    first = {lay.kind: lay for _, lay in reversed(layers)}
     plain = replace(plan, recompute="none")
     per_chunk = sum(
-        n * layer_activation_bytes(cfg, first[k[:2]], plan if k[2] else plain, profile, compiled)
+        n * layer_activation_bytes(cfg, first[k[0]], plan if k[1] else plain, profile, compiled)
         for k, n in kinds.items()
     )
     if plan.recompute == "full" and plan.recompute_method == "uniform" and plan.recompute_num_layers > 1:
