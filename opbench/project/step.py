@@ -71,6 +71,9 @@ class Projection:
         return sum(self.exposed_comm_s.values())
 
 
+MEMORY_CACHE = 65536  # layouts whose memory a Projector keeps (a 256-GPU search tries tens of thousands)
+
+
 def _layer_key(lay) -> int:
     return lay.kind  # the layer's GEMMs, attention and routing, interned (Layer.kind)
 
@@ -97,6 +100,7 @@ class Projector:
         self._fp8: dict[tuple, tuple[int, int]] = {}
         self._flops: dict[int, float] = {}
         self._host: dict[tuple, float] = {}
+        self._memory: dict[tuple, tuple[mem.Memory, int]] = {}  # the search asks each layout's memory twice or more
 
     def fits(self, total_bytes: int) -> bool:
         return self.memory_gib is None or total_bytes + self.reserve_gib * mem.GIB <= self.memory_gib * mem.GIB
@@ -215,9 +219,16 @@ class Projector:
         )
 
     def memory(self, plan: Plan, in_flight: tuple[int, ...]) -> tuple[mem.Memory, int]:
-        per_stage = [self.stage_memory(plan, s, in_flight[s]) for s in range(plan.pp)]
-        worst = max(range(plan.pp), key=lambda s: per_stage[s].total)
-        return per_stage[worst], worst
+        """The peak stage's memory and its index (cached per layout and micro-batches in flight: the search asks
+        for it to screen a layout, again to project it, and for each recompute depth it tries)."""
+        key = (plan, tuple(in_flight))
+        if key not in self._memory:
+            if len(self._memory) >= MEMORY_CACHE:
+                self._memory.clear()
+            per_stage = [self.stage_memory(plan, s, in_flight[s]) for s in range(plan.pp)]
+            worst = max(range(plan.pp), key=lambda s: per_stage[s].total)
+            self._memory[key] = (per_stage[worst], worst)
+        return self._memory[key]
 
     def project(self, plan: Plan, exact: bool = True) -> Projection:
         """``exact``: simulate the schedule op by op; else its closed form (the search screens with it)."""
