@@ -50,7 +50,7 @@ def test_issue_time_starts_each_call_from_an_idle_device_and_does_not_wait_for_i
 
     host = issue_time(call, CPU)
     assert events == ["sync", "call"] * ISSUE_CALLS + ["sync"]
-    assert 0.004 <= host < 0.04
+    assert 0.004 <= host < 0.05  # below the slow call: the median is one of the 4 ms calls
 
 
 def test_before_hook_is_not_timed():
