@@ -71,32 +71,28 @@ def check_harness(out: Path) -> tuple[str, str]:
     return (PASS if min(judged.values()) >= HARNESS_MIN else FAIL), f"harness/graph rate {text}"
 
 
-def check_attention(out: Path) -> tuple[str, str]:
-    path = out / "attention_vs_dobench.json"
+def _check_dobench(out: Path, name: str, step: str, what: str, keys: tuple[str, ...]) -> tuple[str, str]:
+    """A ``*_vs_dobench.json`` of ratios opbench / do_bench: every one inside its tolerance (``ok``)."""
+    path = out / name
     if not path.exists():
-        return _missing(out, "attention_vs_dobench.json", "attention_ref")
+        return _missing(out, name, step)
     data = json.loads(path.read_text())
     results = data["results"]
     if not results:
         return FAIL, "no shapes timed"
     ratios = [r["ratio"] for r in results]
-    text = f"opbench/do_bench {min(ratios):.3f}–{max(ratios):.3f} over {len(results)} shape×pass"
-    bad = [f"{r['shape']} {r['pass']} {r['ratio']:.3f}" for r in results if not r["ok"]]
+    text = f"opbench/do_bench {min(ratios):.3f}–{max(ratios):.3f} over {len(results)} {what}"
+    bad = [" ".join(str(r[k]) for k in keys) + f" {r['ratio']:.3f}" for r in results if not r["ok"]]
     return (FAIL, f"{text}; outside ±{data['tolerance']:.0%}: {', '.join(bad)}") if bad else (PASS, text)
+
+
+def check_attention(out: Path) -> tuple[str, str]:
+    return _check_dobench(out, "attention_vs_dobench.json", "attention_ref", "shape×pass", ("shape", "pass"))
 
 
 def check_moe(out: Path) -> tuple[str, str]:
-    path = out / "moe_vs_dobench.json"
-    if not path.exists():
-        return _missing(out, "moe_vs_dobench.json", "moe_ref")
-    data = json.loads(path.read_text())
-    results = data["results"]
-    if not results:
-        return FAIL, "no shapes timed"
-    ratios = [r["ratio"] for r in results]
-    text = f"opbench/do_bench {min(ratios):.3f}–{max(ratios):.3f} over {len(results)} shape×routing×GEMM×pass"
-    bad = [f"{r['shape']} {r['routing']} {r['gemm']} {r['pass']} {r['ratio']:.3f}" for r in results if not r["ok"]]
-    return (FAIL, f"{text}; outside ±{data['tolerance']:.0%}: {', '.join(bad)}") if bad else (PASS, text)
+    keys = ("shape", "routing", "gemm", "pass")
+    return _check_dobench(out, "moe_vs_dobench.json", "moe_ref", "shape×routing×GEMM×pass", keys)
 
 
 def check_ckpt(out: Path) -> tuple[str, str]:
