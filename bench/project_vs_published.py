@@ -674,6 +674,22 @@ ORDER = [
         BRIDGE_SMOKE,
         "H100",
     ),
+    # CUDA graphs on the same alltoall smoke: Transformer Engine's scoped graphs of attention, the router and the
+    # dispatcher's preprocessing replayed at 42.00 s a step against 41.36 s eager (iterations 5-8, the same day's
+    # stack; skills/nemo-mbridge-perf-cuda-graphs/SKILL.md at 067f987, item 13, "A successful capture is not a
+    # speedup guarantee"). The projection gives the graphed run no host issue at all (--host-us-per-op 0, more than
+    # the scopes remove): the eager dropless layer at micro-batch 1 is not host-bound, so nothing moves either way
+    (
+        "Megatron-Bridge Qwen3-30B-A3B bf16, 16 H100, ep16, alltoall: CUDA graphs over eager",
+        "--model Qwen3_30B_A3B --world-size 16 --ep 16 --global-batch 1024 --seqlen 4096 "
+        f"--moe-token-dispatcher-type alltoall {BRIDGE_FLAGS}",
+        "--model Qwen3_30B_A3B --world-size 16 --ep 16 --global-batch 1024 --seqlen 4096 "
+        f"--moe-token-dispatcher-type alltoall --host-us-per-op 0 {BRIDGE_FLAGS}",
+        41.36 / 42.00,
+        "github.com/NVIDIA-NeMo/Megatron-Bridge skills/nemo-mbridge-perf-cuda-graphs/SKILL.md (commit 067f987, "
+        "2026-05-18, 16 H100)",
+        "H100",
+    ),
 ]
 
 MEGATRON_CI = "github.com/NVIDIA/Megatron-LM tests/functional_tests/test_cases/gpt/{}/golden_values_dev_dgx_h100.json"
