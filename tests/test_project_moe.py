@@ -14,7 +14,7 @@ from opbench.models.architectures import decoder_layers
 from opbench.project.moe_rates import FLEX_RDMA_PUBLISHED, K0_FP8, K_REFERENCE, fit_k0, flex_rdma_share, k_share
 from opbench.project.plan import Plan
 from opbench.project.rates import Assumptions, Rates
-from opbench.project.workload import EP_COMM, GEMM, expert_gemm_time, layer_work
+from opbench.project.workload import EP_COMM, GEMM, MEASURED_PERMUTATION, expert_gemm_time, layer_work
 
 TINY = "examples/configs/tiny-qwen3-moe"  # hidden 384, 8 experts, top-2, expert width 256
 HEADER = "model,routing,backend,phase,pass,mbs,seqlen,tokens,hidden,experts,top_k,expert_intermediate,dtype,imbalance,time_s,status"
@@ -78,7 +78,7 @@ def test_measured_moe_rows_replace_the_estimate_by_phase(tiny, tmp_path):
     assert fwd["expert_down fwd"].timed.seconds == pytest.approx(1e-3 / 2)
     assert bwd["expert_down bwd"].timed.seconds == pytest.approx(2e-3 / 2)
     assert fwd["router fwd"].timed.seconds == pytest.approx(2e-4)  # router + top-k
-    assert fwd["token permutation (opbench moe)"].timed.seconds == pytest.approx(2e-4)
+    assert fwd[MEASURED_PERMUTATION].timed.seconds == pytest.approx(2e-4)
     assert "expert_gate_up dgrad" not in bwd and "router wgrad" not in bwd
     estimated = layer_work(cfg, lay, plan, Rates([], "H100", "bf16", Assumptions(), 8))
     a2a = [i.timed for i in work.fwd if i.category == EP_COMM]
@@ -102,6 +102,63 @@ def test_moe_rows_of_another_shape_or_beyond_their_tokens_are_not_used(tiny, tmp
     far = _planted(tmp_path / "f", _rows(512, TOKEN_PHASES, 1e-4) + _rows(4096, EXPERT_PHASES, 1e-3))
     got = _items(layer_work(cfg, lay, plan, far))["expert_gate_up fwd"].timed
     assert got.source == "estimated" and "not extrapolated" in got.note
+
+
+def test_measured_moe_rows_give_the_host_time_of_their_phases(tiny, tmp_path):
+    """A GPU row's host_s (opbench moe: its call's issue time from an idle device) is the host time of the item it
+    times, in place of counting that item's operators; the experts' not × 1/ep (the rank issues the same calls for
+    its experts); a step whose measured issue outlasts its GPU work waits on the host. A CPU row's host_s (the whole
+    call there), a row without one and one out of bounds give none: the operators are counted."""
+    from opbench.project.step import Projector
+
+    cfg, lay = tiny
+    plan = Plan(world=2, seqlen=512, global_batch=2, ep=2)
+
+    def planted(name: str, host: str | None, device: str = "NVIDIA H100") -> Rates:
+        rows = _rows(512, TOKEN_PHASES, 1e-5) + _rows(1024, EXPERT_PHASES, 1e-5)
+        extra = "" if host is None else f",{host},{device}"
+        folder = tmp_path / name
+        folder.mkdir()
+        header = HEADER + ("" if host is None else ",host_s,device")
+        (folder / "benchmark_moe_tiny.csv").write_text("\n".join([header, *(r + extra for r in rows)]) + "\n")
+        return Rates([folder], "H100", "bf16", Assumptions(), 8)
+
+    host = 2e-4
+    rates = planted("gpu", str(host))
+    work = layer_work(cfg, lay, plan, rates)
+    fwd, bwd = _items(work), _items(work, "bwd")
+    assert fwd["router fwd"].host_s == pytest.approx(2 * host)  # router + top-k
+    assert fwd[MEASURED_PERMUTATION].host_s == pytest.approx(2 * host)  # permute + unpermute/combine
+    assert fwd["expert_gate_up fwd"].host_s == bwd["expert_down bwd"].host_s == pytest.approx(host)
+    assert all(i.host_s is None for i in work.fwd if i.name.startswith(("qkv", "attn_out")))
+    per_layer = 2 * 7 * host  # seven phases, forward and backward
+    projector = Projector(cfg, rates)
+    layers = cfg.num_hidden_layers
+    assert projector.stage_host_measured(plan) == [pytest.approx(layers * per_layer)]
+    none = Projector(cfg, planted("cpu", str(host), "AMD EPYC"))  # the name opbench moe writes on this CPU
+    assert none.stage_host_measured(plan) == [0.0]
+    assert Projector(cfg, planted("torch", str(host), "cpu")).stage_host_measured(plan) == [0.0]
+    # the measured items' operators are not counted: the count drops by the router GEMM, permutation, the experts'
+    # GEMMs, activation and the memory item's router/permutation/activation kernels
+    assert projector.stage_host_ops(plan)[0] < none.stage_host_ops(plan)[0]
+    older = Projector(cfg, planted("older", None))  # a file without the column
+    assert older.stage_host_measured(plan) == [0.0]
+    assert older.stage_host_ops(plan) == none.stage_host_ops(plan)
+    for value in ("-1", "1e9", "inf"):  # bounded like a time: the row is left out and named, as a bad time_s is
+        rows = _rows(512, TOKEN_PHASES, 1e-5) + _rows(1024, EXPERT_PHASES, 1e-5)
+        folder = tmp_path / f"bad{value}"
+        folder.mkdir()
+        text = [HEADER + ",host_s,device", *(r + f",{host},H100" for r in rows[1:]), rows[0] + f",{value},H100"]
+        (folder / "benchmark_moe_tiny.csv").write_text("\n".join(text) + "\n")
+        left = Rates([folder], "H100", "bf16", Assumptions(), 8).left_out
+        assert [(b.line, b.field) for b in left] == [(len(rows) + 1, "host_s")], value
+    # the step: the counted operators' issue and the measured seconds, per micro-batch
+    cost = rates.host_cost().seconds
+    counted = projector.stage_host_ops(plan)[0] - none.stage_host_ops(plan)[0]
+    step, counted_only = projector.project(plan), none.project(plan)  # the same optimizer
+    assert step.host_s - counted_only.host_s == pytest.approx(cost * counted + layers * per_layer)
+    slow = Projector(cfg, planted("slow", "0.05")).project(plan)  # 50 ms a phase: host-bound
+    assert slow.host_wait_s > 0 and slow.step_s == pytest.approx(slow.host_s)
 
 
 def test_moe_imbalance_lengthens_the_busiest_ranks_experts_and_all_to_alls(tiny):

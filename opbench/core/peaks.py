@@ -110,6 +110,16 @@ def lookup_peak(name: str) -> Peak | None:
     return None
 
 
+GPU_NAME_WORDS = ("nvidia", "geforce", "tesla", "quadro", "instinct", "radeon")  # in the device names torch reports
+
+
+def is_gpu_name(name: str | None) -> bool:
+    """Whether a device name is a GPU's: a part the peak table knows, or one whose name says so (an unlisted GPU);
+    a CPU's name (torch's 'cpu', or the model name opbench writes, e.g. 'AMD EPYC') is neither."""
+    low = (name or "").lower()
+    return lookup_peak(low) is not None or any(word in low for word in GPU_NAME_WORDS)
+
+
 # GPUs sharing one NVLink/NVSwitch fabric where it reaches beyond the node (docs/project.md, "NVLink domains"):
 # NVIDIA's GB200 NVL72 and GB300 NVL72 datasheets, "72 Blackwell GPUs ... NVLink domain", fifth-generation NVLink
 # at 1.8 TB/s per GPU (900 GB/s per direction) through the rack's NVLink switch trays. Every other part's domain is

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from opbench.core.peaks import is_gpu_name
+
 # DeepGEMM's published GEMM table (github.com/deepseek-ai/DeepGEMM README.md at commit 78cacf7, 2025-02-26: FP8
 # E4M3, H800 SXM5, NVCC 12.8): (groups, rows per group M, N, K, TFLOP/s). Normal GEMMs, then grouped ones in the
 # contiguous layout (training's), then the masked layout.
@@ -103,6 +105,7 @@ IMBALANCE = 1.0
 TOKEN_PHASES = ("router", "topk", "permute", "unpermute_combine")  # the rank's own tokens
 EXPERT_PHASES = ("gate_up", "activation", "down")  # the tokens its experts get, per expert as in the row
 NUMERIC = ("tokens", "hidden", "experts", "top_k", "expert_intermediate", "time_s")
+MIN_SECONDS, MAX_SECONDS = 1e-12, 1e6  # a timed kernel takes more than a picosecond and less than 11 days
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,17 @@ class PhaseTime:
     seconds: float
     exact: bool  # False: interpolated between two token counts
     note: str
+    host: float | None = None  # the row's host_s (its call's issue time on a GPU); None: not measured
+
+
+def _host_of(row: pd.Series) -> float | None:
+    """A row's ``host_s`` where it is a GPU row's own figure (MoeRows bounds it): opbench moe takes it from an idle
+    device without waiting (core.timing.issue_time); on a CPU it writes the whole call's time there, which is no
+    host issue beside the device's. None otherwise: the projection then counts the phase's operators."""
+    value = row.get("host_s", math.nan)
+    if not is_gpu_name(str(row.get("device", ""))) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 class MoeRows:
@@ -139,13 +153,24 @@ class MoeRows:
             if "capacity_factor" in rows:
                 rows = rows[pd.to_numeric(rows["capacity_factor"], errors="coerce").isna()]
             keep = pd.Series(True, index=rows.index)
-            for col in NUMERIC:
-                values = pd.to_numeric(rows[col], errors="coerce") if col in rows else pd.Series(math.nan, rows.index)
-                bad = ~(values.apply(lambda v: math.isfinite(v) and v > 0))
+
+            def leave_out(bad: pd.Series, col: str, why: str) -> None:
                 for i in rows.index[bad & keep]:
                     r = rows.loc[i]
                     line = int(r["_line"]) if "_line" in r and pd.notna(r["_line"]) else None
-                    self.left_out.append((str(r.get("file", "")), line, col, "not a positive number"))
+                    self.left_out.append((str(r.get("file", "")), line, col, why))
+
+            for col in NUMERIC:
+                values = pd.to_numeric(rows[col], errors="coerce") if col in rows else pd.Series(math.nan, rows.index)
+                bad = ~(values.apply(lambda v: math.isfinite(v) and v > 0))
+                leave_out(bad, col, "not a positive number")
+                keep &= ~bad
+                rows = rows.assign(**{col: values})
+            # times bounded like the other benchmarks' (rates.CHECKED); host_s may be empty (not measured) or absent
+            for col in ("time_s", "host_s"):
+                values = pd.to_numeric(rows[col], errors="coerce") if col in rows else pd.Series(math.nan, rows.index)
+                bad = values.notna() & ~values.apply(lambda v: MIN_SECONDS <= v <= MAX_SECONDS)
+                leave_out(bad, col, f"not within [{MIN_SECONDS:g}, {MAX_SECONDS:g}] s")
                 keep &= ~bad
                 rows = rows.assign(**{col: values})
             rows = rows[keep]
@@ -181,10 +206,11 @@ class MoeRows:
         best = rows.loc[rows.groupby("tokens")["time_s"].idxmin()].sort_values("tokens")
         counts = best["tokens"].astype(int).tolist()
         times = best["time_s"].astype(float).tolist()
+        hosts = [_host_of(r) for _, r in best.iterrows()]
         files = best["file"].astype(str).tolist() if "file" in best else [""] * len(counts)
         if tokens in counts:
             i = counts.index(tokens)
-            return PhaseTime(times[i], True, f"{files[i]}: {phase} {pass_} at {tokens} tokens")
+            return PhaseTime(times[i], True, f"{files[i]}: {phase} {pass_} at {tokens} tokens", hosts[i])
         if not counts[0] < tokens < counts[-1]:
             return (
                 f"benchmark_moe rows of {shape} cover {counts[0]}-{counts[-1]} tokens, not {tokens}: not extrapolated"
@@ -193,4 +219,6 @@ class MoeRows:
         w = (tokens - counts[j - 1]) / (counts[j] - counts[j - 1])
         seconds = times[j - 1] + w * (times[j] - times[j - 1])
         note = f"{files[j]}: {phase} {pass_} between {counts[j - 1]} and {counts[j]} tokens"
-        return PhaseTime(seconds, False, note)
+        low, high = hosts[j - 1], hosts[j]
+        host = None if low is None or high is None else low + w * (high - low)
+        return PhaseTime(seconds, False, note, host)

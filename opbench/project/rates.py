@@ -23,13 +23,13 @@ from opbench.core.collectives import COLLECTIVES
 from opbench.core.dtypes import element_size
 from opbench.core.errors import UsageError
 from opbench.core.outputs import kept_aside
-from opbench.core.peaks import H100_BF16_MATMUL_SHARE, Peak, host_cpu, lookup_peak
+from opbench.core.peaks import H100_BF16_MATMUL_SHARE, Peak, host_cpu, is_gpu_name, lookup_peak
 from opbench.core.plausible import UNIT_OF, how_far, part_range
 from opbench.core.units import counted
 from opbench.gemm.shapes import gemm_bytes, gemm_flops
 from opbench.models.layout import CHUNKED, FULL, HC, KDA, LINEAR, MAMBA2, SLIDING
 
-from .moe_rates import A2A_HIDDEN, IMBALANCE, MoeRows, flex_rdma_share
+from .moe_rates import A2A_HIDDEN, IMBALANCE, MAX_SECONDS, MIN_SECONDS, MoeRows, flex_rdma_share
 
 MEASURED, INTERPOLATED, ESTIMATED = "measured", "interpolated", "estimated"
 # Collectives NCCL/RCCL run as rings (or trees) over every GPU's NIC at once: across nodes their busbw grows with
@@ -92,7 +92,6 @@ class Assumptions:
 # transformers' Qwen3-0.6B (bf16, 8,192 tokens) ran its 4,271 kernels that are neither GEMM nor attention in 109.7 ms,
 # moving the 272.7 GB --memory-ops eager counts: 2.49 TB/s, 0.60 of the 4.16 TB/s copy (docs/project.md)
 EAGER_MEMORY_EFFICIENCY = 0.60
-GPU_NAME_WORDS = ("nvidia", "geforce", "tesla", "quadro", "instinct", "radeon")  # in the device names torch reports
 # A kernel's fixed cost by vendor, µs (docs/project.md, "Fixed cost per kernel"): NVIDIA's "Getting Started with CUDA
 # Graphs" (developer.nvidia.com/blog/cuda-graphs, 2019) measures 3.8 µs per kernel for short kernels launched back to
 # back on a stream (2.9 µs of it the kernel itself, V100, CUDA 10.1). No published AMD figure was found: AMD's is
@@ -194,7 +193,6 @@ class Bound:
 MAX_DIM = 1 << 31  # a GEMM dimension (m counts tokens): far beyond any model; keeps 2·m·n·k·groups finite
 MAX_GROUPS = 1 << 16  # experts of a grouped GEMM
 MAX_SHAPE = 1 << 24  # sequence lengths, heads, head dims, batch: models.config.MAX_CONFIG_INT, as a config's
-MIN_SECONDS, MAX_SECONDS = 1e-12, 1e6  # a timed kernel takes more than a picosecond and less than 11 days
 MIN_GBS, MAX_GBS = 1e-6, 1e6  # bandwidths: 1 kB/s to 1 PB/s (the fastest link is ~1e3 GB/s)
 MAX_BYTES = int(MAX_MIB) << 20  # 1 PiB, as --size-mib
 
@@ -779,7 +777,7 @@ class Rates:
         """Whether the target is a GPU: a part the peak table knows, or one whose name says so (an unlisted GPU); a
         CPU is neither."""
         name = (self.device or "").lower()
-        return self.peak is not None or any(word in name for word in GPU_NAME_WORDS)
+        return self.peak is not None or is_gpu_name(name)
 
     # -- communication ------------------------------------------------------------------------------------------
 

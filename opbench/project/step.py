@@ -23,6 +23,7 @@ from .rates import ESTIMATED, INTERPOLATED, MEASURED, TE_MODULE_HOST, Rates, Tim
 from .workload import (
     COMPUTE_KINDS,
     GEMM,
+    MEASURED_PERMUTATION,
     MEMORY,
     Item,
     Work,
@@ -100,6 +101,7 @@ class Projector:
         self._fp8: dict[tuple, tuple[int, int]] = {}
         self._flops: dict[int, float] = {}
         self._host: dict[tuple, float] = {}
+        self._host_measured: dict[tuple, float] = {}
         self._memory: dict[tuple, tuple[mem.Memory, int]] = {}  # the search asks each layout's memory twice or more
 
     def fits(self, total_bytes: int) -> bool:
@@ -143,11 +145,21 @@ class Projector:
         key = self._layer_key(lay, plan)
         if key not in self._host:
             work = self._layer(lay, plan)
-            k_fwd, k_bwd = memory_kernels(self.cfg, lay, self.rates.a.memory_ops == "eager")
+            measured = any(i.name == MEASURED_PERMUTATION for i in work.fwd)  # its MoE rows hold their kernels
+            k_fwd, k_bwd = memory_kernels(self.cfg, lay, self.rates.a.memory_ops == "eager", measured)
             self._host[key] = _issued(work.fwd, k_fwd, k_fwd, self._gemm_weight) + _issued(
                 work.bwd, k_bwd, k_fwd, self._gemm_weight
             )
         return self._host[key]
+
+    def _layer_host_measured(self, lay, plan: Plan) -> float:
+        """Seconds of host issue for one layer and micro-batch that measured rows hold (an item's ``host_s``:
+        ``opbench moe``'s own figure for the MoE phases it times); ``_layer_ops`` leaves those items out."""
+        key = self._layer_key(lay, plan)
+        if key not in self._host_measured:
+            work = self._layer(lay, plan)
+            self._host_measured[key] = sum(i.host_s for i in (*work.fwd, *work.bwd) if i.host_s is not None)
+        return self._host_measured[key]
 
     @property
     def _gemm_weight(self) -> float:
@@ -170,6 +182,19 @@ class Projector:
                 extra += [mtp_work(self.cfg, plan, self.rates)] * plan.mtp_layers
             ops += sum(_issued(w.fwd + w.bwd, 1, 1, self._gemm_weight) for w in extra)
             out.append(ops)
+        return out
+
+    def stage_host_measured(self, plan: Plan) -> list[float]:
+        """seconds[stage]: the host issue one micro-batch's forward and backward through a stage's chunks spends in
+        items whose host time was measured (``_layer_host_measured``), beside ``stage_host_ops``' count."""
+        plain = replace(plan, recompute="none")
+        out = []
+        for s in range(plan.pp):
+            seconds, index = 0.0, [0] * plan.vpp
+            for chunk, lay in mem.stage_layers(self.cfg, plan, s, self.layers):
+                seconds += self._layer_host_measured(lay, plan if plan.recomputes(index[chunk]) else plain)
+                index[chunk] += 1
+            out.append(seconds)
         return out
 
     def _unfused_accumulation(self, plan: Plan, stage: int, chunk: int) -> Work:
@@ -385,7 +410,8 @@ class Projector:
         per_stage = [
             plan.microbatches * ops + _optimizer_ops(n) for ops, n in zip(self.stage_host_ops(plan), opt_numels)
         ]
-        host = [cost * ops for ops in per_stage]
+        measured = self.stage_host_measured(plan)
+        host = [cost * ops + plan.microbatches * m for ops, m in zip(per_stage, measured)]
         if not self.rates.on_gpu:
             return gpu_step + host[crit], host[crit], crit
         slowest = max(range(plan.pp), key=lambda s: host[s])
@@ -432,9 +458,12 @@ class Projector:
 
 def _issued(items: Iterable[Item], layer_kernels: int, recompute_kernels: int, gemm_weight: float) -> float:
     """Operators the host issues for ``items`` (Projector._layer_ops): the layer's memory-bound item its kernels
-    (``recompute_kernels`` where recomputed), a GEMM ``gemm_weight``, anything else one."""
+    (``recompute_kernels`` where recomputed), a GEMM ``gemm_weight``, anything else one; none for an item whose
+    host time was measured (its ``host_s``)."""
     n = 0.0
     for i in items:
+        if i.host_s is not None:  # measured: Projector._layer_host_measured adds its seconds
+            continue
         if i.category == MEMORY and i.name.endswith(LAYER_MEMORY_ITEM):
             n += recompute_kernels if i.name.startswith("recompute ") else layer_kernels
         else:

@@ -36,6 +36,7 @@ class Item:
     name: str
     timed: Timed
     exposed: float  # seconds it adds to the stage's time (compute: all of it; comm: what is not overlapped)
+    host_s: float | None = None  # the host's issue time where a row measured it (opbench moe), else counted
 
 
 @dataclass(frozen=True)
@@ -274,9 +275,10 @@ FUSED_KERNELS = {"norm": 1, "add": 1, "rotary": 2, "act": 1, "router": 3, "permu
 EAGER_KERNELS = {"norm": 8, "add": 1, "rotary": 10, "act": 2, "router": 6, "permute": 4, "transpose": 1}
 
 
-def memory_kernels(cfg: ModelConfig, lay: Layer, eager: bool) -> tuple[int, int]:
+def memory_kernels(cfg: ModelConfig, lay: Layer, eager: bool, moe_measured: bool = False) -> tuple[int, int]:
     """(forward, backward) kernels the memory-bound operators ``memory_bytes`` (or ``eager_memory_bytes``) counts
-    launch for one layer and micro-batch."""
+    launch for one layer and micro-batch; ``moe_measured``: without the router's, permutation's and experts'
+    activation kernels, whose measured rows (``measured_moe``) hold their own."""
     k = EAGER_KERNELS if eager else FUSED_KERNELS
     fwd = 2 * (k["norm"] + k["add"])
     for op in lay.attention:
@@ -285,7 +287,7 @@ def memory_kernels(cfg: ModelConfig, lay: Layer, eager: bool) -> tuple[int, int]
     for g in lay.gemms:
         if g.layer in ("mlp_gate_up", "shared_gate_up", "mlp_up"):
             fwd += k["act"]
-        elif g.layer == "expert_gate_up":
+        elif g.layer == "expert_gate_up" and not moe_measured:
             fwd += k["router"] + k["permute"] + k["act"]
     return fwd, 2 * fwd + 2  # backward: each again, twice the work, and the norms' weight gradients
 
@@ -496,7 +498,7 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
         moe_f, moe_b = moe_memory_bytes(cfg, lay, plan, eager)
         mem, mem_fwd, mem_bwd = mem - moe_f if not eager else mem, mem_fwd - moe_f, mem_bwd - moe_b
     mem, mem_fwd, mem_bwd = mem + extra, mem_fwd + extra, mem_bwd + 2 * extra
-    k_fwd, k_bwd = memory_kernels(cfg, lay, eager)
+    k_fwd, k_bwd = memory_kernels(cfg, lay, eager, isinstance(measured, tuple))
     k_fwd, k_bwd = k_fwd + un.k_fwd, k_bwd + un.k_bwd
     mem_f, mem_b = (compiled(rates.a, rates.memory_time(n, eager, k)) for n, k in ((mem_fwd, k_fwd), (mem_bwd, k_bwd)))
     fwd.append(_compute(MEMORY, "norms, residuals, rotary, activations", mem_f))  # compiled: --compile fuses them
@@ -569,7 +571,9 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
             gemm = i.name.removesuffix(" fwd")
             if i.category == GEMM and again.get(gemm):
                 share = again[gemm] / whole[gemm]
-                redo.append(Item(GEMM, f"recompute {i.name}", replace(i.timed, seconds=i.timed.seconds * share), 0))
+                host = None if i.host_s is None else i.host_s * share
+                timed = replace(i.timed, seconds=i.timed.seconds * share)
+                redo.append(replace(i, name=f"recompute {i.name}", timed=timed, exposed=0, host_s=host))
             elif i.category == MEMORY:
                 redo.append(replace(i, name=f"recompute {i.name}"))
         if plan.sp and profile == "eager":  # the all-gathers are not in the policy's save list: run again
@@ -596,6 +600,9 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
 MEASURED_GEMMS = ("router", "expert_gate_up", "expert_down")
 
 
+MEASURED_PERMUTATION = "token permutation (opbench moe)"  # the item of a MoE layer timed from opbench moe rows
+
+
 def measured_moe(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates) -> tuple[list[Item], list[Item]] | str | None:
     """A MoE layer's router (+ scoring and top-k), local permutation there and back, and routed experts (gate/up,
     activation, down), forward and backward, from ``opbench moe`` rows of its shape (docs/project.md, "MoE cost
@@ -619,21 +626,26 @@ def measured_moe(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates) -> tupl
                 return got
             found[(phase, p)] = got
 
-    def timed(p: str, phases: tuple[str, ...], klass: str, share: float = 1.0) -> Timed:
-        """The phases' measured time × share, calibrated as the item's class (router and experts: GEMM)."""
+    def item(category: str, name: str, p: str, phases: tuple[str, ...], share: float = 1.0) -> Item:
+        """The phases' measured time × share, calibrated as the item's class (router and experts: GEMM), and their
+        rows' host issue time where every row has one. Not × share: the rank issues the same calls for its E/ep
+        experts as the row did for all E (one grouped call a pass, or a loop the backend runs on the device)."""
         parts = [found[(ph, p)] for ph in phases]
         source = MEASURED if all(x.exact for x in parts) else INTERPOLATED
         seconds = sum(x.seconds for x in parts) * share
-        return rates.scaled(Timed(seconds, source, "; ".join(x.note for x in parts)), klass)
+        timed = rates.scaled(Timed(seconds, source, "; ".join(x.note for x in parts)), category)
+        hosts = [x.host for x in parts]
+        host = None if any(h is None for h in hosts) else sum(h for h in hosts if h is not None)
+        return Item(category, name, timed, timed.seconds, host)
 
     out: tuple[list[Item], list[Item]] = ([], [])
     for items, p in zip(out, ("fwd", "bwd")):
         items += [
-            _compute(GEMM, f"router {p}", timed(p, ("router", "topk"), "gemm")),
-            _compute(MEMORY, "token permutation (opbench moe)", timed(p, ("permute", "unpermute_combine"), "memory")),
-            _compute(GEMM, f"expert_gate_up {p}", timed(p, ("gate_up",), "gemm", 1 / plan.ep)),
-            _compute(MEMORY, "expert activation (routed tokens)", timed(p, ("activation",), "memory", 1 / plan.ep)),
-            _compute(GEMM, f"expert_down {p}", timed(p, ("down",), "gemm", 1 / plan.ep)),
+            item(GEMM, f"router {p}", p, ("router", "topk")),
+            item(MEMORY, MEASURED_PERMUTATION, p, ("permute", "unpermute_combine")),
+            item(GEMM, f"expert_gate_up {p}", p, ("gate_up",), 1 / plan.ep),
+            item(MEMORY, "expert activation (routed tokens)", p, ("activation",), 1 / plan.ep),
+            item(GEMM, f"expert_down {p}", p, ("down",), 1 / plan.ep),
         ]
     return out
 
@@ -663,7 +675,7 @@ def imbalanced(items: list[Item], factor: float) -> list[Item]:
         return routed or (i.category == GEMM and _in_moe_block(i.name))
 
     return [
-        Item(i.category, i.name, replace(i.timed, seconds=i.timed.seconds * factor), i.exposed * factor)
+        replace(i, timed=replace(i.timed, seconds=i.timed.seconds * factor), exposed=i.exposed * factor)
         if hit(i)
         else i
         for i in items
