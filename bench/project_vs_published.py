@@ -1120,7 +1120,7 @@ def main() -> None:
                 f"{base.step_s / run.step_s:.3f}",
                 "(calibrates: ×" + f"{scale[run.framework]:.3f})" if calibrated is None else f"{calibrated:.3f}",
                 f"{base.memory.total / 2**30:.1f}",
-                run.note + (f"; host-bound (+{base.host_wait_s * 1e3:.3g} ms)" if base.host_wait_s > 0 else ""),
+                run.note + (f"; host-bound (+{base.host_wait_s * 1e3:.3g} ms)" if base.host_bound else ""),
             ]
         )
     headers = [

@@ -161,6 +161,52 @@ def test_measured_moe_rows_give_the_host_time_of_their_phases(tiny, tmp_path):
     assert slow.host_wait_s > 0 and slow.step_s == pytest.approx(slow.host_s)
 
 
+def test_a_moe_layer_that_synchronises_loses_the_hosts_lead(tiny, tmp_path):
+    """Megatron's dropless dispatchers read the token counts on the host in every MoE layer's forward: the GPU then
+    waits for the first operator after the sync, and for the forward's host issue where that outlasts its GPU work,
+    even when the step's host time is far below its GPU time. The backward does not synchronise; PyTorch eager
+    without expert parallelism does not either."""
+    from opbench.project.search import breakdown
+    from opbench.project.step import Projector
+
+    cfg, lay = tiny
+    plan = Plan(world=2, seqlen=512, global_batch=2, ep=2)
+
+    def rates(name: str, fwd_host: float, bwd_host: float, device: str = "H100", **assumed) -> Rates:
+        folder = tmp_path / name
+        folder.mkdir()
+        lines = [HEADER + ",host_s,device"]
+        for tokens, phases in ((512, TOKEN_PHASES + EXPERT_PHASES), (1024, EXPERT_PHASES)):  # EP 1 and 2
+            for ph in phases:  # the GPU's work is the backward's: 1 ms forward, 10 ms backward a phase
+                lines.append(
+                    f"tiny,balanced,eager,{ph},fwd,1,{tokens},{tokens},384,8,2,256,bf16,1,1e-3,ok,{fwd_host},{device}"
+                )
+                lines.append(
+                    f"tiny,balanced,eager,{ph},bwd,1,{tokens},{tokens},384,8,2,256,bf16,1,1e-2,ok,{bwd_host},{device}"
+                )
+        (folder / "benchmark_moe_tiny.csv").write_text("\n".join(lines) + "\n")
+        return Rates([folder], "H100", "bf16", Assumptions(**assumed), 8)
+
+    free = Projector(cfg, rates("free", 1e-6, 1e-6, host_us_per_op=0.0)).project(plan)
+    assert free.host_wait_s == free.sync_wait_s == 0.0
+    cost = rates("cost", 1e-6, 1e-6).host_cost().seconds
+    layers = cfg.num_hidden_layers
+    # the forward's measured host (7 × 2 ms) beyond its GPU work: stalls at every layer, the step not host-bound
+    slow_fwd = Projector(cfg, rates("fwd", 2e-3, 1e-6)).project(plan)
+    assert slow_fwd.host_s < free.step_s and not slow_fwd.host_bound
+    assert slow_fwd.sync_wait_s == slow_fwd.host_wait_s > layers * (7 * 2e-3 - 7 * 1e-3)
+    assert slow_fwd.step_s == pytest.approx(free.step_s + slow_fwd.sync_wait_s)
+    assert "waiting on the host (synchronisations)" in breakdown(cfg, slow_fwd, "H100", None)
+    # the same host time in the backward, which runs ahead: only the first operator after each sync
+    slow_bwd = Projector(cfg, rates("bwd", 1e-6, 2e-3)).project(plan)
+    assert slow_bwd.sync_wait_s == pytest.approx(layers * cost)
+    # PyTorch eager without EP: no sync, no stall; with EP (torchtitan's all-to-all splits) the stalls again
+    one = replace(plan, world=1, global_batch=1, ep=1)
+    eager = Projector(cfg, rates("eager", 2e-3, 1e-6), profile="eager").project(one)
+    assert eager.sync_wait_s == eager.host_wait_s == 0.0 and eager.host_s < eager.step_s
+    assert Projector(cfg, rates("eager_ep", 2e-3, 1e-6), profile="eager").project(plan).sync_wait_s > 0
+
+
 def test_moe_imbalance_lengthens_the_busiest_ranks_experts_and_all_to_alls(tiny):
     """--moe-imbalance R: under expert parallelism the busiest rank's routed-expert GEMMs and all-to-alls take R
     times as long; attention and the dense GEMMs do not move; without EP nothing moves."""

@@ -309,7 +309,9 @@ def breakdown(
     parts += [(f"exposed {k.replace('_', ' ')}", v) for k, v in r.exposed_comm_s.items() if v > 0]
     parts += [("pipeline bubble", r.bubble_s)] if p.pp > 1 else []
     parts += [("optimizer", r.optimizer_s)]
-    parts += [("waiting on the host (host-bound)", r.host_wait_s)] if r.host_wait_s > 0 else []
+    if r.host_wait_s > 0:  # the host's issue: the whole step's, or the stalls where layers synchronise
+        what = "host-bound" if r.host_bound else "synchronisations"
+        parts += [(f"waiting on the host ({what})", r.host_wait_s)]
     width = max(len(n) for n, _ in parts)
     for name, seconds in parts:
         lines.append(f"  {name:<{width}}  {seconds:10.4g} s  {100 * seconds / r.step_s:5.1f} %")

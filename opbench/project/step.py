@@ -66,6 +66,12 @@ class Projection:
     # GPU's work (docs/project.md, "Host-bound steps")
     host_s: float = 0.0
     host_wait_s: float = 0.0
+    sync_wait_s: float = 0.0  # of host_wait_s, what layers that synchronise the host leave the GPU waiting
+
+    @property
+    def host_bound(self) -> bool:
+        """Whether the step is its host's issue time (not only the stalls at synchronisations)."""
+        return self.host_wait_s > self.sync_wait_s
 
     @property
     def exposed_comm_total(self) -> float:
@@ -102,6 +108,7 @@ class Projector:
         self._flops: dict[int, float] = {}
         self._host: dict[tuple, float] = {}
         self._host_measured: dict[tuple, float] = {}
+        self._stall: dict[tuple, float] = {}
         self._memory: dict[tuple, tuple[mem.Memory, int]] = {}  # the search asks each layout's memory twice or more
 
     def fits(self, total_bytes: int) -> bool:
@@ -182,6 +189,44 @@ class Projector:
                 extra += [mtp_work(self.cfg, plan, self.rates)] * plan.mtp_layers
             ops += sum(_issued(w.fwd + w.bwd, 1, 1, self._gemm_weight) for w in extra)
             out.append(ops)
+        return out
+
+    def _syncs(self, lay, plan: Plan) -> bool:
+        """Whether a layer's forward synchronises the host with the GPU (docs/project.md, "Host-bound steps"): a MoE
+        layer under Megatron-Core (the fused profile), whose dropless dispatchers read the token counts on the host
+        (``token_dispatcher.py``: ``cuda_sync_point``, "A synchronization is needed before expert parallel AlltoAll
+        communication"), or under expert parallelism in PyTorch eager (torchtitan's all-to-all takes its splits as a
+        list)."""
+        return bool(lay.moe) and (self.profile == "fused" or plan.ep > 1)
+
+    def _layer_sync_stall(self, lay, plan: Plan, cost: float) -> float:
+        """Seconds one micro-batch's forward of ``lay`` leaves the GPU waiting on the host when it synchronises
+        (``_syncs``): the host's lead is gone there, so the GPU waits for the first operator after the sync to be
+        issued (one operator's cost), and the whole forward takes its host's issue time where that is the longer
+        (its operators × ``cost`` and its measured host_s against its GPU work). 0 for a layer without a sync."""
+        if not self._syncs(lay, plan):
+            return 0.0
+        key = self._layer_key(lay, plan)
+        if key not in self._stall:
+            work = self._layer(lay, plan)
+            measured = any(i.name == MEASURED_PERMUTATION for i in work.fwd)
+            k_fwd, _ = memory_kernels(self.cfg, lay, self.rates.a.memory_ops == "eager", measured)
+            host = cost * _issued(work.fwd, k_fwd, k_fwd, self._gemm_weight)
+            host += sum(i.host_s for i in work.fwd if i.host_s is not None)
+            self._stall[key] = cost + max(0.0, host - work.fwd_s)
+        return self._stall[key]
+
+    def stage_sync_stall(self, plan: Plan, cost: float) -> list[float]:
+        """seconds[stage]: what one micro-batch's forward through a stage's chunks leaves its GPU waiting on the host
+        at the layers that synchronise (``_layer_sync_stall``)."""
+        plain = replace(plan, recompute="none")
+        out = []
+        for s in range(plan.pp):
+            seconds, index = 0.0, [0] * plan.vpp
+            for chunk, lay in mem.stage_layers(self.cfg, plan, s, self.layers):
+                seconds += self._layer_sync_stall(lay, plan if plan.recomputes(index[chunk]) else plain, cost)
+                index[chunk] += 1
+            out.append(seconds)
         return out
 
     def stage_host_measured(self, plan: Plan) -> list[float]:
@@ -346,7 +391,7 @@ class Projector:
             tail.append(exposed + opt)
         crit = max(range(plan.pp), key=lambda s: sched.busy_s[s] + tail[s])
         gpu_step = sched.total_s + tail[crit]
-        step, host_s, crit = self._host_bound(plan, gpu_step, crit, opt_numels)
+        step, host_s, crit, sync_wait = self._host_bound(plan, gpu_step, crit, opt_numels)
 
         # breakdown of the critical stage
         items = [i for w in work[crit] for i in (*w.fwd, *w.bwd)]
@@ -359,6 +404,7 @@ class Projector:
             comm["pp_comm"] = pp_exposed
         comm["dp_comm"] = dp_exposed[crit]
         host_wait = step - gpu_step
+        sync_wait = host_wait if sync_wait else 0.0  # the same figure, not a difference's rounding beside it
         bubble = step - host_wait - compute - sum(comm.values()) - opt_time[crit]
         bubble = 0.0 if abs(bubble) < 1e-9 * step else bubble  # floating-point dust when nothing waits
 
@@ -396,28 +442,35 @@ class Projector:
             sources,
             host_s,
             host_wait,
+            sync_wait,
         )
 
-    def _host_bound(self, plan: Plan, gpu_step: float, crit: int, opt_numels: list[int]) -> tuple[float, float, int]:
-        """(step, the critical stage's host time, the critical stage) with the host's issue time per stage: the
+    def _host_bound(
+        self, plan: Plan, gpu_step: float, crit: int, opt_numels: list[int]
+    ) -> tuple[float, float, int, float]:
+        """(step, the critical stage's host time, the critical stage, the stalls at synchronisations in the step)
+        with the host's issue time per stage: the
         micro-batches' operators and the optimizer's, × Rates.host_cost. On a GPU the host runs ahead of the GPU by
         up to the launch queue's depth (CUDA's 1,024 pending launches, more than a layer issues), so a stage takes
         the longer of its GPU work and its host's issue: the step is host-bound when Σ host > Σ GPU (docs/project.md,
-        "Host-bound steps"). On a CPU the host is the device: issue adds to the work."""
+        "Host-bound steps"), and a layer that synchronises adds its stall (``stage_sync_stall``). On a CPU the host
+        is the device: issue adds to the work."""
         cost = self.rates.host_cost().seconds
         if not cost:
-            return gpu_step, 0.0, crit
+            return gpu_step, 0.0, crit, 0.0
         per_stage = [
             plan.microbatches * ops + _optimizer_ops(n) for ops, n in zip(self.stage_host_ops(plan), opt_numels)
         ]
         measured = self.stage_host_measured(plan)
         host = [cost * ops + plan.microbatches * m for ops, m in zip(per_stage, measured)]
         if not self.rates.on_gpu:
-            return gpu_step + host[crit], host[crit], crit
+            return gpu_step + host[crit], host[crit], crit, 0.0
+        # where a layer synchronises, the host's lead is lost: the slowest stage's stalls add to the GPU's step
+        stalls = plan.microbatches * max(self.stage_sync_stall(plan, cost))
         slowest = max(range(plan.pp), key=lambda s: host[s])
-        if host[slowest] > gpu_step:
-            return host[slowest], host[slowest], slowest
-        return gpu_step, host[crit], crit
+        if host[slowest] > gpu_step + stalls:
+            return host[slowest], host[slowest], slowest, 0.0
+        return gpu_step + stalls, host[crit], crit, stalls
 
     def _fsdp(
         self, plan: Plan, stage: int, sp: mem.StageParams, w: Work, microbatches: int, inter: bool, per_node: int
