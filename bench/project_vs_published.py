@@ -692,8 +692,9 @@ ORDER = [
     # CUDA graphs on the same alltoall smoke: Transformer Engine's scoped graphs of attention, the router and the
     # dispatcher's preprocessing replayed at 42.00 s a step against 41.36 s eager (iterations 5-8, the same day's
     # stack; skills/nemo-mbridge-perf-cuda-graphs/SKILL.md at 067f987, item 13, "A successful capture is not a
-    # speedup guarantee"). The projection gives the graphed run no host issue at all (--host-us-per-op 0, more than
-    # the scopes remove): the eager dropless layer at micro-batch 1 is not host-bound, so nothing moves either way
+    # speedup guarantee"; its layout taken to be the smoke's above, which item 13 does not restate). The projection
+    # gives the graphed run no host issue at all (--host-us-per-op 0, more than the scopes remove: they leave the
+    # dispatcher's sync and the experts eager); the eager run waits 41 ms at its synchronisations
     (
         "Megatron-Bridge Qwen3-30B-A3B bf16, 16 H100, ep16, alltoall: CUDA graphs over eager",
         "--model Qwen3_30B_A3B --world-size 16 --ep 16 --global-batch 1024 --seqlen 4096 "

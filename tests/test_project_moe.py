@@ -106,21 +106,29 @@ def test_moe_rows_of_another_shape_or_beyond_their_tokens_are_not_used(tiny, tmp
 
 def test_measured_moe_rows_give_the_host_time_of_their_phases(tiny, tmp_path):
     """A GPU row's host_s (opbench moe: its call's issue time from an idle device) is the host time of the item it
-    times, in place of counting that item's operators; the experts' not × 1/ep (the rank issues the same calls for
-    its experts); a step whose measured issue outlasts its GPU work waits on the host. A CPU row's host_s (the whole
-    call there), a row without one and one out of bounds give none: the operators are counted."""
+    times, in place of counting that item's operators (and the memory item's kernels the rows hold); the experts'
+    × 1/ep only for a backend that issues a call per expert; interpolated between token counts as the time is; a
+    step whose measured issue outlasts its GPU work waits on the host. A CPU row's host_s (the whole call there), a
+    row without one and one out of bounds give none: the operators are counted."""
     from opbench.project.step import Projector
+    from opbench.project.workload import FUSED_KERNELS, memory_kernels
 
     cfg, lay = tiny
-    plan = Plan(world=2, seqlen=512, global_batch=2, ep=2)
+    plan = Plan(world=2, seqlen=512, global_batch=4, ep=2)  # two micro-batches
 
-    def planted(name: str, host: str | None, device: str = "NVIDIA H100") -> Rates:
-        rows = _rows(512, TOKEN_PHASES, 1e-5) + _rows(1024, EXPERT_PHASES, 1e-5)
-        extra = "" if host is None else f",{host},{device}"
+    def planted(name: str, host: str | None, device: str = "NVIDIA H100", experts: str = "grouped_mm") -> Rates:
+        rows = _rows(512, TOKEN_PHASES, 1e-5) + _rows(1024, EXPERT_PHASES, 1e-5, backend=experts)
+        rows += _rows(256, TOKEN_PHASES, 1e-5)  # 256 and 512 tokens: 384 interpolates (below)
         folder = tmp_path / name
         folder.mkdir()
         header = HEADER + ("" if host is None else ",host_s,device")
-        (folder / "benchmark_moe_tiny.csv").write_text("\n".join([header, *(r + extra for r in rows)]) + "\n")
+        # host "time": each row's host_s is its own time_s (what opbench moe writes on a CPU)
+        text = [header] + [
+            r if host is None else f"{r},{r.split(',')[-2] if host == 'time' else host},{device}" for r in rows
+        ]
+        if host not in (None, "time"):  # the 256-token rows' host time: half the 512-token rows'
+            text = [t.replace(f",{host},", f",{float(host) / 2},") if ",256,256," in t else t for t in text]
+        (folder / "benchmark_moe_tiny.csv").write_text("\n".join(text) + "\n")
         return Rates([folder], "H100", "bf16", Assumptions(), 8)
 
     host = 2e-4
@@ -129,8 +137,12 @@ def test_measured_moe_rows_give_the_host_time_of_their_phases(tiny, tmp_path):
     fwd, bwd = _items(work), _items(work, "bwd")
     assert fwd["router fwd"].host_s == pytest.approx(2 * host)  # router + top-k
     assert fwd[MEASURED_PERMUTATION].host_s == pytest.approx(2 * host)  # permute + unpermute/combine
-    assert fwd["expert_gate_up fwd"].host_s == bwd["expert_down bwd"].host_s == pytest.approx(host)
+    assert fwd["expert_gate_up fwd"].host_s == bwd["expert_down bwd"].host_s == pytest.approx(host)  # one call
     assert all(i.host_s is None for i in work.fwd if i.name.startswith(("qkv", "attn_out")))
+    looped = _items(layer_work(cfg, lay, plan, planted("loop", str(host), experts="torch_loop")))
+    assert looped["expert_gate_up fwd"].host_s == pytest.approx(host / 2)  # E/ep of the row's E calls
+    shape = rates.moe.shapes[0]
+    assert rates.moe.phase_time(shape, "router", "fwd", 384).host == pytest.approx(0.75 * host)  # 1/2 → 1
     per_layer = 2 * 7 * host  # seven phases, forward and backward
     projector = Projector(cfg, rates)
     layers = cfg.num_hidden_layers
@@ -138,13 +150,18 @@ def test_measured_moe_rows_give_the_host_time_of_their_phases(tiny, tmp_path):
     none = Projector(cfg, planted("cpu", str(host), "AMD EPYC"))  # the name opbench moe writes on this CPU
     assert none.stage_host_measured(plan) == [0.0]
     assert Projector(cfg, planted("torch", str(host), "cpu")).stage_host_measured(plan) == [0.0]
-    # the measured items' operators are not counted: the count drops by the router GEMM, permutation, the experts'
-    # GEMMs, activation and the memory item's router/permutation/activation kernels
+    assert Projector(cfg, planted("same", "time")).stage_host_measured(plan) == [0.0]  # host_s = time_s: a CPU's
+    # the measured items' operators are not counted, and the memory item leaves out the kernels the rows hold
+    k = FUSED_KERNELS
+    moe_kernels = k["router"] + k["permute"] + k["act"]
+    full, measured = memory_kernels(cfg, lay, False), memory_kernels(cfg, lay, False, True)
+    assert (full[0] - measured[0], full[1] - measured[1]) == (moe_kernels, 2 * moe_kernels) and moe_kernels > 0
+    assert projector._memory_kernels(lay, plan, work) == measured
     assert projector.stage_host_ops(plan)[0] < none.stage_host_ops(plan)[0]
     older = Projector(cfg, planted("older", None))  # a file without the column
     assert older.stage_host_measured(plan) == [0.0]
     assert older.stage_host_ops(plan) == none.stage_host_ops(plan)
-    for value in ("-1", "1e9", "inf"):  # bounded like a time: the row is left out and named, as a bad time_s is
+    for value in ("-1", "1e9", "inf", "fast"):  # bounded like a time: the row is left out and named
         rows = _rows(512, TOKEN_PHASES, 1e-5) + _rows(1024, EXPERT_PHASES, 1e-5)
         folder = tmp_path / f"bad{value}"
         folder.mkdir()
@@ -156,21 +173,21 @@ def test_measured_moe_rows_give_the_host_time_of_their_phases(tiny, tmp_path):
     cost = rates.host_cost().seconds
     counted = projector.stage_host_ops(plan)[0] - none.stage_host_ops(plan)[0]
     step, counted_only = projector.project(plan), none.project(plan)  # the same optimizer
-    assert step.host_s - counted_only.host_s == pytest.approx(cost * counted + layers * per_layer)
+    assert step.host_s - counted_only.host_s == pytest.approx(2 * (cost * counted + layers * per_layer))
     slow = Projector(cfg, planted("slow", "0.05")).project(plan)  # 50 ms a phase: host-bound
-    assert slow.host_wait_s > 0 and slow.step_s == pytest.approx(slow.host_s)
+    assert slow.host_bound and slow.step_s == pytest.approx(slow.host_s) and slow.sync_wait_s == 0.0
 
 
 def test_a_moe_layer_that_synchronises_loses_the_hosts_lead(tiny, tmp_path):
-    """Megatron's dropless dispatchers read the token counts on the host in every MoE layer's forward: the GPU then
-    waits for the first operator after the sync, and for the forward's host issue where that outlasts its GPU work,
-    even when the step's host time is far below its GPU time. The backward does not synchronise; PyTorch eager
-    without expert parallelism does not either."""
+    """Megatron's dropless dispatchers read the token counts on the host in every MoE layer's forward (and
+    transformers' eager experts call nonzero()): the GPU then waits for the first operator after the sync, and for
+    the forward's host issue where that outlasts its GPU work, even when the step's host time is far below its GPU
+    time, in every micro-batch. The backward does not synchronise."""
     from opbench.project.search import breakdown
     from opbench.project.step import Projector
 
     cfg, lay = tiny
-    plan = Plan(world=2, seqlen=512, global_batch=2, ep=2)
+    plan = Plan(world=2, seqlen=512, global_batch=4, ep=2)  # two micro-batches
 
     def rates(name: str, fwd_host: float, bwd_host: float, device: str = "H100", **assumed) -> Rates:
         folder = tmp_path / name
@@ -194,17 +211,17 @@ def test_a_moe_layer_that_synchronises_loses_the_hosts_lead(tiny, tmp_path):
     # the forward's measured host (7 × 2 ms) beyond its GPU work: stalls at every layer, the step not host-bound
     slow_fwd = Projector(cfg, rates("fwd", 2e-3, 1e-6)).project(plan)
     assert slow_fwd.host_s < free.step_s and not slow_fwd.host_bound
-    assert slow_fwd.sync_wait_s == slow_fwd.host_wait_s > layers * (7 * 2e-3 - 7 * 1e-3)
+    assert slow_fwd.sync_wait_s == slow_fwd.host_wait_s > 2 * layers * (7 * 2e-3 - 7 * 1e-3)
     assert slow_fwd.step_s == pytest.approx(free.step_s + slow_fwd.sync_wait_s)
     assert "waiting on the host (synchronisations)" in breakdown(cfg, slow_fwd, "H100", None)
     # the same host time in the backward, which runs ahead: only the first operator after each sync
     slow_bwd = Projector(cfg, rates("bwd", 1e-6, 2e-3)).project(plan)
-    assert slow_bwd.sync_wait_s == pytest.approx(layers * cost)
-    # PyTorch eager without EP: no sync, no stall; with EP (torchtitan's all-to-all splits) the stalls again
-    one = replace(plan, world=1, global_batch=1, ep=1)
-    eager = Projector(cfg, rates("eager", 2e-3, 1e-6), profile="eager").project(one)
-    assert eager.sync_wait_s == eager.host_wait_s == 0.0 and eager.host_s < eager.step_s
-    assert Projector(cfg, rates("eager_ep", 2e-3, 1e-6), profile="eager").project(plan).sync_wait_s > 0
+    assert slow_bwd.sync_wait_s == pytest.approx(2 * layers * cost)
+    # without expert parallelism, Megatron's and transformers' MoE layers synchronise all the same
+    one = replace(plan, world=1, global_batch=2, ep=1)
+    for profile in ("fused", "eager"):
+        alone = Projector(cfg, rates(f"one_{profile}", 1e-6, 1e-6), profile=profile).project(one)
+        assert alone.sync_wait_s == pytest.approx(2 * layers * cost) and not alone.host_bound, profile
 
 
 def test_moe_imbalance_lengthens_the_busiest_ranks_experts_and_all_to_alls(tiny):

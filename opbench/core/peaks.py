@@ -113,11 +113,22 @@ def lookup_peak(name: str) -> Peak | None:
 GPU_NAME_WORDS = ("nvidia", "geforce", "tesla", "quadro", "instinct", "radeon")  # in the device names torch reports
 
 
+CPU_NAME_WORDS = ("ryzen", "epyc", "xeon", "core(tm)", "neoverse", "apple m")  # APUs name their Radeon graphics
+
+
 def is_gpu_name(name: str | None) -> bool:
-    """Whether a device name is a GPU's: a part the peak table knows, or one whose name says so (an unlisted GPU);
-    a CPU's name (torch's 'cpu', or the model name opbench writes, e.g. 'AMD EPYC') is neither."""
-    low = (name or "").lower()
-    return lookup_peak(low) is not None or any(word in low for word in GPU_NAME_WORDS)
+    """Whether a device name is a GPU's: a part the peak table knows, one whose name says so (an unlisted GPU), or
+    what ROCm reports without a marketing name (its arch, 'gfx942:…', or 'gpu'); a CPU's name (torch's 'cpu', the
+    model name opbench writes, e.g. 'AMD EPYC', an APU's 'AMD Ryzen 7 7840U w/ Radeon 780M Graphics') is neither."""
+    low = (name or "").strip().lower()
+    if any(word in low for word in CPU_NAME_WORDS):
+        return False
+    return (
+        lookup_peak(low) is not None
+        or any(word in low for word in GPU_NAME_WORDS)
+        or low.startswith("gfx")
+        or low == "gpu"
+    )
 
 
 # GPUs sharing one NVLink/NVSwitch fabric where it reaches beyond the node (docs/project.md, "NVLink domains"):

@@ -386,7 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="the host's time to issue one operator, µs: a step takes the longer of its GPU work and its host's issue "
         "(default: 13.48 on x86 hosts, 37.08 on Grace (GB200/GB300/GH200), TransformerEngine #2053's measured torch "
         "Linear; a TE module's GEMM × 2.69; 0 on a CPU; the MoE phases that GPU rows of opbench moe in --results "
-        "time take those rows' measured host_s instead; docs/project.md, 'Host-bound steps')",
+        "time take those rows' measured host_s instead; a MoE layer's synchronisation stalls the GPU for its host. "
+        "0: no host issue at all, measured or synchronising (graphs of whole layers); docs/project.md, "
+        "'Host-bound steps')",
     )
     r.add_argument(
         "--moe-imbalance",

@@ -127,6 +127,12 @@ class PhaseTime:
     exact: bool  # False: interpolated between two token counts
     note: str
     host: float | None = None  # the row's host_s (its call's issue time on a GPU); None: not measured
+    per_expert: bool = False  # its backend issues a call per expert (its host time follows the experts it runs)
+
+
+# opbench moe backends that issue one call (or one C++ loop) per expert: a rank running E/ep of the row's E experts
+# issues E/ep of them. torch._grouped_mm issues one call for all of them.
+PER_EXPERT_BACKENDS = ("torch_loop", "te_grouped")
 
 
 def _host_of(row: pd.Series) -> float | None:
@@ -134,8 +140,8 @@ def _host_of(row: pd.Series) -> float | None:
     device without waiting (core.timing.issue_time); on a CPU it writes the whole call's time there, which is no
     host issue beside the device's. None otherwise: the projection then counts the phase's operators."""
     value = row.get("host_s", math.nan)
-    if not is_gpu_name(str(row.get("device", ""))) or not math.isfinite(value):
-        return None
+    if not is_gpu_name(str(row.get("device", ""))) or not math.isfinite(value) or value == row.get("time_s"):
+        return None  # a CPU's row writes its time there (runner.py), whatever its device's name says
     return float(value)
 
 
@@ -168,9 +174,11 @@ class MoeRows:
                 rows = rows.assign(**{col: values})
             # times bounded like the other benchmarks' (rates.CHECKED); host_s may be empty (not measured) or absent
             for col in ("time_s", "host_s"):
-                values = pd.to_numeric(rows[col], errors="coerce") if col in rows else pd.Series(math.nan, rows.index)
-                bad = values.notna() & ~values.apply(lambda v: MIN_SECONDS <= v <= MAX_SECONDS)
-                leave_out(bad, col, f"not within [{MIN_SECONDS:g}, {MAX_SECONDS:g}] s")
+                raw = rows[col] if col in rows else pd.Series(math.nan, rows.index)
+                values = pd.to_numeric(raw, errors="coerce")
+                given = raw.notna() & (raw.astype(str).str.strip() != "")  # text where a number belongs is bad too
+                bad = given & ~values.apply(lambda v: MIN_SECONDS <= v <= MAX_SECONDS)
+                leave_out(bad, col, f"not a number within [{MIN_SECONDS:g}, {MAX_SECONDS:g}] s")
                 keep &= ~bad
                 rows = rows.assign(**{col: values})
             rows = rows[keep]
@@ -207,10 +215,11 @@ class MoeRows:
         counts = best["tokens"].astype(int).tolist()
         times = best["time_s"].astype(float).tolist()
         hosts = [_host_of(r) for _, r in best.iterrows()]
+        per_expert = [str(r.get("backend", "")) in PER_EXPERT_BACKENDS for _, r in best.iterrows()]
         files = best["file"].astype(str).tolist() if "file" in best else [""] * len(counts)
         if tokens in counts:
             i = counts.index(tokens)
-            return PhaseTime(times[i], True, f"{files[i]}: {phase} {pass_} at {tokens} tokens", hosts[i])
+            return PhaseTime(times[i], True, f"{files[i]}: {phase} {pass_} at {tokens} tokens", hosts[i], per_expert[i])
         if not counts[0] < tokens < counts[-1]:
             return (
                 f"benchmark_moe rows of {shape} cover {counts[0]}-{counts[-1]} tokens, not {tokens}: not extrapolated"
@@ -221,4 +230,4 @@ class MoeRows:
         note = f"{files[j]}: {phase} {pass_} between {counts[j - 1]} and {counts[j]} tokens"
         low, high = hosts[j - 1], hosts[j]
         host = None if low is None or high is None else low + w * (high - low)
-        return PhaseTime(seconds, False, note, host)
+        return PhaseTime(seconds, False, note, host, per_expert[j - 1] or per_expert[j])

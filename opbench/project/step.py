@@ -26,10 +26,12 @@ from .workload import (
     MEASURED_PERMUTATION,
     MEMORY,
     Item,
+    Unfused,
     Work,
     embedding_work,
     head_work,
     layer_work,
+    megatron_unfused,
     memory_kernels,
     mtp_work,
 )
@@ -152,12 +154,20 @@ class Projector:
         key = self._layer_key(lay, plan)
         if key not in self._host:
             work = self._layer(lay, plan)
-            measured = any(i.name == MEASURED_PERMUTATION for i in work.fwd)  # its MoE rows hold their kernels
-            k_fwd, k_bwd = memory_kernels(self.cfg, lay, self.rates.a.memory_ops == "eager", measured)
+            k_fwd, k_bwd = self._memory_kernels(lay, plan, work)
             self._host[key] = _issued(work.fwd, k_fwd, k_fwd, self._gemm_weight) + _issued(
                 work.bwd, k_bwd, k_fwd, self._gemm_weight
             )
         return self._host[key]
+
+    def _memory_kernels(self, lay, plan: Plan, work: Work) -> tuple[int, int]:
+        """(forward, backward) kernels of the layer's memory-bound item, as layer_work counts them: memory_kernels
+        (without the MoE phases measured rows hold) and Megatron-Core's unfused pieces."""
+        measured = any(i.name == MEASURED_PERMUTATION for i in work.fwd)
+        eager = self.rates.a.memory_ops == "eager"
+        k_fwd, k_bwd = memory_kernels(self.cfg, lay, eager, measured)
+        un = Unfused() if eager else megatron_unfused(self.cfg, lay, plan, experts=not measured)
+        return k_fwd + un.k_fwd, k_bwd + un.k_bwd
 
     def _layer_host_measured(self, lay, plan: Plan) -> float:
         """Seconds of host issue for one layer and micro-batch that measured rows hold (an item's ``host_s``:
@@ -191,26 +201,25 @@ class Projector:
             out.append(ops)
         return out
 
-    def _syncs(self, lay, plan: Plan) -> bool:
+    @staticmethod
+    def _syncs(lay) -> bool:
         """Whether a layer's forward synchronises the host with the GPU (docs/project.md, "Host-bound steps"): a MoE
-        layer under Megatron-Core (the fused profile), whose dropless dispatchers read the token counts on the host
-        (``token_dispatcher.py``: ``cuda_sync_point``, "A synchronization is needed before expert parallel AlltoAll
-        communication"), or under expert parallelism in PyTorch eager (torchtitan's all-to-all takes its splits as a
-        list)."""
-        return bool(lay.moe) and (self.profile == "fused" or plan.ep > 1)
+        layer does, under Megatron-Core (its dropless dispatchers read the token counts on the host:
+        ``token_dispatcher.py``, ``cuda_sync_point``), in transformers' eager experts (``nonzero()`` on the expert
+        mask) and under torchtitan's expert parallelism (its all-to-all takes its splits as a list)."""
+        return bool(lay.moe)
 
     def _layer_sync_stall(self, lay, plan: Plan, cost: float) -> float:
         """Seconds one micro-batch's forward of ``lay`` leaves the GPU waiting on the host when it synchronises
         (``_syncs``): the host's lead is gone there, so the GPU waits for the first operator after the sync to be
         issued (one operator's cost), and the whole forward takes its host's issue time where that is the longer
         (its operators × ``cost`` and its measured host_s against its GPU work). 0 for a layer without a sync."""
-        if not self._syncs(lay, plan):
+        if not self._syncs(lay):
             return 0.0
         key = self._layer_key(lay, plan)
         if key not in self._stall:
             work = self._layer(lay, plan)
-            measured = any(i.name == MEASURED_PERMUTATION for i in work.fwd)
-            k_fwd, _ = memory_kernels(self.cfg, lay, self.rates.a.memory_ops == "eager", measured)
+            k_fwd, _ = self._memory_kernels(lay, plan, work)
             host = cost * _issued(work.fwd, k_fwd, k_fwd, self._gemm_weight)
             host += sum(i.host_s for i in work.fwd if i.host_s is not None)
             self._stall[key] = cost + max(0.0, host - work.fwd_s)

@@ -583,7 +583,7 @@ def layer_work(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates, profile: 
         # the MoE block's share of each memory-bound item's time: its bytes at the memory rate and its kernels at
         # their fixed cost (the activation's kernel and Megatron's unfused expert pieces; the experts' casts)
         bw, kc = rates.memory_bandwidth().seconds, rates.kernel_cost().seconds
-        act = (EAGER_KERNELS if eager else FUSED_KERNELS)["act"]
+        act = 0 if isinstance(measured, tuple) else (EAGER_KERNELS if eager else FUSED_KERNELS)["act"]  # rows: own
         mem_t = mem / bw + k_fwd * kc
         cast_t = (cast_fwd + cast_bwd) / bw + (cast_k_fwd + cast_k_bwd) * kc
         shares = {
@@ -628,13 +628,13 @@ def measured_moe(cfg: ModelConfig, lay: Layer, plan: Plan, rates: Rates) -> tupl
 
     def item(category: str, name: str, p: str, phases: tuple[str, ...], share: float = 1.0) -> Item:
         """The phases' measured time × share, calibrated as the item's class (router and experts: GEMM), and their
-        rows' host issue time where every row has one. Not × share: the rank issues the same calls for its E/ep
-        experts as the row did for all E (one grouped call a pass, or a loop the backend runs on the device)."""
+        rows' host issue time where every row has one: × share only for a backend that issues a call per expert
+        (the rank issues E/ep of the row's E); torch._grouped_mm issues one call whatever the experts."""
         parts = [found[(ph, p)] for ph in phases]
         source = MEASURED if all(x.exact for x in parts) else INTERPOLATED
         seconds = sum(x.seconds for x in parts) * share
         timed = rates.scaled(Timed(seconds, source, "; ".join(x.note for x in parts)), category)
-        hosts = [x.host for x in parts]
+        hosts = [None if x.host is None else x.host * (share if x.per_expert else 1.0) for x in parts]
         host = None if any(h is None for h in hosts) else sum(h for h in hosts if h is not None)
         return Item(category, name, timed, timed.seconds, host)
 

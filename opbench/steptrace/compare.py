@@ -18,6 +18,7 @@ from typing import Any
 from opbench.core.errors import UsageError
 
 from . import rules
+from .attribute import IDLE
 
 # measured line item -> the projection's, where the two mean the same thing
 COMPUTE_ITEMS = (rules.GEMM, rules.ATTENTION, rules.MEMORY)
@@ -76,6 +77,7 @@ def _projected_items(flags: str) -> tuple[dict[str, float], dict[str, Any], Any]
         out[f"comm:{category}"] = seconds
     out["comm"] = result.exposed_comm_total
     out["bubble"] = result.bubble_s
+    out[IDLE] = result.host_wait_s  # the GPU waiting on its host (host-bound, or at synchronisations): a trace's idle
     out["step"] = result.step_s
     meta = {"model": cfg.name, "flags": flags, "device": rates.device, "world": plan.world, "sources": result.sources}
     return out, meta, rates
