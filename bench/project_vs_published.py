@@ -1029,14 +1029,16 @@ BRIDGE_2511_PARTS = (
 BRIDGE_FP8 = "--seqlen 8192 --fp8 te --fp8-recipe tensorwise --grad-dtype bf16 --recompute none"
 # The GB200 70B recipe offloads activations to the Grace CPU (Megatron-Bridge 5776a6d90,
 # llama3_workload_base_configs.py, LLAMA3_70B_PRETRAIN_CONFIG_GB200_FP8_CS_BASE_CONFIG: cpu_offloading_num_layers=40);
-# opbench counts them in GPU memory and gives the copies no time (overlapped over NVLink-C2C: an assumption)
-OFFLOAD = "the recipe offloads {} layers' activations to the CPU (not modelled)"
+# the copies' time rests on the per-GPU NVLink-C2C rate, an estimate (docs/project.md, "CPU offloading")
+OFFLOAD = "{} layers' activations offloaded to the CPU, as its recipe"
 DDP_FP8 = "--zero 1 --fp8-param-gather"  # FP8 parameters under FSDP are not modelled: the FSDP runs gather in bf16
 RUNS += [
     Published(
         "Bridge 25.11 parts",
         name,
-        f"--model {model} {layout} {BRIDGE_FP8}" + (" --gpus-per-node 4" if device == "GB200" else ""),
+        f"--model {model} {layout} {BRIDGE_FP8}"
+        + (" --gpus-per-node 4" if device == "GB200" else "")
+        + (f" --cpu-offloading-num-layers {offloaded}" if offloaded else ""),
         gbs * 8192 / (tps * world),
         BRIDGE_2511_PARTS,
         f"{tps:,} tokens/s/GPU" + (f"; {OFFLOAD.format(offloaded)}" if offloaded else ""),

@@ -272,3 +272,45 @@ def test_a_group_on_xgmis_mesh_reaches_only_its_own_links():
             got = rates.collective_time("all_gather", size, n, False)
             factor = (n - 1) / n
             assert got.seconds == pytest.approx(lat + size * factor / (min(whole, (n - 1) * per_link) * eff * 1e9))
+
+
+def test_cpu_offloading_moves_the_first_layers_activations_to_the_host_over_its_link(capsys):
+    """--cpu-offloading-num-layers N (Megatron's, docs/project.md "CPU offloading"): the first N layers' saved
+    activations leave the GPU's peak, and each crosses the host link out and back; a copy longer than the layer's
+    forward (out) or backward (back) shows as exposed offload. PCIe on an H100, NVLink-C2C on a GB200,
+    --host-link-gbs over both. Megatron's refusals (a pipeline, recomputation, every layer) are one line each."""
+    from opbench.core.errors import UsageError, run_cli
+    from opbench.project import memory as mem
+    from opbench.project.__main__ import main
+    from opbench.project.step import Projector
+
+    (cfg,) = select_models(load_model_configs(), "Llama3.1_8B")
+    base = Plan(world=8, seqlen=8192, global_batch=16, mbs=2, sharding="fsdp")  # one micro-batch a rank
+    offload = replace(base, cpu_offload_layers=8)
+    h100 = Projector(cfg, Rates([], "H100", "bf16", Assumptions(), 8))
+    without, with_ = h100.project(base), h100.project(offload)
+    lay = decoder_layers(cfg)[0]
+    one = mem.layer_activation_bytes(cfg, lay, base)
+    assert without.memory.activations - with_.memory.activations == 8 * one  # the layers are alike
+    copy = one / (64e9 * 0.8)  # PCIe Gen5 x16 at --link-efficiency
+    w = h100._layer(lay, base)
+    exposed = base.microbatches * 8 * (max(0.0, copy - w.fwd_s) + max(0.0, copy - w.bwd_s))
+    assert exposed > 0 and with_.exposed_comm_s["offload"] == pytest.approx(exposed)
+    assert with_.step_s == pytest.approx(without.step_s + exposed)
+    fast = Projector(cfg, Rates([], "H100", "bf16", Assumptions(host_link_gbs=1e4), 8)).project(offload)
+    assert "offload" not in fast.exposed_comm_s and fast.step_s == pytest.approx(without.step_s)
+    gb200 = Projector(cfg, Rates([], "GB200", "bf16", Assumptions(), 4)).project(replace(offload, gpus_per_node=4))
+    assert gb200.exposed_comm_s.get("offload", 0.0) < exposed  # NVLink-C2C's 225 GB/s a GPU: far under PCIe's
+    reasons = [problems(cfg, replace(offload, **change)) for change in ({"pp": 2}, {"recompute": "full"})]
+    assert [r[0][0] for r in reasons] == ["--cpu-offloading-num-layers"] * 2
+    assert "--pp 1" in reasons[0][0][1] and "--recompute none" in reasons[1][0][1]
+    assert "not fewer than" in problems(cfg, replace(base, cpu_offload_layers=32))[0][1]
+    with pytest.raises(UsageError, match="CPU target"):
+        Projector(cfg, Rates([], "cpu", "bf16", Assumptions(), 1)).project(offload)
+    flags = ["--model", "Llama3.1_8B", "--world-size", "8", "--seqlen", "8192", "--fsdp", "--device", "H100"]
+    assert run_cli(main, [*flags, "--cpu-offloading-num-layers", "8"], prog="opbench project") == 0
+    out = capsys.readouterr().out
+    assert "offload8" in out and "exposed offload" in out
+    assert run_cli(main, [*flags, "--cpu-offloading-num-layers", "8", "--pp", "2"], prog="opbench project") == 2
+    err = capsys.readouterr().err
+    assert "--cpu-offloading-num-layers" in err and len(err.strip().splitlines()) == 1

@@ -63,6 +63,27 @@ def intra_link(device_name: str) -> Link | None:
     return next((link for pattern, link in LINKS if re.search(pattern, low)), None)
 
 
+# A GPU's link to its host's memory, per direction, GB/s (what activation offloading copies over). Grace superchips
+# join CPU and GPU by NVLink-C2C: 900 GB/s bidirectional (NVIDIA GH200 data sheet: one GPU; GB200/GB300 data
+# sheets: per superchip of one Grace and two GPUs, so 225 per GPU and direction, an estimate of how the two share
+# it). Every other part reaches its host over PCIe: Gen5 x16, 64 GB/s per direction (the A100's Gen4, 32).
+HOST_LINKS: list[tuple[str, Link]] = [
+    (r"gh200", Link("NVLink-C2C", 450.0, 450.0, "NVIDIA GH200 data sheet: 900 GB/s bidirectional")),
+    (
+        r"gb[23]00",
+        Link("NVLink-C2C (one Grace, two GPUs)", 225.0, 225.0, "NVIDIA GB200/GB300 data sheets: 900 GB/s a superchip"),
+    ),
+    (r"a100", Link("PCIe Gen4 x16", 32.0, 32.0, "PCIe 4.0 x16: 32 GB/s per direction")),
+    (r"", Link("PCIe Gen5 x16", 64.0, 64.0, "PCIe 5.0 x16: 64 GB/s per direction")),
+]
+
+
+def host_link(device_name: str) -> Link:
+    """The GPU's link to its host (HOST_LINKS): NVLink-C2C on Grace superchips, else PCIe."""
+    low = device_name.lower()
+    return next(link for pattern, link in HOST_LINKS if re.search(pattern, low))
+
+
 _RATE = re.compile(r"^\s*([\d.]+)\s*Gb/sec")
 
 

@@ -207,6 +207,15 @@ def build_parser() -> argparse.ArgumentParser:
     lay.add_argument(
         "--no-sequence-parallel", action="store_true", help="TP without sequence parallelism (all-reduces)"
     )
+    lay.add_argument(
+        "--cpu-offloading-num-layers",
+        type=cli.positive_int,
+        default=None,
+        metavar="N",
+        help="Megatron's flag (with its --cpu-offloading): the activations of the first N decoder layers go to the "
+        "host in forward and come back for backward, over the part's host link (docs/project.md, 'CPU offloading'); "
+        "--pp 1 and --recompute none, as Megatron requires",
+    )
     # Megatron-Core's uneven pipeline split, under its own flag names (docs/project.md, "Layouts")
     for end in ("first", "last"):
         lay.add_argument(
@@ -347,6 +356,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="share of the bf16 peak attention (forward + backward) reaches without a row (default: 0.45 on an H100, "
         "another part scaled as its best published matmul is: 0.29 on an MI300X; docs/project.md, 'Rates')",
+    )
+    r.add_argument(
+        "--host-link-gbs",
+        type=cli.within(0.01, 1e6, "GB/s"),
+        default=None,
+        help="a GPU's link to its host's memory, GB/s per direction, for --cpu-offloading-num-layers (default by "
+        "part: PCIe Gen5 x16's 64; NVLink-C2C's 450 on GH200 and, shared by two GPUs, 225 on GB200/GB300, an "
+        "estimate; docs/project.md, 'CPU offloading')",
     )
     for flag, default, what, kind in (
         ("--memory-efficiency", a.memory_efficiency, "share of HBM bandwidth a streaming kernel reaches", efficiency),

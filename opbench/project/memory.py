@@ -700,6 +700,8 @@ def activation_bytes(
         groups = sum(-(-n // plan.recompute_num_layers) for n in index.values())
         per_chunk = groups * (plan.tokens // (plan.tp if plan.sp else 1)) * cfg.hidden_size * element_size(plan.dtype)
     kept = per_chunk // max(1, plan.vpp) * in_flight
+    if plan.cpu_offload_layers:  # the first N layers' activations wait on the host (pp 1: one chunk, in order)
+        kept -= in_flight * sum(offloaded_bytes(cfg, plan, layers, profile, compiled))
     if plan.moe_a2a_overlap and layers:  # a combined 1F1B step: the forward's first layers beside all of the chunk
         # its backward frees
         kept += max(layer_activation_bytes(cfg, lay, plan, profile, compiled) for lay in first.values())
@@ -729,6 +731,19 @@ def activation_bytes(
         per_logit = EAGER_LOSS_BYTES if profile == "eager" else (e + 4 if plan.ce_fusion else e)
         buffers += plan.tokens * vocab * per_logit
     return kept, buffers
+
+
+def offloaded_bytes(
+    cfg: ModelConfig,
+    plan: Plan,
+    layers: Sequence[tuple[int, Layer]],
+    profile: str = "fused",
+    compiled: bool = False,
+) -> list[int]:
+    """The activations each of the first ``plan.cpu_offload_layers`` decoder layers (of ``layers``, a stage's in
+    order) sends to the host and takes back (Megatron's --cpu-offloading-num-layers: Transformer Engine's offload
+    context moves the tensors a layer saves for backward, docs/project.md, "CPU offloading")."""
+    return [layer_activation_bytes(cfg, lay, plan, profile, compiled) for _, lay in layers[: plan.cpu_offload_layers]]
 
 
 def kda_backward_bytes(lay: Layer, plan: Plan) -> int:

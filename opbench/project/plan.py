@@ -100,6 +100,10 @@ class Plan:
     # Megatron's --moe-token-dispatcher-type: alltoall (NCCL, top-k copies of each token) or flex (DeepEP / HybridEP:
     # a token once to each node, then each GPU, its experts are on)
     dispatcher: str = "alltoall"
+    # Megatron's --cpu-offloading-num-layers (with --cpu-offloading; Transformer Engine's offload context): the
+    # activations of the first N decoder layers go to the host during forward and come back for backward
+    # (docs/project.md, "CPU offloading")
+    cpu_offload_layers: int = 0
 
     def recomputes(self, index: int) -> bool:
         """Whether a decoder layer, ``index`` within its model chunk, runs with --recompute as given: every layer,
@@ -224,6 +228,7 @@ class Plan:
             recipe = "-tensorwise" if self.fp8 == "te" and self.fp8_recipe == "tensorwise" else ""
             parts += [f"fp8-{self.fp8}{recipe}" + ("-param-gather" if self.fp8_param_gather else "")]
         parts += [f"dropout{self.hidden_dropout:g}"] if self.hidden_dropout else []
+        parts += [f"offload{self.cpu_offload_layers}"] if self.cpu_offload_layers else []
         parts += ["ce-fusion"] if self.ce_fusion else []
         parts += [f"mtp{self.mtp_layers}"] if self.mtp_layers else []
         parts += ["attn-unfused"] if self.unfused_attention else []
@@ -302,6 +307,14 @@ def problems(cfg: ModelConfig, plan: Plan, layers: Sequence[Layer] | None = None
                 f"{max(pieces)}",
             )
         )
+    if plan.cpu_offload_layers:  # Megatron's own refusals (megatron/core/transformer/transformer_config.py)
+        flag = "--cpu-offloading-num-layers"
+        if plan.cpu_offload_layers >= n_layers:
+            out.append((flag, f"{plan.cpu_offload_layers:,} is not fewer than {cfg.name}'s {n_layers} decoder layers"))
+        if plan.pp > 1:
+            out.append((flag, "Megatron offloads activations only without pipeline parallelism: --pp 1"))
+        if plan.recompute != "none":
+            out.append((flag, "Megatron does not offload activations with recomputation: --recompute none"))
     if plan.schedule in V_SHAPED and plan.vpp != 2:
         out.append(("--vpp", f"--schedule {plan.schedule} runs two model chunks per stage: --vpp 2"))
     elif plan.vpp > 1 and plan.schedule not in (*INTERLEAVED, *V_SHAPED):

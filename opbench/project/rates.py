@@ -50,6 +50,7 @@ class Assumptions:
     memory_efficiency: float = 0.80  # of HBM peak, streaming (copy) kernels
     link_efficiency: float = 0.80  # of the link peak, a collective's busbw at large sizes
     nic_gbs: float = 50.0  # network per GPU per direction: one 400 Gb/s NIC per GPU (H100/MI300X node designs)
+    host_link_gbs: float | None = None  # GPU to host memory per direction (activation offloading); None: the part's
     latency_us_intra: float = 10.0  # a collective's fixed cost inside a node
     latency_us_inter: float = 20.0  # ... across nodes
     memory_bandwidth_gbs: float | None = None  # overrides the measured / peak memory bandwidth

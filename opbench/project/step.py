@@ -10,7 +10,9 @@ from dataclasses import dataclass, field, replace
 
 from opbench.attention.flops import attention_flops
 from opbench.attention.shapes import model_attention_shapes
+from opbench.cluster.links import host_link
 from opbench.core.dtypes import element_size
+from opbench.core.errors import UsageError
 from opbench.gemm.shapes import gemm_shapes, padded_vocab
 from opbench.models import ModelConfig
 from opbench.models.architectures import decoder_layers
@@ -263,6 +265,25 @@ class Projector:
         timed = self.rates.memory_time(nbytes)
         return Work((), (Item(MEMORY, "gradient accumulation (unfused)", timed, timed.seconds),))
 
+    def _offload_exposed(self, plan: Plan) -> float:
+        """What one micro-batch's activation offloading adds to the step (--cpu-offloading-num-layers; docs/project.md,
+        "CPU offloading"): each offloaded layer's activations go to the host while the next layer's forward runs and
+        come back while the layer after it runs its backward (Transformer Engine's offload context, one layer
+        ahead), over the part's host link (cluster.links.host_link) at --link-efficiency; what a copy takes beyond
+        that layer's compute is exposed. The next layer's time is taken as this one's (a model's layers alike)."""
+        if not plan.cpu_offload_layers:
+            return 0.0
+        rates = self.rates
+        compiled = rates.a.compile_memory_time is not None
+        layers = mem.stage_layers(self.cfg, plan, 0, self.layers)
+        gbs = rates.a.host_link_gbs or host_link(rates.device or "").intra_gbs  # --host-link-gbs, else the part's
+        bandwidth = gbs * 1e9 * rates.a.link_efficiency
+        exposed = 0.0
+        for (_, lay), size in zip(layers, mem.offloaded_bytes(self.cfg, plan, layers, self.profile, compiled)):
+            w, copy = self._layer(lay, plan), size / bandwidth
+            exposed += max(0.0, copy - w.fwd_s) + max(0.0, copy - w.bwd_s)
+        return exposed
+
     def stage_work(self, plan: Plan) -> list[list[Work]]:
         """work[stage][chunk]: one micro-batch through that piece of the model."""
         out = []
@@ -312,6 +333,10 @@ class Projector:
     def project(self, plan: Plan, exact: bool = True) -> Projection:
         """``exact``: simulate the schedule op by op; else its closed form (the search screens with it)."""
         check(self.cfg, plan, self.layers)
+        if plan.cpu_offload_layers and not self.rates.on_gpu:
+            raise UsageError(
+                "a CPU target has no device memory to offload activations from", field="--cpu-offloading-num-layers"
+            )
         cfg, rates, e = self.cfg, self.rates, element_size(plan.dtype)
         work = self.stage_work(plan)
         times = [[StageTimes(w.fwd_s, w.bwd_s, w.wgrad_s) for w in chunks] for chunks in work]
@@ -327,6 +352,8 @@ class Projector:
         else:
             sched = estimate(times, m, send, plan.schedule)
             pp_exposed = 2 * (plan.pp - 1) * send
+
+        offload = self._offload_exposed(plan) * m  # one stage (Megatron offloads only without a pipeline)
 
         # per stage: data-parallel exposure and the optimizer, after the pipeline drains
         tail, dp_exposed, opt_time = [], [], []
@@ -397,7 +424,7 @@ class Projector:
             opt_numels.append(opt_numel)
             dp_exposed.append(exposed)
             opt_time.append(opt)
-            tail.append(exposed + opt)
+            tail.append(exposed + opt + (offload if s == 0 else 0.0))
         crit = max(range(plan.pp), key=lambda s: sched.busy_s[s] + tail[s])
         gpu_step = sched.total_s + tail[crit]
         step, host_s, crit, sync_wait = self._host_bound(plan, gpu_step, crit, opt_numels)
@@ -412,6 +439,8 @@ class Projector:
         if plan.pp > 1:
             comm["pp_comm"] = pp_exposed
         comm["dp_comm"] = dp_exposed[crit]
+        if offload:
+            comm["offload"] = offload
         host_wait = step - gpu_step
         sync_wait = host_wait if sync_wait else 0.0  # the same figure, not a difference's rounding beside it
         bubble = step - host_wait - compute - sum(comm.values()) - opt_time[crit]
