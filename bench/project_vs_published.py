@@ -1077,6 +1077,9 @@ def projected_memory(run: PublishedMemory) -> int:
     return projector.stage_memory(plan, run.stage, flight).total
 
 
+RESERVE_GIB = build_parser().get_default("memory_reserve_gib")  # what a GPU keeps from the step (opbench project)
+
+
 def project(
     flags: str, scale: float | None = None, device: str = "H100", config: dict | None = None, before: bool = False
 ) -> tuple[Projection, Projector, object]:
@@ -1111,7 +1114,7 @@ def main() -> None:
     for run in RUNS:
         base, projector, plan = project(run.flags, device=run.device, config=run.config)
         capacity = _device_memory_gib(run.device) or math.inf
-        over = base.memory.total / 2**30 > capacity
+        over = base.memory.total / 2**30 + RESERVE_GIB > capacity  # as opbench project's "does not fit"
         recipe_note = ""
         if run.recipe:
             alt = project(run.recipe, device=run.device, config=run.config)[0]
@@ -1155,7 +1158,9 @@ def main() -> None:
                     for n in (
                         run.note,
                         f"the host's issue +{base.host_wait_s * 1e3:.3g} ms" if base.host_bound else "",
-                        f"projected above the part's {capacity:g} GiB as printed" if over else "",
+                        f"projected above the part's {capacity:g} GiB (with {RESERVE_GIB:g} reserved) as printed"
+                        if over
+                        else "",
                         recipe_note,
                     )
                     if n

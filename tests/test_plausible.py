@@ -150,7 +150,7 @@ PROJECT_CSV_ROW = {
     "cp": 1, "ep": 1, "etp": 1, "vpp": 1, "mbs": 4, "microbatches": 32, "global_batch": 1024, "seqlen": 4096,
     "sharding": "zero1", "recompute": "none", "schedule": "1f1b", "dtype": "bf16", "fp8": "none", "device": "H100",
     "rank": 1, "step_time_s": 6.5278, "compute_s": 6.52697, "exposed_comm_s": 0, "tp_comm_s": 0, "ep_comm_s": 0,
-    "cp_comm_s": 0, "pp_comm_s": 0, "dp_comm_s": 0, "bubble_s": 0, "optimizer_s": 0.000834, "tokens_per_s": 642529,
+    "cp_comm_s": 0, "pp_comm_s": 0, "dp_comm_s": 0, "offload_s": 0, "bubble_s": 0, "optimizer_s": 0.000834, "tokens_per_s": 642529,
     "mfu": 0.4239, "mem_params_gib": 1.11, "mem_grads_gib": 2.22, "mem_optimizer_gib": 0.83,
     "mem_activations_gib": 28.6, "mem_buffers_gib": 4.73, "mem_total_gib": 37.5, "memory_gib": 80, "fits": True,
     "estimated_share": 1, "rates": "gemm: estimated", "status": "ok", "error": "",

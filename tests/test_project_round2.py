@@ -10,6 +10,7 @@ import pytest
 from opbench.core.peaks import nvlink_domain_of
 from opbench.models import load_model_configs, select_models
 from opbench.models.architectures import decoder_layers
+from opbench.models.layout import MAMBA2
 from opbench.project.plan import Plan, problems
 from opbench.project.rates import Assumptions, Rates
 from opbench.project.workload import EP_COMM, layer_work
@@ -274,43 +275,62 @@ def test_a_group_on_xgmis_mesh_reaches_only_its_own_links():
             assert got.seconds == pytest.approx(lat + size * factor / (min(whole, (n - 1) * per_link) * eff * 1e9))
 
 
-def test_cpu_offloading_moves_the_first_layers_activations_to_the_host_over_its_link(capsys):
+def test_cpu_offloading_moves_the_first_layers_activations_to_the_host_over_its_link(capsys, tmp_path):
     """--cpu-offloading-num-layers N (Megatron's, docs/project.md "CPU offloading"): the first N layers' saved
-    activations leave the GPU's peak, and each crosses the host link out and back; a copy longer than the layer's
-    forward (out) or backward (back) shows as exposed offload. PCIe on an H100, NVLink-C2C on a GB200,
-    --host-link-gbs over both. Megatron's refusals (a pipeline, recomputation, every layer) are one line each."""
+    activations leave the GPU's peak, and each crosses the host link out and back, one copy at a time on
+    Transformer Engine 2.9's windows (32 layers, 8 offloaded: due every 4 layers); a copy longer than the layers
+    between its start and its deadline stalls the GPU, shown as exposed offload, in every micro-batch. PCIe on an
+    H100, NVLink-C2C on a GB200, --host-link-gbs over both. Megatron's refusals (a pipeline, recomputation, every
+    layer, a Mamba hybrid) are one line each."""
+    import csv
+
     from opbench.core.errors import UsageError, run_cli
     from opbench.project import memory as mem
     from opbench.project.__main__ import main
-    from opbench.project.step import Projector
+    from opbench.project.step import Projector, te_offload_windows
 
+    assert te_offload_windows(32, 8) == [3, 7, 11, 15, 19, 23, 27, 31]
+    assert te_offload_windows(80, 40)[:3] == [1, 3, 5] and te_offload_windows(10, 3) == [3, 6, 9]  # remainder first
     (cfg,) = select_models(load_model_configs(), "Llama3.1_8B")
-    base = Plan(world=8, seqlen=8192, global_batch=16, mbs=2, sharding="fsdp")  # one micro-batch a rank
+    base = Plan(world=8, seqlen=8192, global_batch=32, mbs=2, sharding="fsdp")  # two micro-batches a rank
     offload = replace(base, cpu_offload_layers=8)
-    h100 = Projector(cfg, Rates([], "H100", "bf16", Assumptions(), 8))
-    without, with_ = h100.project(base), h100.project(offload)
+
+    def projector(device: str = "H100", node: int = 8, **assumed) -> Projector:
+        return Projector(cfg, Rates([], device, "bf16", Assumptions(**assumed), node))
+
+    without, with_ = projector().project(base), projector().project(offload)
     lay = decoder_layers(cfg)[0]
     one = mem.layer_activation_bytes(cfg, lay, base)
     assert without.memory.activations - with_.memory.activations == 8 * one  # the layers are alike
-    copy = one / (64e9 * 0.8)  # PCIe Gen5 x16 at --link-efficiency
-    w = h100._layer(lay, base)
-    exposed = base.microbatches * 8 * (max(0.0, copy - w.fwd_s) + max(0.0, copy - w.bwd_s))
-    assert exposed > 0 and with_.exposed_comm_s["offload"] == pytest.approx(exposed)
-    assert with_.step_s == pytest.approx(without.step_s + exposed)
-    fast = Projector(cfg, Rates([], "H100", "bf16", Assumptions(host_link_gbs=1e4), 8)).project(offload)
-    assert "offload" not in fast.exposed_comm_s and fast.step_s == pytest.approx(without.step_s)
-    gb200 = Projector(cfg, Rates([], "GB200", "bf16", Assumptions(), 4)).project(replace(offload, gpus_per_node=4))
-    assert gb200.exposed_comm_s.get("offload", 0.0) < exposed  # NVLink-C2C's 225 GB/s a GPU: far under PCIe's
+    w = projector()._layer(lay, base)
+
+    def expected(gbs: float) -> float:  # copy 0 beside layers 1-3, the others beside 4 layers; back: 4 each
+        c = one / (gbs * 1e9 * 0.8)  # at --link-efficiency
+        out = max(0.0, c - 3 * w.fwd_s) + 7 * max(0.0, c - 4 * w.fwd_s)
+        return 2 * (out + 8 * max(0.0, c - 4 * w.bwd_s))
+
+    slow = projector(host_link_gbs=4.0).project(offload)
+    assert expected(4.0) > 0 and slow.exposed_comm_s["offload"] == pytest.approx(expected(4.0))
+    assert slow.step_s == pytest.approx(without.step_s + expected(4.0))
+    assert with_.exposed_comm_s.get("offload", 0.0) == pytest.approx(expected(64.0))  # PCIe Gen5 x16
+    gb200 = projector("GB200", 4).project(replace(offload, gpus_per_node=4))
+    assert expected(225.0) <= expected(64.0) and gb200.exposed_comm_s.get("offload", 0.0) <= expected(64.0)
     reasons = [problems(cfg, replace(offload, **change)) for change in ({"pp": 2}, {"recompute": "full"})]
     assert [r[0][0] for r in reasons] == ["--cpu-offloading-num-layers"] * 2
     assert "--pp 1" in reasons[0][0][1] and "--recompute none" in reasons[1][0][1]
     assert "not fewer than" in problems(cfg, replace(base, cpu_offload_layers=32))[0][1]
+    mamba = replace(lay, attention=tuple(replace(op, kind=MAMBA2) for op in lay.attention))  # a Mamba-2 mixer
+    assert "hybrid" in problems(cfg, offload, [mamba, *decoder_layers(cfg)[1:]])[0][1]
     with pytest.raises(UsageError, match="CPU target"):
         Projector(cfg, Rates([], "cpu", "bf16", Assumptions(), 1)).project(offload)
     flags = ["--model", "Llama3.1_8B", "--world-size", "8", "--seqlen", "8192", "--fsdp", "--device", "H100"]
-    assert run_cli(main, [*flags, "--cpu-offloading-num-layers", "8"], prog="opbench project") == 0
+    out_dir = tmp_path / "p"
+    given = [*flags, "--cpu-offloading-num-layers", "8", "--host-link-gbs", "4", "--report-dir-path", str(out_dir)]
+    assert run_cli(main, given, prog="opbench project") == 0
     out = capsys.readouterr().out
     assert "offload8" in out and "exposed offload" in out
+    (row,) = csv.DictReader(open(next(out_dir.glob("project*.csv")), newline=""))
+    assert float(row["offload_s"]) > 0
     assert run_cli(main, [*flags, "--cpu-offloading-num-layers", "8", "--pp", "2"], prog="opbench project") == 2
     err = capsys.readouterr().err
     assert "--cpu-offloading-num-layers" in err and len(err.strip().splitlines()) == 1

@@ -594,6 +594,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(
                 "--validate trains without recomputation: project --recompute without it", field="--recompute"
             )
+        if plan.cpu_offload_layers:
+            raise UsageError(
+                "--validate trains without offloading activations: project --cpu-offloading-num-layers without it",
+                field="--cpu-offloading-num-layers",
+            )
         if plan.unfused_attention or plan.ce_fusion or plan.mtp_layers:
             raise UsageError(
                 "--validate trains transformers' model with SDPA and torch's cross-entropy: project Megatron's "

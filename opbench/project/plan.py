@@ -16,7 +16,7 @@ from opbench.core.errors import UsageError
 from opbench.gemm.shapes import ModelParallel, check_parallel
 from opbench.models import ModelConfig
 from opbench.models.architectures import decoder_layers
-from opbench.models.layout import Layer
+from opbench.models.layout import MAMBA2, Layer
 
 from .pipeline import INTERLEAVED, V_SHAPED, ZERO_BUBBLE, piece_of
 
@@ -315,6 +315,9 @@ def problems(cfg: ModelConfig, plan: Plan, layers: Sequence[Layer] | None = None
             out.append((flag, "Megatron offloads activations only without pipeline parallelism: --pp 1"))
         if plan.recompute != "none":
             out.append((flag, "Megatron does not offload activations with recomputation: --recompute none"))
+        if any(op.kind == MAMBA2 for lay in (layers or decoder_layers(cfg)) for op in lay.attention):
+            # Megatron's hybrid stack (megatron/core/models/hybrid/hybrid_block.py) opens no offload context
+            out.append((flag, "Megatron's hybrid (Mamba) stack offloads no activations"))
     if plan.schedule in V_SHAPED and plan.vpp != 2:
         out.append(("--vpp", f"--schedule {plan.schedule} runs two model chunks per stage: --vpp 2"))
     elif plan.vpp > 1 and plan.schedule not in (*INTERLEAVED, *V_SHAPED):

@@ -2,7 +2,7 @@
 
 from opbench.core.schema import Schema
 
-COMM_KINDS = ("tp_comm", "ep_comm", "cp_comm", "pp_comm", "dp_comm")
+COMM_KINDS = ("tp_comm", "ep_comm", "cp_comm", "pp_comm", "dp_comm", "offload")  # offload: activations to the host
 
 SCHEMA = Schema(
     benchmark="project",

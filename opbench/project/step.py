@@ -267,10 +267,12 @@ class Projector:
 
     def _offload_exposed(self, plan: Plan) -> float:
         """What one micro-batch's activation offloading adds to the step (--cpu-offloading-num-layers; docs/project.md,
-        "CPU offloading"): each offloaded layer's activations go to the host while the next layer's forward runs and
-        come back while the layer after it runs its backward (Transformer Engine's offload context, one layer
-        ahead), over the part's host link (cluster.links.host_link) at --link-efficiency; what a copy takes beyond
-        that layer's compute is exposed. The next layer's time is taken as this one's (a model's layers alike)."""
+        "CPU offloading"), as Transformer Engine 2.9's offload handler (``AsyncDoubleBufferGroupOffloadHandler``,
+        Megatron-Bridge 25.11's pin) schedules the copies: one at a time, each layer's activations sent out after the
+        previous copy is waited for and due by the end of layer ``te_offload_windows``' entry, brought back in
+        backward the same way, over the part's host link (cluster.links.host_link, or --host-link-gbs) at
+        --link-efficiency. A copy longer than the layers' compute between its start and its deadline stalls the
+        GPU by the difference."""
         if not plan.cpu_offload_layers:
             return 0.0
         rates = self.rates
@@ -278,10 +280,17 @@ class Projector:
         layers = mem.stage_layers(self.cfg, plan, 0, self.layers)
         gbs = rates.a.host_link_gbs or host_link(rates.device or "").intra_gbs  # --host-link-gbs, else the part's
         bandwidth = gbs * 1e9 * rates.a.link_efficiency
+        copies = [size / bandwidth for size in mem.offloaded_bytes(self.cfg, plan, layers, self.profile, compiled)]
+        work = [self._layer(lay, plan) for _, lay in layers]
+        due = te_offload_windows(len(layers), len(copies))
         exposed = 0.0
-        for (_, lay), size in zip(layers, mem.offloaded_bytes(self.cfg, plan, layers, self.profile, compiled)):
-            w, copy = self._layer(lay, plan), size / bandwidth
-            exposed += max(0.0, copy - w.fwd_s) + max(0.0, copy - w.bwd_s)
+        for k, copy in enumerate(copies):
+            # out: starts after layer 0 (the first) or at the previous copy's deadline, runs beside the layers up to
+            # its own; back: beside the backward of the layers from its deadline down to the next one's
+            start = 0 if k == 0 else due[k - 1]
+            exposed += max(0.0, copy - sum(w.fwd_s for w in work[start + 1 : due[k] + 1]))
+            lower = due[k - 1] if k else -1
+            exposed += max(0.0, copy - sum(w.bwd_s for w in work[lower + 1 : due[k] + 1]))
         return exposed
 
     def stage_work(self, plan: Plan) -> list[list[Work]]:
@@ -545,6 +554,20 @@ class Projector:
             attention_flops(s, 1, "fwdbwd") * (s.layer_count or 1) for s in model_attention_shapes(self.cfg, seqlen)
         )
         return 3 * gemm + attn
+
+
+def te_offload_windows(layers: int, offloaded: int) -> list[int]:
+    """The layer by whose end each offloaded layer's copy must be done: Transformer Engine 2.9's
+    ``AsyncDoubleBufferGroupOffloadHandler.layer_window_map`` (``transformer_engine/pytorch/cpu_offload.py``), which
+    spreads ``offloaded`` copies over the ``layers`` (``layers // offloaded`` apart, the remainder's extra layer to
+    the first ones)."""
+    step, extra, out, constant = layers // offloaded, layers % offloaded, [], 0
+    for i in range(offloaded):
+        window = step * (i + 1) - 1
+        if i < extra:
+            constant = i + 1
+        out.append(window + constant)
+    return out
 
 
 def _issued(items: Iterable[Item], layer_kernels: int, recompute_kernels: int, gemm_weight: float) -> float:

@@ -604,6 +604,7 @@ PROJECT_PARTS = (
     ("cp_comm_s", "CP comm"),
     ("pp_comm_s", "PP sends"),
     ("dp_comm_s", "DP / FSDP comm"),
+    ("offload_s", "activation offload"),
     ("bubble_s", "pipeline bubble"),
     ("optimizer_s", "optimizer"),
 )

@@ -73,9 +73,13 @@ def _projected_items(flags: str) -> tuple[dict[str, float], dict[str, Any], Any]
             if item.category in COMPUTE_KINDS:
                 out[item.category] += item.exposed * plan.microbatches
     out[rules.OPTIMIZER] = result.optimizer_s
+    offload = result.exposed_comm_s.get("offload", 0.0)  # host copies: a trace's memcpy, not a collective
     for category, seconds in result.exposed_comm_s.items():
-        out[f"comm:{category}"] = seconds
-    out["comm"] = result.exposed_comm_total
+        if category != "offload":
+            out[f"comm:{category}"] = seconds
+    out["comm"] = result.exposed_comm_total - offload
+    if offload:
+        out[rules.MEMCPY] = offload
     out["bubble"] = result.bubble_s
     out[IDLE] = result.host_wait_s  # the GPU waiting on its host (host-bound, or at synchronisations): a trace's idle
     out["step"] = result.step_s
