@@ -5,7 +5,7 @@ gathers with what overlaps, the optimizer, and memory per GPU (memory.py) (docs/
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from opbench.attention.flops import attention_flops
@@ -16,6 +16,7 @@ from opbench.core.errors import UsageError
 from opbench.gemm.shapes import gemm_shapes, padded_vocab
 from opbench.models import ModelConfig
 from opbench.models.architectures import decoder_layers
+from opbench.models.layout import Layer
 
 from . import memory as mem
 from .megatron_flags import pinned_allreduce, unfused_accumulation_bytes
@@ -184,23 +185,30 @@ class Projector:
     def _gemm_weight(self) -> float:
         return TE_MODULE_HOST if self.profile == "fused" else 1.0
 
+    def _per_stage(self, plan: Plan, per_layer: Callable[[Layer, Plan], float]) -> list[float]:
+        """sum[stage] of ``per_layer`` over a stage's decoder layers, each with the layout it runs under (--recompute
+        as given, or none beyond --recompute-method block's first layers)."""
+        plain = replace(plan, recompute="none")
+        out = []
+        for s in range(plan.pp):
+            total, index = 0.0, [0] * plan.vpp
+            for chunk, lay in mem.stage_layers(self.cfg, plan, s, self.layers):
+                total += per_layer(lay, plan if plan.recomputes(index[chunk]) else plain)
+                index[chunk] += 1
+            out.append(total)
+        return out
+
     def stage_host_ops(self, plan: Plan) -> list[float]:
         """ops[stage]: the operators one micro-batch's forward and backward through all of a stage's chunks issue
         (``_layer_ops``; embedding, head and MTP depths an operator an item)."""
-        out = []
+        out = self._per_stage(plan, self._layer_ops)
         last_piece = plan.pp * plan.vpp - 1
-        plain = replace(plan, recompute="none")
         for s in range(plan.pp):
-            ops, index = 0.0, [0] * plan.vpp
-            for chunk, lay in mem.stage_layers(self.cfg, plan, s, self.layers):
-                ops += self._layer_ops(lay, plan if plan.recomputes(index[chunk]) else plain)
-                index[chunk] += 1
             extra = [embedding_work(self.cfg, plan, self.rates)] if s == 0 else []
             if any(plan.piece(c, s) == last_piece for c in range(plan.vpp)):
                 extra += [head_work(self.cfg, plan, self.rates)]
                 extra += [mtp_work(self.cfg, plan, self.rates)] * plan.mtp_layers
-            ops += sum(_issued(w.fwd + w.bwd, 1, 1, self._gemm_weight) for w in extra)
-            out.append(ops)
+            out[s] += sum(_issued(w.fwd + w.bwd, 1, 1, self._gemm_weight) for w in extra)
         return out
 
     @staticmethod
@@ -230,28 +238,12 @@ class Projector:
     def stage_sync_stall(self, plan: Plan, cost: float) -> list[float]:
         """seconds[stage]: what one micro-batch's forward through a stage's chunks leaves its GPU waiting on the host
         at the layers that synchronise (``_layer_sync_stall``)."""
-        plain = replace(plan, recompute="none")
-        out = []
-        for s in range(plan.pp):
-            seconds, index = 0.0, [0] * plan.vpp
-            for chunk, lay in mem.stage_layers(self.cfg, plan, s, self.layers):
-                seconds += self._layer_sync_stall(lay, plan if plan.recomputes(index[chunk]) else plain, cost)
-                index[chunk] += 1
-            out.append(seconds)
-        return out
+        return self._per_stage(plan, lambda lay, p: self._layer_sync_stall(lay, p, cost))
 
     def stage_host_measured(self, plan: Plan) -> list[float]:
         """seconds[stage]: the host issue one micro-batch's forward and backward through a stage's chunks spends in
         items whose host time was measured (``_layer_host_measured``), beside ``stage_host_ops``' count."""
-        plain = replace(plan, recompute="none")
-        out = []
-        for s in range(plan.pp):
-            seconds, index = 0.0, [0] * plan.vpp
-            for chunk, lay in mem.stage_layers(self.cfg, plan, s, self.layers):
-                seconds += self._layer_host_measured(lay, plan if plan.recomputes(index[chunk]) else plain)
-                index[chunk] += 1
-            out.append(seconds)
-        return out
+        return self._per_stage(plan, self._layer_host_measured)
 
     def _unfused_accumulation(self, plan: Plan, stage: int, chunk: int) -> Work:
         """Megatron's gradient accumulation without its fusion, one micro-batch of chunk ``chunk``: the backward hook
