@@ -1053,10 +1053,74 @@ RUNS += [
          8, 31508, "GB200", 0),
         ("Llama-3-70B fp8, 64 GB200, FSDP mbs 2", "Llama3.1_70B", "--world-size 64 --mbs 2 --global-batch 256 --fsdp",
          256, 64, 4312, "GB200", 40),
+        # GB300's training factor is this run's (opbench/core/peaks.py, TRAINING_FP8_TFLOPS): not held out; the table
+        # prints mbs 2, its recipe of the time (5776a6d90, LLAMA3_8B_PRETRAIN_CONFIG_GB300_FP8_CS_BASE_CONFIG) sets 4
+        ("Llama-3-8B fp8, 8 GB300, mbs 2", "Llama3.1_8B", f"--world-size 8 --mbs 2 --global-batch 128 {DDP_FP8}", 128,
+         8, 37556, "GB300", 0),
+    )
+]  # fmt: skip
+# One release on five parts (Megatron-Bridge's performance summary, 26.04.01 NeMo container, the "Megatron-Bridge"
+# group's release; its H100 runs are above): Llama-3 70B and 3.1 405B in FP8 current scaling on GB200 and GB300, and
+# gpt-oss-120b in bf16 on B200, B300, GB200 and GB300, each with its recipe of the release (Megatron-Bridge
+# c76eae64e, 2026-04-20, scripts/performance/configs/: llama3_workload_base_configs.py V2, llama31_... V2,
+# gpt_oss_workload_base_configs.py V2). 70B: Megatron FSDP, mbs 2, GB200 offloading 40 layers' activations and GB300
+# 20; 405B: tp4 vp4, pp 16 on GB200 and 8 on GB300, TP overlap as on H100. gpt-oss: mbs 4; EP 64 on GB200/GB300
+# (one NVL72 rack), 8 on B200/B300 with HybridEP (flex); GB200 recomputes layernorm and moe_act and overlaps the
+# all-to-all; B200 recomputes; GB300 and B300 take Transformer Engine's CUDA graphs of attention, router and
+# dispatch preprocessing and no recomputation (graphs not modelled: the host model's default stands, "Host-bound
+# steps"). The GB300/B300 lines are datasheet peaks at their Blackwell siblings' matmul shares (docs/project.md,
+# "Parts"). The table's MoE runs force-balance the routing.
+BRIDGE_2604_PARTS = (
+    "github.com/NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md (26.04.01 NeMo container: DGX-B200, "
+    "DGX-B300, DGX-GB200, DGX-GB300 tables)"
+)
+LLAMA405_FP8 = (
+    "--model Llama3.1_405B --global-batch 1536 --seqlen 8192 --fp8 te --fp8-param-gather "
+    f"--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split --fp8-recipe tensorwise "
+    f"{BRIDGE_FLAGS}"
+)
+GPT_OSS_2604 = "--world-size 64 --mbs 4 --global-batch 1280 --seqlen 4096 --zero 1 --grad-dtype bf16"
+GPT_OSS_RECOMPUTE = "--recompute selective --recompute-modules layernorm,moe_act"
+RUNS += [
+    Published(
+        "Megatron-Bridge",
+        name,
+        flags + (" --gpus-per-node 4" if device.startswith("GB") else ""),
+        gbs * seqlen / (tps * world),
+        BRIDGE_2604_PARTS,
+        f"{tps:,} tokens/s/GPU" + (f"; {note}" if note else ""),
+        device,
+        config=GPT_OSS_120B if "gpt-oss" in name else None,
+    )
+    for name, flags, gbs, seqlen, world, tps, device, note in (
+        ("Llama-3-70B fp8, 64 GB200, FSDP mbs 2 (26.04.01)", "--model Llama3.1_70B --world-size 64 --mbs 2 "
+         f"--global-batch 256 --fsdp {BRIDGE_FP8} --cpu-offloading-num-layers 40", 256, 8192, 64, 4224, "GB200",
+         OFFLOAD.format(40)),
+        ("Llama-3-70B fp8, 64 GB300, FSDP mbs 2", "--model Llama3.1_70B --world-size 64 --mbs 2 --global-batch 256 "
+         f"--fsdp {BRIDGE_FP8} --cpu-offloading-num-layers 20", 256, 8192, 64, 5248, "GB300", OFFLOAD.format(20)),
+        ("Llama-3.1-405B fp8, 256 GB200, tp4 pp16 vp4", f"{LLAMA405_FP8} --world-size 256 --tp 4 --pp 16 --vpp 4",
+         1536, 8192, 256, 864, "GB200", ""),
+        ("Llama-3.1-405B fp8, 256 GB300, tp4 pp8 vp4", f"{LLAMA405_FP8} --world-size 256 --tp 4 --pp 8 --vpp 4",
+         1536, 8192, 256, 1024, "GB300", ""),
+        ("gpt-oss-120b bf16, 64 B200, ep8", f"{GPT_OSS_2604} --ep 8 --moe-token-dispatcher-type flex "
+         f"{GPT_OSS_RECOMPUTE}", 1280, 4096, 64, 13568, "B200", "HybridEP"),
+        ("gpt-oss-120b bf16, 64 B300, ep8", f"{GPT_OSS_2604} --ep 8 --moe-token-dispatcher-type flex --recompute none",
+         1280, 4096, 64, 15232, "B300", "HybridEP; CUDA graphs (attention, router)"),
+        ("gpt-oss-120b bf16, 64 GB200, ep64", f"{GPT_OSS_2604} --ep 64 --moe-token-dispatcher-type flex "
+         f"--moe-a2a-overlap {GPT_OSS_RECOMPUTE}", 1280, 4096, 64, 16640, "GB200", "HybridEP, EP overlap"),
+        ("gpt-oss-120b bf16, 64 GB300, ep64", f"{GPT_OSS_2604} --ep 64 --recompute none", 1280, 4096, 64, 19200,
+         "GB300", "all-to-all; CUDA graphs (attention, router)"),
     )
 ]  # fmt: skip
 # Published throughput ratios between parts, each a pair of RUNS by name (the first the faster part)
 PART_RATIOS = [
+    ("Llama-3-70B fp8, 64 GB200, FSDP mbs 2 (26.04.01)", "Llama-3-70B fp8, 64 GPUs, tp4 pp8 vp5"),
+    ("Llama-3-70B fp8, 64 GB300, FSDP mbs 2", "Llama-3-70B fp8, 64 GPUs, tp4 pp8 vp5"),
+    ("Llama-3.1-405B fp8, 256 GB200, tp4 pp16 vp4", "Llama-3.1-405B fp8, 1024 GPUs, tp8 pp8 cp2 vp8"),
+    ("Llama-3.1-405B fp8, 256 GB300, tp4 pp8 vp4", "Llama-3.1-405B fp8, 1024 GPUs, tp8 pp8 cp2 vp8"),
+    ("Llama-3-8B fp8, 8 GB300, mbs 2", "Llama-3-8B fp8, 8 GB200, mbs 2"),
+    ("gpt-oss-120b bf16, 64 GB300, ep64", "gpt-oss-120b bf16, 64 GPUs, pp4 ep8"),
+    ("gpt-oss-120b bf16, 64 B200, ep8", "gpt-oss-120b bf16, 64 GPUs, pp4 ep8"),
     ("Megatron GPT 7B, tp1 pp4 vpp8, 8 GB200", "Megatron GPT 7B, tp1 pp4 vpp8, 8 H100"),
     ("Megatron GPT 7B, tp4 (no SP) mbs 2, 8 GB200", "Megatron GPT 7B, tp4 (no SP) mbs 2, 8 H100"),
     ("Megatron GPT 12×512, dist. optimizer, 8 H100", "Megatron GPT 12×512, dist. optimizer, 8 GB200"),
@@ -1193,7 +1257,7 @@ def main() -> None:
         )
     print(
         f"sources: {DGXC}; {DGXC_2411.format('*')}; {BRIDGE}; {BRIDGE_2511}; {DGXC_DSV3}; {NEMO_B200}; {TITAN_2412}; "
-        f"{TITAN_2506}; {BRIDGE_2511_PARTS}"
+        f"{TITAN_2506}; {BRIDGE_2511_PARTS}; {BRIDGE_2604_PARTS}"
     )
     print()
     headers = ["MoE run", "before: projected / published", "before: calibrated", "now", "now: calibrated"]

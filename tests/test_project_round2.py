@@ -42,7 +42,8 @@ def test_an_ep64_all_to_all_inside_a_gb200_nvl72_domain_runs_at_nvlink_rate(dsv3
     assert plan.spans_nodes(64, 1) and not replace(plan, nvlink_domain=72).spans_nodes(64, 1)
     assert "network" in across.note and "NVLink 5" in inside.note
     # across: a rank's 60 of 64 shares through its NIC (4 on its node); inside: 63 of 64 over NVLink
-    size = (across.seconds - a.latency_us_inter * 1e-6) * a.nic_gbs * a.link_efficiency * 1e9 * 64 / 60
+    size = (across.seconds - a.latency_us_inter * 1e-6) * gb200.nic_gbs * a.link_efficiency * 1e9 * 64 / 60
+    assert gb200.nic_gbs == 50.0 and Rates([], "GB300", "bf16", a, 4).nic_gbs == 100.0  # ConnectX-7 / -8
     nvlink = a.latency_us_intra * 1e-6 + size * 63 / 64 / (900 * a.link_efficiency * 1e9)
     assert inside.seconds == pytest.approx(nvlink, rel=1e-9)
     assert across.seconds / inside.seconds > 900 / 50 * 0.9
@@ -257,6 +258,37 @@ def test_a_part_without_a_measured_matmul_of_its_own_says_its_rates_are_datashee
     assert "datasheet" not in str(notes["H100"]) and "datasheet" not in str(notes["GB200"])
     given = Rates([], "H100 NVL", "bf16", Assumptions(gemm_efficiency=0.7, attention_efficiency=0.4), 8)
     assert given.efficiency_note(fp8=False, attention=True) is None
+
+
+def test_blackwell_ultra_parts_take_datasheet_peaks_and_gb300_its_own_training_factor():
+    """B300/GB300 (and not the Blackwell lines before them, whose patterns they contain): their dense peaks and
+    matmul shares are their siblings' (datasheet estimates, the note says so); GB300's training factor is the 25.11
+    recipe's 1,933 model TFLOP/s over GB200's 1,622 on the same peak, B300's B200's; 800 Gb/s NICs, NVLink 5, and
+    the memory the device reports (docs/project.md, "Parts")."""
+    from opbench.cluster.links import intra_link
+    from opbench.core.peaks import host_cpu, lookup_peak, node_gpus_of
+    from opbench.project.__main__ import _device_memory_gib
+
+    gb300, gb200, b300, b200 = (lookup_peak(d) for d in ("NVIDIA GB300", "NVIDIA GB200", "NVIDIA B300", "B200"))
+    assert gb300 is not None and gb200 is not None and b300 is not None and b200 is not None
+    assert (gb300.fp8_tflops, gb300.bf16_tflops, b300.fp8_tflops, b300.bf16_tflops) == (5000, 2500, 4500, 2250)
+    assert gb300.matmul_of == "GB200" and b300.matmul_of == "B200" and gb200.matmul_of is None
+    assert gb300.training / gb200.training == pytest.approx(1933 / 1622, rel=1e-3)
+    assert b300.training == b200.training
+    for d, gib in (("GB300", 279), ("B300", 270), ("GB200", 185), ("B200", 178)):
+        assert _device_memory_gib(d) == gib
+    assert intra_link("B300") is not None and intra_link("GB300") == intra_link("B200")
+    assert (host_cpu("GB300"), host_cpu("B300"), node_gpus_of("GB300"), node_gpus_of("B300")) == (
+        "grace", "x86", 4, 8)  # fmt: skip
+    a = Assumptions()
+    nics = {d: Rates([], d, "bf16", a, 8).nic_gbs for d in ("H100", "B200", "GB200", "B300", "GB300")}
+    assert nics == {"H100": 50.0, "B200": 50.0, "GB200": 50.0, "B300": 100.0, "GB300": 100.0}
+    assert Rates([], "GB300", "bf16", Assumptions(nic_gbs=25.0), 4).nic_gbs == 25.0
+    note = Rates([], "GB300", "fp8", a, 4).efficiency_note(fp8=True, attention=True)
+    assert "datasheet estimates (GB200's" in str(note)
+    # the same FP8 GEMM: GB300 faster than GB200 by the training factors alone (same peak, same matmul share)
+    t = {d: Rates([], d, "fp8", a, 4).gemm_time(8192, 8192, 8192).seconds for d in ("GB200", "GB300")}
+    assert t["GB200"] / t["GB300"] == pytest.approx(1933 / 1622, rel=0.02)
 
 
 def test_a_group_on_xgmis_mesh_reaches_only_its_own_links():

@@ -48,8 +48,9 @@ LINKS: list[tuple[str, Link]] = [
         r"mi35",
         Link("xGMI (Infinity Fabric), 7 × 76.8 GB/s", 537.6, 76.8, "AMD Instinct MI350X/MI355X: 1,075.2 GB/s"),
     ),
-    # NVIDIA B200 / GB200: NVLink 5, 1.8 TB/s bidirectional per GPU through NVSwitch (HGX B200, GB200 NVL72).
-    (r"b200", Link("NVLink 5 via NVSwitch, 18 links", 900.0, 900.0, "NVIDIA HGX B200 / GB200 NVL72: 1.8 TB/s")),
+    # NVIDIA B200 / GB200 and B300 / GB300: NVLink 5, 1.8 TB/s bidirectional per GPU through NVSwitch (HGX B200 /
+    # B300, GB200 / GB300 NVL72).
+    (r"b[23]00", Link("NVLink 5 via NVSwitch, 18 links", 900.0, 900.0, "NVIDIA HGX B200 / GB200 NVL72: 1.8 TB/s")),
     (
         r"a100.*pcie",
         Link("PCIe Gen4 x16 (no NVLink bridge assumed)", 32.0, 32.0, "PCIe 4.0 x16: 32 GB/s per direction"),
@@ -76,6 +77,19 @@ HOST_LINKS: list[tuple[str, Link]] = [
     (r"a100", Link("PCIe Gen4 x16", 32.0, 32.0, "PCIe 4.0 x16: 32 GB/s per direction")),
     (r"", Link("PCIe Gen5 x16", 64.0, 64.0, "PCIe 5.0 x16: 64 GB/s per direction")),
 ]
+
+
+# A GPU's share of the network, GB/s per direction, where the node design is not one 400 Gb/s NIC a GPU (50 GB/s:
+# DGX H100/H200/B200, GB200 NVL72's ConnectX-7, the MI300X/MI325X/MI355X platforms): Blackwell Ultra's designs give
+# each GPU an 800 Gb/s ConnectX-8 SuperNIC (NVIDIA GB300 NVL72 data sheet: 72 of them for 72 GPUs; HGX B300: 8).
+NIC_GBS: list[tuple[str, float]] = [(r"b300", 100.0)]  # also matches GB300
+DEFAULT_NIC_GBS = 50.0
+
+
+def nic_gbs_of(device_name: str | None) -> float:
+    """The part's network per GPU and direction (NIC_GBS), what --nic-gbs defaults to."""
+    low = (device_name or "").lower()
+    return next((gbs for pattern, gbs in NIC_GBS if re.search(pattern, low)), DEFAULT_NIC_GBS)
 
 
 def host_link(device_name: str) -> Link:

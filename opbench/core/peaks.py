@@ -68,10 +68,11 @@ _CDNA4_BF16 = 1565.0 / 2516.6
 _CDNA3_BF16, _CDNA3_FP8 = 668.4 / 1307.4, 1273.0 / 2614.9
 # Model TFLOP/s per GPU of one training recipe published on several parts in one release (Megatron-Bridge's
 # performance summary, 25.11 NeMo container: Llama-3 8B, FP8 current scaling, 8 GPUs, sequence 8,192; H100 mbs 1
-# under FSDP, B200 and GB200 mbs 2): what a part's training step reaches of its best FP8 matmul over what H100's
-# does is its ``training`` factor (GB200 0.846, B200 0.866): the share of the matmul rate these parts' GEMMs and
-# attention keep in training, which their best matmuls alone overstate (docs/project.md, "Parts")
-TRAINING_FP8_TFLOPS = {"H100": 744.0, "B200": 1576.0, "GB200": 1622.0}
+# under FSDP, B200, GB200 and GB300 mbs 2): what a part's training step reaches of its best FP8 matmul over what
+# H100's does is its ``training`` factor (GB200 0.846, B200 0.866, GB300 1.008 over GB200's matmul share): the share
+# of the matmul rate these parts' GEMMs and attention keep in training, which their best matmuls alone misstate
+# (docs/project.md, "Parts")
+TRAINING_FP8_TFLOPS = {"H100": 744.0, "B200": 1576.0, "GB200": 1622.0, "GB300": 1933.0}
 
 
 def _training(part: str, best_fp8: float) -> float:
@@ -93,6 +94,11 @@ PEAKS: list[tuple[str, Peak]] = [
     (r"(?<!g)h100.*pcie", Peak(756.0, 1513.0, 51.0, 2.0, _at(756.0, _H100_BF16), _at(1513.0, _H100_FP8), "H100 SXM")),
     (r"(?<!g)h100.*nvl", Peak(835.0, 1671.0, 60.0, 3.9, _at(835.0, _H100_BF16), _at(1671.0, _H100_FP8), "H100 SXM")),
     (r"(?<!g)h100", Peak(989.0, 1979.0, 67.0, 3.35, 794.5, 1402.6)),
+    # Blackwell Ultra: the dense FP8/bf16 peaks of its Blackwell sibling (GB300 NVL72: 360 PFLOPS FP8 dense over 72;
+    # HGX B300: 4.5 / 2.25 PFLOPS a GPU) and, with no matmul figure of its own, the sibling's share of them (an
+    # estimate); GB300's training factor is its own (the 25.11 recipe above), B300's its sibling's (none published)
+    (r"gb300", Peak(2500.0, 5000.0, 80.0, 8.0, 1822.0, 3615.6, "GB200", training=_training("GB300", 3615.6))),
+    (r"b300", Peak(2250.0, 4500.0, 75.0, 8.0, 1745.0, 3432.5, "B200", training=_training("B200", 3432.5))),
     (r"gb200", Peak(2500.0, 5000.0, 80.0, 8.0, 1822.0, 3615.6, training=_training("GB200", 3615.6))),
     (r"b200", Peak(2250.0, 4500.0, 75.0, 8.0, 1745.0, 3432.5, training=_training("B200", 3432.5))),
     (r"a100.*pcie", Peak(312.0, None, 19.5, 1.935, 252.9)),

@@ -365,10 +365,16 @@ def build_parser() -> argparse.ArgumentParser:
         "part: PCIe Gen5 x16's 64; NVLink-C2C's 450 on GH200 and, shared by two GPUs, 225 on GB200/GB300, an "
         "estimate; docs/project.md, 'CPU offloading')",
     )
+    r.add_argument(
+        "--nic-gbs",
+        type=cli.within(0.01, 1e6, "GB/s"),
+        default=None,
+        help="network GB/s per GPU per direction (default by part: one 400 Gb/s NIC a GPU, 50; an 800 Gb/s "
+        "ConnectX-8 a GPU on B300/GB300, 100; docs/project.md, 'Parts')",
+    )
     for flag, default, what, kind in (
         ("--memory-efficiency", a.memory_efficiency, "share of HBM bandwidth a streaming kernel reaches", efficiency),
         ("--link-efficiency", a.link_efficiency, "share of a link's peak a collective's busbw reaches", efficiency),
-        ("--nic-gbs", a.nic_gbs, "network GB/s per GPU per direction", cli.within(0.01, 1e6, "GB/s")),
         (
             "--latency-us-intra",
             a.latency_us_intra,
@@ -736,12 +742,13 @@ def _project(
 def _device_memory_gib(device: str | None) -> float | None:
     """The memory of the GPUs the peak table knows, by name (datasheets; HBM stacks come in binary sizes): H100
     80 GiB (NVL 94), H200 141, MI300X 192, MI325X 256, MI350X/MI355X 288, A100 80 (40), and what torch reports
-    for B200 (178) and GB200 (185, nvidia-smi's)."""
+    for B200 (178) and GB200 (185, nvidia-smi's); GB300 279 and B300 270 of their 288 GB (Verda's per-GPU table,
+    verda.com/blog/gb300-nvl72-architecture: an estimate of what the device reports)."""
     import re
 
     low = (device or "").lower()
     sizes = [(r"mi35", 288), (r"mi325", 256), (r"mi300", 192), (r"h200", 141), (r"h100.*nvl", 94), (r"h100", 80)]
-    sizes += [(r"gb200", 185), (r"b200", 178), (r"a100.*40gb", 40), (r"a100", 80)]
+    sizes += [(r"gb300", 279), (r"b300", 270), (r"gb200", 185), (r"b200", 178), (r"a100.*40gb", 40), (r"a100", 80)]
     for pattern, gib in sizes:
         if re.search(pattern, low):
             return float(gib)

@@ -17,7 +17,7 @@ import pandas as pd
 from opbench.attention.flops import MATMUL_PASS_MULTIPLIER, attention_flops, hc_bytes, scan_bytes
 from opbench.attention.schema import PASSES
 from opbench.attention.shapes import AttentionShape
-from opbench.cluster.links import Link, intra_link
+from opbench.cluster.links import Link, intra_link, nic_gbs_of
 from opbench.core.cli import MAX_MIB, MAX_WORLD
 from opbench.core.collectives import COLLECTIVES
 from opbench.core.dtypes import element_size
@@ -49,7 +49,7 @@ class Assumptions:
     attention_efficiency: float | None = None
     memory_efficiency: float = 0.80  # of HBM peak, streaming (copy) kernels
     link_efficiency: float = 0.80  # of the link peak, a collective's busbw at large sizes
-    nic_gbs: float = 50.0  # network per GPU per direction: one 400 Gb/s NIC per GPU (H100/MI300X node designs)
+    nic_gbs: float | None = None  # network per GPU per direction; None: the part's (cluster/links.py, NIC_GBS)
     host_link_gbs: float | None = None  # GPU to host memory per direction (activation offloading); None: the part's
     latency_us_intra: float = 10.0  # a collective's fixed cost inside a node
     latency_us_inter: float = 20.0  # ... across nodes
@@ -376,6 +376,7 @@ class Rates:
         measured = one_device(measured_on)
         self.device = device or measured
         self.peak: Peak | None = lookup_peak(self.device) if self.device else None
+        self.nic_gbs = self.a.nic_gbs or nic_gbs_of(self.device)  # --nic-gbs, else the part's NIC
         self.asked = bool(results)
         self.read_any = bool(frames)
         # the device --results were measured on when it is not the projection's (--device): its rows are used as
@@ -815,7 +816,7 @@ class Rates:
             # each rank sends (n − k)/n of its buffer off the node through its NIC and (k − 1)/n over NVLink/xGMI
             # to the group's k − 1 ranks on its node, at once
             link = intra_link(self.device or "")
-            out_bw = self.a.nic_gbs * self.a.link_efficiency
+            out_bw = self.nic_gbs * self.a.link_efficiency
             n, k = nranks, min(per_node, nranks)
             in_bw = _group_link_gbs(link, k) * self.a.link_efficiency if link is not None else out_bw
             seconds = max(size_bytes * (n - k) / n / (out_bw * 1e9), size_bytes * (k - 1) / n / (in_bw * 1e9))
@@ -823,7 +824,7 @@ class Rates:
             return Timed(self.a.latency_us_inter * 1e-6 + seconds, ESTIMATED, note)
         if inter:
             nics = per_node if rails else 1
-            bw, latency = self.a.nic_gbs * nics * self.a.link_efficiency, self.a.latency_us_inter
+            bw, latency = self.nic_gbs * nics * self.a.link_efficiency, self.a.latency_us_inter
             link = intra_link(self.device or "")
             if link is not None and nics > 1:  # the rings also cross NVLink/xGMI inside the node
                 bw = min(bw, _group_link_gbs(link, per_node) * self.a.link_efficiency)
@@ -877,7 +878,7 @@ class Rates:
             return Timed(self.a.latency_us_intra * 1e-6 + nvlink, ESTIMATED, f"flex dispatcher at {nvlink_bw:.3g} GB/s")
         # the RDMA stage carries a token once for each node its experts are on, its own included, at the rate DeepEP
         # and HybridEP publish for that count (docs/project.md, "MoE cost model")
-        rdma_bw = self.a.nic_gbs * flex_rdma_share()
+        rdma_bw = self.nic_gbs * flex_rdma_share()
         nodes_hit = hit(nodes)
         network = tokens * token_bytes * nodes_hit / (rdma_bw * 1e9)
         note = f"flex dispatcher: RDMA stage at {rdma_bw:.3g} GB/s for {nodes_hit:.2f} nodes a token, its own included"
