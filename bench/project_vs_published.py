@@ -1059,6 +1059,22 @@ RUNS += [
          8, 37556, "GB300", 0),
     )
 ]  # fmt: skip
+# The same rows' MXFP8 figures (the table's "FP8-CS (FP8-MX)" columns, its parentheses): the recipe changes, nothing
+# else (held out: opbench's MXFP8 is its casts, docs/project.md "FP8")
+RUNS += [
+    Published(
+        "Bridge 25.11 parts",
+        f"Llama-3-8B mxfp8, 8 {device}, mbs 2",
+        f"--model Llama3.1_8B --world-size 8 --mbs 2 --global-batch 128 {DDP_FP8} "
+        + BRIDGE_FP8.replace("tensorwise", "mxfp8")
+        + (" --gpus-per-node 4" if device.startswith("GB") else ""),
+        128 * 8192 / (tps * 8),
+        BRIDGE_2511_PARTS,
+        f"{tps:,} tokens/s/GPU; MXFP8",
+        device,
+    )
+    for device, tps in (("B200", 29521), ("GB200", 29789), ("GB300", 36108))
+]
 # One release on five parts (Megatron-Bridge's performance summary, 26.04.01 NeMo container, the "Megatron-Bridge"
 # group's release; its H100 runs are above): Llama-3 70B and 3.1 405B in FP8 current scaling on GB200 and GB300, and
 # gpt-oss-120b in bf16 on B200, B300, GB200 and GB300, each with its recipe of the release (Megatron-Bridge
@@ -1112,6 +1128,10 @@ RUNS += [
          "GB300", "all-to-all; CUDA graphs (attention, router)"),
     )
 ]  # fmt: skip
+# Published throughput ratios between recipes on one part, each a pair of RUNS by name
+RECIPE_RATIOS = [
+    (f"Llama-3-8B mxfp8, 8 {d}, mbs 2", f"Llama-3-8B fp8, 8 {d}, mbs 2") for d in ("B200", "GB200", "GB300")
+]
 # Published throughput ratios between parts, each a pair of RUNS by name (the first the faster part)
 PART_RATIOS = [
     ("Llama-3-70B fp8, 64 GB200, FSDP mbs 2 (26.04.01)", "Llama-3-70B fp8, 64 GPUs, tp4 pp8 vp5"),
@@ -1243,7 +1263,7 @@ def main() -> None:
         "target 10 %); "
         "'before' leaves out the fixed cost per kernel, the host's issue time and NVLink domains beyond the node"
     )
-    for faster, slower in PART_RATIOS:  # tokens/s per GPU of the first over the second, uncalibrated
+    for faster, slower in PART_RATIOS + RECIPE_RATIOS:  # tokens/s per GPU of the first over the second, uncalibrated
         (ta, pa, ja, ba), (tb, pb, jb, bb) = per_gpu[faster], per_gpu[slower]
         print(
             f"{faster} over {slower}: published {ta / pa / (tb / pb):.2f}×, projected {ta / ja / (tb / jb):.2f}× "

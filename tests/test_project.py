@@ -200,6 +200,7 @@ def test_layout_rules(llama70b):
         (["--fp8-param-gather"], "field '--fp8-param-gather': FP8 parameters are Transformer Engine's: give --fp8 te"),
         (["--fp8", "torchao", "--fp8-recipe", "delayed"], "field '--fp8-recipe': a scaling recipe is Transformer"),
         (["--fp8", "te", "--fp8-param-gather", "--fsdp"], "FP8 parameters under FSDP are not modelled"),
+        (["--fp8", "te", "--fp8-recipe", "mxfp8"], "field '--fp8-recipe': MXFP8 runs on Blackwell (B200, GB200"),
         (["--hidden-dropout", "-0.1"], "field '--hidden-dropout': must be at least 0 and below 1, got -0.1"),
         (["--recompute-num-layers", "4"], "field '--recompute-num-layers': says which layers --recompute full"),
         (["--recompute", "full", "--recompute-method", "block"], "field '--recompute-num-layers': block recomputes"),
@@ -530,6 +531,12 @@ def test_fp8_param_gather_keeps_fp8_weights_as_the_parameters_and_gathers_them_a
     (f0, b0), (f1, b1) = fp8_cast_bytes(gather, qkv), fp8_cast_bytes(current, qkv)
     assert (f1 - f0, b1 - b0) == (6 * x, 6 * dy - 4 * dy - 2 * x)
     assert projector.project(current).step_s > projector.project(gather).step_s
+    # MXFP8: no amax pass, the norm's output cast too, both orientations' scales (1 byte per 32 elements each)
+    mx = replace(gather, fp8_recipe="mxfp8")
+    assert not problems(cfg, mx) and mx.label().endswith("fp8-te-mxfp8-param-gather")
+    (f2, b2) = fp8_cast_bytes(mx, qkv)
+    assert (f2 - f0, b2) == (pytest.approx((4 + 2 / 32) * x), pytest.approx((4 + 2 / 32) * dy))
+    assert fp8_cast_bytes(current, qkv)[0] > f2 > f0
 
 
 def test_fp8_leaves_the_router_and_torchao_leaves_routed_experts_in_bf16():

@@ -402,3 +402,7 @@ def test_te_casts_launch_their_recipes_kernels_per_expert():
     assert fp8_cast_kernels(delayed, experts) == (8, 8) and fp8_cast_kernels(delayed, qkv) == (0, 1)
     assert fp8_cast_kernels(replace(delayed, tp=2), qkv) == (0, 2)  # SP (on by default with TP): X transposed
     assert fp8_cast_kernels(replace(plan, fp8="torchao", fp8_recipe="delayed"), experts) == (1, 1)
+    # MXFP8: one quantisation for all the experts (split_quantize's batched path), and after a norm too (TE casts
+    # the norm's 16-bit output for MXFP8 unless cuDNN's norm is asked for)
+    mx = replace(plan, fp8_recipe="mxfp8")
+    assert fp8_cast_kernels(mx, experts) == (1, 1) and fp8_cast_kernels(mx, qkv) == (1, 1)

@@ -169,6 +169,17 @@ def node_gpus_of(name: str | None) -> int:
 HOST_CPUS: list[tuple[str, str]] = [(r"gb[23]00|gh200", "grace")]
 
 
+# Parts whose tensor cores take MXFP8 (OCP microscaling: E4M3 with an E8M0 scale per 32 elements) natively:
+# NVIDIA Blackwell (B200/GB200, B300/GB300) and AMD CDNA 4 (MI350X/MI355X); Hopper and CDNA 3 have none, and
+# Transformer Engine refuses the recipe there (docs/project.md, "FP8").
+MX_PARTS = r"b[23]00|mi35"
+
+
+def has_mxfp8(name: str | None) -> bool:
+    """Whether the part runs MXFP8 GEMMs (MX_PARTS)."""
+    return bool(re.search(MX_PARTS, (name or "").lower()))
+
+
 def host_cpu(name: str | None) -> str:
     """'grace' or 'x86': the CPU that launches a part's kernels."""
     low = (name or "").lower()

@@ -18,7 +18,7 @@ from dataclasses import replace
 from opbench.core import cli, outputs
 from opbench.core.cli import finite_float, positive_int
 from opbench.core.errors import UsageError, run_cli
-from opbench.core.peaks import node_gpus_of, nvlink_domain_of
+from opbench.core.peaks import has_mxfp8, node_gpus_of, nvlink_domain_of
 from opbench.core.results import CsvReport, environment, summary_table
 from opbench.core.units import counted, one_line
 from opbench.models import ModelConfig, load_model_configs, select_models
@@ -242,8 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--fp8-recipe",
         choices=FP8_SCALINGS,
         default=None,
-        help="with --fp8 te, Megatron's --fp8-recipe: delayed scaling (default) or tensorwise current scaling "
-        "(Megatron-Bridge's FP8-CS), whose casts take each tensor's amax in a pass of their own",
+        help="with --fp8 te, Megatron's --fp8-recipe: delayed scaling (default), tensorwise current scaling "
+        "(Megatron-Bridge's FP8-CS), whose casts take each tensor's amax in a pass of their own, or mxfp8 (block "
+        "scaling, Megatron-Bridge's FP8-MX/MXFP8; Blackwell and MI350X/MI355X only)",
     )
     lay.add_argument(
         "--fp8-param-gather",
@@ -631,6 +632,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return validate(cfg, plan, args)
     rates = Rates(args.results, args.device, args.dtype, assumptions(args), args.gpus_per_node)
+    if plan.fp8 == "te" and plan.fp8_recipe == "mxfp8" and not has_mxfp8(rates.device):
+        raise UsageError(
+            f"MXFP8 runs on Blackwell (B200, GB200, B300, GB300) and MI350X/MI355X, not on {rates.device or 'this part'}"
+            " (docs/project.md, 'FP8')",
+            field="--fp8-recipe",
+        )
     if node_from_rows:  # the part the rows were measured on sets the node (a GB200 tray holds 4)
         plan = replace(plan, gpus_per_node=node_gpus_of(rates.device))
         args.gpus_per_node = rates.gpus_per_node = plan.gpus_per_node

@@ -34,8 +34,9 @@ OP_SAC_GEMMS = ("qkv", "attn_out", "mlp_gate_up", "mlp_up", "mlp_down")  # the l
 # "torchao" = torchtitan's float8 (dynamic tensorwise scaling, inputs saved in 16 bits, FP8 FSDP all-gathers)
 FP8_RECIPES = ("none", "te", "torchao")
 # Transformer Engine's scaling (Megatron's --fp8-recipe): delayed = scales from an amax history, taken inside each
-# cast; tensorwise = current scaling, each tensor's amax taken in a pass of its own before its cast
-FP8_SCALINGS = ("delayed", "tensorwise")
+# cast; tensorwise = current scaling, each tensor's amax taken in a pass of its own before its cast; mxfp8 = MXFP8
+# block scaling (one E8M0 scale per 32 elements, taken inside the cast; Blackwell and CDNA 4 parts only)
+FP8_SCALINGS = ("delayed", "tensorwise", "mxfp8")
 # Megatron-Core's --attention-backend values (local: the unfused attention of --transformer-impl local)
 ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
 UNFUSED_ATTENTION = ("unfused", "local")
@@ -225,7 +226,7 @@ class Plan:
         parts += ["emb-as-layer"] if self.embedding_as_layer else []
         parts += ["loss-as-layer"] if self.loss_as_layer else []
         if self.fp8 != "none":
-            recipe = "-tensorwise" if self.fp8 == "te" and self.fp8_recipe == "tensorwise" else ""
+            recipe = f"-{self.fp8_recipe}" if self.fp8 == "te" and self.fp8_recipe != "delayed" else ""
             parts += [f"fp8-{self.fp8}{recipe}" + ("-param-gather" if self.fp8_param_gather else "")]
         parts += [f"dropout{self.hidden_dropout:g}"] if self.hidden_dropout else []
         parts += [f"offload{self.cpu_offload_layers}"] if self.cpu_offload_layers else []

@@ -108,12 +108,18 @@ def fp8_cast_bytes(plan: Plan, g: LinearLayer) -> tuple[float, float]:
     micro-batch casts W in forward and again transposed in backward, X is cast again transposed for the weight
     gradient, and dY twice (as is and transposed). te with tensorwise (current) scaling reads each activation and
     output gradient once more for its amax before the cast (2 bytes), and the norm's output is cast in a pass of its
-    own (its scale is not known before the norm ends): X and dY 6 bytes each."""
+    own (its scale is not known before the norm ends): X and dY 6 bytes each. te with MXFP8 (block scaling): each
+    cast takes its 32-element blocks' scales inside it and writes both orientations with their E8M0 scales (read 2,
+    write 1 + 1 + 2/32 bytes); the norm's output is cast in a pass of its own too (Transformer Engine's
+    ``normalization.cpp`` computes the norm in 16 bits and quantises after it for MXFP8 unless NVTE_NORM_FWD_USE_CUDNN
+    is set, which Megatron-Bridge's recipes unset for most models: ``perf_plugins.py``)."""
     x, w, dy = g.tokens * g.k * g.groups, g.n * g.k * g.groups, g.tokens * g.n * g.groups  # groups: experts' rows
     if plan.fp8 == "te":  # --fp8-param-gather: the optimizer writes the FP8 weight, only its transpose is made here
         weights = (2 if plan.fp8_param_gather else 4) * w / max(1, plan.microbatches)
         if plan.fp8_recipe == "tensorwise":
             return 6 * x + weights, 6 * dy
+        if plan.fp8_recipe == "mxfp8":  # both orientations with their block scales, the norm's output included
+            return (4 + 2 / MX_BLOCK) * x + weights, (4 + 2 / MX_BLOCK) * dy
         if g.name in TE_NORM_FUSED:
             return weights, 4 * dy + (2 * x if plan.sp else 0)
         return 4 * x + weights, 4 * dy
@@ -123,7 +129,10 @@ def fp8_cast_bytes(plan: Plan, g: LinearLayer) -> tuple[float, float]:
 # Kernels one Transformer Engine cast launches (docs/project.md, "FP8"): under current (tensorwise) scaling
 # Float8CurrentScalingQuantizer::quantize_impl (transformer_engine/pytorch/csrc/quantizer.cpp) runs compute_amax,
 # compute_scale_from_amax and the cast-and-transpose; under delayed scaling the cast takes its amax inside, one kernel.
-TE_CAST_KERNELS = {"tensorwise": 3, "delayed": 1}
+TE_CAST_KERNELS = {"tensorwise": 3, "delayed": 1, "mxfp8": 1}
+MX_BLOCK = 32  # elements per MXFP8 scale (OCP Microscaling Formats v1.0: E8M0 scale, blocks of 32)
+# recipes whose grouped GEMMs quantise every expert's rows in one call (split_quantize's batched path)
+TE_BATCHED_QUANTIZE = ("mxfp8",)
 
 
 def fp8_cast_kernels(plan: Plan, g: LinearLayer) -> tuple[int, int]:
@@ -131,13 +140,14 @@ def fp8_cast_kernels(plan: Plan, g: LinearLayer) -> tuple[int, int]:
     Engine: X forward (none where a norm writes it in FP8, delayed scaling) and dY backward, each its recipe's
     kernels; a grouped GEMM's per expert, as TE's GroupedLinear quantises each expert's rows on its own under
     current and delayed scaling (``csrc/extensions/cast.cpp``, ``split_quantize``: only the blockwise, MXFP8 and
-    NVFP4 recipes are batched); under delayed scaling with sequence parallelism a norm-fused GEMM's gathered FP8
+    NVFP4 recipes are batched, one call for all the experts: MXFP8 here); under delayed scaling with sequence parallelism a norm-fused GEMM's gathered FP8
     input is transposed in backward (one kernel). The weights' casts, once a step, are left out. torchao: one kernel
     a pass (an estimate: its dynamic casts launch more)."""
     if plan.fp8 != "te":
         return 1, 1
-    per = TE_CAST_KERNELS.get(plan.fp8_recipe, 1) * max(1, g.groups)
-    if plan.fp8_recipe != "tensorwise" and g.name in TE_NORM_FUSED:  # the norm writes X in FP8
+    batched = plan.fp8_recipe in TE_BATCHED_QUANTIZE
+    per = TE_CAST_KERNELS.get(plan.fp8_recipe, 1) * (1 if batched else max(1, g.groups))
+    if plan.fp8_recipe == "delayed" and g.name in TE_NORM_FUSED:  # the norm writes X in FP8
         return 0, per + (1 if plan.sp else 0)  # under SP the gathered FP8 X is transposed in backward
     return per, per
 
