@@ -1128,6 +1128,23 @@ RUNS += [
          "GB300", "all-to-all; CUDA graphs (attention, router)"),
     )
 ]  # fmt: skip
+# The same release's Qwen3-30B-A3B in MXFP8 on one node of each Blackwell part (qwen3_workload_base_configs.py
+# ..._FP8_MX_V1 at c76eae64e: EP 8, HybridEP, no recomputation, graphs of the router and preprocessing, B200's of
+# attention too; micro-batch 8 on GB300/B300, 4 on GB200/B200; MXFP8 with FP8 parameters, bf16_with_mxfp8_mixed)
+RUNS += [
+    Published(
+        "Megatron-Bridge",
+        f"Qwen3-30B-A3B mxfp8, 8 {device}, ep8, mbs {mbs}",
+        f"--model Qwen3_30B_A3B --world-size 8 --ep 8 --mbs {mbs} --global-batch 512 --seqlen 4096 --fp8 te "
+        f"--fp8-recipe mxfp8 --fp8-param-gather --moe-token-dispatcher-type flex {BRIDGE_FLAGS.replace('--mbs 1', '')}"
+        + (" --gpus-per-node 4" if device.startswith("GB") else ""),
+        512 * 4096 / (tps * 8),
+        BRIDGE_2604_PARTS,
+        f"{tps:,} tokens/s/GPU; HybridEP; CUDA graphs (router)",
+        device,
+    )
+    for device, mbs, tps in (("B200", 4, 27136), ("B300", 8, 30720), ("GB200", 4, 26112), ("GB300", 8, 31744))
+]
 # Published throughput ratios between recipes on one part, each a pair of RUNS by name
 RECIPE_RATIOS = [
     (f"Llama-3-8B mxfp8, 8 {d}, mbs 2", f"Llama-3-8B fp8, 8 {d}, mbs 2") for d in ("B200", "GB200", "GB300")
