@@ -201,6 +201,7 @@ def test_layout_rules(llama70b):
         (["--fp8", "torchao", "--fp8-recipe", "delayed"], "field '--fp8-recipe': a scaling recipe is Transformer"),
         (["--fp8", "te", "--fp8-param-gather", "--fsdp"], "FP8 parameters under FSDP are not modelled"),
         (["--fp8", "te", "--fp8-recipe", "mxfp8"], "field '--fp8-recipe': MXFP8 runs on Blackwell (B200, GB200"),
+        (["--fp8", "te", "--fp8-recipe", "mxfp8", "--search"], "field '--fp8-recipe': MXFP8 runs on Blackwell"),
         (["--hidden-dropout", "-0.1"], "field '--hidden-dropout': must be at least 0 and below 1, got -0.1"),
         (["--recompute-num-layers", "4"], "field '--recompute-num-layers': says which layers --recompute full"),
         (["--recompute", "full", "--recompute-method", "block"], "field '--recompute-num-layers': block recomputes"),

@@ -291,6 +291,38 @@ def test_blackwell_ultra_parts_take_datasheet_peaks_and_gb300_its_own_training_f
     assert t["GB200"] / t["GB300"] == pytest.approx(1933 / 1622, rel=0.02)
 
 
+def test_mxfp8_runs_on_the_parts_with_mx_tensor_cores_only(tmp_path):
+    """MXFP8 is Blackwell's and CDNA 4's (core.peaks.MX_PARTS): projected there, refused in one line elsewhere by
+    every entry point (opbench project, opbench step --project); its GEMMs need dimensions in 32-element blocks;
+    the sidecar records the NIC rate the projection used (docs/project.md, "FP8", "Parts")."""
+    import json
+
+    from opbench.core.errors import UsageError
+    from opbench.core.peaks import has_mxfp8
+    from opbench.project.__main__ import main
+    from opbench.project.plan import check_part, fp8_gemm
+    from opbench.steptrace import compare
+
+    mx = ("B200", "NVIDIA GB200", "B300", "NVIDIA GB300", "MI355X", "AMD Instinct MI350X")
+    assert all(has_mxfp8(d) for d in mx)
+    assert not any(has_mxfp8(d) for d in ("H100", "H200", "GH200", "MI300X", "MI325X", "A100", None))
+    plan = Plan(world=8, seqlen=4096, global_batch=8, fp8="te", fp8_recipe="mxfp8")
+    check_part(plan, "GB300")
+    check_part(replace(plan, fp8_recipe="tensorwise"), "H100")
+    with pytest.raises(UsageError, match="MXFP8 runs on Blackwell"):
+        check_part(plan, "H100")
+    flags = "--model Llama3.1_8B --world-size 8 --global-batch 8 --seqlen 4096 --fp8 te --fp8-recipe mxfp8"
+    with pytest.raises(UsageError, match="MXFP8 runs on Blackwell"):
+        compare.projected_items(flags + " --device H100")
+    assert compare.projected_items(flags + " --device B200")[0]["step"] > 0
+    assert fp8_gemm(plan, "qkv", 64, 4096) and not fp8_gemm(plan, "qkv", 48, 4096)  # 48: 16-aligned, not 32
+    assert fp8_gemm(replace(plan, fp8_recipe="delayed"), "qkv", 48, 4096)
+    out = tmp_path / "out"
+    assert main([*flags.split(), "--device", "GB300", "--report-dir-path", str(out)]) in (0, None)
+    meta = json.loads((out / "project.meta.json").read_text())
+    assert meta["assumptions"]["nic_gbs"] == 100.0
+
+
 def test_a_group_on_xgmis_mesh_reaches_only_its_own_links():
     """On MI300X's fully connected xGMI mesh (one 64 GB/s link per peer) a pipeline send between two GPUs runs on
     one link, a group of n ranks on its n − 1 links, the whole node on all seven; through NVSwitch (H100) every

@@ -50,7 +50,10 @@ LINKS: list[tuple[str, Link]] = [
     ),
     # NVIDIA B200 / GB200 and B300 / GB300: NVLink 5, 1.8 TB/s bidirectional per GPU through NVSwitch (HGX B200 /
     # B300, GB200 / GB300 NVL72).
-    (r"b[23]00", Link("NVLink 5 via NVSwitch, 18 links", 900.0, 900.0, "NVIDIA HGX B200 / GB200 NVL72: 1.8 TB/s")),
+    (
+        r"b[23]00",
+        Link("NVLink 5 via NVSwitch, 18 links", 900.0, 900.0, "NVIDIA HGX B200/B300, GB200/GB300 NVL72: 1.8 TB/s"),
+    ),
     (
         r"a100.*pcie",
         Link("PCIe Gen4 x16 (no NVLink bridge assumed)", 32.0, 32.0, "PCIe 4.0 x16: 32 GB/s per direction"),

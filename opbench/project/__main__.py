@@ -18,7 +18,7 @@ from dataclasses import replace
 from opbench.core import cli, outputs
 from opbench.core.cli import finite_float, positive_int
 from opbench.core.errors import UsageError, run_cli
-from opbench.core.peaks import has_mxfp8, node_gpus_of, nvlink_domain_of
+from opbench.core.peaks import node_gpus_of, nvlink_domain_of
 from opbench.core.results import CsvReport, environment, summary_table
 from opbench.core.units import counted, one_line
 from opbench.models import ModelConfig, load_model_configs, select_models
@@ -36,6 +36,7 @@ from .plan import (
     Plan,
     a2a_overlap_problems,
     check_domain,
+    check_part,
     flex_problems,
     problems,
 )
@@ -632,12 +633,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return validate(cfg, plan, args)
     rates = Rates(args.results, args.device, args.dtype, assumptions(args), args.gpus_per_node)
-    if plan.fp8 == "te" and plan.fp8_recipe == "mxfp8" and not has_mxfp8(rates.device):
-        raise UsageError(
-            f"MXFP8 runs on Blackwell (B200, GB200, B300, GB300) and MI350X/MI355X, not on {rates.device or 'this part'}"
-            " (docs/project.md, 'FP8')",
-            field="--fp8-recipe",
-        )
+    check_part(plan, rates.device)
     if node_from_rows:  # the part the rows were measured on sets the node (a GB200 tray holds 4)
         plan = replace(plan, gpus_per_node=node_gpus_of(rates.device))
         args.gpus_per_node = rates.gpus_per_node = plan.gpus_per_node
@@ -693,6 +689,7 @@ def _project(
             "device": rates.device,
             "assumptions": {
                 **vars(rates.a),
+                "nic_gbs": rates.nic_gbs,  # --nic-gbs, else the part's
                 "gemm_efficiency": {d: rates.gemm_efficiency(d) for d in dict.fromkeys((args.dtype, "fp8"))},
                 "attention_efficiency": rates.attention_efficiency,
             },
@@ -749,7 +746,7 @@ def _project(
 def _device_memory_gib(device: str | None) -> float | None:
     """The memory of the GPUs the peak table knows, by name (datasheets; HBM stacks come in binary sizes): H100
     80 GiB (NVL 94), H200 141, MI300X 192, MI325X 256, MI350X/MI355X 288, A100 80 (40), and what torch reports
-    for B200 (178) and GB200 (185, nvidia-smi's); GB300 279 and B300 270 of their 288 GB (Verda's per-GPU table,
+    for B200 (178) and GB200 (185, nvidia-smi's); GB300 279 and B300 270 of their 288 GiB (Verda's per-GPU table,
     verda.com/blog/gb300-nvl72-architecture: an estimate of what the device reports)."""
     import re
 

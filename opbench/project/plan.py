@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from opbench.core.errors import UsageError
+from opbench.core.peaks import has_mxfp8
 from opbench.gemm.shapes import ModelParallel, check_parallel
 from opbench.models import ModelConfig
 from opbench.models.architectures import decoder_layers
@@ -544,11 +545,23 @@ def _schedule(asked: str, vpp: int) -> str:
     return "zero-bubble" if zero_bubble else "1f1b"
 
 
+def check_part(plan: Plan, device: str | None) -> None:
+    """What the target part itself cannot run, refused in one line (every entry point that projects calls it):
+    MXFP8 off the parts with MXFP8 tensor cores (``core.peaks.MX_PARTS``; docs/project.md, "FP8")."""
+    if plan.fp8 == "te" and plan.fp8_recipe == "mxfp8" and not has_mxfp8(device):
+        raise UsageError(
+            f"MXFP8 runs on Blackwell (B200, GB200, B300, GB300) and MI350X/MI355X, not on {device or 'this part'}"
+            " (docs/project.md, 'FP8')",
+            field="--fp8-recipe",
+        )
+
+
 def fp8_gemm(plan: Plan, name: str, n: int, k: int, groups: int = 1) -> bool:
     """Whether a decoder layer's GEMM ``name`` (weight n × k on this rank) runs in FP8 under ``plan.fp8``: every
     linear layer but the router, and none with a dimension FP8 GEMMs cannot take (not a multiple of 16, as
-    torchtitan's float8 converter and Transformer Engine require). torchao converts nn.Linear only: grouped
-    (routed-expert) GEMMs stay 16-bit there (docs/project.md, "FP8")."""
-    if plan.fp8 == "none" or name in FP8_EXCLUDED or n % 16 or k % 16:
+    torchtitan's float8 converter and Transformer Engine require; of 32 under MXFP8, its scale blocks'). torchao
+    converts nn.Linear only: grouped (routed-expert) GEMMs stay 16-bit there (docs/project.md, "FP8")."""
+    align = 32 if plan.fp8 == "te" and plan.fp8_recipe == "mxfp8" else 16
+    if plan.fp8 == "none" or name in FP8_EXCLUDED or n % align or k % align:
         return False
     return not (plan.fp8 == "torchao" and groups > 1)

@@ -43,6 +43,7 @@ def _projected_items(flags: str) -> tuple[dict[str, float], dict[str, Any], Any]
     from opbench.core.peaks import node_gpus_of
     from opbench.models import load_model_configs, select_models
     from opbench.project.__main__ import assumptions, base_plan, build_parser
+    from opbench.project.plan import check_part
     from opbench.project.rates import Rates
     from opbench.project.step import Projector
     from opbench.project.workload import COMPUTE_KINDS
@@ -60,6 +61,7 @@ def _projected_items(flags: str) -> tuple[dict[str, float], dict[str, Any], Any]
     (cfg,) = configs
     plan = base_plan(cfg, args)
     rates = Rates(args.results, args.device, args.dtype, assumptions(args), args.gpus_per_node)
+    check_part(plan, rates.device)  # as opbench project refuses it
     if args.gpus_per_node_from_part and not args.device and args.results:  # the part --results was measured on
         plan = replace(plan, gpus_per_node=node_gpus_of(rates.device))
     projector = Projector(cfg, rates, args.activation_profile, None, args.memory_reserve_gib)
