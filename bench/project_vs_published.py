@@ -1145,6 +1145,44 @@ RUNS += [
     )
     for device, mbs, tps in (("B200", 4, 27136), ("B300", 8, 30720), ("GB200", 4, 26112), ("GB300", 8, 31744))
 ]
+# Nemotron 3 Nano (30B-A3B: a hybrid of 23 Mamba-2 layers, 23 MoE layers of 128 squared-ReLU experts, top 6, and a
+# shared expert, and 6 GQA attention layers), as Megatron-Bridge's Nemotron3NanoProvider describes it
+# (src/megatron/bridge/models/nemotronh/nemotron_h_provider.py at c76eae64e; vocabulary 131,072), in the same
+# release on all five parts (nemotron_3_workload_base_configs.py at c76eae64e): EP 8, HybridEP; H100 FP8-CS on 16
+# GPUs, micro-batch 1, recomputing moe, layernorm, core_attn and moe_act, graphs of the Mamba layers; the Blackwell
+# parts MXFP8 on 8 GPUs, micro-batch 2 (B200, GB200) or 4 (B300, GB300), no recomputation, graphs of attention,
+# Mamba, router and preprocessing
+NEMOTRON3_NANO = {
+    "model_type": "nemotron_h", "hidden_size": 2688,
+    "hybrid_override_pattern": "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME", "num_hidden_layers": 52,
+    "mamba_num_heads": 64, "mamba_head_dim": 64, "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4,
+    "chunk_size": 128, "num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 128,
+    "intermediate_size": 1856, "n_routed_experts": 128, "moe_intermediate_size": 1856,
+    "moe_shared_expert_intermediate_size": 3712, "num_experts_per_tok": 6, "vocab_size": 131072,
+    "mlp_hidden_act": "relu2", "use_bias": False, "use_conv_bias": True, "tie_word_embeddings": False,
+}  # fmt: skip
+NANO = "--ep 8 --seqlen 8192 --fp8 te --fp8-param-gather --zero 1 --grad-dtype bf16 --moe-token-dispatcher-type flex"
+RUNS += [
+    Published(
+        "Megatron-Bridge",
+        f"Nemotron 3 Nano {recipe}, {world} {device}, ep8, mbs {mbs}",
+        f"--world-size {world} --mbs {mbs} --global-batch {gbs} {NANO} --fp8-recipe {recipe} {recompute}"
+        + (" --gpus-per-node 4" if device.startswith("GB") else ""),
+        gbs * 8192 / (tps * world),
+        BRIDGE_2604_PARTS if device != "H100" else BRIDGE,
+        f"{tps:,} tokens/s/GPU; HybridEP; CUDA graphs (Mamba{', attention, router' if device != 'H100' else ''})",
+        device,
+        config=NEMOTRON3_NANO,
+    )
+    for device, recipe, world, gbs, mbs, tps, recompute in (
+        ("H100", "tensorwise", 16, 1024, 1, 14336,
+         "--recompute selective --recompute-modules moe,layernorm,core_attn,moe_act"),
+        ("B200", "mxfp8", 8, 512, 2, 32768, "--recompute none"),
+        ("B300", "mxfp8", 8, 512, 4, 35840, "--recompute none"),
+        ("GB200", "mxfp8", 8, 512, 2, 32768, "--recompute none"),
+        ("GB300", "mxfp8", 8, 512, 4, 37888, "--recompute none"),
+    )
+]  # fmt: skip
 # Published throughput ratios between recipes on one part, each a pair of RUNS by name
 RECIPE_RATIOS = [
     (f"Llama-3-8B mxfp8, 8 {d}, mbs 2", f"Llama-3-8B fp8, 8 {d}, mbs 2") for d in ("B200", "GB200", "GB300")
