@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 
 from opbench.core.errors import UsageError
+from opbench.core.peaks import by_part
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,7 @@ LINKS: list[tuple[str, Link]] = [
 
 
 def intra_link(device_name: str) -> Link | None:
-    low = device_name.lower()
-    return next((link for pattern, link in LINKS if re.search(pattern, low)), None)
+    return by_part(LINKS, device_name, None)
 
 
 # A GPU's link to its host's memory, per direction, GB/s (what activation offloading copies over). Grace superchips
@@ -91,8 +91,7 @@ DEFAULT_NIC_GBS = 50.0
 
 def nic_gbs_of(device_name: str | None) -> float:
     """The part's network per GPU and direction (NIC_GBS), what --nic-gbs defaults to."""
-    low = (device_name or "").lower()
-    return next((gbs for pattern, gbs in NIC_GBS if re.search(pattern, low)), DEFAULT_NIC_GBS)
+    return by_part(NIC_GBS, device_name, DEFAULT_NIC_GBS)
 
 
 def host_link(device_name: str) -> Link:

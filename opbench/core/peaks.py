@@ -4,7 +4,12 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
+D = TypeVar("D")
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,13 @@ def lookup_peak(name: str) -> Peak | None:
     return None
 
 
+def by_part(table: Sequence[tuple[str, T]], name: str | None, default: D) -> T | D:
+    """The value of the first row of a per-part table (regex on the lower-cased device name, first hit wins) that
+    matches ``name``, else ``default``: how every per-part figure here and in the tools is looked up."""
+    low = (name or "").lower()
+    return next((value for pattern, value in table if re.search(pattern, low)), default)
+
+
 GPU_NAME_WORDS = ("nvidia", "geforce", "tesla", "quadro", "instinct", "radeon")  # in the device names torch reports
 
 
@@ -146,8 +158,7 @@ NVLINK_DOMAINS: list[tuple[str, int]] = [(r"gb[23]00", 72)]
 
 def nvlink_domain_of(name: str | None) -> int | None:
     """The NVLink domain a part is sold in when it is larger than a node (GB200/GB300: 72); None: the node."""
-    low = (name or "").lower()
-    return next((size for pattern, size in NVLINK_DOMAINS if re.search(pattern, low)), None)
+    return by_part(NVLINK_DOMAINS, name, None)
 
 
 # GPUs per node (one OS image, its own CPUs and NICs) where a part is not sold in boards of 8: a GB200/GB300 NVL72
@@ -158,8 +169,7 @@ DEFAULT_NODE_GPUS = 8  # HGX/DGX boards and the MI300X/MI325X/MI355X platforms
 
 def node_gpus_of(name: str | None) -> int:
     """GPUs in one node of the part (GB200/GB300: a compute tray of 4; else 8)."""
-    low = (name or "").lower()
-    return next((size for pattern, size in NODE_GPUS if re.search(pattern, low)), DEFAULT_NODE_GPUS)
+    return by_part(NODE_GPUS, name, DEFAULT_NODE_GPUS)
 
 
 # The CPU that issues a part's kernels, where it is not an x86 server's (docs/project.md, "Host-bound steps"): the
@@ -182,5 +192,4 @@ def has_mxfp8(name: str | None) -> bool:
 
 def host_cpu(name: str | None) -> str:
     """'grace' or 'x86': the CPU that launches a part's kernels."""
-    low = (name or "").lower()
-    return next((cpu for pattern, cpu in HOST_CPUS if re.search(pattern, low)), "x86")
+    return by_part(HOST_CPUS, name, "x86")

@@ -31,11 +31,11 @@ from __future__ import annotations
 import argparse
 import heapq
 import math
-import re
 from dataclasses import replace
 
 from opbench.core.dtypes import element_size
 from opbench.core.errors import UsageError
+from opbench.core.peaks import by_part
 
 from .rates import Assumptions, Timed
 
@@ -170,8 +170,7 @@ SM100_SMS: list[tuple[str, int]] = [(r"b300|gb300", 160), (r"b200|gb200", 148)]
 
 def sm100_sms(device: str | None) -> int | None:
     """SMs of a Blackwell (sm100) part, None for any other."""
-    low = (device or "").lower()
-    return next((sms for pattern, sms in SM100_SMS if re.search(pattern, low)), None)
+    return by_part(SM100_SMS, device, None)
 
 
 def fa2_deterministic_backward_blocks(sms: int, batch: int, heads: int, seqlen: int, causal: bool) -> int:

@@ -140,8 +140,8 @@ def fp8_cast_kernels(plan: Plan, g: LinearLayer) -> tuple[int, int]:
     Engine: X forward (none where a norm writes it in FP8, delayed scaling) and dY backward, each its recipe's
     kernels; a grouped GEMM's per expert, as TE's GroupedLinear quantises each expert's rows on its own under
     current and delayed scaling (``csrc/extensions/cast.cpp``, ``split_quantize``: only the blockwise, MXFP8 and
-    NVFP4 recipes are batched, one call for all the experts: MXFP8 here); under delayed scaling with sequence parallelism a norm-fused GEMM's gathered FP8
-    input is transposed in backward (one kernel). The weights' casts, once a step, are left out. torchao: one kernel
+    NVFP4 recipes are batched, one call for all the experts: MXFP8 here); under delayed scaling with sequence
+    parallelism a norm-fused GEMM's gathered FP8 input is transposed in backward (one kernel). The weights' casts, once a step, are left out. torchao: one kernel
     a pass (an estimate: its dynamic casts launch more)."""
     if plan.fp8 != "te":
         return 1, 1
